@@ -1,0 +1,5 @@
+"""`python -m max_gpt2 demo|verify ...`; see `max_gpt2.cli`."""
+
+from max_gpt2.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""Command line: `max-gpt2 demo` and `max-gpt2 verify` (also `python -m max_gpt2 ...`).
+
+Both load a GPT-2 checkpoint through the weights adapter, compile attention once,
+run every chosen layer on the same random batch, and compare each with the NumPy
+reference. With no `--checkpoint`, they make (once) and reuse a seeded
+GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
+results to stdout; the exit status is 1 if any layer disagrees with the
+reference, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from max_gpt2 import reference
+from max_gpt2.config import GPT2Config
+from max_gpt2.dtypes import DTYPES
+from max_gpt2.runtime import compile_attention, device_name, resolve_device
+from max_gpt2.testing import write_checkpoint
+from max_gpt2.verify import TOLERANCES, compare
+from max_gpt2.weights import Checkpoint
+
+
+def default_cache_dir() -> Path:
+    """`$MAX_GPT2_CACHE`, else `$XDG_CACHE_HOME/max-gpt2`, else `~/.cache/max-gpt2`."""
+    if explicit := os.environ.get("MAX_GPT2_CACHE"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
+
+
+class Progress:
+    """Step-by-step progress on a stream, with a live elapsed-time counter on a terminal."""
+
+    def __init__(self, stream: TextIO, enabled: bool = True) -> None:
+        self.stream, self.enabled = stream, enabled
+        self.live = enabled and stream.isatty()
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=self.stream, flush=True)
+
+    @contextlib.contextmanager
+    def step(self, label: str) -> Iterator[dict[str, float]]:
+        """Reports `label`, then how long it took; yields a dict that receives `seconds`."""
+        timing: dict[str, float] = {}
+        start = time.perf_counter()
+        done = threading.Event()
+        ticker = threading.Thread(target=self._tick, args=(label, start, done), daemon=True)
+        if self.live:
+            ticker.start()
+        elif self.enabled:
+            print(f"{label} ...", file=self.stream, flush=True)
+        try:
+            yield timing
+        finally:
+            done.set()
+            if self.live:
+                ticker.join()
+            timing["seconds"] = time.perf_counter() - start
+        self.note(f"{label}: done in {timing['seconds']:.2f} s")
+
+    def _tick(self, label: str, start: float, done: threading.Event) -> None:
+        while not done.wait(0.5):
+            print(f"\r{label} ... {time.perf_counter() - start:.0f} s", end="", file=self.stream, flush=True)
+        print("\r", end="", file=self.stream, flush=True)
+
+
+def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
+    """A GPT-2-small-shaped checkpoint in `cache_dir`, written on first use and reused after."""
+    config = GPT2Config()
+    path = cache_dir / f"gpt2-small-seed{seed}"
+    if (path / "config.json").is_file():  # written last, so its presence means complete
+        progress.note(f"reusing the demo checkpoint in {path}")
+        return path
+    with progress.step(f"writing a GPT-2-small-shaped checkpoint (seed {seed}) to {path}"):
+        write_checkpoint(path, config, seed=seed)
+    return path
+
+
+def parse_layers(spec: str, n_layer: int) -> list[int]:
+    """`"all"`, or comma-separated indices and inclusive ranges such as `"0,3-5"`."""
+    if spec == "all":
+        return list(range(n_layer))
+    layers: list[int] = []
+    try:
+        for part in spec.split(","):
+            first, _, last = part.strip().partition("-")
+            layers += range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
+    outside = [layer for layer in layers if not 0 <= layer < n_layer]
+    if outside or not layers:
+        raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")
+    return list(dict.fromkeys(layers))
+
+
+def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """Loads, compiles, runs and compares every chosen layer; returns the report."""
+    device = resolve_device(args.device)
+    if args.checkpoint is None:
+        path = demo_checkpoint(args.cache_dir, args.seed, progress)
+    else:
+        path = args.checkpoint
+    with progress.step(f"opening {path}") as opening:
+        checkpoint = Checkpoint(path)
+    config = checkpoint.config
+    layers = parse_layers(args.layers, config.n_layer)
+    progress.note(
+        f"GPT-2 with n_embd={config.n_embd}, n_head={config.n_head}, n_layer={config.n_layer}; "
+        f"checking layers {layers[0]}..{layers[-1]} ({len(layers)} in all)"
+    )
+    load_seconds = opening["seconds"]
+    with progress.step(f"reading layer {layers[0]}") as loading:
+        first_weights = checkpoint.attention_weights(layers[0])
+    load_seconds += loading["seconds"]
+    with progress.step(f"compiling attention for {device_name(device)} {args.dtype}") as compiling:
+        attention = compile_attention(config, first_weights, device=device, dtype=args.dtype)
+
+    x = np.random.default_rng(args.seed).standard_normal((args.batch, args.seq_len, config.n_embd))
+    rows, run_seconds, reference_seconds = [], 0.0, 0.0
+    for position, layer in enumerate(layers):
+        start = time.perf_counter()
+        weights = first_weights if position == 0 else checkpoint.attention_weights(layer)
+        bound = attention if position == 0 else attention.with_weights(weights)
+        load_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        result = bound(x)
+        run_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        expected = reference.attention(x, weights, config.n_head)
+        reference_seconds += time.perf_counter() - start
+        comparison = compare(result, expected, args.dtype)
+        rows.append(
+            {
+                "layer": layer,
+                "max_abs_error": comparison.max_abs_error,
+                "relative_error": comparison.relative_error,
+                "passed": comparison.passed,
+            }
+        )
+        progress.note(f"layer {layer}: relative error {comparison.relative_error:.2e}")
+    return {
+        "checkpoint": str(checkpoint.path),
+        "config": config.to_dict(),
+        "device": device_name(device),
+        "dtype": args.dtype,
+        "tolerance": TOLERANCES[args.dtype],
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "seconds": {
+            "load": load_seconds,
+            "compile": compiling["seconds"],
+            "run": run_seconds,
+            "reference": reference_seconds,
+        },
+        "layers": rows,
+        "passed": all(row["passed"] for row in rows),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a readable table, with where the time went."""
+    seconds = report["seconds"]
+    count = len(report["layers"])
+    lines = [
+        f"checkpoint {report['checkpoint']}",
+        f"device {report['device']}, dtype {report['dtype']}, input [{report['batch']}, "
+        f"{report['seq_len']}, {report['config']['n_embd']}], tolerance {report['tolerance']:.0e} "
+        f"(relative to the output's largest magnitude)",
+        "",
+        f"{'layer':>5}  {'max abs error':>13}  {'relative error':>14}  pass",
+    ]
+    for row in report["layers"]:
+        lines.append(
+            f"{row['layer']:>5}  {row['max_abs_error']:>13.3e}  {row['relative_error']:>14.3e}  "
+            f"{'yes' if row['passed'] else 'NO'}"
+        )
+    lines += [
+        "",
+        f"time: load {seconds['load']:.2f} s, compile {seconds['compile']:.2f} s (once, for all layers), "
+        f"run {seconds['run'] * 1e3 / count:.2f} ms per layer on MAX, "
+        f"reference {seconds['reference'] * 1e3 / count:.2f} ms per layer on NumPy",
+        "all layers agree with the reference"
+        if report["passed"]
+        else "MISMATCH: some layers disagree with the reference",
+    ]
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="max-gpt2", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--checkpoint", help="GPT-2 safetensors checkpoint: file, directory, or Hub id")
+    shared.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
+    shared.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    shared.add_argument("--batch", type=_positive, default=2)
+    shared.add_argument("--seq-len", type=_positive, default=128)
+    shared.add_argument("--layers", default="all", help="'all' or a list such as '0,3-5' (default: all)")
+    shared.add_argument("--seed", type=int, default=0, help="seed for the input and the demo checkpoint")
+    shared.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+    commands.add_parser("demo", parents=[shared], help="check every layer of a checkpoint, as a table")
+    verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.cache_dir = args.cache_dir or default_cache_dir()
+    as_json = getattr(args, "json", False)
+    progress = Progress(sys.stderr)
+    if args.command == "demo":
+        progress.note(
+            "max-gpt2 demo: GPT-2 attention compiled with MAX, checked layer by layer "
+            "against an independent NumPy reference"
+        )
+    try:
+        report = run_verification(args, progress)
+    except (OSError, ValueError) as error:
+        print(f"max-gpt2: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if as_json else format_report(report))
+    return 0 if report["passed"] else 1

@@ -1,0 +1,140 @@
+"""Deterministic GPT-2 checkpoints in Hugging Face's layout, for tests, the demo and benchmarks.
+
+`write_checkpoint` writes the full GPT-2 key set (embeddings, every layer's
+layer norms, attention and MLP, the final layer norm) with seeded random values,
+in the Conv1D `[in, out]` layout Hugging Face uses, plus `config.json`. Nothing
+here is committed to git; the same seed always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import safetensors
+
+from max_gpt2.config import GPT2Config
+from max_gpt2.dtypes import float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.weights import INDEX_FILE, parameter_shapes
+
+LAYOUTS = {"hub": "", "save_pretrained": "transformer."}
+"""Key prefix of each layout: `h.0.attn...` on the Hub, `transformer.h.0.attn...` from `save_pretrained`."""
+
+
+def checkpoint_shapes(config: GPT2Config, mask_buffers: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Hugging Face GPT-2 checkpoint (Hub key names), with its stored shape."""
+    d, positions = config.n_embd, config.n_positions
+    shapes: dict[str, tuple[int, ...]] = {
+        "wte.weight": (config.vocab_size, d),
+        "wpe.weight": (positions, d),
+    }
+    for layer in range(config.n_layer):
+        h = f"h.{layer}."
+        shapes |= {
+            h + "ln_1.weight": (d,),
+            h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d),
+            h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d),
+            h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,),
+            h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, 4 * d),
+            h + "mlp.c_fc.bias": (4 * d,),
+            h + "mlp.c_proj.weight": (4 * d, d),
+            h + "mlp.c_proj.bias": (d,),
+        }
+        if mask_buffers:
+            shapes |= {h + "attn.bias": (1, 1, positions, positions), h + "attn.masked_bias": ()}
+    return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
+
+
+def _value(key: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A plausible float32 value for `key`."""
+    if key.endswith(".attn.bias"):  # the causal-mask buffer (not c_attn.bias): lower-triangular ones
+        return np.tril(np.ones(shape, dtype=np.float32))
+    if key.endswith(".attn.masked_bias"):
+        return np.full(shape, -1e4, dtype=np.float32)
+    if key.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+        offset, scale = 1.0, 0.1
+    elif len(shape) == 2 and key.startswith("h."):
+        # Scaled by fan-in so attention scores have unit spread: softmax is neither
+        # uniform nor one-hot, and mistakes in masking or head order show up.
+        offset, scale = 0.0, 1 / np.sqrt(shape[0])
+    else:
+        offset, scale = 0.0, 0.02 if key in ("wte.weight", "wpe.weight") else 0.1
+    # Computed in float64 and rounded once, so every stored dtype is one rounding away.
+    return (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def random_attention_weights(config: GPT2Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded attention weights in MAX `Linear` layout, drawn as `write_checkpoint` draws a layer's."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: np.ascontiguousarray(_value(f"h.0.attn.{name}", shape[::-1], rng).T)
+        for name, shape in parameter_shapes(config).items()
+    }
+
+
+def _write_safetensors(tensors: dict[str, np.ndarray], dtype: str, file: Path) -> None:
+    """Writes `tensors` (float32) as `dtype` to `file`, atomically."""
+    stored = {
+        key: float32_to_bfloat16_bits(value) if dtype == "bfloat16" else value.astype(dtype)
+        for key, value in tensors.items()
+    }
+    specs = {
+        key: safetensors.TensorSpec(
+            dtype=dtype, shape=list(value.shape), data_ptr=value.ctypes.data, data_len=value.nbytes
+        )
+        for key, value in stored.items()
+    }
+    partial = file.with_name(file.name + ".partial")
+    safetensors.serialize_file(specs, str(partial), metadata={"format": "pt"})
+    os.replace(partial, file)
+
+
+def write_checkpoint(
+    path: str | Path,
+    config: GPT2Config,
+    seed: int = 0,
+    layout: str = "hub",
+    dtype: str = "float32",
+    mask_buffers: bool = True,
+    shards: int = 1,
+) -> Path:
+    """Writes a seeded GPT-2 checkpoint into directory `path`, returning it.
+
+    `layout` is `"hub"` (`h.0.attn.c_attn.weight`) or `"save_pretrained"`
+    (`transformer.h.0...`); `dtype` is `"float32"`, `"float16"` or `"bfloat16"`;
+    `mask_buffers` adds the `attn.bias` / `attn.masked_bias` buffers that older
+    files carry; `shards > 1` splits the tensors over several files with a
+    `model.safetensors.index.json`, as large checkpoints are published.
+    Each file is written under a temporary name and renamed into place, and
+    `config.json` comes last, so a directory with a `config.json` is complete.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    parse_dtype(dtype)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards must be a positive integer, got {shards!r}")
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {
+        LAYOUTS[layout] + key: _value(key, shape, rng)
+        for key, shape in checkpoint_shapes(config, mask_buffers).items()
+    }
+    if shards == 1:
+        _write_safetensors(tensors, dtype, directory / "model.safetensors")
+    else:
+        keys = list(tensors)
+        weight_map = {}
+        for index, part in enumerate(np.array_split(np.arange(len(keys)), shards), start=1):
+            name = f"model-{index:05d}-of-{shards:05d}.safetensors"
+            _write_safetensors({keys[i]: tensors[keys[i]] for i in part}, dtype, directory / name)
+            weight_map |= {keys[i]: name for i in part}
+        (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    return directory

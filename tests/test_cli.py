@@ -1,0 +1,120 @@
+"""The command line, end to end, on small checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from max_gpt2 import cli, verify
+from max_gpt2.testing import write_checkpoint
+from tests.conftest import GPT2_SMALL, ODD, run_command, run_python
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_python("-m", "max_gpt2", *args)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt"), ODD, seed=3, layout="save_pretrained", shards=2)
+
+
+def test_verify_json(compiled, checkpoint):
+    compiled(ODD)  # puts the graph in MAX's cache, so the CLI's compile is quick
+    done = run_cli(
+        "verify",
+        "--checkpoint",
+        str(checkpoint),
+        "--device",
+        "cpu",
+        "--json",
+        "--batch",
+        "3",
+        "--seq-len",
+        "9",
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["passed"] and report["device"] == "cpu" and report["dtype"] == "float32"
+    assert [row["layer"] for row in report["layers"]] == [0, 1, 2]
+    assert all(row["relative_error"] < verify.TOLERANCES["float32"] for row in report["layers"])
+    assert report["config"]["n_embd"] == ODD.n_embd and report["batch"] == 3 and report["seq_len"] == 9
+    assert set(report["seconds"]) == {"load", "compile", "run", "reference"}
+    assert "compiling attention for cpu float32" in done.stderr
+
+
+def test_demo_table_on_a_checkpoint(checkpoint):
+    done = run_cli(
+        "demo", "--checkpoint", str(checkpoint), "--device", "cpu", "--layers", "0,2", "--seq-len", "4"
+    )
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.splitlines()
+    assert any(line.split()[:1] == ["layer"] and "relative error" in line for line in table)
+    rows = [line.split() for line in table if line.split()[:1] in (["0"], ["2"])]
+    assert [row[0] for row in rows] == ["0", "2"] and all(row[-1] == "yes" for row in rows)
+    assert "all layers agree with the reference" in done.stdout
+    assert "compile" in done.stdout and "per layer" in done.stdout
+
+
+def test_demo_without_arguments_makes_then_reuses_its_checkpoint(compiled, tmp_path):
+    compiled(GPT2_SMALL)
+    args = ("demo", "--device", "cpu", "--layers", "11", "--seq-len", "3", "--cache-dir", str(tmp_path))
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert "writing a GPT-2-small-shaped checkpoint" in first.stderr
+    assert (tmp_path / "gpt2-small-seed0" / "config.json").is_file()
+    second = run_cli(*args)
+    assert second.returncode == 0, second.stderr
+    assert "reusing the demo checkpoint" in second.stderr
+    assert "n_embd=768, n_head=12, n_layer=12" in second.stderr
+
+
+def test_a_disagreeing_layer_fails_the_run(compiled, checkpoint, monkeypatch, capsys):
+    compiled(ODD)
+    monkeypatch.setitem(verify.TOLERANCES, "float32", 0.0)  # nothing can pass a zero tolerance
+    assert (
+        cli.main(
+            ["demo", "--checkpoint", str(checkpoint), "--device", "cpu", "--layers", "1", "--seq-len", "5"]
+        )
+        == 1
+    )
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and out.splitlines()[4].split()[-1] == "NO"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoint", "/nonexistent/gpt2"], "no such file or directory: /nonexistent/gpt2"),
+        (["--layers", "0,7"], r"--layers '0,7': the checkpoint has 3 layers \(0 to 2\)"),
+        (["--layers", "first"], "--layers must be 'all' or a list"),
+        (["--device", "tpu"], "device must be"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(checkpoint, args, message):
+    if "--checkpoint" not in args:
+        args = ["--checkpoint", str(checkpoint), *args]
+    done = run_cli("verify", *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert re.search(message, done.stderr), done.stderr
+
+
+def test_parse_layers():
+    assert cli.parse_layers("all", 3) == [0, 1, 2]
+    assert cli.parse_layers("2, 0-1,1", 4) == [2, 0, 1]
+    with pytest.raises(ValueError, match="has 4 layers"):
+        cli.parse_layers("3-5", 4)
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).with_name("max-gpt2")
+    if not script.exists():
+        pytest.skip("the package is not installed with its console script (pip install -e .)")
+    done = run_command(script, "--help")
+    assert done.returncode == 0 and "demo" in done.stdout and "verify" in done.stdout

@@ -118,12 +118,13 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
     layers = parse_layers(args.layers, config.n_layer)
     progress.note(
         f"GPT-2 with n_embd={config.n_embd}, n_head={config.n_head}, n_layer={config.n_layer}; "
-        f"checking layers {layers[0]}..{layers[-1]} ({len(layers)} in all)"
+        f"checking {len(layers)} of its {config.n_layer} layers"
     )
     load_seconds = opening["seconds"]
     with progress.step(f"reading layer {layers[0]}") as loading:
         first_weights = checkpoint.attention_weights(layers[0])
     load_seconds += loading["seconds"]
+    progress.note("(a new graph takes about a minute to compile; MAX caches it, so reruns take seconds)")
     with progress.step(f"compiling attention for {device_name(device)} {args.dtype}") as compiling:
         attention = compile_attention(config, first_weights, device=device, dtype=args.dtype)
 

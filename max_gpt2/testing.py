@@ -121,6 +121,7 @@ def write_checkpoint(
         raise ValueError(f"shards must be a positive integer, got {shards!r}")
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").unlink(missing_ok=True)  # incomplete until it is written again
     rng = np.random.default_rng(seed)
     tensors = {
         LAYOUTS[layout] + key: _value(key, shape, rng)

@@ -1,0 +1,55 @@
+"""Against Hugging Face's own GPT-2 (skipped unless `torch` and `transformers` are installed).
+
+Hugging Face loads a checkpoint written by `write_checkpoint` (so our files are
+in its layout), runs the whole model, and a hook captures one layer's attention
+input and output; our compiled attention must give the same output for that input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from max_gpt2 import load_attention_weights, reference
+from max_gpt2.testing import write_checkpoint
+from max_gpt2.verify import compare
+from tests.conftest import GPT2_SMALL, ODD, layout_id
+
+torch = pytest.importorskip("torch", reason="peer check needs torch (pip install -e '.[peers]')")
+transformers = pytest.importorskip(
+    "transformers", reason="peer check needs transformers (pip install -e '.[peers]')"
+)
+
+
+def hugging_face_attention(
+    path, layer: int, seq_len: int, implementation: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Runs Hugging Face's GPT2Model on random tokens; returns `layer`'s attention input and output."""
+    transformers.logging.set_verbosity_error()
+    model = transformers.GPT2Model.from_pretrained(path, attn_implementation=implementation).eval()
+    seen = {}
+
+    def capture(module, args, kwargs, output):
+        seen["x"] = (args[0] if args else kwargs["hidden_states"]).numpy().copy()
+        seen["y"] = output[0].numpy().copy()
+
+    model.h[layer].attn.register_forward_hook(capture, with_kwargs=True)
+    tokens = np.random.default_rng(layer).integers(0, model.config.vocab_size, (2, seq_len))
+    with torch.no_grad():
+        model(torch.from_numpy(tokens))
+    return seen["x"], seen["y"]
+
+
+@pytest.mark.parametrize("config", [ODD, GPT2_SMALL], ids=layout_id)
+@pytest.mark.parametrize("layout", ["hub", "save_pretrained"])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_matches_hugging_face(tmp_path, compiled, config, layout, implementation):
+    two_layers = dataclasses.replace(config, n_layer=2, vocab_size=101)
+    path = write_checkpoint(tmp_path, two_layers, seed=8, layout=layout)
+    x, hf_output = hugging_face_attention(path, layer=1, seq_len=33, implementation=implementation)
+    weights = load_attention_weights(path, 1)
+    ours = compiled(config).with_weights(weights)(x)
+    assert compare(ours, hf_output.astype(np.float64), "float32").passed
+    assert compare(hf_output, reference.attention(x, weights, config.n_head), "float32").passed

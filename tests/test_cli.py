@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,14 +65,17 @@ def test_demo_table_on_a_checkpoint(checkpoint):
 def test_demo_without_arguments_makes_then_reuses_its_checkpoint(compiled, tmp_path):
     compiled(GPT2_SMALL)
     args = ("demo", "--device", "cpu", "--layers", "11", "--seq-len", "3", "--cache-dir", str(tmp_path))
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
-    assert "writing a GPT-2-small-shaped checkpoint" in first.stderr
-    assert (tmp_path / "gpt2-small-seed0" / "config.json").is_file()
-    second = run_cli(*args)
-    assert second.returncode == 0, second.stderr
-    assert "reusing the demo checkpoint" in second.stderr
-    assert "n_embd=768, n_head=12, n_layer=12" in second.stderr
+    try:
+        first = run_cli(*args)
+        assert first.returncode == 0, first.stderr
+        assert "writing a GPT-2-small-shaped checkpoint" in first.stderr
+        assert (tmp_path / "gpt2-small-seed0" / "config.json").is_file()
+        second = run_cli(*args)
+        assert second.returncode == 0, second.stderr
+        assert "reusing the demo checkpoint" in second.stderr
+        assert "n_embd=768, n_head=12, n_layer=12" in second.stderr
+    finally:
+        shutil.rmtree(tmp_path / "gpt2-small-seed0", ignore_errors=True)  # 500 MB; pytest keeps tmp dirs
 
 
 def test_a_disagreeing_layer_fails_the_run(compiled, checkpoint, monkeypatch, capsys):

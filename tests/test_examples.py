@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
+from max_gpt2.testing import write_checkpoint
+from max_gpt2.verify import compare
 from tests.conftest import GPT2_SMALL, run_python
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
@@ -32,3 +36,14 @@ def test_example_runs(compiled, example):
     assert done.returncode == 0, done.stdout + done.stderr
     for expected in EXPECTED[example.name]:
         assert expected in done.stdout
+
+
+def test_readme_python_example_runs(compiled, tmp_path):
+    compiled(GPT2_SMALL)
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    snippet = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.DOTALL).group(1)
+    write_checkpoint(tmp_path, dataclasses.replace(GPT2_SMALL, n_layer=2, vocab_size=300))
+    namespace: dict = {}
+    exec(snippet.replace('"path/to/gpt2"', repr(str(tmp_path))), namespace)
+    assert namespace["y"].shape == (2, 128, 768)
+    assert compare(namespace["y"], namespace["expected"], "float32").passed

@@ -18,9 +18,9 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
 
-from max_gpt2 import GPT2Attention, GPT2Config, compile_attention, reference
+from max_gpt2 import GPT2Attention, GPT2Config, compile_attention
 from max_gpt2.testing import random_attention_weights
-from max_gpt2.verify import compare
+from max_gpt2.verify import check
 
 config = GPT2Config()  # GPT-2 small: n_embd 768, 12 heads of 64
 print(f"GPT-2 small attention: n_embd={config.n_embd}, n_head={config.n_head}, head_dim={config.head_dim}")
@@ -44,7 +44,7 @@ attention = compile_attention(config, weights, device="cpu")
 x = np.random.default_rng(0).standard_normal((2, 5, config.n_embd)).astype(np.float32)
 y = attention(x)
 print(f"\nran it with batch=2, seq=5: x {list(x.shape)} -> y {list(y.shape)}")
-comparison = compare(y, reference.attention(x, weights, config.n_head), "float32")
+comparison = check(y, x, weights, config.n_head, "float32")
 print(f"relative error against the NumPy reference: {comparison.relative_error:.1e}")
 print(f"passed: {comparison.passed}")
 raise SystemExit(0 if comparison.passed else 1)

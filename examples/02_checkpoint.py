@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from max_gpt2 import Checkpoint, GPT2Config, compile_attention, reference
+from max_gpt2 import Checkpoint, GPT2Config, compile_attention
 from max_gpt2.testing import write_checkpoint
-from max_gpt2.verify import compare
+from max_gpt2.verify import check
 
 with tempfile.TemporaryDirectory() as scratch:
     if len(sys.argv) > 1:
@@ -44,7 +44,7 @@ with tempfile.TemporaryDirectory() as scratch:
     for layer in range(config.n_layer):
         layer_weights = checkpoint.attention_weights(layer)
         result = attention.with_weights(layer_weights)(x)  # same graph, this layer's weights
-        comparison = compare(result, reference.attention(x, layer_weights, config.n_head), "float32")
+        comparison = check(result, x, layer_weights, config.n_head, "float32")
         print(f"layer {layer}: relative error {comparison.relative_error:.1e}, passed: {comparison.passed}")
         passed &= comparison.passed
 

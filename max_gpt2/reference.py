@@ -29,6 +29,17 @@ def attention(x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int) -> 
     layout (what `load_attention_weights` returns). Returns float64
     `[batch, seq, n_embd]`.
     """
+    return attention_and_largest_score(x, weights, n_head)[0]
+
+
+def attention_and_largest_score(
+    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int
+) -> tuple[np.ndarray, float]:
+    """`attention(x, weights, n_head)`, and the largest |q . k / sqrt(head_dim)| any query may see.
+
+    The largest score measures how sensitive the output is to rounding: a
+    score's rounding error grows with its size, and softmax passes it on.
+    """
     x = np.asarray(x, dtype=np.float64)
     w_attn, b_attn, w_proj, b_proj = (
         np.asarray(weights[name], dtype=np.float64)
@@ -42,13 +53,13 @@ def attention(x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int) -> 
     position = np.arange(seq_len)
     future = position[None, :] > position[:, None]  # [seq, seq]: key after query
 
-    head_outputs = []
+    head_outputs, largest_score = [], 0.0
     for head in range(n_head):
         columns = slice(head * head_dim, (head + 1) * head_dim)
         q, k, v = queries[..., columns], keys[..., columns], values[..., columns]
-        scores = np.einsum("bqd,bkd->bqk", q, k) / np.sqrt(head_dim)
-        scores = np.where(future, -np.inf, scores)
-        head_outputs.append(softmax(scores) @ v)  # [batch, seq, head_dim]
+        scores = np.einsum("bqd,bkd->bqk", q, k) / np.sqrt(head_dim)  # [batch, seq, seq]
+        largest_score = max(largest_score, float(np.abs(scores[:, ~future]).max(initial=0.0)))
+        head_outputs.append(softmax(np.where(future, -np.inf, scores)) @ v)  # [batch, seq, head_dim]
 
     merged = np.concatenate(head_outputs, axis=-1)  # [batch, seq, n_embd]
-    return merged @ w_proj.T + b_proj
+    return merged @ w_proj.T + b_proj, largest_score

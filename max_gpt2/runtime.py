@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
-from max.engine import InferenceSession
-from max.engine.api import CompiledModel
+from max.engine import CompiledModel, InferenceSession
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType, default_device, default_dtype
 

@@ -11,10 +11,10 @@ from max.dtype import DType
 from max.experimental.nn import Module
 from max.experimental.tensor import Tensor, TensorType
 
-from max_gpt2 import causal_mask, reference
+from max_gpt2 import causal_mask
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
-from max_gpt2.verify import compare
+from max_gpt2.verify import check, compare
 from tests.conftest import (
     LAYOUTS,
     ODD,
@@ -34,7 +34,7 @@ def test_matches_reference(compiled, config, batch, seq_len):
     x = random_input(batch, seq_len, config.n_embd)
     result = attention(x)
     assert result.shape == x.shape and result.dtype == np.float32
-    comparison = compare(result, reference.attention(x, weights, config.n_head), "float32")
+    comparison = check(result, x, weights, config.n_head, "float32")
     assert comparison.passed, comparison
 
 
@@ -44,7 +44,7 @@ def test_low_precision_on_cpu_matches_reference(compiled, dtype, seq_len):
     weights = random_attention_weights(ODD, seed=3)
     attention = compiled(ODD, dtype).with_weights(weights)
     x = random_input(2, seq_len, ODD.n_embd)
-    comparison = compare(attention(x), reference.attention(x, weights, ODD.n_head), dtype)
+    comparison = check(attention(x), x, weights, ODD.n_head, dtype)
     assert comparison.passed, comparison
 
 
@@ -53,13 +53,13 @@ def test_low_precision_on_cpu_matches_reference(compiled, dtype, seq_len):
     batch=st.integers(1, 4),
     seq_len=st.integers(1, 40),
     seed=st.integers(0, 2**32 - 1),
-    scale=st.floats(0.01, 10.0),
+    scale=st.floats(0.01, 30.0),  # up to scores in the thousands, where rounding grows
 )
 def test_matches_reference_on_random_shapes_and_scales(compiled, batch, seq_len, seed, scale):
     weights = random_attention_weights(ODD, seed=seed)
     x = scale * random_input(batch, seq_len, ODD.n_embd, seed=seed)
     result = compiled(ODD).with_weights(weights)(x)
-    comparison = compare(result, reference.attention(x, weights, ODD.n_head), "float32")
+    comparison = check(result, x, weights, ODD.n_head, "float32")
     assert comparison.passed, comparison
 
 

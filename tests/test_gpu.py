@@ -11,10 +11,9 @@ from max.driver import CPU, Buffer
 from max.dtype import DType
 from max.experimental.tensor import Tensor
 
-from max_gpt2 import reference
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.testing import random_attention_weights
-from max_gpt2.verify import compare
+from max_gpt2.verify import check
 from tests.conftest import GPT2_SMALL, GPT2_XL, LAYOUTS, ODD, SEQ_LENS, layout_id, random_input, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -31,7 +30,7 @@ def test_matches_reference_on_gpu(compiled, config, dtype, batch, seq_len):
     weights = random_attention_weights(config, seed=seq_len)
     attention = compiled(config, dtype, "gpu").with_weights(weights)
     x = random_input(batch, seq_len, config.n_embd)
-    comparison = compare(attention(x), reference.attention(x, weights, config.n_head), dtype)
+    comparison = check(attention(x), x, weights, config.n_head, dtype)
     assert comparison.passed, comparison
 
 

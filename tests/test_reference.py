@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from max_gpt2 import reference
 from max_gpt2.testing import random_attention_weights
@@ -61,3 +62,25 @@ def test_empty_sequence():
         0,
         ODD.n_embd,
     )
+
+
+def explicit_scores(x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
+    """Every score, future ones included, `[batch, head, query, key]`, by einsum."""
+    d, h = ODD.n_embd, ODD.head_dim
+    w, b = weights["c_attn.weight"], weights["c_attn.bias"]
+    q = (x @ w[:d].T + b[:d]).reshape(*x.shape[:2], ODD.n_head, h)
+    k = (x @ w[d : 2 * d].T + b[d : 2 * d]).reshape(*x.shape[:2], ODD.n_head, h)
+    return np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(h)
+
+
+def test_largest_score_is_over_visible_positions_only():
+    visible = np.tril(np.ones((6, 6), bool))
+    for seed in range(100):  # find inputs whose largest score lies in a query's future
+        weights = random_attention_weights(ODD, seed)
+        x = random_input(1, 6, ODD.n_embd, seed=seed).astype(np.float64)
+        scores = np.abs(explicit_scores(x, weights))
+        if scores.max() > scores[..., visible].max():
+            break
+    _, largest = reference.attention_and_largest_score(x, weights, ODD.n_head)
+    assert largest == pytest.approx(scores[..., visible].max(), rel=1e-12)
+    assert largest < scores.max()

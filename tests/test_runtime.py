@@ -8,10 +8,10 @@ from max.driver import CPU, Buffer
 from max.dtype import DType
 from max.experimental.tensor import Tensor
 
-from max_gpt2 import compile_attention, from_pretrained, load_attention_weights, reference
+from max_gpt2 import compile_attention, from_pretrained, load_attention_weights
 from max_gpt2.runtime import resolve_device
 from max_gpt2.testing import random_attention_weights, write_checkpoint
-from max_gpt2.verify import compare
+from max_gpt2.verify import check
 from tests.conftest import HAS_GPU, ODD
 
 
@@ -25,15 +25,11 @@ def x() -> np.ndarray:
     return np.random.default_rng(2).standard_normal((2, 5, ODD.n_embd))
 
 
-def expected(x: np.ndarray) -> np.ndarray:
-    return reference.attention(x, random_attention_weights(ODD), ODD.n_head)
-
-
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_numpy_inputs_of_any_float_dtype(attention, x, dtype):
     result = attention(x.astype(dtype))
     assert isinstance(result, np.ndarray) and result.dtype == np.float32
-    assert compare(result, expected(x.astype(dtype)), "float32").passed
+    assert check(result, x.astype(dtype), random_attention_weights(ODD), ODD.n_head, "float32").passed
 
 
 def test_non_contiguous_numpy_input(attention, x):
@@ -71,7 +67,7 @@ def test_from_pretrained_runs_a_checkpoint_layer(tmp_path, compiled, x):
     attention = from_pretrained(path, layer=2, device="cpu")
     assert repr(attention) == "CompiledAttention(n_embd=60, n_head=5, device='cpu', dtype='float32')"
     weights = load_attention_weights(path, 2)
-    assert compare(attention(x), reference.attention(x, weights, ODD.n_head), "float32").passed
+    assert check(attention(x), x, weights, ODD.n_head, "float32").passed
 
 
 # Bad input.

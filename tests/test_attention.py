@@ -15,7 +15,7 @@ from max_gpt2 import causal_mask
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check, compare
-from tests.conftest import (
+from tests.support import (
     LAYOUTS,
     ODD,
     SEQ_LENS,

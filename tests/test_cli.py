@@ -13,7 +13,7 @@ import pytest
 
 from max_gpt2 import cli, verify
 from max_gpt2.testing import write_checkpoint
-from tests.conftest import GPT2_SMALL, ODD, run_command, run_python
+from tests.support import GPT2_SMALL, ODD, run_command, run_python
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.verify import compare
-from tests.conftest import GPT2_SMALL, run_python
+from tests.support import GPT2_SMALL, run_python
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
 EXPECTED = {

@@ -14,7 +14,7 @@ from max.experimental.tensor import Tensor
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check
-from tests.conftest import GPT2_SMALL, GPT2_XL, LAYOUTS, ODD, SEQ_LENS, layout_id, random_input, requires_gpu
+from tests.support import GPT2_SMALL, GPT2_XL, LAYOUTS, ODD, SEQ_LENS, layout_id, random_input, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

@@ -9,7 +9,7 @@ import pytest
 
 from max_gpt2 import hub
 from max_gpt2.testing import write_checkpoint
-from tests.conftest import ODD
+from tests.support import ODD
 
 
 def test_local_path_wins(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from max_gpt2 import load_attention_weights, reference
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.verify import compare
-from tests.conftest import GPT2_SMALL, ODD, layout_id
+from tests.support import GPT2_SMALL, ODD, layout_id
 
 torch = pytest.importorskip("torch", reason="peer check needs torch (pip install -e '.[peers]')")
 transformers = pytest.importorskip(

@@ -10,7 +10,7 @@ import pytest
 
 from max_gpt2 import reference
 from max_gpt2.testing import random_attention_weights
-from tests.conftest import ODD, random_input
+from tests.support import ODD, random_input
 
 
 def test_reference_imports_nothing_from_max():

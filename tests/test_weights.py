@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from max_gpt2 import Checkpoint, CheckpointError, GPT2Config, load_attention_weights
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.testing import LAYOUTS, checkpoint_shapes, write_checkpoint
-from tests.conftest import ODD
+from tests.support import ODD
 
 PARAMETERS = ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
 

@@ -1,0 +1,54 @@
+"""Shapes, inputs and helpers shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from max.driver import accelerator_count
+
+from max_gpt2 import GPT2Config
+
+# Head layouts of the released GPT-2 sizes, plus a single head and an odd small shape.
+GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
+GPT2_MEDIUM = GPT2Config(n_embd=1024, n_head=16)
+GPT2_LARGE = GPT2Config(n_embd=1280, n_head=20)
+GPT2_XL = GPT2Config(n_embd=1600, n_head=25)
+SINGLE_HEAD = GPT2Config(n_embd=48, n_head=1, n_layer=2, n_positions=256, vocab_size=97)
+ODD = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=256, vocab_size=97)  # head_dim 12
+LAYOUTS = [GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, SINGLE_HEAD, ODD]
+SEQ_LENS = [1, 2, 7, 64, 129]
+
+HAS_GPU = accelerator_count() > 0
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
+
+
+def layout_id(config: GPT2Config) -> str:
+    """A test id such as `768x12` (n_embd x n_head)."""
+    return f"{config.n_embd}x{config.n_head}"
+
+
+def random_input(batch: int, seq_len: int, n_embd: int, seed: int = 1) -> np.ndarray:
+    """Standard-normal float32 activations `[batch, seq_len, n_embd]`."""
+    return np.random.default_rng(seed).standard_normal((batch, seq_len, n_embd)).astype(np.float32)
+
+
+def run_python(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """Runs this interpreter with `args` in a child process, capturing text output.
+
+    The environment is passed explicitly: loading MAX sets PYTHONEXECUTABLE and
+    PYTHONPATH in the process's C environment (not in `os.environ`), and a child
+    that inherited those would start outside this virtual environment.
+    """
+    return run_command(sys.executable, *args)
+
+
+def run_command(*command: str | Path) -> subprocess.CompletedProcess[str]:
+    """Runs `command` with this process's environment (see `run_python`)."""
+    return subprocess.run(
+        [str(part) for part in command], capture_output=True, text=True, timeout=600, env=dict(os.environ)
+    )

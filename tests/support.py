@@ -13,14 +13,15 @@ from max.driver import accelerator_count
 
 from max_gpt2 import GPT2Config
 
-# Head layouts of the released GPT-2 sizes, plus a single head and an odd small shape.
+# Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
 GPT2_MEDIUM = GPT2Config(n_embd=1024, n_head=16)
 GPT2_LARGE = GPT2Config(n_embd=1280, n_head=20)
 GPT2_XL = GPT2Config(n_embd=1600, n_head=25)
 SINGLE_HEAD = GPT2Config(n_embd=48, n_head=1, n_layer=2, n_positions=256, vocab_size=97)
 ODD = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=256, vocab_size=97)  # head_dim 12
-LAYOUTS = [GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, SINGLE_HEAD, ODD]
+TINY_HEADS = GPT2Config(n_embd=14, n_head=7, n_layer=1, n_positions=256, vocab_size=97)  # head_dim 2
+LAYOUTS = [GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, SINGLE_HEAD, ODD, TINY_HEADS]
 SEQ_LENS = [1, 2, 7, 64, 129]
 
 HAS_GPU = accelerator_count() > 0

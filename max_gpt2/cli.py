@@ -42,13 +42,11 @@ def default_cache_dir() -> Path:
 class Progress:
     """Step-by-step progress on a stream, with a live elapsed-time counter on a terminal."""
 
-    def __init__(self, stream: TextIO, enabled: bool = True) -> None:
-        self.stream, self.enabled = stream, enabled
-        self.live = enabled and stream.isatty()
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
 
     def note(self, message: str) -> None:
-        if self.enabled:
-            print(message, file=self.stream, flush=True)
+        print(message, file=self.stream, flush=True)
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[dict[str, float]]:
@@ -56,16 +54,17 @@ class Progress:
         timing: dict[str, float] = {}
         start = time.perf_counter()
         done = threading.Event()
-        ticker = threading.Thread(target=self._tick, args=(label, start, done), daemon=True)
-        if self.live:
+        ticker = None
+        if self.stream.isatty():
+            ticker = threading.Thread(target=self._tick, args=(label, start, done), daemon=True)
             ticker.start()
-        elif self.enabled:
-            print(f"{label} ...", file=self.stream, flush=True)
+        else:
+            self.note(f"{label} ...")
         try:
             yield timing
         finally:
             done.set()
-            if self.live:
+            if ticker is not None:
                 ticker.join()
             timing["seconds"] = time.perf_counter() - start
         self.note(f"{label}: done in {timing['seconds']:.2f} s")
@@ -128,12 +127,13 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
     with progress.step(f"compiling attention for {device_name(device)} {args.dtype}") as compiling:
         attention = compile_attention(config, first_weights, device=device, dtype=args.dtype)
 
-    x = np.random.default_rng(args.seed).standard_normal((args.batch, args.seq_len, config.n_embd))
+    shape = (args.batch, args.seq_len, config.n_embd)
+    x = np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32)
     rows, run_seconds, reference_seconds = [], 0.0, 0.0
-    for position, layer in enumerate(layers):
+    for layer in layers:
         start = time.perf_counter()
-        weights = first_weights if position == 0 else checkpoint.attention_weights(layer)
-        bound = attention if position == 0 else attention.with_weights(weights)
+        weights = checkpoint.attention_weights(layer)
+        bound = attention.with_weights(weights)  # the compiled graph, this layer's weights
         load_seconds += time.perf_counter() - start
         start = time.perf_counter()
         result = bound(x)

@@ -39,7 +39,9 @@ def causal_mask(seq_len: DimLike, past_len: DimLike, dtype: DType, device: Devic
     seen (a KV cache); both lengths may be symbolic dimensions.
     """
     # Within the new tokens the mask is lower-triangular: band_part zeroes the
-    # diagonal and everything below it, leaving -inf above.
+    # diagonal and everything below it, leaving -inf above. (Comparing two
+    # aranges with F.where would read more directly, but MAX 26.7 drops such a
+    # mask when it fuses the addition into the softmax that follows.)
     new = F.band_part(
         F.full([seq_len, seq_len], float("-inf"), dtype=dtype, device=device),
         num_lower=None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +79,17 @@ def random_attention_weights(config: GPT2Config, seed: int = 0) -> dict[str, np.
     }
 
 
+def _replace(file: Path, write: Callable[[Path], None]) -> None:
+    """Calls `write` on a temporary name beside `file`, then renames it into place."""
+    partial = file.with_name(file.name + ".partial")
+    write(partial)
+    os.replace(partial, file)
+
+
 def _write_safetensors(tensors: dict[str, np.ndarray], dtype: str, file: Path) -> None:
     """Writes `tensors` (float32) as `dtype` to `file`, atomically."""
     stored = {
-        key: float32_to_bfloat16_bits(value) if dtype == "bfloat16" else value.astype(dtype)
+        key: float32_to_bfloat16_bits(value) if dtype == "bfloat16" else value.astype(dtype, copy=False)
         for key, value in tensors.items()
     }
     specs = {
@@ -90,9 +98,12 @@ def _write_safetensors(tensors: dict[str, np.ndarray], dtype: str, file: Path) -
         )
         for key, value in stored.items()
     }
-    partial = file.with_name(file.name + ".partial")
-    safetensors.serialize_file(specs, str(partial), metadata={"format": "pt"})
-    os.replace(partial, file)
+    _replace(file, lambda partial: safetensors.serialize_file(specs, str(partial), metadata={"format": "pt"}))
+
+
+def _write_json(values: dict, file: Path) -> None:
+    """Writes `values` as JSON to `file`, atomically."""
+    _replace(file, lambda partial: partial.write_text(json.dumps(values, indent=2)))
 
 
 def write_checkpoint(
@@ -136,6 +147,6 @@ def write_checkpoint(
             name = f"model-{index:05d}-of-{shards:05d}.safetensors"
             _write_safetensors({keys[i]: tensors[keys[i]] for i in part}, dtype, directory / name)
             weight_map |= {keys[i]: name for i in part}
-        (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        _write_json({"metadata": {}, "weight_map": weight_map}, directory / INDEX_FILE)
+    _write_json(config.to_dict(), directory / "config.json")
     return directory

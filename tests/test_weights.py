@@ -90,6 +90,13 @@ def test_writer_is_deterministic_and_complete(tmp_path):
     assert all(np.array_equal(first[key], second[key]) for key in first)
     assert not np.array_equal(first["h.0.attn.c_attn.weight"], other["h.0.attn.c_attn.weight"])
     assert json.loads((tmp_path / "a" / "config.json").read_text())["n_embd"] == ODD.n_embd
+    sharded = write_checkpoint(tmp_path / "d", ODD, shards=2)
+    assert sorted(file.name for file in sharded.iterdir()) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]  # nothing left under a temporary name
 
 
 def test_explicit_config_replaces_config_json(tmp_path):

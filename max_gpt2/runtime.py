@@ -87,17 +87,17 @@ class CompiledAttention:
         compiled: CompiledModel,
         weights: Mapping[str, np.ndarray],
     ) -> None:
+        """Binds `weights` (already checked by `check_weights`) to the compiled graph."""
         self.config, self.device, self.dtype = config, device, dtype
         self._session, self._compiled = session, compiled
         # The registry must outlive the model that reads it, so it is kept here.
-        self._weights = {
-            name: _to_buffer(array, dtype, CPU()) for name, array in check_weights(weights, config).items()
-        }
+        self._weights = {name: _to_buffer(array, dtype, CPU()) for name, array in weights.items()}
         self._model = session.init(compiled, weights_registry=self._weights)
 
     def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledAttention:
         """The same compiled graph with other weights bound (another layer, say); no recompile."""
-        return CompiledAttention(self.config, self.device, self.dtype, self._session, self._compiled, weights)
+        checked = check_weights(weights, self.config)
+        return CompiledAttention(self.config, self.device, self.dtype, self._session, self._compiled, checked)
 
     def __repr__(self) -> str:
         c = self.config
@@ -160,13 +160,13 @@ def compile_attention(
     compile serves every input shape.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
-    check_weights(weights, config)  # fail on bad weights before spending time compiling
+    checked = check_weights(weights, config)  # before spending time compiling
     with F.lazy(), default_device(target), default_dtype(compute_dtype):
         module = GPT2Attention(config)  # lazy: its random initial weights are never made
     staged = module.trace(TensorType(compute_dtype, ("batch", "seq", config.n_embd), device=target))
     session = InferenceSession(devices=[target])
     compiled = session.compile(staged.graph)
-    return CompiledAttention(config, target, compute_dtype, session, compiled, weights)
+    return CompiledAttention(config, target, compute_dtype, session, compiled, checked)
 
 
 def from_pretrained(

@@ -137,3 +137,8 @@ def test_bfloat16_tensors_pass_through(compiled, x):
     attention = compiled(ODD, "bfloat16")
     bits = attention(Buffer.from_numpy(np.zeros((1, 3, 60), np.uint16)).view(DType.bfloat16))
     assert isinstance(bits, Tensor) and bits.dtype == DType.bfloat16
+
+
+def test_with_weights_checks_the_new_weights(attention):
+    with pytest.raises(ValueError, match=r"'c_attn.weight' has shape \(60, 180\).* needs \(180, 60\)"):
+        attention.with_weights({**random_attention_weights(ODD), "c_attn.weight": np.zeros((60, 180))})

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo verify test test-gpu lint format clean
+.PHONY: demo verify test test-gpu bench lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu -rs
+
+# Side-by-side timings (benchmarks/README.md). PyTorch joins in when installed; pass options
+# through BENCH_ARGS, e.g. make bench BENCH_ARGS="--models small --shapes 1x128 --no-cold-compile".
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m max_gpt2 bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

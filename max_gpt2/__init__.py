@@ -4,9 +4,10 @@
     attention = from_pretrained("path/to/gpt2", layer=0)   # compile for the best device
     y = attention(x)                                       # x: [batch, seq, n_embd] NumPy
 
-Modules: `config` (shapes), `attention` (the MAX module), `weights` (reading
-Hugging Face safetensors), `runtime` (compile and run), `reference` (NumPy, float64),
-`verify` (tolerances), `testing` (deterministic checkpoints), `cli`.
+Modules: `config` (shapes), `attention` (the MAX module), `flash` and `wrapper`
+(the other implementations), `weights` (reading Hugging Face safetensors),
+`runtime` (compile and run), `reference` (NumPy, float64), `verify` (tolerances),
+`testing` (deterministic checkpoints), `cli` and `bench` (commands).
 """
 
 from max_gpt2.attention import GPT2Attention, causal_mask

@@ -1,32 +1,32 @@
-"""Command line: `max-gpt2 demo` and `max-gpt2 verify` (also `python -m max_gpt2 ...`).
+"""Command line: `max-gpt2 demo`, `verify` and `bench` (also `python -m max_gpt2 ...`).
 
-Both load a GPT-2 checkpoint through the weights adapter, compile attention once,
+`demo` and `verify` load a GPT-2 checkpoint through the weights adapter, compile attention once,
 run every chosen layer on the same random batch, and compare each with the NumPy
 reference. With no `--checkpoint`, they make (once) and reuse a seeded
 GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
 results to stdout; the exit status is 1 if any layer disagrees with the
-reference, 2 for bad input.
+reference, 2 for bad input. `bench` is `max_gpt2.bench`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
+from max_gpt2 import bench
 from max_gpt2.config import GPT2Config
+from max_gpt2.console import Progress, positive_int
 from max_gpt2.dtypes import DTYPES
-from max_gpt2.runtime import compile_attention, device_name, resolve_device
+from max_gpt2.runtime import IMPLEMENTATIONS, compile_attention, device_name, resolve_device
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.verify import check
 from max_gpt2.weights import Checkpoint
@@ -37,42 +37,6 @@ def default_cache_dir() -> Path:
     if explicit := os.environ.get("MAX_GPT2_CACHE"):
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
-
-
-class Progress:
-    """Step-by-step progress on a stream, with a live elapsed-time counter on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def note(self, message: str) -> None:
-        print(message, file=self.stream, flush=True)
-
-    @contextlib.contextmanager
-    def step(self, label: str) -> Iterator[dict[str, float]]:
-        """Reports `label`, then how long it took; yields a dict that receives `seconds`."""
-        timing: dict[str, float] = {}
-        start = time.perf_counter()
-        done = threading.Event()
-        ticker = None
-        if self.stream.isatty():
-            ticker = threading.Thread(target=self._tick, args=(label, start, done), daemon=True)
-            ticker.start()
-        else:
-            self.note(f"{label} ...")
-        try:
-            yield timing
-        finally:
-            done.set()
-            if ticker is not None:
-                ticker.join()
-            timing["seconds"] = time.perf_counter() - start
-        self.note(f"{label}: done in {timing['seconds']:.2f} s")
-
-    def _tick(self, label: str, start: float, done: threading.Event) -> None:
-        while not done.wait(0.5):
-            print(f"\r{label} ... {time.perf_counter() - start:.0f} s", end="", file=self.stream, flush=True)
-        print("\r", end="", file=self.stream, flush=True)
 
 
 def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
@@ -125,7 +89,7 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
     load_seconds += loading["seconds"]
     progress.note("(a new graph takes about a minute to compile; MAX caches it, so reruns take seconds)")
     with progress.step(f"compiling attention for {device_name(device)} {args.dtype}") as compiling:
-        attention = compile_attention(config, first_weights, device=device, dtype=args.dtype)
+        attention = compile_attention(config, first_weights, device, args.dtype, args.impl)
 
     shape = (args.batch, args.seq_len, config.n_embd)
     x = np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32)
@@ -148,6 +112,7 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
         "config": config.to_dict(),
         "device": device_name(device),
         "dtype": args.dtype,
+        "impl": attention.impl,
         "batch": args.batch,
         "seq_len": args.seq_len,
         "seconds": {
@@ -167,9 +132,9 @@ def format_report(report: dict[str, Any]) -> str:
     count = len(report["layers"])
     lines = [
         f"checkpoint {report['checkpoint']}",
-        f"device {report['device']}, dtype {report['dtype']}, input [{report['batch']}, "
-        f"{report['seq_len']}, {report['config']['n_embd']}]; errors are relative to the output's "
-        f"largest magnitude (tolerances: max_gpt2/verify.py)",
+        f"device {report['device']}, dtype {report['dtype']}, impl {report['impl']}, "
+        f"input [{report['batch']}, {report['seq_len']}, {report['config']['n_embd']}]; errors are "
+        f"relative to the output's largest magnitude (tolerances: max_gpt2/verify.py)",
         "",
         "layer  max abs error  relative error  max |score|  tolerance  pass",
     ]
@@ -190,13 +155,6 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="max-gpt2", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -204,19 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--checkpoint", help="GPT-2 safetensors checkpoint: file, directory, or Hub id")
     shared.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
     shared.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    shared.add_argument("--batch", type=_positive, default=2)
-    shared.add_argument("--seq-len", type=_positive, default=128)
+    shared.add_argument("--impl", default="auto", choices=IMPLEMENTATIONS, help="(default: auto)")
+    shared.add_argument("--batch", type=positive_int, default=2)
+    shared.add_argument("--seq-len", type=positive_int, default=128)
     shared.add_argument("--layers", default="all", help="'all' or a list such as '0,3-5' (default: all)")
     shared.add_argument("--seed", type=int, default=0, help="seed for the input and the demo checkpoint")
     shared.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
     commands.add_parser("demo", parents=[shared], help="check every layer of a checkpoint, as a table")
     verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    bench.add_arguments(commands.add_parser("bench", help=bench.__doc__.split("\n")[0]))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return bench.main(args, Progress(sys.stderr))
     args.cache_dir = args.cache_dir or default_cache_dir()
     as_json = getattr(args, "json", False)
     progress = Progress(sys.stderr)

@@ -1,14 +1,25 @@
-"""Compiling `GPT2Attention` into a MAX graph and running it from NumPy, MAX or DLPack.
+"""Compiling GPT-2 attention into a MAX graph and running it from NumPy, MAX or DLPack.
 
 One compile serves every batch size and sequence length: the graph's input is
-`[batch, seq, n_embd]` with `batch` and `seq` symbolic. Weights are bound
-after compiling, so `CompiledAttention.with_weights` runs another layer on the
-same compiled graph in milliseconds instead of compiling again.
+`[batch, seq, n_embd]` with `batch` and `seq` symbolic (`[batch, T, seq / T,
+n_embd]` for the tiled CPU flash graph, padded and reshaped here). Weights are
+bound after compiling, so `CompiledAttention.with_weights` runs another layer
+on the same compiled graph in milliseconds instead of compiling again.
+
+Implementations (`impl`), all computing the same function from the same weights:
+
+- `graph`: `GPT2Attention`, the explicit formulation (scores, mask, softmax).
+- `flash`: causal attention that skips the masked half (`max_gpt2.flash`): MAX's
+  flash-attention kernel on GPU, a tiled graph on CPU.
+- `wrapper`: one head at a time (`max_gpt2.wrapper`), the tutorials' starting
+  point, kept as a benchmark baseline.
+- `auto`: the fastest measured for the device and dtype (see `resolve_impl`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +33,16 @@ from max.experimental.tensor import Tensor, TensorType, default_device, default_
 from max_gpt2.attention import GPT2Attention
 from max_gpt2.config import GPT2Config
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.flash import KernelFlashAttention, TiledCausalAttention
 from max_gpt2.weights import Checkpoint, check_weights
+from max_gpt2.wrapper import PerHeadWrapperAttention
+
+IMPLEMENTATIONS = ("auto", "graph", "flash", "wrapper")
+
+CPU_FLASH_TILES = 4
+"""Sequence tiles of the CPU flash graph. Measured on a 2-core EPYC at GPT-2 small,
+1 x 1024 tokens: 4 tiles 47.8 ms, 8 tiles 48.7 ms, untiled graph 52.0 ms; every tile
+adds a few dozen small ops, which is what makes more tiles slower at short lengths."""
 
 _NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
 """What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
@@ -51,7 +71,39 @@ def device_name(device: Device) -> str:
     return "cpu" if device.is_host else f"gpu:{device.id}"
 
 
-def _to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
+def resolve_impl(impl: str, device: Device, dtype: DType) -> str:
+    """`impl` as asked, or for `"auto"` the implementation measured fastest on `device` in `dtype`.
+
+    GPU, bfloat16 and float16: `flash` (MAX's fused kernel). GPU float32 and
+    every CPU dtype: `graph`. On CPU the tiled `flash` graph wins only on long
+    sequences (about 8% at 1 x 1024, GPT-2 small) and loses at short ones,
+    where its extra ops cost more than the masked half it skips
+    (`benchmarks/README.md`).
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLEMENTATIONS))}; got {impl!r}")
+    if impl != "auto":
+        return impl
+    fused_kernel = not device.is_host and dtype in (DType.bfloat16, DType.float16)
+    return "flash" if fused_kernel else "graph"
+
+
+def _pad_to_tiles(x: np.ndarray, tiles: int) -> np.ndarray:
+    """[B, S, D] -> [B, tiles, ceil(S / tiles), D], zero tokens appended (the future of every query)."""
+    batch, seq_len, width = x.shape
+    padding = -seq_len % tiles
+    if padding:
+        x = np.concatenate([x, np.zeros((batch, padding, width), dtype=x.dtype)], axis=1)
+    return x.reshape(batch, tiles, -1, width)
+
+
+def _untile(y: np.ndarray, seq_len: int) -> np.ndarray:
+    """[B, tiles, t, D] -> [B, seq_len, D], the padding dropped."""
+    batch, _, _, width = y.shape
+    return y.reshape(batch, -1, width)[:, :seq_len]
+
+
+def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
     """A NumPy array converted to `dtype` and placed on `device`."""
     if dtype == DType.bfloat16:
         buffer = Buffer.from_numpy(float32_to_bfloat16_bits(values)).view(DType.bfloat16)
@@ -60,12 +112,32 @@ def _to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
     return buffer if device.is_host else buffer.to(device)
 
 
-def _to_numpy(buffer: Buffer) -> np.ndarray:
+def _host_array(buffer: Buffer) -> np.ndarray:
+    """A host buffer's elements as NumPy, bfloat16 as its uint16 bit patterns."""
+    if buffer.dtype == DType.bfloat16:
+        return np.from_dlpack(buffer.view(DType.uint16))
+    return np.from_dlpack(buffer)
+
+
+def _host_buffer(values: np.ndarray, dtype: DType) -> Buffer:
+    """Inverse of `_host_array`."""
+    return Buffer.from_numpy(np.ascontiguousarray(values)).view(dtype)
+
+
+def to_numpy(buffer: Buffer) -> np.ndarray:
     """A result buffer read back into NumPy (bfloat16 widened to float32)."""
-    host = buffer if buffer.device.is_host else buffer.to(CPU())
-    if host.dtype == DType.bfloat16:
-        return bfloat16_bits_to_float32(np.from_dlpack(host.view(DType.uint16)))
-    return np.from_dlpack(host)
+    host = _host_array(buffer if buffer.device.is_host else buffer.to(CPU()))
+    return bfloat16_bits_to_float32(host) if buffer.dtype == DType.bfloat16 else host
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """One compiled attention graph, shared by every layer whose weights are bound to it."""
+
+    session: InferenceSession
+    model: CompiledModel
+    impl: str  # "graph", "flash" or "wrapper"
+    tiles: int  # > 1: the graph takes x as [batch, tiles, seq / tiles, n_embd]
 
 
 class CompiledAttention:
@@ -83,27 +155,30 @@ class CompiledAttention:
         config: GPT2Config,
         device: Device,
         dtype: DType,
-        session: InferenceSession,
-        compiled: CompiledModel,
+        graph: CompiledGraph,
         weights: Mapping[str, np.ndarray],
     ) -> None:
         """Binds `weights` (already checked by `check_weights`) to the compiled graph."""
-        self.config, self.device, self.dtype = config, device, dtype
-        self._session, self._compiled = session, compiled
+        self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
         # The registry must outlive the model that reads it, so it is kept here.
-        self._weights = {name: _to_buffer(array, dtype, CPU()) for name, array in weights.items()}
-        self._model = session.init(compiled, weights_registry=self._weights)
+        self._weights = {name: to_buffer(array, dtype, CPU()) for name, array in weights.items()}
+        self._model = graph.session.init(graph.model, weights_registry=self._weights)
+
+    @property
+    def impl(self) -> str:
+        """The implementation compiled: `"graph"`, `"flash"` or `"wrapper"`."""
+        return self.graph.impl
 
     def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledAttention:
         """The same compiled graph with other weights bound (another layer, say); no recompile."""
         checked = check_weights(weights, self.config)
-        return CompiledAttention(self.config, self.device, self.dtype, self._session, self._compiled, checked)
+        return CompiledAttention(self.config, self.device, self.dtype, self.graph, checked)
 
     def __repr__(self) -> str:
         c = self.config
         return (
             f"CompiledAttention(n_embd={c.n_embd}, n_head={c.n_head}, "
-            f"device={device_name(self.device)!r}, dtype={self.dtype.name!r})"
+            f"device={device_name(self.device)!r}, dtype={self.dtype.name!r}, impl={self.impl!r})"
         )
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
@@ -127,8 +202,12 @@ class CompiledAttention:
             raise TypeError(f"x must hold floating-point values; got dtype {x.dtype}")
         if x.size == 0:  # nothing to attend over; skip the device round trip
             return np.zeros(x.shape, dtype=_NUMPY_DTYPES[self.dtype])
-        (result,) = self._model.execute(_to_buffer(x, self.dtype, self.device))
-        return _to_numpy(result)
+        tiles = self.graph.tiles
+        if tiles > 1:
+            (result,) = self._model.execute(to_buffer(_pad_to_tiles(x, tiles), self.dtype, self.device))
+            return _untile(to_numpy(result), x.shape[1])
+        (result,) = self._model.execute(to_buffer(x, self.dtype, self.device))
+        return to_numpy(result)
 
     def _run_dlpack(self, x: Any) -> Tensor:
         buffer = Buffer.from_dlpack(x)
@@ -142,6 +221,11 @@ class CompiledAttention:
             return Tensor.from_dlpack(Buffer.zeros(tuple(buffer.shape), self.dtype, self.device))
         if buffer.device != self.device:
             buffer = buffer.to(self.device)
+        tiles = self.graph.tiles
+        if tiles > 1:  # only ever a CPU graph, so the reshaping happens in host memory
+            tiled = _host_buffer(_pad_to_tiles(_host_array(buffer), tiles), self.dtype)
+            (result,) = self._model.execute(tiled)
+            return Tensor.from_dlpack(_host_buffer(_untile(_host_array(result), buffer.shape[1]), self.dtype))
         (result,) = self._model.execute(buffer)
         return Tensor.from_dlpack(result)
 
@@ -151,22 +235,33 @@ def compile_attention(
     weights: Mapping[str, np.ndarray],
     device: str | Device = "auto",
     dtype: str | DType = "float32",
+    impl: str = "auto",
 ) -> CompiledAttention:
-    """Compiles GPT-2 attention for `device` and `dtype` and binds `weights`.
+    """Compiles GPT-2 attention for `device`, `dtype` and `impl` and binds `weights`.
 
     `weights` holds `c_attn.weight`, `c_attn.bias`, `c_proj.weight` and
     `c_proj.bias` in MAX `Linear` layout, as `load_attention_weights` returns
-    them. The graph has symbolic batch and sequence dimensions, so this one
-    compile serves every input shape.
+    them. `impl` is one of `IMPLEMENTATIONS` (module docstring). The graph has
+    symbolic batch and sequence dimensions, so this one compile serves every
+    input shape.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
+    tiles = CPU_FLASH_TILES if chosen == "flash" and target.is_host else 1
     with F.lazy(), default_device(target), default_dtype(compute_dtype):
-        module = GPT2Attention(config)  # lazy: its random initial weights are never made
-    staged = module.trace(TensorType(compute_dtype, ("batch", "seq", config.n_embd), device=target))
+        # lazy: the modules' random initial weights are never made
+        if chosen == "wrapper":
+            module: GPT2Attention = PerHeadWrapperAttention(config)
+        elif chosen == "flash":
+            module = TiledCausalAttention(config, tiles) if tiles > 1 else KernelFlashAttention(config)
+        else:
+            module = GPT2Attention(config)
+    sequence = (tiles, "tile") if tiles > 1 else ("seq",)
+    staged = module.trace(TensorType(compute_dtype, ("batch", *sequence, config.n_embd), device=target))
     session = InferenceSession(devices=[target])
-    compiled = session.compile(staged.graph)
-    return CompiledAttention(config, target, compute_dtype, session, compiled, checked)
+    graph = CompiledGraph(session, session.compile(staged.graph), chosen, tiles)
+    return CompiledAttention(config, target, compute_dtype, graph, checked)
 
 
 def from_pretrained(
@@ -174,7 +269,8 @@ def from_pretrained(
     layer: int = 0,
     device: str | Device = "auto",
     dtype: str | DType = "float32",
+    impl: str = "auto",
 ) -> CompiledAttention:
     """Reads `layer` of a GPT-2 safetensors checkpoint and compiles its attention."""
     opened = Checkpoint(checkpoint)
-    return compile_attention(opened.config, opened.attention_weights(layer), device, dtype)
+    return compile_attention(opened.config, opened.attention_weights(layer), device, dtype, impl)

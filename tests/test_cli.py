@@ -42,11 +42,20 @@ def test_verify_json(compiled, checkpoint):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["passed"] and report["device"] == "cpu" and report["dtype"] == "float32"
+    assert report["impl"] == "graph"  # what auto picks on CPU
     assert [row["layer"] for row in report["layers"]] == [0, 1, 2]
     assert all(row["relative_error"] < verify.TOLERANCES["float32"] for row in report["layers"])
     assert report["config"]["n_embd"] == ODD.n_embd and report["batch"] == 3 and report["seq_len"] == 9
     assert set(report["seconds"]) == {"load", "compile", "run", "reference"}
     assert "compiling attention for cpu float32" in done.stderr
+
+
+def test_verify_the_flash_implementation(compiled, checkpoint):
+    compiled(ODD, impl="flash")  # cached for the CLI, as above
+    done = run_cli("verify", "--checkpoint", str(checkpoint), "--device", "cpu", "--impl", "flash", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["passed"] and report["impl"] == "flash" and len(report["layers"]) == ODD.n_layer
 
 
 def test_demo_table_on_a_checkpoint(checkpoint):

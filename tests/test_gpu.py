@@ -1,4 +1,4 @@
-"""Correctness on an accelerator, in float32, bfloat16 and float16 (marker `gpu`).
+"""Correctness on an accelerator, in float32, bfloat16 and float16, graph and flash (marker `gpu`).
 
 Skipped, with the reason, where MAX sees no accelerator.
 """
@@ -18,26 +18,49 @@ from tests.support import GPT2_SMALL, GPT2_XL, LAYOUTS, ODD, SEQ_LENS, layout_id
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
-CASES = [(config, "float32") for config in LAYOUTS] + [
-    (config, dtype) for config in (GPT2_SMALL, GPT2_XL, ODD) for dtype in ("bfloat16", "float16")
-]
+CASES = (
+    [(config, "float32", "graph") for config in LAYOUTS]
+    + [(config, dtype, "graph") for config in (GPT2_SMALL, GPT2_XL, ODD) for dtype in ("bfloat16", "float16")]
+    # The flash kernel in every dtype; float32 support in MAX's kernel is checked here, not assumed.
+    + [(config, dtype, "flash") for config in (GPT2_SMALL, GPT2_XL) for dtype in ("bfloat16", "float16")]
+    + [(GPT2_SMALL, "float32", "flash")]
+)
 
 
-@pytest.mark.parametrize(("config", "dtype"), CASES, ids=[f"{layout_id(c)}-{d}" for c, d in CASES])
+@pytest.mark.parametrize(
+    ("config", "dtype", "impl"), CASES, ids=[f"{layout_id(c)}-{d}-{i}" for c, d, i in CASES]
+)
 @pytest.mark.parametrize("seq_len", [*SEQ_LENS, 1024])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_matches_reference_on_gpu(compiled, config, dtype, batch, seq_len):
+def test_matches_reference_on_gpu(compiled, config, dtype, impl, batch, seq_len):
     weights = random_attention_weights(config, seed=seq_len)
-    attention = compiled(config, dtype, "gpu").with_weights(weights)
+    attention = compiled(config, dtype, "gpu", impl).with_weights(weights)
     x = random_input(batch, seq_len, config.n_embd)
     comparison = check(attention(x), x, weights, config.n_head, dtype)
     assert comparison.passed, comparison
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_causality_on_gpu(compiled, dtype):
-    attention = compiled(ODD, dtype, "gpu")
-    x = random_input(2, 33, ODD.n_embd)
+def test_auto_picks_the_flash_kernel_for_bfloat16(compiled):
+    assert compiled(GPT2_SMALL, "bfloat16", "gpu", "auto").impl == "flash"
+
+
+def test_flash_runs_16k_tokens(compiled):
+    """Batch 1, 16384 tokens in bfloat16: the first rows match the reference, all are finite."""
+    attention = compiled(GPT2_SMALL, "bfloat16", "gpu", "flash")
+    x = random_input(1, 16384, GPT2_SMALL.n_embd)
+    result = attention(x)
+    assert result.shape == x.shape and np.isfinite(result).all()
+    head = 512  # causal: these rows depend on the first 512 tokens only
+    weights = random_attention_weights(GPT2_SMALL)
+    assert check(result[:, :head], x[:, :head], weights, GPT2_SMALL.n_head, "bfloat16").passed
+
+
+@pytest.mark.parametrize(
+    ("dtype", "impl"), [("float32", "graph"), ("bfloat16", "graph"), ("bfloat16", "flash")]
+)
+def test_causality_on_gpu(compiled, dtype, impl):
+    attention = compiled(GPT2_SMALL, dtype, "gpu", impl)
+    x = random_input(2, 33, GPT2_SMALL.n_embd)
     changed = x.copy()
     changed[:, 20] += 3.0
     np.testing.assert_array_equal(attention(changed)[:, :20], attention(x)[:, :20])

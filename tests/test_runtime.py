@@ -65,7 +65,10 @@ def test_from_pretrained_runs_a_checkpoint_layer(tmp_path, compiled, x):
     compiled(ODD)  # the graph is then in MAX's cache, so this compile is quick
     path = write_checkpoint(tmp_path, ODD, seed=6)
     attention = from_pretrained(path, layer=2, device="cpu")
-    assert repr(attention) == "CompiledAttention(n_embd=60, n_head=5, device='cpu', dtype='float32')"
+    assert (
+        repr(attention)
+        == "CompiledAttention(n_embd=60, n_head=5, device='cpu', dtype='float32', impl='graph')"
+    )
     weights = load_attention_weights(path, 2)
     assert check(attention(x), x, weights, ODD.n_head, "float32").passed
 

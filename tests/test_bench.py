@@ -1,0 +1,106 @@
+"""`max-gpt2 bench`: runs every contender, checks them, writes JSON (and a plot when it can).
+
+Only mechanics and bookkeeping are tested here; no timing is asserted. The
+shapes are tiny and the model is the test suite's ODD layout, whose graphs the
+other tests compile anyway (MAX's cache makes these compiles cheap).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from max_gpt2 import bench
+from max_gpt2.cli import main
+from max_gpt2.config import GPT2Config
+from tests.support import ODD
+
+MODEL = f"{ODD.n_embd}x{ODD.n_head}"
+OURS = "graph,flash,wrapper,numpy"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Runs the benchmark once per distinct argument list; returns (exit code, stdout, report)."""
+    results = {}
+
+    def invoke(*extra: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict]:
+        if extra not in results:
+            output = tmp_path_factory.mktemp("bench")
+            argv = [
+                "bench",
+                "--device",
+                "cpu",
+                "--models",
+                MODEL,
+                "--no-cold-compile",
+                "--output",
+                str(output),
+            ]
+            code = main([*argv, "--shapes", "1x3,2x9", "--repeat", "2", *extra])
+            report_path = output / "bench-cpu-float32.json"
+            report = json.loads(report_path.read_text()) if report_path.exists() else {}
+            results[extra] = (code, capsys.readouterr().out, report, output)
+        return results[extra]
+
+    return invoke
+
+
+def test_every_contender_is_timed_and_checked(run, capsys):
+    code, out, report, _ = run("--impls", OURS, capsys=capsys)
+    assert code == 0
+    rows = report["results"]
+    assert {(r["impl"], r["batch"], r["seq_len"]) for r in rows} == {
+        (impl, batch, seq) for impl in OURS.split(",") for batch, seq in ((1, 3), (2, 9))
+    }
+    for row in rows:
+        assert row["matches_reference"], row
+        assert 0 < row["min_seconds"] <= row["seconds"]
+        assert row["tokens_per_second"] == pytest.approx(row["batch"] * row["seq_len"] / row["seconds"])
+        assert row["speedup_vs_sdpa"] is None  # PyTorch was not asked for
+    assert report["peak_gflops"] > 0 and report["machine"]["cores"] >= 1
+    assert set(report["compile"][MODEL]) == {"graph", "flash", "wrapper"}
+    assert "| impl | median ms | tokens/s | GFLOP/s | % of peak | vs SDPA |" in out
+
+
+def test_plot_is_drawn_or_the_reason_given(run, capsys):
+    _, out, _, output = run("--impls", OURS, capsys=capsys)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "plot skipped: matplotlib is not installed" in out
+    else:
+        assert (output / "bench-cpu-float32.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_missing_pytorch_is_reported_not_fatal(run, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "_torch", lambda: None)
+    code, out, report, _ = run("--impls", "graph,torch-sdpa", capsys=capsys)
+    assert code == 0
+    assert report["skipped"] == {"torch-sdpa": "PyTorch is not installed (pip install 'max-gpt2[peers]')"}
+    assert {row["impl"] for row in report["results"]} == {"graph"}
+    assert "skipped torch-sdpa: PyTorch is not installed" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--shapes", "1x0", "--shapes wants a list such as '1x128,8x256'"),
+        ("--shapes", "128", "--shapes wants a list"),
+        ("--models", "tiny", "--models takes names from small, medium, large, xl or WIDTHxHEADS"),
+        ("--models", "10x3", "must be divisible"),
+        ("--impls", "graph,fast", "--impls takes a list from graph, flash, wrapper"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(flag, value, message, capsys, tmp_path):
+    code = main(["bench", "--device", "cpu", "--output", str(tmp_path), flag, value])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_flops_count_projections_and_the_unmasked_pairs():
+    config = GPT2Config(n_embd=4, n_head=2)  # head_dim 2
+    projections = 2 * 1 * 3 * 4 * (12 + 4)  # batch 1, seq 3: c_attn [4 -> 12], c_proj [4 -> 4]
+    attention = 2 * 2 * 1 * 2 * 2 * 6  # QK^T and PV, 2 heads of 2, 6 = 3 * 4 / 2 causal pairs
+    assert bench.attention_flops(config, batch=1, seq_len=3) == projections + attention

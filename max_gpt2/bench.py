@@ -4,8 +4,9 @@ Contenders, all given the same weights and the same input at each shape:
 `graph`, `flash` and `wrapper` (ours, compiled with MAX), `numpy` (the float64
 reference) and, when PyTorch is installed, `torch-eager` (scores, mask,
 softmax) and `torch-sdpa` (`scaled_dot_product_attention`, causal). Rounds are
-interleaved, each round timing every contender once in a rotating order, so
-machine noise falls on all of them alike; the table reports medians. Before its
+interleaved, each round timing every contender in a rotating order (one call, or
+a burst of up to 10 for calls under 50 ms), so machine noise falls on all of
+them alike; the table reports medians. Before its
 timed call a contender runs untimed for at least `SETTLE_SECONDS`: right after a
 switch, the previous runtime's worker threads (MAX's, PyTorch's OpenMP, NumPy's
 BLAS) are still spinning on the same cores. Measured on 2 cores at GPT-2 small,
@@ -18,8 +19,10 @@ is what a caller pays). On GPU inputs and outputs stay on the device and each
 call ends with a synchronize.
 
 FLOPs count the useful work: the two projections, and QK^T and PV over the
-S(S+1)/2 query-key pairs the causal mask keeps. Peak is a large float32
-matrix multiply (NumPy on CPU, PyTorch on GPU) measured in the same run.
+S(S+1)/2 query-key pairs the causal mask keeps. Peak is a large matrix
+multiply measured in the same run: NumPy float32 on CPU, PyTorch in the compute
+dtype on GPU. Peak memory is the host RSS a call adds (CPU, Linux); MAX reports
+no device allocations, so on GPU it is left out.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ MODELS = {
 MAX_CONTENDERS = ("graph", "flash", "wrapper")
 CONTENDERS = (*MAX_CONTENDERS, "numpy", "torch-eager", "torch-sdpa")
 SETTLE_SECONDS = 0.2
+BURST_SECONDS, MAX_BURST = 0.05, 10
 CPU_SHAPES = "1x128,1x256,1x512,1x1024,8x256"
 GPU_SHAPES = "1x128,1x1024,1x4096,1x16384,8x256"
 
@@ -150,8 +154,14 @@ def _torch() -> Any:
     return torch
 
 
-def measure_peak_gflops(device: Device) -> float | None:
-    """Best float32 matrix-multiply rate seen: NumPy on CPU, PyTorch on GPU (None without it)."""
+def peak_dtype(device: Device, dtype: str) -> str:
+    """The dtype the peak is measured in: float32 on CPU (where half precision is for testing, not
+    speed), the compute dtype on GPU (whose tensor cores make half precision far faster)."""
+    return "float32" if device.is_host else dtype
+
+
+def measure_peak_gflops(device: Device, dtype: str) -> float | None:
+    """Best matrix-multiply rate seen: NumPy float32 on CPU, PyTorch in `dtype` on GPU (None without it)."""
     size = 2048
     if device.is_host:
         a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
@@ -162,7 +172,7 @@ def measure_peak_gflops(device: Device) -> float | None:
         if torch is None or not torch.cuda.is_available():
             return None
         size = 8192
-        a = torch.randn(size, size, device="cuda")
+        a = torch.randn(size, size, device=f"cuda:{device.id}", dtype=getattr(torch, dtype))
         multiply, sync = (lambda: a @ a), torch.cuda.synchronize
     best = float("inf")
     for _ in range(5):
@@ -191,7 +201,7 @@ def _status_kib(key: str) -> int:
 
 
 def peak_extra_memory_mib(run: Callable[[], Any], device: Device) -> float | None:
-    """Memory a call needs beyond what was already held: host RSS peak on CPU, PyTorch's on GPU."""
+    """Host memory a call needs beyond what the process already held (CPU, Linux); None on GPU."""
     if not device.is_host:
         return None  # MAX reports no device allocations to compare with
     before = _peak_rss_reset()
@@ -348,25 +358,30 @@ def time_shape(
     for round_index in range(args.repeat):
         shift = round_index % max(1, len(live))
         for contender, prepared in live[shift:] + live[:shift]:
-            _settle(contender.call, prepared)
-            start = time.perf_counter()
-            contender.call(prepared)
-            times[contender.name].append(time.perf_counter() - start)
+            last = _settle(contender.call, prepared)
+            # Short calls are timed in bursts, for as many samples as the long ones get time.
+            for _ in range(min(MAX_BURST, max(1, int(BURST_SECONDS / last)))):
+                start = time.perf_counter()
+                contender.call(prepared)
+                times[contender.name].append(time.perf_counter() - start)
     for contender, prepared in live:
         results[contender.name]["seconds"] = statistics.median(times[contender.name])
         results[contender.name]["min_seconds"] = min(times[contender.name])
+        results[contender.name]["samples"] = len(times[contender.name])
         results[contender.name]["peak_extra_mib"] = peak_extra_memory_mib(
             lambda c=contender, p=prepared: c.call(p), device
         )
     return results
 
 
-def _settle(call: Call, prepared: Any) -> None:
-    """Untimed calls, at least one and for at least `SETTLE_SECONDS` (module docstring)."""
-    start = time.perf_counter()
+def _settle(call: Call, prepared: Any) -> float:
+    """Untimed calls, at least one and for at least `SETTLE_SECONDS`; returns the last one's seconds."""
+    start = last_start = time.perf_counter()
     call(prepared)
-    while time.perf_counter() - start < SETTLE_SECONDS:
+    while (now := time.perf_counter()) - start < SETTLE_SECONDS:
+        last_start = now
         call(prepared)
+    return time.perf_counter() - last_start
 
 
 def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -379,13 +394,14 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
         skipped.update({name: torch_reason for name in ("torch-eager", "torch-sdpa") if name in args.impls})
     for name, reason in skipped.items():
         progress.note(f"skipping {name}: {reason}")
-    with progress.step("measuring the float32 matrix-multiply peak"):
-        peak = measure_peak_gflops(device)
+    with progress.step(f"measuring the {peak_dtype(device, args.dtype)} matrix-multiply peak"):
+        peak = measure_peak_gflops(device, args.dtype)
     report: dict[str, Any] = {
         "device": device_name(device),
         "dtype": args.dtype,
         "machine": machine_description(device),
         "peak_gflops": peak,
+        "peak_dtype": peak_dtype(device, args.dtype),
         "repeat": args.repeat,
         "skipped": skipped,
         "compile": {},
@@ -464,8 +480,8 @@ def format_table(report: dict[str, Any]) -> str:
     peak = report["peak_gflops"]
     lines = [
         f"device {report['device']} ({machine.get('gpu') or machine['cpu']}, {machine['cores']} cores), "
-        f"dtype {report['dtype']}, median of {report['repeat']} interleaved rounds, "
-        f"float32 matmul peak {_cell(peak, '.0f')} GFLOP/s",
+        f"dtype {report['dtype']}, medians over {report['repeat']} interleaved rounds, "
+        f"{report['peak_dtype']} matmul peak {_cell(peak, '.0f')} GFLOP/s",
         "",
         "| model | batch x seq | impl | median ms | tokens/s | GFLOP/s | % of peak | vs SDPA | vs eager "
         "| peak extra MiB | matches reference |",

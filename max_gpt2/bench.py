@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +134,12 @@ def machine_description(device: Device) -> dict[str, Any]:
     description: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
     if not device.is_host:
         description["gpu"] = getattr(device, "architecture_name", None) or device.label
-    with contextlib.suppress(ImportError):
-        import max as max_package
-
-        description["max"] = getattr(max_package, "__version__", None)
-    description["numpy"] = np.__version__
+    for package in ("max", "numpy", "torch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            description[package] = metadata.version(package)
     torch = _torch()
-    if torch is not None:
-        description["torch"] = torch.__version__
-        if not device.is_host and torch.cuda.is_available():
-            description["gpu"] = torch.cuda.get_device_name()
+    if torch is not None and not device.is_host and torch.cuda.is_available():
+        description["gpu"] = torch.cuda.get_device_name(device.id)
     return description
 
 
@@ -483,18 +480,19 @@ def format_table(report: dict[str, Any]) -> str:
         f"dtype {report['dtype']}, medians over {report['repeat']} interleaved rounds, "
         f"{report['peak_dtype']} matmul peak {_cell(peak, '.0f')} GFLOP/s",
         "",
-        "| model | batch x seq | impl | median ms | tokens/s | GFLOP/s | % of peak | vs SDPA | vs eager "
-        "| peak extra MiB | matches reference |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | batch x seq | impl | median ms | best ms | tokens/s | GFLOP/s | % of peak | vs SDPA "
+        "| vs eager | peak extra MiB | matches reference |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in report["results"]:
         shape = f"{row['batch']}x{row['seq_len']}"
         if "error" in row:
-            lines.append(f"| {row['model']} | {shape} | {row['impl']} | failed: {row['error']} |||||||")
+            lines.append(f"| {row['model']} | {shape} | {row['impl']} | failed: {row['error']} ||||||||")
             continue
         fraction = row["fraction_of_peak"]
         lines.append(
-            f"| {row['model']} | {shape} | {row['impl']} | {row['seconds'] * 1e3:.2f} "
+            f"| {row['model']} | {shape} | {row['impl']} "
+            f"| {row['seconds'] * 1e3:.2f} | {row['min_seconds'] * 1e3:.2f} "
             f"| {row['tokens_per_second']:,.0f} | {row['gflops']:.1f} "
             f"| {_cell(None if fraction is None else 100 * fraction, '.0f')} "
             f"| {_cell(row['speedup_vs_sdpa'], '.2f')} | {_cell(row['speedup_vs_eager'], '.2f')} "

@@ -40,8 +40,8 @@ from max_gpt2.wrapper import PerHeadWrapperAttention
 IMPLEMENTATIONS = ("auto", "graph", "flash", "wrapper")
 
 CPU_FLASH_TILES = 4
-"""Sequence tiles of the CPU flash graph. Measured on a 2-core EPYC at GPT-2 small,
-1 x 1024 tokens: 4 tiles 47.8 ms, 8 tiles 48.7 ms, untiled graph 52.0 ms; every tile
+"""Sequence tiles of the CPU flash graph. Measured on a 2-core EPYC at GPT-2 small, 1 x 1024
+tokens: 2 tiles 52.1 ms, 4 tiles 47.1 ms, 8 tiles 48.7 ms, untiled graph 52.0 ms; every tile
 adds a few dozen small ops, which is what makes more tiles slower at short lengths."""
 
 _NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
@@ -76,7 +76,7 @@ def resolve_impl(impl: str, device: Device, dtype: DType) -> str:
 
     GPU, bfloat16 and float16: `flash` (MAX's fused kernel). GPU float32 and
     every CPU dtype: `graph`. On CPU the tiled `flash` graph wins only on long
-    sequences (about 8% at 1 x 1024, GPT-2 small) and loses at short ones,
+    sequences (15 % at 1 x 1024 for GPT-2 small, even at 512) and loses at short ones,
     where its extra ops cost more than the masked half it skips
     (`benchmarks/README.md`).
     """

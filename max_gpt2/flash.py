@@ -34,7 +34,7 @@ from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import flash_attention_gpu
 
-from max_gpt2.attention import GPT2Attention
+from max_gpt2.attention import GPT2Attention, causal_mask
 from max_gpt2.config import GPT2Config
 
 _flash_attention = F.functional(flash_attention_gpu)
@@ -68,12 +68,7 @@ class TiledCausalAttention(GPT2Attention):
         qkv = qkv.permute([3, 1, 0, 4, 2, 5])  # [3, T, B, H, S/T, d]
         query, key, value = qkv[0] / math.sqrt(self.head_dim), qkv[1], qkv[2]
         # Only a tile with itself needs the mask; earlier key tiles are wholly visible.
-        diagonal = F.band_part(
-            F.full([tile_len, tile_len], float("-inf"), dtype=x.dtype, device=x.device),
-            num_lower=None,
-            num_upper=0,
-            exclude=True,
-        )
+        diagonal = causal_mask(tile_len, 0, dtype=x.dtype, device=x.device)  # [S/T, S/T]
         attended = [
             self.attend_tile(
                 query[i], [key[j] for j in range(i + 1)], [value[j] for j in range(i + 1)], diagonal

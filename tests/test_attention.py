@@ -16,7 +16,7 @@ from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check, compare
 from tests.support import (
-    LAYOUTS,
+    CPU_LAYOUTS,
     ODD,
     SEQ_LENS,
     SINGLE_HEAD,
@@ -25,7 +25,7 @@ from tests.support import (
 )
 
 
-@pytest.mark.parametrize("config", LAYOUTS, ids=layout_id)
+@pytest.mark.parametrize("config", CPU_LAYOUTS, ids=layout_id)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("batch", [1, 2, 3, 4])
 def test_matches_reference(compiled, config, batch, seq_len):

@@ -50,7 +50,6 @@ from max.driver import Buffer, Device
 from max_gpt2 import reference
 from max_gpt2.config import GPT2Config
 from max_gpt2.console import Progress, positive_int
-from max_gpt2.dtypes import DTYPES, parse_dtype
 from max_gpt2.runtime import compile_attention, device_name, resolve_device, to_buffer, to_numpy
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import compare
@@ -553,8 +552,7 @@ def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument(
         "--models", default="small,xl", help=f"from {', '.join(MODELS)}, or WIDTHxHEADS (default: small,xl)"
     )
@@ -577,7 +575,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
     try:
-        parse_dtype(args.dtype)
         args.models = parse_models(args.models)
         report = run_benchmark(args, progress)
     except (OSError, ValueError) as error:

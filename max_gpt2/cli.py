@@ -158,10 +158,11 @@ def format_report(report: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="max-gpt2", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    shared = argparse.ArgumentParser(add_help=False)
+    target = argparse.ArgumentParser(add_help=False)  # every command's device and dtype
+    target.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
+    target.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    shared = argparse.ArgumentParser(add_help=False, parents=[target])
     shared.add_argument("--checkpoint", help="GPT-2 safetensors checkpoint: file, directory, or Hub id")
-    shared.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
-    shared.add_argument("--dtype", default="float32", choices=list(DTYPES))
     shared.add_argument("--impl", default="auto", choices=IMPLEMENTATIONS, help="(default: auto)")
     shared.add_argument("--batch", type=positive_int, default=2)
     shared.add_argument("--seq-len", type=positive_int, default=128)
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("demo", parents=[shared], help="check every layer of a checkpoint, as a table")
     verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.add_arguments(commands.add_parser("bench", help=bench.__doc__.split("\n")[0]))
+    bench.add_arguments(commands.add_parser("bench", parents=[target], help=bench.__doc__.split("\n")[0]))
     return parser
 
 

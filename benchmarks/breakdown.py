@@ -25,7 +25,7 @@ from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType, default_device, default_dtype
 
 from max_gpt2 import GPT2Attention, compile_attention
-from max_gpt2.bench import MODELS, SETTLE_SECONDS, parse_shapes, torch_contenders, torch_skip_reason
+from max_gpt2.bench import MODELS, parse_shapes, settle, torch_contenders, torch_skip_reason
 from max_gpt2.config import GPT2Config
 from max_gpt2.runtime import to_buffer, to_numpy
 from max_gpt2.testing import random_attention_weights
@@ -84,9 +84,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(args.repeat):
         for name, call in calls.items():
-            settle_until = time.perf_counter() + SETTLE_SECONDS
-            while time.perf_counter() < settle_until:
-                call(x)
+            settle(call, x)
             start = time.perf_counter()
             call(x)
             times[name].append(time.perf_counter() - start)

@@ -51,7 +51,7 @@ from max_gpt2 import reference
 from max_gpt2.config import GPT2Config
 from max_gpt2.console import Progress, positive_int
 from max_gpt2.runtime import compile_attention, device_name, resolve_device, to_buffer, to_numpy
-from max_gpt2.testing import random_attention_weights
+from max_gpt2.testing import random_attention_weights, write_atomically
 from max_gpt2.verify import compare
 
 MODELS = {
@@ -215,7 +215,7 @@ def cold_compile_seconds(config: GPT2Config, device: str, dtype: str, impl: str)
         "import sys, time, json\n"
         "from max_gpt2.config import GPT2Config\n"
         "from max_gpt2.runtime import compile_attention\n"
-        "from max_gpt2.testing import random_attention_weights\n"
+        "from max_gpt2.testing import random_attention_weights, write_atomically\n"
         "config = GPT2Config.from_dict(json.loads(sys.argv[1]))\n"
         "weights = random_attention_weights(config, 0)\n"
         "start = time.perf_counter()\n"
@@ -356,7 +356,7 @@ def time_shape(
     for round_index in range(args.repeat):
         shift = round_index % max(1, len(live))
         for contender, prepared in live[shift:] + live[:shift]:
-            last = _settle(contender.call, prepared)
+            last = settle(contender.call, prepared)
             # Short calls are timed in bursts, for as many samples as the long ones get time.
             for _ in range(min(MAX_BURST, max(1, int(BURST_SECONDS / last)))):
                 start = time.perf_counter()
@@ -372,7 +372,7 @@ def time_shape(
     return results
 
 
-def _settle(call: Call, prepared: Any) -> float:
+def settle(call: Call, prepared: Any) -> float:
     """Untimed calls, at least one and for at least `SETTLE_SECONDS`; returns the last one's seconds."""
     start = last_start = time.perf_counter()
     call(prepared)
@@ -539,16 +539,9 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
     figure.tight_layout()
-    _write_atomically(path, lambda temporary: figure.savefig(temporary, format="png", dpi=110))
+    write_atomically(path, lambda temporary: figure.savefig(temporary, format="png", dpi=110))
     plt.close(figure)
     return None
-
-
-def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".partial")
-    write(temporary)
-    temporary.replace(path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -582,7 +575,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         return 2
     stem = args.output / f"bench-{report['device'].replace(':', '')}-{args.dtype}"
     json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
-    _write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
+    args.output.mkdir(parents=True, exist_ok=True)
+    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
     print(format_table(report))
     print(f"\nresults: {json_path}")
     why_not = plot(report, png_path)

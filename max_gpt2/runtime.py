@@ -202,12 +202,7 @@ class CompiledAttention:
             raise TypeError(f"x must hold floating-point values; got dtype {x.dtype}")
         if x.size == 0:  # nothing to attend over; skip the device round trip
             return np.zeros(x.shape, dtype=_NUMPY_DTYPES[self.dtype])
-        tiles = self.graph.tiles
-        if tiles > 1:
-            (result,) = self._model.execute(to_buffer(_pad_to_tiles(x, tiles), self.dtype, self.device))
-            return _untile(to_numpy(result), x.shape[1])
-        (result,) = self._model.execute(to_buffer(x, self.dtype, self.device))
-        return to_numpy(result)
+        return to_numpy(self._execute(to_buffer(x, self.dtype, self.device)))
 
     def _run_dlpack(self, x: Any) -> Tensor:
         buffer = Buffer.from_dlpack(x)
@@ -221,13 +216,17 @@ class CompiledAttention:
             return Tensor.from_dlpack(Buffer.zeros(tuple(buffer.shape), self.dtype, self.device))
         if buffer.device != self.device:
             buffer = buffer.to(self.device)
+        return Tensor.from_dlpack(self._execute(buffer))
+
+    def _execute(self, x: Buffer) -> Buffer:
+        """Runs the graph on `x` [batch, seq, n_embd], already on the device in the compute dtype."""
         tiles = self.graph.tiles
-        if tiles > 1:  # only ever a CPU graph, so the reshaping happens in host memory
-            tiled = _host_buffer(_pad_to_tiles(_host_array(buffer), tiles), self.dtype)
-            (result,) = self._model.execute(tiled)
-            return Tensor.from_dlpack(_host_buffer(_untile(_host_array(result), buffer.shape[1]), self.dtype))
-        (result,) = self._model.execute(buffer)
-        return Tensor.from_dlpack(result)
+        if tiles == 1:
+            (result,) = self._model.execute(x)
+            return result
+        # Only CPU graphs are tiled, so padding and reshaping happen in host memory.
+        (result,) = self._model.execute(_host_buffer(_pad_to_tiles(_host_array(x), tiles), self.dtype))
+        return _host_buffer(_untile(_host_array(result), x.shape[1]), self.dtype)
 
 
 def compile_attention(

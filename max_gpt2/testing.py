@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors
@@ -79,7 +80,7 @@ def random_attention_weights(config: GPT2Config, seed: int = 0) -> dict[str, np.
     }
 
 
-def _replace(file: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(file: Path, write: Callable[[Path], Any]) -> None:
     """Calls `write` on a temporary name beside `file`, then renames it into place."""
     partial = file.with_name(file.name + ".partial")
     write(partial)
@@ -98,12 +99,14 @@ def _write_safetensors(tensors: dict[str, np.ndarray], dtype: str, file: Path) -
         )
         for key, value in stored.items()
     }
-    _replace(file, lambda partial: safetensors.serialize_file(specs, str(partial), metadata={"format": "pt"}))
+    write_atomically(
+        file, lambda partial: safetensors.serialize_file(specs, str(partial), metadata={"format": "pt"})
+    )
 
 
 def _write_json(values: dict, file: Path) -> None:
     """Writes `values` as JSON to `file`, atomically."""
-    _replace(file, lambda partial: partial.write_text(json.dumps(values, indent=2)))
+    write_atomically(file, lambda partial: partial.write_text(json.dumps(values, indent=2)))
 
 
 def write_checkpoint(

@@ -50,7 +50,8 @@ from max.driver import Buffer, Device
 from max_gpt2 import reference
 from max_gpt2.config import GPT2Config
 from max_gpt2.console import Progress, positive_int
-from max_gpt2.runtime import compile_attention, device_name, resolve_device, to_buffer, to_numpy
+from max_gpt2.devices import device_name, resolve_device, to_buffer, to_numpy
+from max_gpt2.runtime import compile_attention
 from max_gpt2.testing import random_attention_weights, write_atomically
 from max_gpt2.verify import compare
 

@@ -1,11 +1,11 @@
-"""Command line: `max-gpt2 demo`, `verify` and `bench` (also `python -m max_gpt2 ...`).
+"""Command line: `max-gpt2 demo`, `verify`, `bench` and `generate` (also `python -m max_gpt2 ...`).
 
 `demo` and `verify` load a GPT-2 checkpoint through the weights adapter, compile attention once,
 run every chosen layer on the same random batch, and compare each with the NumPy
 reference. With no `--checkpoint`, they make (once) and reuse a seeded
 GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
 results to stdout; the exit status is 1 if any layer disagrees with the
-reference, 2 for bad input. `bench` is `max_gpt2.bench`.
+reference, 2 for bad input. `bench` is `max_gpt2.bench`, `generate` `max_gpt2.generation`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -22,33 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2 import bench
-from max_gpt2.config import GPT2Config
-from max_gpt2.console import Progress, positive_int
+from max_gpt2 import bench, generation
+from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
+from max_gpt2.devices import device_name, resolve_device
 from max_gpt2.dtypes import DTYPES
-from max_gpt2.runtime import IMPLEMENTATIONS, compile_attention, device_name, resolve_device
-from max_gpt2.testing import write_checkpoint
+from max_gpt2.runtime import IMPLEMENTATIONS, compile_attention
 from max_gpt2.verify import check
 from max_gpt2.weights import Checkpoint
-
-
-def default_cache_dir() -> Path:
-    """`$MAX_GPT2_CACHE`, else `$XDG_CACHE_HOME/max-gpt2`, else `~/.cache/max-gpt2`."""
-    if explicit := os.environ.get("MAX_GPT2_CACHE"):
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
-
-
-def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
-    """A GPT-2-small-shaped checkpoint in `cache_dir`, written on first use and reused after."""
-    config = GPT2Config()
-    path = cache_dir / f"gpt2-small-seed{seed}"
-    if (path / "config.json").is_file():  # written last, so its presence means complete
-        progress.note(f"reusing the demo checkpoint in {path}")
-        return path
-    with progress.step(f"writing a GPT-2-small-shaped checkpoint (seed {seed}) to {path}"):
-        write_checkpoint(path, config, seed=seed)
-    return path
 
 
 def parse_layers(spec: str, n_layer: int) -> list[int]:
@@ -173,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_arguments(commands.add_parser("bench", parents=[target], help=bench.__doc__.split("\n")[0]))
+    generation.add_arguments(
+        commands.add_parser("generate", parents=[target], help=generation.__doc__.split("\n")[0])
+    )
     return parser
 
 
@@ -180,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return bench.main(args, Progress(sys.stderr))
+    if args.command == "generate":
+        return generation.main(args, Progress(sys.stderr))
     args.cache_dir = args.cache_dir or default_cache_dir()
     as_json = getattr(args, "json", False)
     progress = Progress(sys.stderr)

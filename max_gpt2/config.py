@@ -2,6 +2,8 @@
 
 `GPT2Config()` is GPT-2 small. `GPT2Config.from_pretrained(path)` reads the
 `config.json` that sits in a checkpoint directory or beside a `.safetensors` file.
+Options that would make Hugging Face compute something this package does not
+are refused when the config is read, never silently computed differently.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ _ALIASES = {
     "max_position_embeddings": "n_positions",
 }
 
-# Hugging Face options that change what attention computes. This component
-# implements GPT-2's defaults; a checkpoint that needs another value is refused
-# rather than silently computed differently.
+# Hugging Face options that change what attention computes. GPT-2's defaults are
+# implemented; a checkpoint that needs another value is refused.
 _SUPPORTED_ATTENTION_OPTIONS = {
     "scale_attn_weights": True,
     "scale_attn_by_inverse_layer_idx": False,
     "reorder_and_upcast_attn": False,
 }
+
+ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
+"""Hugging Face's names for the MLP activations supported, and the GELU approximation each is.
+GPT-2's own is `gelu_new`, the tanh approximation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +46,32 @@ class GPT2Config:
     n_positions: int = 1024
     vocab_size: int = 50257
     layer_norm_epsilon: float = 1e-5
+    n_inner: int | None = None  # the MLP's hidden width; None means 4 * n_embd
+    activation_function: str = "gelu_new"
+    tie_word_embeddings: bool = True  # the LM head reuses wte.weight
+    eos_token_id: int | None = None  # where generation may stop (50256 in released GPT-2)
 
     def __post_init__(self) -> None:
-        for field in ("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"):
+        for field in ("n_embd", "n_head", "n_layer", "n_positions", "vocab_size", "n_inner"):
             value = getattr(self, field)
+            if field == "n_inner" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        if self.activation_function not in ACTIVATIONS:
+            raise ValueError(
+                f"activation_function {self.activation_function!r} is not supported "
+                f"(supported: {', '.join(ACTIVATIONS)})"
+            )
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
+        eos = self.eos_token_id
+        if eos is not None and (
+            isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < self.vocab_size
+        ):
+            raise ValueError(
+                f"eos_token_id must be a token id below vocab_size ({self.vocab_size}), got {eos!r}"
+            )
         epsilon = self.layer_norm_epsilon
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}")
@@ -60,6 +85,11 @@ class GPT2Config:
     def head_dim(self) -> int:
         """Features per head: `n_embd // n_head` (64 for every released GPT-2)."""
         return self.n_embd // self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's hidden width: `n_inner`, or 4 * `n_embd` when unset (every released GPT-2)."""
+        return self.n_inner or 4 * self.n_embd
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> GPT2Config:

@@ -1,13 +1,18 @@
-"""Console helpers shared by the commands: step-by-step progress and argument types."""
+"""Helpers shared by the commands: step-by-step progress, argument types, the demo checkpoint."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TextIO
+
+from max_gpt2.config import GPT2Config
+from max_gpt2.testing import write_checkpoint, write_tokenizer
 
 
 class Progress:
@@ -52,3 +57,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def default_cache_dir() -> Path:
+    """`$MAX_GPT2_CACHE`, else `$XDG_CACHE_HOME/max-gpt2`, else `~/.cache/max-gpt2`."""
+    if explicit := os.environ.get("MAX_GPT2_CACHE"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
+
+
+def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
+    """A GPT-2-small-shaped checkpoint with a small tokenizer in `cache_dir`, written once, reused after."""
+    config = GPT2Config()
+    path = cache_dir / f"gpt2-small-seed{seed}"
+    if (path / "config.json").is_file():  # written last, so its presence means complete
+        progress.note(f"reusing the demo checkpoint in {path}")
+        if not (path / "tokenizer.json").is_file():  # written by a version without text
+            write_tokenizer(path, config.vocab_size)
+        return path
+    with progress.step(f"writing a GPT-2-small-shaped checkpoint (seed {seed}) with a tokenizer to {path}"):
+        write_checkpoint(path, config, seed=seed, tokenizer=True)
+    return path

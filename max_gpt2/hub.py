@@ -2,7 +2,8 @@
 
 A local path always wins. Anything that does not exist locally but looks like a
 Hub id (`gpt2`, `openai-community/gpt2-xl`) is fetched with `huggingface_hub`,
-an optional dependency, taking only the safetensors and JSON files.
+an optional dependency, taking only the safetensors, JSON and `merges.txt` files
+(weights, config and tokenizer; never a pickle).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def resolve(path_or_id: str | Path) -> Path:
             f"Hub instead, install huggingface_hub and be online)"
         ) from None
     try:
-        return Path(hub.snapshot_download(text, allow_patterns=["*.safetensors", "*.json"]))
+        return Path(hub.snapshot_download(text, allow_patterns=["*.safetensors", "*.json", "merges.txt"]))
     except Exception as error:  # the Hub client raises many unrelated types
         raise FileNotFoundError(
             f"no such file or directory: {text}, and fetching it from the Hugging Face Hub failed: {error}"

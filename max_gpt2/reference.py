@@ -1,17 +1,23 @@
-"""An independent NumPy reference for GPT-2 attention, in float64.
+"""An independent NumPy reference for GPT-2, attention and the whole language model, in float64.
 
-Written the plain way on purpose, sharing no code with the MAX module: each
+Written the plain way on purpose, sharing no code with the MAX modules: each
 head is computed on its own in a Python loop over column slices (no reshape or
-transpose into a head axis), the causal rule is a boolean test rather than an
-additive mask, and the heads are concatenated at the end. Nothing here imports
-MAX, so a mistake in the graph cannot be repeated here.
+transpose into a head axis), the causal and padding rules are boolean tests
+rather than additive masks, the heads are concatenated at the end, and the model
+recomputes every position from scratch (no KV cache). Nothing here imports MAX,
+so a mistake in the graph cannot be repeated here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # for annotations only; the config module imports nothing from MAX either
+    from max_gpt2.config import GPT2Config
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -21,24 +27,29 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-def attention(x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int) -> np.ndarray:
+def attention(
+    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int, key_mask: np.ndarray | None = None
+) -> np.ndarray:
     """GPT-2 causal self-attention of `x` `[batch, seq, n_embd]`, computed in float64.
 
     `weights` holds `c_attn.weight` `[3 * n_embd, n_embd]`, `c_attn.bias`,
     `c_proj.weight` `[n_embd, n_embd]` and `c_proj.bias`, in MAX `Linear`
-    layout (what `load_attention_weights` returns). Returns float64
-    `[batch, seq, n_embd]`.
+    layout (what `load_attention_weights` returns). `key_mask` hides padding (see
+    `attention_and_largest_score`). Returns float64 `[batch, seq, n_embd]`.
     """
-    return attention_and_largest_score(x, weights, n_head)[0]
+    return attention_and_largest_score(x, weights, n_head, key_mask)[0]
 
 
 def attention_and_largest_score(
-    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int
+    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int, key_mask: np.ndarray | None = None
 ) -> tuple[np.ndarray, float]:
     """`attention(x, weights, n_head)`, and the largest |q . k / sqrt(head_dim)| any query may see.
 
     The largest score measures how sensitive the output is to rounding: a
     score's rounding error grows with its size, and softmax passes it on.
+    `key_mask` `[batch, seq]` (true = token, false = padding) hides padding from
+    every query; a query that then sees no key at all (padding itself, in a
+    left-padded row) gets zeros.
     """
     x = np.asarray(x, dtype=np.float64)
     w_attn, b_attn, w_proj, b_proj = (
@@ -52,14 +63,72 @@ def attention_and_largest_score(
     queries, keys, values = qkv[..., :n_embd], qkv[..., n_embd : 2 * n_embd], qkv[..., 2 * n_embd :]
     position = np.arange(seq_len)
     future = position[None, :] > position[:, None]  # [seq, seq]: key after query
+    if key_mask is not None:
+        hidden = future | ~np.asarray(key_mask, dtype=bool)[:, None, :]  # [batch, seq, seq]
+    else:
+        hidden = np.broadcast_to(future, (x.shape[0], seq_len, seq_len))
+    sees_a_key = ~hidden.all(axis=-1, keepdims=True)  # [batch, seq, 1]
 
     head_outputs, largest_score = [], 0.0
     for head in range(n_head):
         columns = slice(head * head_dim, (head + 1) * head_dim)
         q, k, v = queries[..., columns], keys[..., columns], values[..., columns]
         scores = np.einsum("bqd,bkd->bqk", q, k) / np.sqrt(head_dim)  # [batch, seq, seq]
-        largest_score = max(largest_score, float(np.abs(scores[:, ~future]).max(initial=0.0)))
-        head_outputs.append(softmax(np.where(future, -np.inf, scores)) @ v)  # [batch, seq, head_dim]
+        largest_score = max(largest_score, float(np.abs(scores[~hidden]).max(initial=0.0)))
+        # A row that may see no key is left unmasked here (so softmax stays finite), then zeroed.
+        probabilities = softmax(np.where(hidden & sees_a_key, -np.inf, scores))
+        head_outputs.append(np.where(sees_a_key, probabilities, 0.0) @ v)  # [batch, seq, head_dim]
 
     merged = np.concatenate(head_outputs, axis=-1)  # [batch, seq, n_embd]
     return merged @ w_proj.T + b_proj, largest_score
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, epsilon: float) -> np.ndarray:
+    """Normalizes the last axis to zero mean and unit variance, then scales and shifts."""
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + epsilon) * weight + bias
+
+
+def gelu(x: np.ndarray, activation_function: str = "gelu_new") -> np.ndarray:
+    """GELU: the tanh approximation GPT-2 uses (`gelu_new` and its aliases), or exact (`gelu`)."""
+    if activation_function == "gelu":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def position_ids(attention_mask: np.ndarray) -> np.ndarray:
+    """Each token's position counts only the real tokens before it; padding gets 0."""
+    return np.maximum(np.cumsum(attention_mask, axis=-1) - 1, 0)
+
+
+def lm_logits_and_largest_score(
+    input_ids: np.ndarray,
+    weights: Mapping[str, np.ndarray],
+    config: GPT2Config,
+    attention_mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
+    """GPT-2's next-token logits `[batch, seq, vocab]`, float64, and the largest attention score.
+
+    `weights` holds every parameter by module name in MAX layout (what
+    `Checkpoint.model_weights` returns). `attention_mask` `[batch, seq]` marks real tokens with 1 and
+    padding with 0; padding positions get logits too, but nothing real depends on them.
+    """
+    w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+    ids = np.asarray(input_ids)
+    mask = np.ones(ids.shape, dtype=np.int64) if attention_mask is None else np.asarray(attention_mask)
+    epsilon, n_head = config.layer_norm_epsilon, config.n_head
+    x = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][position_ids(mask)]
+    largest_score = 0.0
+    for layer in range(config.n_layer):
+        h = f"transformer.h.{layer}."
+        attn = {name: value for name, value in w.items() if name.startswith(h + "attn.")}
+        attn = {name.removeprefix(h + "attn."): value for name, value in attn.items()}
+        normed = layer_norm(x, w[h + "ln_1.weight"], w[h + "ln_1.bias"], epsilon)
+        attended, score = attention_and_largest_score(normed, attn, n_head, mask.astype(bool))
+        largest_score = max(largest_score, score)
+        x = x + attended
+        normed = layer_norm(x, w[h + "ln_2.weight"], w[h + "ln_2.bias"], epsilon)
+        inner = gelu(normed @ w[h + "mlp.c_fc.weight"].T + w[h + "mlp.c_fc.bias"], config.activation_function)
+        x = x + inner @ w[h + "mlp.c_proj.weight"].T + w[h + "mlp.c_proj.bias"]
+    x = layer_norm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], epsilon)
+    return x @ w["lm_head.weight"].T, largest_score

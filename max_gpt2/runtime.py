@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
+from max.driver import CPU, Buffer, Device
 from max.dtype import DType
 from max.engine import CompiledModel, InferenceSession
 from max.experimental import functional as F
@@ -32,7 +32,16 @@ from max.experimental.tensor import Tensor, TensorType, default_device, default_
 
 from max_gpt2.attention import GPT2Attention
 from max_gpt2.config import GPT2Config
-from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.devices import (
+    NUMPY_DTYPES,
+    device_name,
+    host_array,
+    host_buffer,
+    resolve_device,
+    to_buffer,
+    to_numpy,
+)
+from max_gpt2.dtypes import parse_dtype
 from max_gpt2.flash import KernelFlashAttention, TiledCausalAttention
 from max_gpt2.weights import Checkpoint, check_weights
 from max_gpt2.wrapper import PerHeadWrapperAttention
@@ -43,32 +52,6 @@ CPU_FLASH_TILES = 4
 """Sequence tiles of the CPU flash graph. Measured on a 2-core EPYC at GPT-2 small, 1 x 1024
 tokens: 2 tiles 52.1 ms, 4 tiles 47.1 ms, 8 tiles 48.7 ms, untiled graph 52.0 ms; every tile
 adds a few dozen small ops, which is what makes more tiles slower at short lengths."""
-
-_NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
-"""What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
-
-
-def resolve_device(device: str | Device = "auto") -> Device:
-    """`"cpu"`, `"gpu"`, `"gpu:N"` or `"auto"` (an accelerator when MAX sees one) to a MAX device."""
-    if isinstance(device, Device):
-        return device
-    count = accelerator_count()
-    if device == "auto":
-        return Accelerator() if count else CPU()
-    if device == "cpu":
-        return CPU()
-    kind, _, index = str(device).partition(":")
-    if kind == "gpu" and (index == "" or index.isdigit()):
-        ordinal = int(index or 0)
-        if ordinal >= count:
-            raise ValueError(f"device {device!r} asked for, but MAX sees {count} accelerator(s)")
-        return Accelerator(ordinal)
-    raise ValueError(f"device must be 'auto', 'cpu', 'gpu' or 'gpu:N'; got {device!r}")
-
-
-def device_name(device: Device) -> str:
-    """`"cpu"` or `"gpu:N"`, as `resolve_device` accepts it."""
-    return "cpu" if device.is_host else f"gpu:{device.id}"
 
 
 def resolve_impl(impl: str, device: Device, dtype: DType) -> str:
@@ -101,33 +84,6 @@ def _untile(y: np.ndarray, seq_len: int) -> np.ndarray:
     """[B, tiles, t, D] -> [B, seq_len, D], the padding dropped."""
     batch, _, _, width = y.shape
     return y.reshape(batch, -1, width)[:, :seq_len]
-
-
-def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
-    """A NumPy array converted to `dtype` and placed on `device`."""
-    if dtype == DType.bfloat16:
-        buffer = Buffer.from_numpy(float32_to_bfloat16_bits(values)).view(DType.bfloat16)
-    else:
-        buffer = Buffer.from_numpy(np.ascontiguousarray(values, dtype=_NUMPY_DTYPES[dtype]))
-    return buffer if device.is_host else buffer.to(device)
-
-
-def _host_array(buffer: Buffer) -> np.ndarray:
-    """A host buffer's elements as NumPy, bfloat16 as its uint16 bit patterns."""
-    if buffer.dtype == DType.bfloat16:
-        return np.from_dlpack(buffer.view(DType.uint16))
-    return np.from_dlpack(buffer)
-
-
-def _host_buffer(values: np.ndarray, dtype: DType) -> Buffer:
-    """Inverse of `_host_array`."""
-    return Buffer.from_numpy(np.ascontiguousarray(values)).view(dtype)
-
-
-def to_numpy(buffer: Buffer) -> np.ndarray:
-    """A result buffer read back into NumPy (bfloat16 widened to float32)."""
-    host = _host_array(buffer if buffer.device.is_host else buffer.to(CPU()))
-    return bfloat16_bits_to_float32(host) if buffer.dtype == DType.bfloat16 else host
 
 
 @dataclass(frozen=True)
@@ -201,7 +157,7 @@ class CompiledAttention:
         if not np.issubdtype(x.dtype, np.floating):
             raise TypeError(f"x must hold floating-point values; got dtype {x.dtype}")
         if x.size == 0:  # nothing to attend over; skip the device round trip
-            return np.zeros(x.shape, dtype=_NUMPY_DTYPES[self.dtype])
+            return np.zeros(x.shape, dtype=NUMPY_DTYPES[self.dtype])
         return to_numpy(self._execute(to_buffer(x, self.dtype, self.device)))
 
     def _run_dlpack(self, x: Any) -> Tensor:
@@ -225,8 +181,8 @@ class CompiledAttention:
             (result,) = self._model.execute(x)
             return result
         # Only CPU graphs are tiled, so padding and reshaping happen in host memory.
-        (result,) = self._model.execute(_host_buffer(_pad_to_tiles(_host_array(x), tiles), self.dtype))
-        return _host_buffer(_untile(_host_array(result), x.shape[1]), self.dtype)
+        (result,) = self._model.execute(host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
+        return host_buffer(_untile(host_array(result), x.shape[1]), self.dtype)
 
 
 def compile_attention(

@@ -16,41 +16,32 @@ from typing import Any
 
 import numpy as np
 import safetensors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from max_gpt2.config import GPT2Config
 from max_gpt2.dtypes import float32_to_bfloat16_bits, parse_dtype
-from max_gpt2.weights import INDEX_FILE, parameter_shapes
+from max_gpt2.weights import INDEX_FILE, model_parameter_shapes, parameter_shapes, stored_shape
 
 LAYOUTS = {"hub": "", "save_pretrained": "transformer."}
 """Key prefix of each layout: `h.0.attn...` on the Hub, `transformer.h.0.attn...` from `save_pretrained`."""
 
 
 def checkpoint_shapes(config: GPT2Config, mask_buffers: bool = True) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a Hugging Face GPT-2 checkpoint (Hub key names), with its stored shape."""
-    d, positions = config.n_embd, config.n_positions
-    shapes: dict[str, tuple[int, ...]] = {
-        "wte.weight": (config.vocab_size, d),
-        "wpe.weight": (positions, d),
-    }
-    for layer in range(config.n_layer):
-        h = f"h.{layer}."
-        shapes |= {
-            h + "ln_1.weight": (d,),
-            h + "ln_1.bias": (d,),
-            h + "attn.c_attn.weight": (d, 3 * d),
-            h + "attn.c_attn.bias": (3 * d,),
-            h + "attn.c_proj.weight": (d, d),
-            h + "attn.c_proj.bias": (d,),
-            h + "ln_2.weight": (d,),
-            h + "ln_2.bias": (d,),
-            h + "mlp.c_fc.weight": (d, 4 * d),
-            h + "mlp.c_fc.bias": (4 * d,),
-            h + "mlp.c_proj.weight": (4 * d, d),
-            h + "mlp.c_proj.bias": (d,),
-        }
-        if mask_buffers:
-            shapes |= {h + "attn.bias": (1, 1, positions, positions), h + "attn.masked_bias": ()}
-    return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,)}
+    """Every tensor of a Hugging Face GPT-2 checkpoint (Hub key names), with its stored shape.
+
+    A tied LM head is not stored (`save_pretrained` leaves it out too); an untied one is.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in model_parameter_shapes(config).items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        key = name.removeprefix("transformer.")
+        shapes[key] = stored_shape(name, shape)
+        if mask_buffers and key.endswith(".mlp.c_proj.bias"):  # the layer's last parameter
+            layer = key.removesuffix("mlp.c_proj.bias")
+            positions = config.n_positions
+            shapes |= {layer + "attn.bias": (1, 1, positions, positions), layer + "attn.masked_bias": ()}
+    return shapes
 
 
 def _value(key: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -66,7 +57,7 @@ def _value(key: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.nda
         # uniform nor one-hot, and mistakes in masking or head order show up.
         offset, scale = 0.0, 1 / np.sqrt(shape[0])
     else:
-        offset, scale = 0.0, 0.02 if key in ("wte.weight", "wpe.weight") else 0.1
+        offset, scale = 0.0, 0.02 if key in ("wte.weight", "wpe.weight", "lm_head.weight") else 0.1
     # Computed in float64 and rounded once, so every stored dtype is one rounding away.
     return (offset + scale * rng.standard_normal(shape)).astype(np.float32)
 
@@ -117,6 +108,7 @@ def write_checkpoint(
     dtype: str = "float32",
     mask_buffers: bool = True,
     shards: int = 1,
+    tokenizer: bool = False,
 ) -> Path:
     """Writes a seeded GPT-2 checkpoint into directory `path`, returning it.
 
@@ -124,7 +116,9 @@ def write_checkpoint(
     (`transformer.h.0...`); `dtype` is `"float32"`, `"float16"` or `"bfloat16"`;
     `mask_buffers` adds the `attn.bias` / `attn.masked_bias` buffers that older
     files carry; `shards > 1` splits the tensors over several files with a
-    `model.safetensors.index.json`, as large checkpoints are published.
+    `model.safetensors.index.json`, as large checkpoints are published;
+    `tokenizer` adds a byte-level BPE tokenizer trained on the text we ship
+    (`write_tokenizer`), so that text goes in and out offline.
     Each file is written under a temporary name and renamed into place, and
     `config.json` comes last, so a directory with a `config.json` is complete.
     """
@@ -138,7 +132,8 @@ def write_checkpoint(
     (directory / "config.json").unlink(missing_ok=True)  # incomplete until it is written again
     rng = np.random.default_rng(seed)
     tensors = {
-        LAYOUTS[layout] + key: _value(key, shape, rng)
+        # The LM head sits beside `transformer`, not inside it, in both layouts.
+        (key if key == "lm_head.weight" else LAYOUTS[layout] + key): _value(key, shape, rng)
         for key, shape in checkpoint_shapes(config, mask_buffers).items()
     }
     if shards == 1:
@@ -151,5 +146,39 @@ def write_checkpoint(
             _write_safetensors({keys[i]: tensors[keys[i]] for i in part}, dtype, directory / name)
             weight_map |= {keys[i]: name for i in part}
         _write_json({"metadata": {}, "weight_map": weight_map}, directory / INDEX_FILE)
+    if tokenizer:
+        write_tokenizer(directory, config.vocab_size)
     _write_json(config.to_dict(), directory / "config.json")
     return directory
+
+
+END_OF_TEXT = "<|endoftext|>"
+CORPUS = Path(__file__).parent / "data" / "corpus.txt"
+"""A few paragraphs of plain English, numbers and code, written for this project."""
+
+
+def write_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
+    """Trains a byte-level BPE tokenizer of at most `vocab_size` tokens on `CORPUS`; writes and returns it.
+
+    Writes `tokenizer.json` and GPT-2's original pair, `vocab.json` and
+    `merges.txt`, into `directory`. Every byte is a token, so any text encodes;
+    `<|endoftext|>` is token 0. Training is deterministic: the same `vocab_size`
+    gives the same files.
+    """
+    if vocab_size < 257:
+        raise ValueError(f"a byte-level tokenizer needs vocab_size >= 257 (256 bytes + {END_OF_TEXT})")
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trained.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    trained.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(keepends=True), trainer)
+    directory = Path(directory)
+    write_atomically(directory / "tokenizer.json", lambda partial: trained.save(str(partial)))
+    for written in trained.model.save(str(directory), "partial"):  # partial-vocab.json, partial-merges.txt
+        os.replace(written, directory / Path(written).name.removeprefix("partial-"))
+    return trained

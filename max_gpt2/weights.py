@@ -1,11 +1,19 @@
-"""Reading one layer's attention weights out of a Hugging Face GPT-2 safetensors checkpoint.
+"""The weights adapter: a Hugging Face GPT-2 safetensors checkpoint to MAX parameters.
+
+`Checkpoint.model_weights()` gives every parameter of `max_gpt2.model.GPT2LMHeadModel`
+and `Checkpoint.attention_weights(layer)` one layer's attention, both as float32
+NumPy arrays in the layout MAX modules use.
 
 Hugging Face GPT-2 keeps its projections in Conv1D modules, whose weights are
 `[in_features, out_features]`; MAX `Linear` wants `[out_features, in_features]`,
-so weights are transposed here. Checkpoints come in two key layouts: the Hub's
+so those weights are transposed here. Checkpoints come in two key layouts: the Hub's
 files say `h.0.attn.c_attn.weight`, while recent `save_pretrained` writes
 `transformer.h.0.attn.c_attn.weight`. Both are read. `h.N.attn.bias` and
 `h.N.attn.masked_bias` are causal-mask buffers, not parameters, and are never read.
+The LM head is `lm_head.weight` where the files store one; where they do not (the
+Hub's GPT-2 files, and what `save_pretrained` writes for tied weights), it is `wte`
+itself, unless `config.json` says `tie_word_embeddings: false`, which then needs the
+stored head. That is how Hugging Face 5.x loads them.
 
 Files are checked with the `safetensors` library when opened (it verifies that
 the header is sane and that the tensors lie inside the file), then read through
@@ -30,6 +38,8 @@ from max_gpt2.config import GPT2Config
 from max_gpt2.dtypes import bfloat16_bits_to_float32
 
 PARAMETERS = ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+"""Parameters stored by Hugging Face as Conv1D `[in, out]`, transposed on reading."""
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER_KEY = re.compile(r"(?:transformer\.)?h\.(\d+)\.")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -48,6 +58,37 @@ def parameter_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
         "c_proj.weight": (d, d),
         "c_proj.bias": (d,),
     }
+
+
+def model_parameter_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every parameter of `GPT2LMHeadModel`, in MAX layout, by its module name."""
+    d, inner, vocab = config.n_embd, config.mlp_width, config.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (vocab, d),
+        "transformer.wpe.weight": (config.n_positions, d),
+    }
+    for layer in range(config.n_layer):
+        h = f"transformer.h.{layer}."
+        shapes |= {h + "ln_1.weight": (d,), h + "ln_1.bias": (d,)}
+        shapes |= {h + "attn." + name: shape for name, shape in parameter_shapes(config).items()}
+        shapes |= {
+            h + "ln_2.weight": (d,),
+            h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (inner, d),
+            h + "mlp.c_fc.bias": (inner,),
+            h + "mlp.c_proj.weight": (d, inner),
+            h + "mlp.c_proj.bias": (d,),
+        }
+    return shapes | {
+        "transformer.ln_f.weight": (d,),
+        "transformer.ln_f.bias": (d,),
+        "lm_head.weight": (vocab, d),
+    }
+
+
+def stored_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a checkpoint stores parameter `name` in: Conv1D weights are `[in, out]`."""
+    return shape[::-1] if name.endswith(CONV1D_WEIGHTS) else shape
 
 
 def _conversion_hint(pickle_file: Path) -> str:
@@ -127,8 +168,28 @@ class Checkpoint:
         return max(indices, default=-1) + 1
 
     def key(self, layer: int, parameter: str) -> str:
-        """The checkpoint's name for `parameter` of `layer`, e.g. `h.3.attn.c_proj.bias`."""
-        return f"{self.prefix}h.{layer}.attn.{parameter}"
+        """The checkpoint's name for attention `parameter` of `layer`, e.g. `h.3.attn.c_proj.bias`."""
+        return self.key_of(f"transformer.h.{layer}.attn.{parameter}")
+
+    def key_of(self, name: str) -> str:
+        """The checkpoint's name for module parameter `name` (`transformer.wte.weight` -> `wte.weight`)."""
+        inner = name.removeprefix("transformer.")
+        return name if inner == name else self.prefix + inner
+
+    def model_weights(self) -> dict[str, np.ndarray]:
+        """Every parameter of `GPT2LMHeadModel`, float32, MAX layout, keyed by module name.
+
+        Where the head is tied (no `lm_head.weight` stored, GPT-2's usual case),
+        `lm_head.weight` is the very array of `transformer.wte.weight`.
+        """
+        weights: dict[str, np.ndarray] = {}
+        for name, shape in model_parameter_shapes(self.config).items():
+            tied = self.config.tie_word_embeddings and name not in self._file_of
+            if name == "lm_head.weight" and tied:
+                weights[name] = weights["transformer.wte.weight"]
+            else:
+                weights[name] = self._parameter(name, shape)
+        return weights
 
     def attention_weights(self, layer: int) -> dict[str, np.ndarray]:
         """`layer`'s attention parameters, float32, in MAX `Linear` layout, keyed by parameter name."""
@@ -139,26 +200,36 @@ class Checkpoint:
             raise IndexError(
                 f"layer {layer} is out of range: {self.path} has {n_layer} layers (0 to {n_layer - 1})"
             )
-        weights = {}
-        for parameter, shape in parameter_shapes(self.config).items():
-            key = self.key(int(layer), parameter)
-            tensor = self._read(key)
-            # Conv1D stores [in, out]; Linear wants [out, in]. Biases are 1-D either way.
-            conv1d_shape = shape[::-1]
-            if tensor.shape != conv1d_shape:
-                raise CheckpointError(
-                    f"{key} in {self._file_of[key]} has shape {tensor.shape}, but the config "
-                    f"(n_embd={self.config.n_embd}) needs {conv1d_shape}"
-                )
-            weights[parameter] = np.ascontiguousarray(tensor.T)
-        return weights
+        return {
+            parameter: self._parameter(f"transformer.h.{layer}.attn.{parameter}", shape)
+            for parameter, shape in parameter_shapes(self.config).items()
+        }
+
+    def _parameter(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Module parameter `name`, read, checked against `shape` (MAX layout) and transposed if Conv1D."""
+        key = self.key_of(name)
+        tensor = self._read(key)
+        expected = stored_shape(name, shape)
+        if tensor.shape != expected:
+            c = self.config
+            raise CheckpointError(
+                f"{key} in {self._file_of[key]} has shape {tensor.shape}, but the config "
+                f"(n_embd={c.n_embd}, vocab_size={c.vocab_size}, n_positions={c.n_positions}) "
+                f"needs {expected}"
+            )
+        # Conv1D stores [in, out]; Linear wants [out, in]. Square ones too, so go by name.
+        return np.ascontiguousarray(tensor.T) if name.endswith(CONV1D_WEIGHTS) else tensor
 
     def _read(self, key: str) -> np.ndarray:
         """One tensor as float32 (exact for float16 and bfloat16 sources)."""
         if key not in self._file_of:
             files = ", ".join(str(file) for file in self.files)
+            hint = (
+                " and config.json unties it (tie_word_embeddings: false)" if key == "lm_head.weight" else ""
+            )
             raise CheckpointError(
-                f"tensor {key} is missing from {files} (it holds tensors for {self.layers_found} layers)"
+                f"tensor {key} is missing from {files}{hint} "
+                f"(it holds tensors for {self.layers_found} layers)"
             )
         buffer = self._reader[key].data().to_buffer()
         if buffer.dtype == DType.bfloat16:

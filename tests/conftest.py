@@ -1,20 +1,48 @@
 """Shared fixtures.
 
-Compiling a new graph costs about 45 s on a 2-core machine, so every test gets
-its compiled attention from one session-wide cache, keyed by (config, dtype,
-device, impl), and binds its own weights with `with_weights` (milliseconds).
+Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
+2-core machine, so every test gets its compiled attention or language model from
+one session-wide cache, keyed by what makes the graph (config, dtype, device,
+impl), and binds its own weights with `with_weights` (milliseconds). A run that
+includes the language-model tests also compiles, in a second process, graphs that
+later files need (`tests/prewarm.py`): a compile keeps one core busy, and this
+machine has two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from max_gpt2 import CompiledAttention, GPT2Config, compile_attention
-from max_gpt2.testing import random_attention_weights
+from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, compile_attention, compile_lm
+from max_gpt2.testing import random_attention_weights, write_checkpoint
+from max_gpt2.weights import Checkpoint
 
 Compiler = Callable[..., CompiledAttention]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prewarm(request) -> Iterator[None]:
+    """Runs `tests.prewarm` beside the tests when any collected test uses the language model."""
+    if not any("compiled_lm" in item.fixturenames for item in request.session.items):
+        yield
+        return
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.prewarm"],
+        cwd=Path(__file__).parent.parent,
+        env=dict(os.environ),  # MAX's C-level PYTHONPATH must not leak into the child (see support.py)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield
+    child.terminate()  # only still running when the run was short
+    child.wait()
 
 
 @pytest.fixture(scope="session")
@@ -29,5 +57,39 @@ def compiled() -> Compiler:
         if key not in cache:
             cache[key] = compile_attention(config, random_attention_weights(config), device, dtype, impl)
         return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def lm_checkpoint(tmp_path_factory) -> Callable[..., Path]:
+    """`lm_checkpoint(config, seed=0)`: a seeded checkpoint directory with a tokenizer, written once."""
+    written: dict[tuple[GPT2Config, int], Path] = {}
+
+    def get(config: GPT2Config, seed: int = 0) -> Path:
+        if (config, seed) not in written:
+            directory = tmp_path_factory.mktemp(f"lm-{config.n_layer}x{config.n_embd}-seed{seed}")
+            with_text = config.vocab_size > 256  # room for a byte-level tokenizer
+            written[config, seed] = write_checkpoint(directory, config, seed, tokenizer=with_text)
+        return written[config, seed]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def lm_weights(lm_checkpoint) -> Callable[..., dict[str, np.ndarray]]:
+    """`lm_weights(config, seed=0)`: that checkpoint's parameters, through the weights adapter."""
+    return lambda config, seed=0: Checkpoint(lm_checkpoint(config, seed)).model_weights()
+
+
+@pytest.fixture(scope="session")
+def compiled_lm(lm_weights) -> Callable[..., CompiledLM]:
+    """`compiled_lm(config, dtype="float32", device="cpu")`: a shared compiled model, seed-0 weights."""
+    cache: dict[tuple[GPT2Config, str, str], CompiledLM] = {}
+
+    def get(config: GPT2Config, dtype: str = "float32", device: str = "cpu") -> CompiledLM:
+        if (config, dtype, device) not in cache:
+            cache[config, dtype, device] = compile_lm(config, lm_weights(config), device, dtype)
+        return cache[config, dtype, device]
 
     return get

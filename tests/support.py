@@ -28,6 +28,15 @@ LAYOUTS = [GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, SINGLE_HEAD, ODD, TINY_
 CPU_LAYOUTS = [config for config in LAYOUTS if config not in (GPT2_MEDIUM, GPT2_LARGE)]
 SEQ_LENS = [1, 2, 7, 64, 129]
 
+# Whole language models. Each is one compiled graph (a minute or two on 2 cores), so there are two:
+# three layers of the ODD head layout with a vocabulary big enough for the test tokenizer, and one
+# layer in another layout with a non-default MLP width and the exact GELU. examples/04_generate.py
+# uses LM's shapes, so it finds LM's graph in MAX's cache.
+LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
+LM_ONE_LAYER = GPT2Config(
+    n_embd=32, n_head=4, n_layer=1, n_positions=40, vocab_size=101, n_inner=72, activation_function="gelu"
+)
+
 HAS_GPU = accelerator_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
 

@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from max_gpt2 import cli, verify
 from max_gpt2.testing import write_checkpoint
-from tests.support import GPT2_SMALL, ODD, run_command, run_python
+from max_gpt2.tokenizer import load_tokenizer
+from tests.support import GPT2_SMALL, LM, ODD, run_command, run_python
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -131,3 +133,49 @@ def test_console_script_is_installed():
         pytest.skip("the package is not installed with its console script (pip install -e .)")
     done = run_command(script, "--help")
     assert done.returncode == 0 and "demo" in done.stdout and "verify" in done.stdout
+
+
+# generate: text in, text out, on the test language model's shapes (its graph is cached first).
+
+
+def test_generate_streams_the_text_that_generate_gives(compiled_lm, lm_checkpoint):
+    lm = compiled_lm(LM)
+    path = lm_checkpoint(LM)
+    done = run_cli("generate", "--checkpoint", str(path), "--prompt", "The cat", "--max-new-tokens", "12")
+    assert done.returncode == 0, done.stderr
+    tokenizer = load_tokenizer(path)
+    prompt = tokenizer.encode("The cat").ids
+    expected = lm.generate(np.array([prompt]), 12)[0]
+    assert done.stdout == tokenizer.decode(expected.tolist()) + "\n"
+    assert re.search(rf"prefill: {len(prompt)} prompt tokens in [\d.]+ ms", done.stderr), done.stderr
+    assert re.search(r"decode: 11 tokens in [\d.]+ s, [\d.]+ tokens/s", done.stderr), done.stderr
+
+
+def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
+    lm = compiled_lm(LM)
+    path = write_checkpoint(tmp_path, LM, seed=0)  # the same weights as lm's, but no tokenizer files
+    args = ["generate", "--checkpoint", str(path), "--tokens", "5,6,7", "--max-new-tokens", "6"]
+    done = run_cli(*args, "--top-k", "3", "--seed", "11")
+    assert done.returncode == 0, done.stderr
+    expected = lm.generate(np.array([[5, 6, 7]]), 6, do_sample=True, top_k=3, seed=11)[0]
+    assert done.stdout == ",".join(map(str, expected)) + "\n"
+    no_text = run_cli("generate", "--checkpoint", str(path), "--prompt", "hello")
+    assert no_text.returncode == 2 and "has no tokenizer" in no_text.stderr and "--tokens" in no_text.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tokens", "1,x"], "must be comma-separated ids such as 464,3290; got '1,x'"),
+        (["--tokens", "1,320"], r"input_ids\[0, 1\] = 320 is outside the vocabulary \(0..319\)"),
+        (["--tokens", "1", "--max-new-tokens", "48"], r"1 prompt tokens \+ 48 new tokens = 49 positions"),
+        (["--prompt", "hi", "--top-p", "2"], r"top_p must be a number in \(0, 1\]"),
+        (["--prompt", ""], r"input_ids is empty"),
+        ([], "one of the arguments --prompt --tokens is required"),
+    ],
+)
+def test_generate_refuses_bad_input_before_compiling(lm_checkpoint, args, message):
+    done = run_cli("generate", "--checkpoint", str(lm_checkpoint(LM)), *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "compiling" not in done.stderr
+    assert re.search(message, done.stderr), done.stderr

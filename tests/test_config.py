@@ -53,6 +53,9 @@ def test_reads_hugging_face_config(tmp_path):
         {
             "activation_function": "gelu_new",
             "architectures": ["GPT2LMHeadModel"],
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+            "n_inner": None,
             "model_type": "gpt2",
             "n_ctx": 1024,
             "n_embd": 1024,
@@ -63,7 +66,8 @@ def test_reads_hugging_face_config(tmp_path):
             "layer_norm_epsilon": 1e-05,
         },
     )
-    expected = GPT2Config(n_embd=1024, n_head=16, n_layer=24)
+    expected = GPT2Config(n_embd=1024, n_head=16, n_layer=24, eos_token_id=50256)
+    assert expected.mlp_width == 4096 and expected.tie_word_embeddings
     for path in (
         tmp_path,
         tmp_path / "config.json",
@@ -81,7 +85,18 @@ def test_generic_aliases_and_missing_fields(tmp_path):
 
 
 def test_round_trip_through_json(tmp_path):
-    config = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=7, vocab_size=11, layer_norm_epsilon=1e-6)
+    config = GPT2Config(
+        n_embd=60,
+        n_head=5,
+        n_layer=3,
+        n_positions=7,
+        vocab_size=11,
+        layer_norm_epsilon=1e-6,
+        n_inner=50,
+        activation_function="gelu",
+        tie_word_embeddings=False,
+        eos_token_id=10,
+    )
     write_config(tmp_path, config.to_dict())
     assert GPT2Config.from_pretrained(tmp_path) == config
 
@@ -95,6 +110,14 @@ def test_round_trip_through_json(tmp_path):
         ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn=True is not supported"),
         ({"n_embd": 100, "n_head": 3}, r"config.json: n_embd \(100\) must be divisible by n_head \(3\)"),
         ({"n_embd": "768"}, "config.json: n_embd must be a positive integer, got '768'"),
+        ({"n_inner": 0}, "n_inner must be a positive integer, got 0"),
+        (
+            {"activation_function": "relu"},
+            r"activation_function 'relu' is not supported \(supported: gelu_new",
+        ),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false, got 'yes'"),
+        ({"eos_token_id": 50257}, r"eos_token_id must be a token id below vocab_size \(50257\), got 50257"),
+        ({"eos_token_id": [50256]}, r"eos_token_id must be a token id below vocab_size"),
     ],
 )
 def test_config_json_that_this_attention_cannot_honour(tmp_path, values, message):

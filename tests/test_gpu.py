@@ -1,4 +1,5 @@
-"""Correctness on an accelerator, in float32, bfloat16 and float16, graph and flash (marker `gpu`).
+"""Correctness on an accelerator (marker `gpu`): attention in float32, bfloat16 and float16, graph and
+flash; the whole language model in float32 and bfloat16.
 
 Skipped, with the reason, where MAX sees no accelerator.
 """
@@ -11,10 +12,21 @@ from max.driver import CPU, Buffer
 from max.dtype import DType
 from max.experimental.tensor import Tensor
 
+from max_gpt2 import reference
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.testing import random_attention_weights
-from max_gpt2.verify import check
-from tests.support import GPT2_SMALL, GPT2_XL, LAYOUTS, ODD, SEQ_LENS, layout_id, random_input, requires_gpu
+from max_gpt2.verify import check, compare
+from tests.support import (
+    GPT2_SMALL,
+    GPT2_XL,
+    LAYOUTS,
+    LM,
+    ODD,
+    SEQ_LENS,
+    layout_id,
+    random_input,
+    requires_gpu,
+)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -78,3 +90,24 @@ def test_device_tensors_stay_on_the_device(compiled):
         Tensor.from_dlpack(Buffer.from_numpy(float32_to_bfloat16_bits(x)).view(DType.bfloat16))
     )
     assert isinstance(from_host, Tensor)  # a host tensor is moved to the device, not refused
+
+
+# The whole language model on the accelerator.
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lm_logits_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype):
+    lm, weights = compiled_lm(LM, dtype, "gpu"), lm_weights(LM)
+    ids = np.random.default_rng(0).integers(0, LM.vocab_size, (3, 11))
+    mask = (np.arange(11)[None, :] >= np.array([[0], [2], [5]])).astype(np.int64)
+    expected, largest_score = reference.lm_logits_and_largest_score(ids, weights, LM, mask)
+    real = mask.astype(bool)
+    comparison = compare(lm.logits(ids, mask)[real], expected[real], dtype, largest_score)
+    assert comparison.passed, comparison
+
+
+def test_lm_generates_on_gpu_what_it_generates_on_cpu(compiled_lm):
+    ids = np.random.default_rng(1).integers(0, LM.vocab_size, (2, 6))
+    np.testing.assert_array_equal(
+        compiled_lm(LM, "float32", "gpu").generate(ids, 24), compiled_lm(LM).generate(ids, 24)
+    )

@@ -22,7 +22,7 @@ def test_hub_id_without_huggingface_hub(monkeypatch):
         hub.resolve("openai-community/gpt2")
 
 
-def test_hub_id_downloads_safetensors_and_json_only(monkeypatch, tmp_path):
+def test_hub_id_downloads_weights_config_and_tokenizer_only(monkeypatch, tmp_path):
     calls = []
 
     def snapshot_download(repo_id, allow_patterns):
@@ -33,7 +33,7 @@ def test_hub_id_downloads_safetensors_and_json_only(monkeypatch, tmp_path):
         sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download)
     )
     assert hub.resolve("openai-community/gpt2") == tmp_path / "snapshot"
-    assert calls == [("openai-community/gpt2", ["*.safetensors", "*.json"])]
+    assert calls == [("openai-community/gpt2", ["*.safetensors", "*.json", "merges.txt"])]
 
 
 def test_failed_download_is_a_clear_error(monkeypatch):

@@ -1,8 +1,11 @@
 """Against Hugging Face's own GPT-2 and PyTorch (skipped unless `torch` and `transformers` are installed).
 
-Hugging Face loads a checkpoint written by `write_checkpoint` (so our files are
-in its layout), runs the whole model, and a hook captures one layer's attention
-input and output; our compiled attention must give the same output for that input.
+Attention: Hugging Face loads a checkpoint written by `write_checkpoint` (so our
+files are in its layout), runs the whole model, and a hook captures one layer's
+attention input and output; our compiled attention must give the same output.
+The whole model: Hugging Face makes and saves a GPT2LMHeadModel (both key
+layouts, tied and untied heads); we load its files and must give the same logits
+and the same 32 greedy tokens as its `generate`, on a left-padded batch.
 The benchmark's PyTorch contenders and `benchmarks/breakdown.py` run here too.
 """
 
@@ -14,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
-from max_gpt2 import cli, load_attention_weights, reference
+from max_gpt2 import Checkpoint, cli, load_attention_weights, load_lm, reference
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.verify import compare
-from tests.support import GPT2_SMALL, ODD, layout_id, run_python
+from tests.support import GPT2_SMALL, LM, ODD, layout_id, run_python
 
 torch = pytest.importorskip("torch", reason="peer check needs torch (pip install -e '.[peers]')")
 transformers = pytest.importorskip(
@@ -87,3 +91,84 @@ def test_breakdown_script_splits_projections_from_the_core():
     for row in rows:
         total, projections, core = (float(cell) for cell in row[2:5])
         assert core == pytest.approx(total - projections, abs=0.011)
+
+
+# The whole model against Hugging Face's GPT2LMHeadModel.
+
+
+def hugging_face_lm(path: Path, head: str):
+    """A seeded GPT2LMHeadModel with LM's shapes, saved by Hugging Face itself into `path`.
+
+    `head`: "tied" saves the model (`transformer.h.0...` keys, no head stored);
+    "hub-keys" saves only its `transformer`, a GPT2Model (the Hub's `h.0...` keys);
+    "untied" unties the head; "stored" adds an `lm_head.weight` of its own to a
+    tied model's file, and returns the model Hugging Face loads from it.
+    """
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        **{key: value for key, value in LM.to_dict().items() if key != "model_type"},
+        initializer_range=0.1,  # wider than GPT-2's 0.02, so that attention is far from uniform
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    config.tie_word_embeddings = head != "untied"
+    model = transformers.GPT2LMHeadModel(config).eval()
+    if head == "untied":
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0, 0.1)
+    (model.transformer if head == "hub-keys" else model).save_pretrained(path)
+    if head != "stored":
+        return model
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = np.random.default_rng(0).normal(0, 0.1, (LM.vocab_size, LM.n_embd))
+    save_file(
+        {k: v.astype(np.float32) for k, v in tensors.items()}, path / "model.safetensors", {"format": "pt"}
+    )
+    return transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+
+
+PADDED = np.array(
+    [[0, 0, 0, 11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26, 27, 28], [0, 0, 0, 0, 0, 0, 31, 32]]
+)
+PADDED_MASK = (np.arange(8)[None, :] >= np.array([[3], [0], [6]])).astype(np.int64)
+
+
+@pytest.mark.parametrize("head", ["tied", "hub-keys", "untied", "stored"])
+def test_lm_matches_hugging_face(tmp_path, compiled_lm, head):
+    compiled_lm(LM)  # LM's graph is then in MAX's cache
+    hf = hugging_face_lm(tmp_path, head)
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert any(key.startswith("h.0.") for key in keys) == (head == "hub-keys")
+    assert ("lm_head.weight" in keys) == (head in ("untied", "stored"))
+    ours = load_lm(tmp_path, device="cpu")
+    weights = Checkpoint(tmp_path).model_weights()
+
+    # Hugging Face's forward numbers positions 0, 1, ... whatever the mask says unless it is given
+    # position ids; its generate (and our model) count real tokens only.
+    positions = torch.from_numpy(np.maximum(PADDED_MASK.cumsum(axis=1) - 1, 0))
+    with torch.no_grad():
+        hf_logits = hf(
+            torch.from_numpy(PADDED), attention_mask=torch.from_numpy(PADDED_MASK), position_ids=positions
+        ).logits.numpy()
+    real = PADDED_MASK.astype(bool)
+    expected, largest_score = reference.lm_logits_and_largest_score(PADDED, weights, LM, PADDED_MASK)
+    assert compare(hf_logits[real], expected[real], "float32", largest_score).passed
+    comparison = compare(
+        ours.logits(PADDED, PADDED_MASK)[real], hf_logits[real].astype(np.float64), "float32"
+    )
+    assert comparison.passed, comparison
+
+    with torch.no_grad():
+        hf_tokens = hf.generate(
+            torch.from_numpy(PADDED),
+            attention_mask=torch.from_numpy(PADDED_MASK),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        ).numpy()
+    assert hf_tokens.shape == (3, 40)
+    np.testing.assert_array_equal(ours.generate(PADDED, 32, PADDED_MASK), hf_tokens)
+    alone = ours.generate(PADDED[:1, 3:], 32)
+    np.testing.assert_array_equal(alone[0], hf_tokens[0, 3:])

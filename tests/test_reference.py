@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from max_gpt2 import reference
-from max_gpt2.testing import random_attention_weights
+from max_gpt2 import GPT2Config, reference
+from max_gpt2.testing import random_attention_weights, write_checkpoint
+from max_gpt2.weights import Checkpoint
 from tests.support import ODD, random_input
 
 
@@ -17,7 +18,10 @@ def test_reference_imports_nothing_from_max():
     tree = ast.parse(Path(reference.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "collections.abc", "numpy"}, imported
+    # The config is a plain dataclass, imported for annotations only.
+    assert imported <= {"__future__", "collections.abc", "math", "typing", "numpy", "max_gpt2.config"}, (
+        imported
+    )
 
 
 def test_a_single_token_attends_only_to_itself():
@@ -84,3 +88,73 @@ def test_largest_score_is_over_visible_positions_only():
     _, largest = reference.attention_and_largest_score(x, weights, ODD.n_head)
     assert largest == pytest.approx(scores[..., visible].max(), rel=1e-12)
     assert largest < scores.max()
+
+
+# The whole model.
+
+TINY = GPT2Config(n_embd=12, n_head=3, n_layer=2, n_positions=16, vocab_size=23)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory) -> dict[str, np.ndarray]:
+    return Checkpoint(write_checkpoint(tmp_path_factory.mktemp("tiny"), TINY, seed=2)).model_weights()
+
+
+def test_padding_is_invisible_to_real_tokens():
+    weights = random_attention_weights(ODD, 3)
+    x = random_input(1, 7, ODD.n_embd).astype(np.float64)
+    key_mask = np.array([[0, 0, 1, 1, 1, 1, 1]], bool)
+    padded = reference.attention(x, weights, ODD.n_head, key_mask)
+    np.testing.assert_allclose(padded[:, 2:], reference.attention(x[:, 2:], weights, ODD.n_head), rtol=1e-12)
+    np.testing.assert_array_equal(padded[:, :2], np.broadcast_to(weights["c_proj.bias"], (1, 2, ODD.n_embd)))
+
+
+def test_position_ids_count_real_tokens():
+    mask = np.array([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]])
+    np.testing.assert_array_equal(reference.position_ids(mask), [[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 1, 2]])
+
+
+def test_gelu_variants():
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
+    exact = np.array([-0.0040496, -0.1586553, 0.0, 0.3457312, 1.9544997])  # x * Phi(x), from tables
+    np.testing.assert_allclose(reference.gelu(x, "gelu"), exact, atol=1e-7)
+    np.testing.assert_allclose(reference.gelu(x, "gelu_new"), exact, atol=1e-3)  # the tanh approximation
+
+
+def test_layer_norm_standardises():
+    x = random_input(2, 3, 16).astype(np.float64) * 5 + 2
+    normed = reference.layer_norm(x, np.ones(16), np.zeros(16), 1e-12)
+    np.testing.assert_allclose(normed.mean(axis=-1), 0, atol=1e-12)
+    np.testing.assert_allclose(normed.std(axis=-1), 1, rtol=1e-9)
+
+
+def test_blocks_that_add_nothing_leave_embeddings_to_the_head(tiny_weights):
+    """With every attention and MLP output projection zero, logits are ln_f(wte + wpe) @ wte^T."""
+    weights = {
+        name: np.zeros_like(value) if ".c_proj." in name else value.astype(np.float64)
+        for name, value in tiny_weights.items()
+    }
+    ids = np.array([[3, 1, 4, 1, 5]])
+    x = weights["transformer.wte.weight"][ids] + weights["transformer.wpe.weight"][:5]
+    normed = reference.layer_norm(
+        x, weights["transformer.ln_f.weight"], weights["transformer.ln_f.bias"], 1e-5
+    )
+    logits, _ = reference.lm_logits_and_largest_score(ids, weights, TINY)
+    np.testing.assert_allclose(logits, normed @ weights["transformer.wte.weight"].T, rtol=1e-12)
+
+
+def test_a_prefix_has_the_same_logits(tiny_weights):
+    """Causality of the whole model: later tokens change nothing before them."""
+    ids = np.random.default_rng(0).integers(0, TINY.vocab_size, (2, 9))
+    full, _ = reference.lm_logits_and_largest_score(ids, tiny_weights, TINY)
+    prefix, _ = reference.lm_logits_and_largest_score(ids[:, :4], tiny_weights, TINY)
+    np.testing.assert_allclose(full[:, :4], prefix, rtol=1e-12)
+
+
+def test_left_padding_changes_no_real_logit(tiny_weights):
+    ids = np.random.default_rng(1).integers(0, TINY.vocab_size, (1, 6))
+    padded_ids = np.concatenate([[[7, 7, 7]], ids], axis=1)
+    mask = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    alone, _ = reference.lm_logits_and_largest_score(ids, tiny_weights, TINY)
+    padded, _ = reference.lm_logits_and_largest_score(padded_ids, tiny_weights, TINY, mask)
+    np.testing.assert_allclose(padded[:, 3:], alone, rtol=1e-12)

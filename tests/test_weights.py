@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -14,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from max_gpt2 import Checkpoint, CheckpointError, GPT2Config, load_attention_weights
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.testing import LAYOUTS, checkpoint_shapes, write_checkpoint
+from max_gpt2.weights import model_parameter_shapes
 from tests.support import ODD
 
 PARAMETERS = ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
@@ -262,3 +264,67 @@ def test_config_is_read_from_the_checkpoint(tmp_path):
     assert checkpoint.config == config
     assert checkpoint.prefix == "transformer."
     assert checkpoint.layers_found == 1
+
+
+# The whole model: every parameter, named as the MAX modules name them.
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_model_weights_are_every_tensor_transposed_where_conv1d(
+    tmp_path, float32_tensors, layout, dtype, shards
+):
+    path = write_checkpoint(tmp_path, ODD, seed=0, layout=layout, dtype=dtype, shards=shards)
+    weights = Checkpoint(path).model_weights()
+    assert {name: value.shape for name, value in weights.items()} == model_parameter_shapes(ODD)
+    for name, value in weights.items():
+        stored = float32_tensors[
+            "wte.weight" if name == "lm_head.weight" else name.removeprefix("transformer.")
+        ]
+        conv1d = name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        assert value.dtype == np.float32 and value.flags.c_contiguous
+        np.testing.assert_array_equal(value, rounded(stored, dtype).T if conv1d else rounded(stored, dtype))
+    assert weights["lm_head.weight"] is weights["transformer.wte.weight"]  # tied: one array
+
+
+def test_a_stored_lm_head_is_used_even_when_tied(tmp_path):
+    """As Hugging Face 5.x loads it (tests/test_peers.py checks that against Hugging Face)."""
+    path = write_checkpoint(tmp_path, ODD)
+    tensors = load_file(path / "model.safetensors")
+    save_file({**tensors, "lm_head.weight": np.ones_like(tensors["wte.weight"])}, path / "model.safetensors")
+    weights = Checkpoint(path).model_weights()
+    np.testing.assert_array_equal(weights["lm_head.weight"], np.ones_like(tensors["wte.weight"]))
+    np.testing.assert_array_equal(weights["transformer.wte.weight"], tensors["wte.weight"])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_an_untied_checkpoint_reads_its_lm_head(tmp_path, layout):
+    untied = dataclasses.replace(ODD, tie_word_embeddings=False)
+    path = write_checkpoint(tmp_path, untied, layout=layout)
+    stored = load_file(path / "model.safetensors")
+    assert "lm_head.weight" in stored  # beside `transformer.`, never inside it
+    weights = Checkpoint(path).model_weights()
+    np.testing.assert_array_equal(weights["lm_head.weight"], stored["lm_head.weight"])
+    assert not np.array_equal(weights["lm_head.weight"], weights["transformer.wte.weight"])
+
+
+def test_an_untied_config_needs_its_lm_head(tmp_path):
+    path = write_checkpoint(tmp_path, ODD)
+    (path / "config.json").write_text(json.dumps({**ODD.to_dict(), "tie_word_embeddings": False}))
+    with pytest.raises(CheckpointError, match=r"tensor lm_head.weight is missing .* unties it"):
+        Checkpoint(path).model_weights()
+
+
+def test_model_weights_check_every_shape(tmp_path):
+    path = write_checkpoint(tmp_path, ODD)
+    (path / "config.json").write_text(json.dumps({**ODD.to_dict(), "vocab_size": 98}))
+    with pytest.raises(
+        CheckpointError, match=r"wte\.weight .* has shape \(97, 60\).*vocab_size=98.* needs \(98, 60\)"
+    ):
+        Checkpoint(path).model_weights()
+    (path / "config.json").write_text(json.dumps({**ODD.to_dict(), "n_inner": 100}))
+    with pytest.raises(
+        CheckpointError, match=r"h\.0\.mlp\.c_fc\.weight .* has shape \(60, 240\).* needs \(60, 100\)"
+    ):
+        Checkpoint(path).model_weights()

@@ -1,0 +1,67 @@
+"""Devices, and moving NumPy arrays to and from them in a compute dtype.
+
+Device names are what users type: `"cpu"`, `"gpu"`, `"gpu:N"` or `"auto"` (an
+accelerator when MAX sees one). NumPy has no bfloat16, so bfloat16 crosses the
+boundary as float32 (rounded on the way in, widened on the way out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
+from max.dtype import DType
+
+from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+
+NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
+"""What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
+
+
+def resolve_device(device: str | Device = "auto") -> Device:
+    """`"cpu"`, `"gpu"`, `"gpu:N"` or `"auto"` (an accelerator when MAX sees one) to a MAX device."""
+    if isinstance(device, Device):
+        return device
+    count = accelerator_count()
+    if device == "auto":
+        return Accelerator() if count else CPU()
+    if device == "cpu":
+        return CPU()
+    kind, _, index = str(device).partition(":")
+    if kind == "gpu" and (index == "" or index.isdigit()):
+        ordinal = int(index or 0)
+        if ordinal >= count:
+            raise ValueError(f"device {device!r} asked for, but MAX sees {count} accelerator(s)")
+        return Accelerator(ordinal)
+    raise ValueError(f"device must be 'auto', 'cpu', 'gpu' or 'gpu:N'; got {device!r}")
+
+
+def device_name(device: Device) -> str:
+    """`"cpu"` or `"gpu:N"`, as `resolve_device` accepts it."""
+    return "cpu" if device.is_host else f"gpu:{device.id}"
+
+
+def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
+    """A NumPy array converted to `dtype` and placed on `device`."""
+    if dtype == DType.bfloat16:
+        buffer = Buffer.from_numpy(float32_to_bfloat16_bits(values)).view(DType.bfloat16)
+    else:
+        buffer = Buffer.from_numpy(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[dtype]))
+    return buffer if device.is_host else buffer.to(device)
+
+
+def host_array(buffer: Buffer) -> np.ndarray:
+    """A host buffer's elements as NumPy, bfloat16 as its uint16 bit patterns."""
+    if buffer.dtype == DType.bfloat16:
+        return np.from_dlpack(buffer.view(DType.uint16))
+    return np.from_dlpack(buffer)
+
+
+def host_buffer(values: np.ndarray, dtype: DType) -> Buffer:
+    """Inverse of `host_array`."""
+    return Buffer.from_numpy(np.ascontiguousarray(values)).view(dtype)
+
+
+def to_numpy(buffer: Buffer) -> np.ndarray:
+    """A result buffer read back into NumPy (bfloat16 widened to float32)."""
+    host = host_array(buffer if buffer.device.is_host else buffer.to(CPU()))
+    return bfloat16_bits_to_float32(host) if buffer.dtype == DType.bfloat16 else host

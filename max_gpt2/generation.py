@@ -1,0 +1,123 @@
+"""`max-gpt2 generate`: text (or token ids) in, generated text streamed out as it comes.
+
+    max-gpt2 generate --checkpoint ~/models/gpt2 --prompt "The cat sat" --max-new-tokens 40
+    max-gpt2 generate --checkpoint DIR --tokens 464,3290      # ids, where there is no tokenizer
+
+Without `--checkpoint` it uses the seeded GPT-2-small-shaped demo checkpoint (its
+tokenizer is trained on a few paragraphs we ship, and its weights are random, so
+expect gibberish). Greedy by default; `--temperature`, `--top-k`, `--top-p` or
+`--seed` switch to sampling. The prompt and the new text go to stdout, the text
+flushed token by token; progress, prefill time and decode tokens/s go to stderr.
+Stops early at the config's `eos_token_id`, if it has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
+from max_gpt2.devices import device_name, resolve_device
+from max_gpt2.inputs import check_generation, check_prompt
+from max_gpt2.lm import compile_lm
+from max_gpt2.sampling import Sampler
+from max_gpt2.tokenizer import TextStream, load_tokenizer, tokenizer_directory
+from max_gpt2.weights import Checkpoint
+
+
+def token_list(text: str) -> list[int]:
+    """argparse type: comma-separated token ids such as `464,3290`."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated ids such as 464,3290; got {text!r}"
+        ) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer)")
+    given.add_argument("--tokens", type=token_list, help="token ids to continue, e.g. 464,3290")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="(default: 32)")
+    parser.add_argument("--temperature", type=float, help="sample, dividing the logits by this first")
+    parser.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this mass")
+    parser.add_argument("--seed", type=int, help="sample, with this seed (same seed, same text)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        return generate(args, progress)
+    except (OSError, ValueError, TypeError) as error:
+        print(f"max-gpt2 generate: error: {error}", file=sys.stderr)
+        return 2
+
+
+def generate(args: argparse.Namespace, progress: Progress) -> int:
+    """Checks everything, compiles, then streams the generation."""
+    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    with progress.step(f"reading {path}"):
+        checkpoint = Checkpoint(path)
+        weights = checkpoint.model_weights()
+    config = checkpoint.config
+    tokenizer = load_tokenizer(checkpoint.path)
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ValueError(
+                f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
+                f"and merges.txt); give the prompt as --tokens instead"
+            )
+        prompt = tokenizer.encode(args.prompt).ids
+    else:
+        prompt = args.tokens
+    # Everything a user typed is checked before the minute a compile can take.
+    ids, _ = check_prompt(config, np.array([prompt], dtype=np.int64), None, args.max_new_tokens)
+    check_generation(config, args.max_new_tokens, config.eos_token_id)
+    do_sample = any(value is not None for value in (args.temperature, args.top_k, args.top_p, args.seed))
+    temperature = 1.0 if args.temperature is None else args.temperature
+    sampler = Sampler(do_sample, temperature, args.top_k, args.top_p, args.seed)
+
+    device = resolve_device(args.device)
+    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
+    with progress.step(f"compiling GPT-2 for {device_name(device)} {args.dtype}"):
+        lm = compile_lm(config, weights, device, args.dtype)
+
+    steps = lm.stream(
+        ids,
+        args.max_new_tokens,
+        do_sample=sampler.do_sample,
+        temperature=sampler.temperature,
+        top_k=sampler.top_k,
+        top_p=sampler.top_p,
+        seed=sampler.seed,
+        eos_token_id=config.eos_token_id,
+    )
+    if tokenizer is not None:
+        text = TextStream(tokenizer)
+        print("".join(text(token) for token in prompt), end="", flush=True)
+    else:
+        print(",".join(map(str, prompt)), end="", flush=True)
+    start, times = time.perf_counter(), []
+    for step in steps:
+        times.append(time.perf_counter())
+        token = step.tokens[0]
+        print(text(token) if tokenizer is not None else f",{token}", end="", flush=True)
+    print(text.flush() if tokenizer is not None else "")
+    report_speed(progress, len(prompt), times, start)
+    return 0
+
+
+def report_speed(progress: Progress, prompt_len: int, times: list[float], start: float) -> None:
+    """Prefill (prompt to first token) and decode rate (every later token), on stderr."""
+    progress.note(f"prefill: {prompt_len} prompt tokens in {(times[0] - start) * 1e3:.1f} ms")
+    if len(times) > 1:
+        decoded, seconds = len(times) - 1, times[-1] - times[0]
+        progress.note(f"decode: {decoded} tokens in {seconds:.3f} s, {decoded / seconds:.1f} tokens/s")

@@ -1,0 +1,85 @@
+"""Checking what users hand the language model, before any work: token ids, masks, lengths.
+
+Every refusal names what was wrong and the numbers involved. Also here: position
+ids, which count real tokens only, as Hugging Face counts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from max_gpt2.config import GPT2Config
+
+
+def position_ids(attention_mask: np.ndarray) -> np.ndarray:
+    """Positions count real tokens only (Hugging Face's rule); padding gets 0, and is never attended."""
+    return np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)
+
+
+def int_array(values: Any, name: str) -> np.ndarray:
+    """`values` as a 2-D int64 array, or a TypeError/ValueError naming `name`."""
+    array = np.asarray(values)
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have shape [batch, seq], got {list(array.shape)}")
+    return array.astype(np.int64, copy=False)
+
+
+def check_prompt(
+    config: GPT2Config, input_ids: Any, attention_mask: Any = None, new_tokens: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """`input_ids` and `attention_mask` checked against `config`, both as int64 [batch, seq].
+
+    With `new_tokens` (generation), prompt plus new tokens must fit in
+    `n_positions`, and padding must be on the left, so that every row's next
+    token follows its last real one.
+    """
+    ids = int_array(input_ids, "input_ids")
+    batch, seq_len = ids.shape
+    if batch == 0 or seq_len == 0:
+        raise ValueError(f"input_ids is empty (shape {list(ids.shape)}): give at least one token per row")
+    limit = config.n_positions
+    if seq_len + new_tokens > limit:
+        wanted = f"{seq_len} prompt tokens" + (f" + {new_tokens} new tokens" if new_tokens else "")
+        raise ValueError(
+            f"{wanted} = {seq_len + new_tokens} positions, but the model has n_positions={limit}"
+        )
+    vocab = config.vocab_size
+    outside = (ids < 0) | (ids >= vocab)
+    if outside.any():
+        row, column = np.argwhere(outside)[0]
+        raise ValueError(
+            f"input_ids[{row}, {column}] = {ids[row, column]} is outside the vocabulary (0..{vocab - 1})"
+        )
+    if attention_mask is None:
+        return ids, np.ones_like(ids)
+    mask = int_array(attention_mask, "attention_mask")
+    if mask.shape != ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}: they must match"
+        )
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    if empty := np.flatnonzero(mask.sum(axis=1) == 0).tolist():
+        raise ValueError(f"attention_mask rows {empty} are all padding: every row needs a token")
+    if new_tokens and (right_padded := np.flatnonzero(mask[:, -1] == 0).tolist()):
+        raise ValueError(
+            f"attention_mask rows {right_padded} end in padding: for generation, pad prompts on the left"
+        )
+    return ids, mask
+
+
+def check_generation(config: GPT2Config, max_new_tokens: Any, eos_token_id: Any) -> None:
+    """Refuses a non-positive `max_new_tokens`, or an `eos_token_id` outside the vocabulary."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    vocab = config.vocab_size
+    if eos_token_id is not None and not (
+        isinstance(eos_token_id, (int, np.integer)) and 0 <= eos_token_id < vocab
+    ):
+        raise ValueError(f"eos_token_id must be a token id in 0..{vocab - 1} or None, got {eos_token_id!r}")

@@ -1,0 +1,248 @@
+"""The compiled GPT-2 language model: next-token logits, generation and streaming from token ids.
+
+    lm = load_lm("path/to/gpt2", device="auto", dtype="float32")   # read, adapt, compile, bind
+    logits = lm.logits(input_ids, attention_mask)                  # float32 [batch, seq, vocab]
+    out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
+    for tokens, logits in lm.stream(input_ids, 20): ...            # [batch] and [batch, vocab] a step
+
+One graph (`max_gpt2.model.GPT2LMHeadModel`, every length symbolic) serves the
+whole prompt and every decoding step, so nothing a user passes triggers a
+compile. Generation allocates one KV cache buffer per layer, sized for prompt plus
+new tokens, and the graph writes each step's keys and values into it in place:
+a step computes one token per row and reads the cache, never copies it.
+
+Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
+is left-padded, `attention_mask` marks real tokens with 1, padding is never
+attended to, and positions count real tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from max.driver import CPU, Buffer, Device
+from max.dtype import DType
+from max.engine import CompiledModel, InferenceSession
+from max.experimental import functional as F
+from max.experimental.tensor import TensorType, default_device, default_dtype
+from max.graph import BufferType, DeviceRef
+
+from max_gpt2.config import GPT2Config
+from max_gpt2.devices import device_name, resolve_device, to_buffer
+from max_gpt2.dtypes import parse_dtype
+from max_gpt2.inputs import check_generation, check_prompt, int_array, position_ids
+from max_gpt2.model import GPT2LMHeadModel
+from max_gpt2.sampling import Sampler
+from max_gpt2.weights import Checkpoint, model_parameter_shapes
+
+
+class Step(NamedTuple):
+    """One generated token per row, and the logits it was chosen from."""
+
+    tokens: np.ndarray  # int64 [batch]
+    logits: np.ndarray  # float32 [batch, vocab]
+
+
+@dataclass(frozen=True)
+class CompiledLMGraph:
+    """The compiled language model, shared by every set of weights bound to it."""
+
+    session: InferenceSession
+    model: CompiledModel
+
+
+def check_model_weights(weights: Mapping[str, Any], config: GPT2Config) -> dict[str, np.ndarray]:
+    """Checks that `weights` holds exactly the model's parameters with the config's shapes (MAX layout)."""
+    shapes = model_parameter_shapes(config)
+    unknown, missing = sorted(set(weights) - set(shapes)), [name for name in shapes if name not in weights]
+    if unknown or missing:
+        raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unknown[:5]}")
+    checked = {}
+    for name, shape in shapes.items():
+        array = weights[name]
+        if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
+            raise TypeError(f"weight {name!r} must be a floating-point NumPy array")
+        if array.shape != shape:
+            raise ValueError(f"weight {name!r} has shape {array.shape}, but the config needs {shape}")
+        checked[name] = array
+    return checked
+
+
+class CompiledLM:
+    """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound."""
+
+    def __init__(
+        self,
+        config: GPT2Config,
+        device: Device,
+        dtype: DType,
+        graph: CompiledLMGraph,
+        weights: Mapping[str, np.ndarray],
+    ) -> None:
+        """Binds `weights` (already checked by `check_model_weights`) to the compiled graph."""
+        self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
+        # A tied LM head is the same array as wte: convert it once and bind it under both names.
+        converted: dict[int, Buffer] = {}
+        self._weights = {
+            name: converted.setdefault(id(array), to_buffer(array, dtype, CPU()))
+            for name, array in weights.items()
+        }
+        self._model = graph.session.init(graph.model, weights_registry=self._weights)
+
+    def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledLM:
+        """The same compiled graph with another checkpoint's weights (same shapes); no recompile."""
+        checked = check_model_weights(weights, self.config)
+        return CompiledLM(self.config, self.device, self.dtype, self.graph, checked)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"CompiledLM(n_layer={c.n_layer}, n_embd={c.n_embd}, n_head={c.n_head}, "
+            f"vocab_size={c.vocab_size}, device={device_name(self.device)!r}, dtype={self.dtype.name!r})"
+        )
+
+    def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Next-token logits at every position, float32 `[batch, seq, vocab]`.
+
+        Padding positions (mask 0) get logits too; nothing real depends on them.
+        """
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        batch, seq_len = ids.shape
+        caches = self._new_cache(batch, seq_len)
+        return self._run(ids, position_ids(mask), mask, np.arange(seq_len), caches)
+
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        attention_mask: Any = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+    ) -> np.ndarray:
+        """The prompt followed by `max_new_tokens` new tokens per row, int64 `[batch, seq + new]`.
+
+        Greedy unless `do_sample`; sampling with the same `seed` gives the same
+        tokens. A row that produces `eos_token_id` produces it from then on, and
+        once every row has, the rest is filled with it without running the model.
+        """
+        steps = self.stream(
+            input_ids,
+            max_new_tokens,
+            attention_mask,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            eos_token_id,
+        )
+        new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]
+        ids = int_array(input_ids, "input_ids")
+        # Fewer steps than asked only when every row has finished: the rest is end-of-text.
+        finished = np.full((ids.shape[0], max_new_tokens - new.shape[1]), eos_token_id, dtype=np.int64)
+        return np.concatenate([ids, new, finished], axis=1)
+
+    def stream(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        attention_mask: Any = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+    ) -> Iterator[Step]:
+        """Generates as `generate` does, yielding each `Step` as soon as it is chosen.
+
+        Every argument is checked here, before the first step runs. The
+        iteration ends after `max_new_tokens` steps, or earlier once every row
+        has produced `eos_token_id`.
+        """
+        check_generation(self.config, max_new_tokens, eos_token_id)
+        sampler = Sampler(do_sample, temperature, top_k, top_p, seed)
+        ids, mask = check_prompt(self.config, input_ids, attention_mask, int(max_new_tokens))
+        return self._steps(ids, mask, int(max_new_tokens), sampler, eos_token_id)
+
+    def _steps(
+        self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampler: Sampler, eos: int | None
+    ) -> Iterator[Step]:
+        batch, seq_len = ids.shape
+        caches = self._new_cache(batch, seq_len + max_new_tokens)
+        positions = position_ids(mask)
+        rng = sampler.generator()
+        finished = np.zeros(batch, dtype=bool)
+        logits = self._run(ids, positions, mask, np.array([seq_len - 1]), caches)[:, 0]  # the prompt
+        for step in range(max_new_tokens):
+            tokens = sampler(logits, rng)
+            if eos is not None:
+                tokens = np.where(finished, eos, tokens)
+                finished |= tokens == eos
+            yield Step(tokens, logits)
+            if step == max_new_tokens - 1 or finished.all():
+                return
+            mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+            positions = positions[:, -1:] + 1
+            logits = self._run(tokens[:, None], positions, mask, np.array([0]), caches)[:, 0]
+
+    def _new_cache(self, batch: int, length: int) -> list[Buffer]:
+        """One uninitialised [2, batch, H, length, d] buffer per layer: each step writes before it reads."""
+        c = self.config
+        shape = (2, batch, c.n_head, length, c.head_dim)
+        return [Buffer(self.dtype, shape, self.device) for _ in range(c.n_layer)]
+
+    def _run(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        mask: np.ndarray,
+        logit_index: np.ndarray,
+        caches: list[Buffer],
+    ) -> np.ndarray:
+        """One graph call: logits float32 [batch, len(logit_index), vocab] for these new tokens."""
+        inputs = [
+            Buffer.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
+            for values in (ids, positions, mask, logit_index)
+        ]
+        (logits,) = self._model.execute(*inputs, *caches)
+        return np.from_dlpack(logits.to(CPU()))
+
+
+def compile_lm(
+    config: GPT2Config,
+    weights: Mapping[str, np.ndarray],
+    device: str | Device = "auto",
+    dtype: str | DType = "float32",
+) -> CompiledLM:
+    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`)."""
+    target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    checked = check_model_weights(weights, config)  # before spending time compiling
+    with F.lazy(), default_device(target), default_dtype(compute_dtype):
+        module = GPT2LMHeadModel(config)  # lazy: random initial weights are never made
+    tokens = TensorType(DType.int64, ["batch", "seq"], device=target)
+    mask = TensorType(DType.int64, ["batch", "total"], device=target)
+    logit_index = TensorType(DType.int64, ["logits"], device=target)
+    cache = BufferType(
+        compute_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], DeviceRef.from_device(target)
+    )
+    staged = module.trace(tokens, tokens, mask, logit_index, *[cache] * config.n_layer)
+    session = InferenceSession(devices=[target])
+    graph = CompiledLMGraph(session, session.compile(staged.graph))
+    return CompiledLM(config, target, compute_dtype, graph, checked)
+
+
+def load_lm(
+    checkpoint: str | Path, device: str | Device = "auto", dtype: str | DType = "float32"
+) -> CompiledLM:
+    """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights."""
+    opened = Checkpoint(checkpoint)
+    return compile_lm(opened.config, opened.model_weights(), device, dtype)

@@ -1,0 +1,108 @@
+"""The GPT-2 language model as MAX modules, with Hugging Face's parameter names.
+
+    GPT2LMHeadModel
+      transformer: GPT2Model
+        wte  [V, D]   token embeddings
+        wpe  [P, D]   position embeddings
+        h.N: Block    x + attn(ln_1(x)), then x + mlp(ln_2(x))
+          ln_1, attn (CachedAttention: c_attn, c_proj), ln_2, mlp (c_fc, GELU, c_proj)
+        ln_f
+      lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
+
+Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
+(`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
+weight transposed to MAX `Linear`'s `[out, in]`. Tying is the weights' business,
+not the graph's: `max_gpt2.weights.Checkpoint.model_weights` hands `wte`'s array
+out as `lm_head.weight` too, so one compiled graph serves tied and untied models.
+
+One call, with B = batch, S = new tokens, T = past + S, K = positions whose logits
+are wanted:
+
+    input_ids, position_ids  [B, S] int64
+    attention_mask           [B, T] int64, 1 = token, 0 = padding
+    logit_index              [K] int64, positions in 0..S-1
+    caches                   n_layer buffers [2, B, H, M, d], written in place
+    -> logits                [B, K, V] float32
+"""
+
+from __future__ import annotations
+
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.compilation import as_subgraph
+from max.experimental.nn import Embedding, LayerNorm, Linear, Module, ModuleList
+from max.experimental.tensor import Tensor
+
+from max_gpt2.cached_attention import CachedAttention, padding_bias
+from max_gpt2.config import ACTIVATIONS, GPT2Config
+
+
+class MLP(Module[[Tensor], Tensor]):
+    """`c_fc` [D -> 4D], GELU, `c_proj` [4D -> D]."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        self.c_fc = Linear(config.n_embd, config.mlp_width, bias=True)
+        self.c_proj = Linear(config.mlp_width, config.n_embd, bias=True)
+        self.approximate = ACTIVATIONS[config.activation_function]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+
+
+def layer_norm(config: GPT2Config) -> LayerNorm:
+    # keep_dtype=False: mean and variance in float32 whatever the compute dtype.
+    return LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, keep_dtype=False)
+
+
+class Block(Module[..., Tensor]):
+    """One transformer layer: pre-norm attention and MLP, each added to the residual stream."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        self.ln_1 = layer_norm(config)
+        self.attn = CachedAttention(config)
+        self.ln_2 = layer_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, key_bias)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Model(Module[..., Tensor]):
+    """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D]."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        self.wte = Embedding(config.vocab_size, dim=config.n_embd)
+        self.wpe = Embedding(config.n_positions, dim=config.n_embd)
+        self.h = ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = layer_norm(config)
+
+    def forward(
+        self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, caches: list[Tensor]
+    ) -> Tensor:
+        x = self.wte(input_ids) + self.wpe(position_ids)  # [B, S, D]
+        key_bias = padding_bias(attention_mask, x.dtype)
+        for block, cache in zip(self.h, caches, strict=True):
+            # Every block is one subgraph: MAX compiles the layer once, not n_layer times.
+            x = as_subgraph(block, name="block")(x, cache, key_bias)
+        return self.ln_f(x)
+
+
+class GPT2LMHeadModel(Module[..., Tensor]):
+    """GPT-2 with its language-model head: token ids to next-token logits."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        self.transformer = GPT2Model(config)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        attention_mask: Tensor,
+        logit_index: Tensor,
+        *caches: Tensor,
+    ) -> Tensor:
+        hidden = self.transformer(input_ids, position_ids, attention_mask, list(caches))
+        hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
+        return F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]

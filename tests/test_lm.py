@@ -1,0 +1,258 @@
+"""The compiled language model: logits against the float64 reference, cached decoding, generation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from max_gpt2 import GPT2Config, load_lm, reference
+from max_gpt2.verify import compare
+from tests.support import LM, LM_ONE_LAYER
+
+LMS = [LM, LM_ONE_LAYER]
+
+
+def layers_id(config: GPT2Config) -> str:
+    return f"{config.n_layer}-layer"
+
+
+def prompts(config: GPT2Config, batch: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, config.vocab_size, (batch, seq_len))
+
+
+def left_padding(batch: int, seq_len: int) -> np.ndarray:
+    """Row i has i * 2 padding tokens on the left (row 0 none)."""
+    return (np.arange(seq_len)[None, :] >= 2 * np.arange(batch)[:, None]).astype(np.int64)
+
+
+def assert_logits_match_reference(lm, weights, ids, mask=None) -> None:
+    expected, largest_score = reference.lm_logits_and_largest_score(ids, weights, lm.config, mask)
+    real = np.ones(ids.shape, bool) if mask is None else mask.astype(bool)
+    comparison = compare(lm.logits(ids, mask)[real], expected[real], "float32", largest_score)
+    assert comparison.passed, comparison
+
+
+@pytest.mark.parametrize("config", LMS, ids=layers_id)
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("seq_len", [1, 5, 17])
+def test_logits_match_the_reference(compiled_lm, lm_weights, config, batch, seq_len):
+    lm, weights = compiled_lm(config), lm_weights(config)
+    ids = prompts(config, batch, seq_len, seed=seq_len)
+    assert lm.logits(ids).shape == (batch, seq_len, config.vocab_size)
+    assert lm.logits(ids).dtype == np.float32
+    assert_logits_match_reference(lm, weights, ids)
+
+
+@pytest.mark.parametrize("config", LMS, ids=layers_id)
+@pytest.mark.parametrize("batch", [2, 3])
+def test_left_padded_logits_match_the_reference(compiled_lm, lm_weights, config, batch):
+    lm, weights = compiled_lm(config), lm_weights(config)
+    ids, mask = prompts(config, batch, 9, seed=batch), left_padding(batch, 9)
+    assert_logits_match_reference(lm, weights, ids, mask)
+
+
+def test_padding_changes_nothing_real(compiled_lm):
+    """A prompt's logits are the same alone and left-padded in a batch, whatever the padding holds."""
+    lm = compiled_lm(LM)
+    ids, mask = prompts(LM, 3, 10, seed=4), left_padding(3, 10)
+    batched = lm.logits(ids, mask)
+    other_padding = np.where(mask == 1, ids, (ids + 7) % LM.vocab_size)
+    np.testing.assert_array_equal(lm.logits(other_padding, mask)[mask == 1], batched[mask == 1])
+    for row in range(3):
+        alone = lm.logits(ids[row : row + 1, 2 * row :])[0]
+        comparison = compare(batched[row, 2 * row :], alone.astype(np.float64), "float32")
+        assert comparison.passed, (row, comparison)
+
+
+def test_another_checkpoint_on_the_same_graph(compiled_lm, lm_weights):
+    other = lm_weights(LM, seed=5)
+    lm = compiled_lm(LM).with_weights(other)
+    assert_logits_match_reference(lm, other, prompts(LM, 2, 6))
+    assert not np.allclose(lm.logits(prompts(LM, 2, 6)), compiled_lm(LM).logits(prompts(LM, 2, 6)))
+
+
+def test_an_untied_head_is_used(compiled_lm, lm_weights):
+    weights = dict(lm_weights(LM))
+    weights["lm_head.weight"] = np.random.default_rng(9).standard_normal((LM.vocab_size, LM.n_embd)) * 0.02
+    lm = compiled_lm(LM).with_weights(weights)
+    assert_logits_match_reference(lm, weights, prompts(LM, 1, 4))
+
+
+# Cached decoding.
+
+
+@pytest.mark.parametrize("config", LMS, ids=layers_id)
+def test_every_cached_step_equals_recomputation(compiled_lm, config):
+    """Each step's logits, read from the KV cache, equal a full forward over the same tokens."""
+    lm = compiled_lm(config)
+    ids, mask = prompts(config, 3, 6, seed=2), left_padding(3, 6)
+    steps = list(lm.stream(ids, 12, mask))
+    assert len(steps) == 12
+    generated = np.stack([step.tokens for step in steps], axis=1)
+    full_ids = np.concatenate([ids, generated], axis=1)
+    full = lm.logits(full_ids, np.concatenate([mask, np.ones_like(generated)], axis=1))
+    for index, step in enumerate(steps):
+        expected = full[:, ids.shape[1] - 1 + index].astype(np.float64)
+        comparison = compare(step.logits, expected, "float32")
+        assert comparison.passed, (index, comparison)
+        np.testing.assert_array_equal(step.tokens, np.argmax(step.logits, axis=-1))
+
+
+def test_a_left_padded_row_generates_what_it_generates_alone(compiled_lm):
+    lm = compiled_lm(LM)
+    ids, mask = prompts(LM, 3, 8, seed=6), left_padding(3, 8)
+    batched = lm.generate(ids, 15, mask)
+    assert batched.shape == (3, 8 + 15) and batched.dtype == np.int64
+    np.testing.assert_array_equal(batched[:, :8], ids)
+    for row in range(3):
+        alone = lm.generate(ids[row : row + 1, 2 * row :], 15)
+        np.testing.assert_array_equal(alone[0], batched[row, 2 * row :])
+
+
+def test_generation_fills_the_context(compiled_lm):
+    lm = compiled_lm(LM_ONE_LAYER)
+    ids = prompts(LM_ONE_LAYER, 2, 3)
+    out = lm.generate(ids, LM_ONE_LAYER.n_positions - 3)
+    assert out.shape == (2, LM_ONE_LAYER.n_positions)
+    np.testing.assert_array_equal(out, lm.generate(ids, LM_ONE_LAYER.n_positions - 3))
+
+
+def test_greedy_is_argmax_of_the_reference(compiled_lm, lm_weights):
+    """Token by token, greedy decoding picks the reference's most likely next token."""
+    lm, weights = compiled_lm(LM), lm_weights(LM)
+    out = lm.generate(prompts(LM, 2, 4, seed=8), 6)
+    expected, _ = reference.lm_logits_and_largest_score(out[:, :-1], weights, LM)
+    np.testing.assert_array_equal(np.argmax(expected[:, 3:], axis=-1), out[:, 4:])
+
+
+# Sampling and stopping.
+
+
+def test_sampling_is_seeded(compiled_lm):
+    lm = compiled_lm(LM)
+    ids = prompts(LM, 2, 5)
+    first = lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=3)
+    np.testing.assert_array_equal(first, lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=3))
+    assert not np.array_equal(first, lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=4))
+    assert not np.array_equal(first, lm.generate(ids, 10))
+
+
+def test_top_k_one_is_greedy(compiled_lm):
+    lm = compiled_lm(LM)
+    ids = prompts(LM, 2, 5)
+    np.testing.assert_array_equal(lm.generate(ids, 8, do_sample=True, top_k=1, seed=0), lm.generate(ids, 8))
+
+
+def test_sampled_tokens_stay_in_the_top_k(compiled_lm):
+    lm = compiled_lm(LM)
+    for step in lm.stream(prompts(LM, 3, 4), 10, do_sample=True, temperature=3.0, top_k=4, seed=1):
+        top = np.argsort(-step.logits, axis=-1)[:, :4]
+        assert all(token in allowed for token, allowed in zip(step.tokens, top, strict=True))
+
+
+def test_a_finished_row_keeps_producing_eos(compiled_lm):
+    lm = compiled_lm(LM)
+    ids = prompts(LM, 2, 5, seed=1)
+    greedy = lm.generate(ids, 12)
+    eos = int(greedy[0, 5 + 3])  # a token row 0 produces by its fourth step
+    expected = greedy.copy()
+    for row in expected:  # each row as greedy made it, up to its first eos; eos after that
+        if (hits := np.flatnonzero(row[5:] == eos)).size:
+            row[5 + hits[0] :] = eos
+    np.testing.assert_array_equal(lm.generate(ids, 12, eos_token_id=eos), expected)
+
+
+def test_generation_stops_once_every_row_has_finished(compiled_lm):
+    lm = compiled_lm(LM)
+    ids = prompts(LM, 1, 5, seed=1)
+    eos = int(lm.generate(ids, 1)[0, -1])  # the first token greedy decoding produces
+    assert len(list(lm.stream(ids, 20, eos_token_id=eos))) == 1
+    np.testing.assert_array_equal(lm.generate(ids, 20, eos_token_id=eos)[0, 5:], np.full(20, eos))
+
+
+# Loading, and bad input.
+
+
+def test_load_lm_from_a_checkpoint(compiled_lm, lm_checkpoint):
+    compiled_lm(LM)  # the graph is then in MAX's cache
+    lm = load_lm(lm_checkpoint(LM), device="cpu")
+    assert repr(lm) == (
+        "CompiledLM(n_layer=3, n_embd=60, n_head=5, vocab_size=320, device='cpu', dtype='float32')"
+    )
+    ids = prompts(LM, 2, 6)
+    np.testing.assert_array_equal(lm.logits(ids), compiled_lm(LM).logits(ids))
+
+
+BAD_CALLS = [
+    ({"input_ids": np.zeros((1, 0), int)}, ValueError, r"input_ids is empty \(shape \[1, 0\]\)"),
+    ({"input_ids": np.zeros((0, 3), int)}, ValueError, r"input_ids is empty"),
+    (
+        {"input_ids": [[1, 2, 320]]},
+        ValueError,
+        r"input_ids\[0, 2\] = 320 is outside the vocabulary \(0..319\)",
+    ),
+    ({"input_ids": [[-1, 2]]}, ValueError, r"input_ids\[0, 0\] = -1 is outside"),
+    ({"input_ids": [1, 2, 3]}, ValueError, r"input_ids must have shape \[batch, seq\], got \[3\]"),
+    ({"input_ids": [[1.0, 2.0]]}, TypeError, r"input_ids must hold integers, got dtype float64"),
+    ({"attention_mask": [[1, 1]]}, ValueError, r"attention_mask has shape \[1, 2\], input_ids \[2, 3\]"),
+    ({"attention_mask": [[1, 2, 1], [1, 1, 1]]}, ValueError, r"only 0 \(padding\) and 1 \(token\)"),
+    ({"attention_mask": [[0, 0, 0], [1, 1, 1]]}, ValueError, r"rows \[0\] are all padding"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), BAD_CALLS)
+def test_bad_prompts_are_refused(compiled_lm, call, error, message):
+    lm = compiled_lm(LM)
+    arguments = {"input_ids": [[1, 2, 3], [4, 5, 6]], "attention_mask": None} | call
+    with pytest.raises(error, match=message):
+        lm.logits(**arguments)
+    with pytest.raises(error, match=message):
+        lm.generate(max_new_tokens=2, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be positive, got 0"),
+        ({"max_new_tokens": 2.0}, TypeError, "max_new_tokens must be an integer, got 2.0"),
+        (
+            {"max_new_tokens": 46},
+            ValueError,
+            r"3 prompt tokens \+ 46 new tokens = 49 positions, .*n_positions=48",
+        ),
+        ({"temperature": 0}, ValueError, "temperature must be a positive number, got 0"),
+        ({"temperature": -1.0}, ValueError, "temperature must be a positive number"),
+        ({"top_k": 0}, ValueError, "top_k must be a positive integer or None, got 0"),
+        ({"top_p": 1.5}, ValueError, r"top_p must be a number in \(0, 1\] or None, got 1.5"),
+        ({"eos_token_id": 320}, ValueError, r"eos_token_id must be a token id in 0..319 or None, got 320"),
+        (
+            {"attention_mask": [[1, 1, 0]]},
+            ValueError,
+            r"rows \[0\] end in padding: .* pad prompts on the left",
+        ),
+    ],
+)
+def test_bad_generation_options_are_refused_before_any_work(compiled_lm, options, error, message):
+    lm = compiled_lm(LM)
+    arguments = {"input_ids": [[1, 2, 3]], "max_new_tokens": 4} | options
+    with pytest.raises(error, match=message):
+        lm.stream(**arguments)  # raises at the call, not at the first step
+    with pytest.raises(error, match=message):
+        lm.generate(**arguments)
+
+
+def test_too_long_for_the_context(compiled_lm):
+    with pytest.raises(
+        ValueError, match=r"49 prompt tokens = 49 positions, but the model has n_positions=48"
+    ):
+        compiled_lm(LM).logits(np.zeros((1, 49), int))
+
+
+def test_weights_that_do_not_fit(compiled_lm, lm_weights):
+    lm, weights = compiled_lm(LM), lm_weights(LM)
+    with pytest.raises(
+        ValueError, match=r"'transformer.h.1.mlp.c_fc.bias' has shape \(3,\), .* needs \(240,\)"
+    ):
+        lm.with_weights({**weights, "transformer.h.1.mlp.c_fc.bias": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"missing \['lm_head.weight'\], unexpected \[\]"):
+        lm.with_weights({name: value for name, value in weights.items() if name != "lm_head.weight"})

@@ -22,7 +22,7 @@ import numpy as np
 
 from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
 from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.inputs import check_generation, check_prompt
+from max_gpt2.inputs import check_prompt
 from max_gpt2.lm import compile_lm
 from max_gpt2.sampling import Sampler
 from max_gpt2.tokenizer import TextStream, load_tokenizer, tokenizer_directory
@@ -64,9 +64,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
 def generate(args: argparse.Namespace, progress: Progress) -> int:
     """Checks everything, compiles, then streams the generation."""
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    with progress.step(f"reading {path}"):
-        checkpoint = Checkpoint(path)
-        weights = checkpoint.model_weights()
+    checkpoint = Checkpoint(path)  # checks the files and reads config.json; no tensor yet
     config = checkpoint.config
     tokenizer = load_tokenizer(checkpoint.path)
     if args.prompt is not None:
@@ -78,14 +76,15 @@ def generate(args: argparse.Namespace, progress: Progress) -> int:
         prompt = tokenizer.encode(args.prompt).ids
     else:
         prompt = args.tokens
-    # Everything a user typed is checked before the minute a compile can take.
+    # Everything a user typed is checked before reading the weights and compiling.
     ids, _ = check_prompt(config, np.array([prompt], dtype=np.int64), None, args.max_new_tokens)
-    check_generation(config, args.max_new_tokens, config.eos_token_id)
     do_sample = any(value is not None for value in (args.temperature, args.top_k, args.top_p, args.seed))
     temperature = 1.0 if args.temperature is None else args.temperature
     sampler = Sampler(do_sample, temperature, args.top_k, args.top_p, args.seed)
 
     device = resolve_device(args.device)
+    with progress.step(f"reading the weights of {checkpoint.path}"):
+        weights = checkpoint.model_weights()
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     with progress.step(f"compiling GPT-2 for {device_name(device)} {args.dtype}"):
         lm = compile_lm(config, weights, device, args.dtype)

@@ -87,10 +87,10 @@ class CompiledLM:
         self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
         # A tied LM head is the same array as wte: convert it once and bind it under both names.
         converted: dict[int, Buffer] = {}
-        self._weights = {
-            name: converted.setdefault(id(array), to_buffer(array, dtype, CPU()))
-            for name, array in weights.items()
-        }
+        for array in weights.values():
+            if id(array) not in converted:
+                converted[id(array)] = to_buffer(array, dtype, CPU())
+        self._weights = {name: converted[id(array)] for name, array in weights.items()}
         self._model = graph.session.init(graph.model, weights_registry=self._weights)
 
     def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledLM:
@@ -144,11 +144,12 @@ class CompiledLM:
             seed,
             eos_token_id,
         )
-        new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]
         ids = int_array(input_ids, "input_ids")
-        # Fewer steps than asked only when every row has finished: the rest is end-of-text.
-        finished = np.full((ids.shape[0], max_new_tokens - new.shape[1]), eos_token_id, dtype=np.int64)
-        return np.concatenate([ids, new, finished], axis=1)
+        new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]
+        if new.shape[1] < max_new_tokens:  # every row finished early: the rest is end-of-text
+            rest = np.full((ids.shape[0], max_new_tokens - new.shape[1]), eos_token_id, dtype=np.int64)
+            new = np.concatenate([new, rest], axis=1)
+        return np.concatenate([ids, new], axis=1)
 
     def stream(
         self,

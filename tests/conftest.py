@@ -3,10 +3,10 @@
 Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
-impl), and binds its own weights with `with_weights` (milliseconds). A run that
-includes the language-model tests also compiles, in a second process, graphs that
-later files need (`tests/prewarm.py`): a compile keeps one core busy, and this
-machine has two.
+impl), and binds its own weights with `with_weights` (milliseconds). A full run
+also compiles, in a second process, the graphs that later files need while
+test_attention.py compiles its own (`tests/prewarm.py`): a compile keeps about one
+core busy, and this machine has two.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ Compiler = Callable[..., CompiledAttention]
 
 @pytest.fixture(scope="session", autouse=True)
 def prewarm(request) -> Iterator[None]:
-    """Runs `tests.prewarm` beside the tests when any collected test uses the language model."""
-    if not any("compiled_lm" in item.fixturenames for item in request.session.items):
+    """Runs `tests.prewarm` beside a full run, while test_attention.py compiles its own graphs."""
+    files = {item.path.name for item in request.session.items}
+    if not {"test_attention.py", "test_lm.py"} <= files:
         yield
         return
     child = subprocess.Popen(
@@ -41,7 +42,7 @@ def prewarm(request) -> Iterator[None]:
         stderr=subprocess.DEVNULL,
     )
     yield
-    child.terminate()  # only still running when the run was short
+    child.terminate()  # long finished in a full run
     child.wait()
 
 

@@ -1,9 +1,10 @@
 """Compiles graphs that later test files need, in a second process, while the first files run.
 
-A MAX compile keeps about one of this machine's two cores busy for a minute or two,
-and MAX caches what it compiles on disk (`~/.cache/modular`). `tests/conftest.py`
-starts this module beside a full test run, so that by the time the language-model,
-benchmark and CLI tests ask for these graphs they load from the cache in seconds.
+A MAX compile keeps about one of this machine's two cores busy for one to two
+minutes, and MAX caches what it compiles on disk (`~/.cache/modular`).
+`tests/conftest.py` starts this module beside a full test run, while
+test_attention.py compiles its own graphs, so that by the time the benchmark, CLI
+and language-model tests ask for these they load from the cache in seconds.
 Nothing here is checked: a graph this process has not finished in time is simply
 compiled again by the test that needs it.
 
@@ -21,13 +22,13 @@ from tests.support import LM, LM_ONE_LAYER, ODD
 
 
 def main() -> None:
+    for impl in ("wrapper", "flash"):  # tests/test_bench.py, test_impls.py
+        compile_attention(ODD, random_attention_weights(ODD), "cpu", "float32", impl)
     for config in (LM, LM_ONE_LAYER):  # tests/test_cli.py, test_examples.py, test_lm.py
         weights = {
             name: np.zeros(shape, np.float32) for name, shape in model_parameter_shapes(config).items()
         }
         compile_lm(config, weights, "cpu")
-    for impl in ("flash", "wrapper"):  # tests/test_bench.py, test_impls.py
-        compile_attention(ODD, random_attention_weights(ODD), "cpu", "float32", impl)
 
 
 if __name__ == "__main__":

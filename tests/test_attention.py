@@ -38,7 +38,8 @@ def test_matches_reference(compiled, config, batch, seq_len):
     assert comparison.passed, comparison
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+# float16 on CPU computes through the same graph ops; it is left to the GPU tests (a compile each).
+@pytest.mark.parametrize("dtype", ["bfloat16"])
 @pytest.mark.parametrize("seq_len", [1, 7, 129])
 def test_low_precision_on_cpu_matches_reference(compiled, dtype, seq_len):
     weights = random_attention_weights(ODD, seed=3)

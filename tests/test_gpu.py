@@ -52,6 +52,10 @@ def test_matches_reference_on_gpu(compiled, config, dtype, impl, batch, seq_len)
     assert comparison.passed, comparison
 
 
+def test_float16_results_come_back_as_float16(compiled):
+    assert compiled(ODD, "float16", "gpu")(random_input(1, 3, ODD.n_embd)).dtype == np.float16
+
+
 def test_auto_picks_the_flash_kernel_for_bfloat16(compiled):
     assert compiled(GPT2_SMALL, "bfloat16", "gpu", "auto").impl == "flash"
 

@@ -3,18 +3,14 @@
 Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
-impl), and binds its own weights with `with_weights` (milliseconds). A full run
-also compiles, in a second process, the graphs that later files need while
-test_attention.py compiles its own (`tests/prewarm.py`): a compile keeps about one
-core busy, and this machine has two.
+impl), and binds its own weights with `with_weights` (milliseconds). A clean
+`make test` compiles six graphs on CPU: attention for GPT-2 small's and the odd
+layout (float32, bfloat16 and flash for the latter) and the two language models.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,25 +21,6 @@ from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.weights import Checkpoint
 
 Compiler = Callable[..., CompiledAttention]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def prewarm(request) -> Iterator[None]:
-    """Runs `tests.prewarm` beside a full run, while test_attention.py compiles its own graphs."""
-    files = {item.path.name for item in request.session.items}
-    if not {"test_attention.py", "test_lm.py"} <= files:
-        yield
-        return
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.prewarm"],
-        cwd=Path(__file__).parent.parent,
-        env=dict(os.environ),  # MAX's C-level PYTHONPATH must not leak into the child (see support.py)
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    yield
-    child.terminate()  # long finished in a full run
-    child.wait()
 
 
 @pytest.fixture(scope="session")

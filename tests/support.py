@@ -23,19 +23,19 @@ ODD = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=256, vocab_size=97)
 TINY_HEADS = GPT2Config(n_embd=14, n_head=7, n_layer=1, n_positions=256, vocab_size=97)  # head_dim 2
 LAYOUTS = [GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, SINGLE_HEAD, ODD, TINY_HEADS]
 # On CPU every layout is a graph that takes one to two minutes to compile on 2 cores, so the CPU
-# sweep keeps GPT-2's own head layout (head_dim 64), a single head and an odd one (head_dim 12).
-# The others differ only in width and head count (medium, large, xl) or head_dim (14x7: 2); the GPU
-# sweep (tests/test_gpu.py) runs all seven.
-CPU_LAYOUTS = [GPT2_SMALL, SINGLE_HEAD, ODD]
+# sweep keeps GPT-2's own head layout (head_dim 64) and an odd one (head_dim 12); LM_ONE_LAYER
+# below runs a single head inside the whole model. The others differ only in width and head count
+# (medium, large, xl), head_dim (14x7: 2) or head count (48x1); the GPU sweep runs all seven.
+CPU_LAYOUTS = [GPT2_SMALL, ODD]
 SEQ_LENS = [1, 2, 7, 64, 129]
 
-# Whole language models. Each is one compiled graph (a minute or two on 2 cores), so there are two:
+# Whole language models. Each is one compiled graph (about two minutes on 2 cores), so there are two:
 # three layers of the ODD head layout with a vocabulary big enough for the test tokenizer, and one
-# layer in another layout with a non-default MLP width and the exact GELU. examples/04_generate.py
+# layer with a single head, a non-default MLP width and the exact GELU. examples/04_generate.py
 # uses LM's shapes, so it finds LM's graph in MAX's cache.
 LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
 LM_ONE_LAYER = GPT2Config(
-    n_embd=32, n_head=4, n_layer=1, n_positions=40, vocab_size=101, n_inner=72, activation_function="gelu"
+    n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=72, activation_function="gelu"
 )
 
 HAS_GPU = accelerator_count() > 0

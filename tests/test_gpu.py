@@ -14,6 +14,7 @@ from max.experimental.tensor import Tensor
 
 from max_gpt2 import reference
 from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check, compare
 from tests.support import (
@@ -23,6 +24,7 @@ from tests.support import (
     LM,
     ODD,
     SEQ_LENS,
+    SINGLE_HEAD,
     layout_id,
     random_input,
     requires_gpu,
@@ -36,6 +38,8 @@ CASES = (
     # The flash kernel in every dtype; float32 support in MAX's kernel is checked here, not assumed.
     + [(config, dtype, "flash") for config in (GPT2_SMALL, GPT2_XL) for dtype in ("bfloat16", "float16")]
     + [(GPT2_SMALL, "float32", "flash")]
+    # The one-head-at-a-time baseline, on the GPU only: on CPU the benchmark checks it when it runs.
+    + [(config, "float32", "wrapper") for config in (GPT2_SMALL, ODD)]
 )
 
 
@@ -50,6 +54,22 @@ def test_matches_reference_on_gpu(compiled, config, dtype, impl, batch, seq_len)
     x = random_input(batch, seq_len, config.n_embd)
     comparison = check(attention(x), x, weights, config.n_head, dtype)
     assert comparison.passed, comparison
+
+
+def test_single_head_equals_plain_attention(compiled):
+    """On the GPU: on CPU, a single head runs inside tests/test_lm.py's one-layer model."""
+    # One head is textbook attention: separate query, key and value maps (the thirds of
+    # c_attn), softmax(q k^T / sqrt(d)) over the past, then the output projection.
+    weights = random_attention_weights(SINGLE_HEAD, seed=5)
+    d = SINGLE_HEAD.n_embd
+    x = random_input(3, 17, d).astype(np.float64)
+    w, b = weights["c_attn.weight"].astype(np.float64), weights["c_attn.bias"].astype(np.float64)
+    q, k, v = (x @ w[i * d : (i + 1) * d].T + b[i * d : (i + 1) * d] for i in range(3))
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(d)
+    scores[:, np.triu_indices(17, 1)[0], np.triu_indices(17, 1)[1]] = -np.inf
+    expected = softmax(scores) @ v @ weights["c_proj.weight"].T.astype(np.float64) + weights["c_proj.bias"]
+    result = compiled(SINGLE_HEAD, "float32", "gpu").with_weights(weights)(x)
+    assert compare(result, expected, "float32").passed
 
 
 def test_float16_results_come_back_as_float16(compiled):

@@ -37,7 +37,7 @@ from max_gpt2.dtypes import parse_dtype
 from max_gpt2.inputs import check_generation, check_prompt, int_array, position_ids
 from max_gpt2.model import GPT2LMHeadModel
 from max_gpt2.sampling import Sampler
-from max_gpt2.weights import Checkpoint, model_parameter_shapes
+from max_gpt2.weights import Checkpoint, check_model_weights
 
 
 class Step(NamedTuple):
@@ -53,23 +53,6 @@ class CompiledLMGraph:
 
     session: InferenceSession
     model: CompiledModel
-
-
-def check_model_weights(weights: Mapping[str, Any], config: GPT2Config) -> dict[str, np.ndarray]:
-    """Checks that `weights` holds exactly the model's parameters with the config's shapes (MAX layout)."""
-    shapes = model_parameter_shapes(config)
-    unknown, missing = sorted(set(weights) - set(shapes)), [name for name in shapes if name not in weights]
-    if unknown or missing:
-        raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unknown[:5]}")
-    checked = {}
-    for name, shape in shapes.items():
-        array = weights[name]
-        if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
-            raise TypeError(f"weight {name!r} must be a floating-point NumPy array")
-        if array.shape != shape:
-            raise ValueError(f"weight {name!r} has shape {array.shape}, but the config needs {shape}")
-        checked[name] = array
-    return checked
 
 
 class CompiledLM:
@@ -137,12 +120,12 @@ class CompiledLM:
             input_ids,
             max_new_tokens,
             attention_mask,
-            do_sample,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            eos_token_id,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            eos_token_id=eos_token_id,
         )
         ids = int_array(input_ids, "input_ids")
         new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]

@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors
@@ -278,4 +279,24 @@ def check_weights(weights: Mapping[str, np.ndarray], config: GPT2Config) -> dict
         if not np.issubdtype(array.dtype, np.floating):
             raise TypeError(f"weight {name!r} has dtype {array.dtype}; expected a float dtype")
         checked[name] = array.astype(np.float32, copy=False)
+    return checked
+
+
+def check_model_weights(weights: Mapping[str, Any], config: GPT2Config) -> dict[str, np.ndarray]:
+    """Checks that `weights` holds exactly `GPT2LMHeadModel`'s parameters with the config's shapes.
+
+    Shapes are in MAX layout (what `Checkpoint.model_weights` returns); the arrays are returned as given.
+    """
+    shapes = model_parameter_shapes(config)
+    unknown, missing = sorted(set(weights) - set(shapes)), [name for name in shapes if name not in weights]
+    if unknown or missing:
+        raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unknown[:5]}")
+    checked = {}
+    for name, shape in shapes.items():
+        array = weights[name]
+        if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
+            raise TypeError(f"weight {name!r} must be a floating-point NumPy array")
+        if array.shape != shape:
+            raise ValueError(f"weight {name!r} has shape {array.shape}, but the config needs {shape}")
+        checked[name] = array
     return checked

@@ -172,3 +172,15 @@ def test_lm_matches_hugging_face(tmp_path, compiled_lm, head):
     np.testing.assert_array_equal(ours.generate(PADDED, 32, PADDED_MASK), hf_tokens)
     alone = ours.generate(PADDED[:1, 3:], 32)
     np.testing.assert_array_equal(alone[0], hf_tokens[0, 3:])
+
+
+def test_generation_script_times_both_on_the_same_tokens(compiled_lm, lm_checkpoint):
+    compiled_lm(LM)  # its graph is then in MAX's cache
+    script = Path(__file__).parent.parent / "benchmarks" / "generation.py"
+    done = run_python(script, "--checkpoint", lm_checkpoint(LM), "--cases", "1x4+5,2x3+4", "--rounds", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    rows = [row for row in rows if row[0].strip().isdigit()]  # not the header or its rule
+    assert [(row[0].strip(), row[1].strip()) for row in rows] == [("1", "4 + 5"), ("2", "3 + 4")]
+    for row in rows:
+        assert all(float(cell) > 0 for cell in row[2:6])

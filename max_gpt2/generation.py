@@ -4,10 +4,11 @@
     max-gpt2 generate --checkpoint DIR --tokens 464,3290      # ids, where there is no tokenizer
 
 Without `--checkpoint` it uses the seeded GPT-2-small-shaped demo checkpoint (its
-tokenizer is trained on a few paragraphs we ship, and its weights are random, so
-expect gibberish). Greedy by default; `--temperature`, `--top-k`, `--top-p` or
-`--seed` switch to sampling. The prompt and the new text go to stdout, the text
-flushed token by token; progress, prefill time and decode tokens/s go to stderr.
+tokenizer is trained on a few paragraphs we ship and its weights are random, so
+expect gibberish, and ids the small tokenizer does not know, shown as `[id]`).
+Greedy by default; `--temperature`, `--top-k`, `--top-p` or `--seed` switch to
+sampling. The prompt and the new text go to stdout, the text flushed token by
+token; progress, prefill time and decode tokens/s go to stderr.
 Stops early at the config's `eos_token_id`, if it has one.
 """
 

@@ -58,7 +58,15 @@ class TextStream:
         self._emitted = 0  # characters of the decoded text already handed out
 
     def __call__(self, token_id: int) -> str:
-        """The text `token_id` completes (possibly empty)."""
+        """The text `token_id` completes (possibly empty).
+
+        An id the tokenizer does not know (a model's vocabulary may be larger than its
+        tokenizer's) shows as `[id]` rather than vanishing, as `decode` would let it.
+        """
+        if self.tokenizer.id_to_token(int(token_id)) is None:
+            shown = f"{self.flush()}[{int(token_id)}]"
+            self._ids, self._emitted = [], 0
+            return shown
         self._ids.append(int(token_id))
         text = self.tokenizer.decode(self._ids, skip_special_tokens=False)
         if text.endswith("\ufffd"):

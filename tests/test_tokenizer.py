@@ -68,3 +68,10 @@ def test_no_tokenizer_and_a_broken_one(tmp_path):
 def test_vocabulary_too_small_for_bytes(tmp_path):
     with pytest.raises(ValueError, match=r"needs vocab_size >= 257"):
         write_tokenizer(tmp_path, vocab_size=97)
+
+
+def test_text_stream_shows_ids_the_tokenizer_does_not_know(directory):
+    tokenizer = load_tokenizer(directory)
+    stream = TextStream(tokenizer)
+    ids = [*tokenizer.encode("ok ").ids, 400, 12345, *tokenizer.encode(" then").ids]
+    assert "".join(stream(token) for token in ids) + stream.flush() == "ok [400][12345] then"

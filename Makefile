@@ -28,7 +28,7 @@ test-gpu: $(STAMP)
 # through BENCH_ARGS, e.g. make bench BENCH_ARGS="--models small --shapes 1x128 --no-cold-compile".
 BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,plot]'
 	$(PY) -m max_gpt2 bench $(BENCH_ARGS)
 
 lint: $(STAMP)

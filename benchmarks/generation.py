@@ -25,8 +25,7 @@ import transformers
 
 from max_gpt2 import load_lm
 from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint
-
-SETTLE_SECONDS = 0.2  # the other runtime's worker threads are still spinning right after a switch
+from max_gpt2.measure import settle
 
 
 def ours(lm, ids: np.ndarray, new: int) -> tuple[float, float]:
@@ -57,12 +56,6 @@ def greedy(model, ids: np.ndarray, new: int) -> np.ndarray:
     ).numpy()
 
 
-def settle(run) -> None:
-    deadline = time.perf_counter() + SETTLE_SECONDS
-    while time.perf_counter() < deadline:
-        run()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", help="GPT-2 checkpoint (default: the seeded GPT-2-small-shaped one)")
@@ -89,9 +82,9 @@ def main() -> int:
             return 1
         timings: dict[str, list[tuple[float, float]]] = {"ours": [], "hf": []}
         for _ in range(args.rounds):
-            settle(lambda: lm.logits(warm))
+            settle(lm.logits, warm)
             timings["ours"].append(ours(lm, ids, new))
-            settle(lambda: model(torch.from_numpy(warm)))
+            settle(model, torch.from_numpy(warm))
             timings["hf"].append(hugging_face(model, ids, new))
         (our_prefill, our_rate), (hf_prefill, hf_rate) = (
             tuple(statistics.median(values) for values in zip(*timings[who], strict=True))

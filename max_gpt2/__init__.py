@@ -9,9 +9,10 @@
 The data path, one module each: `config` (shapes) and `weights` (the checkpoint
 adapter); the MAX modules `attention` (with `flash` and `wrapper`), `cached_attention`
 and `model`; compiled and run by `runtime` (attention) and `lm` (the model, with
-`inputs` and `sampling`); text through `tokenizer`. Checked by `reference` (NumPy,
-float64) under `verify`'s tolerances, on `testing`'s seeded checkpoints. Commands:
-`cli`, `bench`, `generation`.
+`inputs` and `sampling`, both through `compiled`); text through `tokenizer`.
+Attention weights: `CompiledLM.attentions`, summarized by `head_summary`, drawn by
+`gallery`. Checked by `reference` (NumPy, float64) under `verify`'s tolerances, on
+`testing`'s seeded checkpoints. Commands: `cli`, `bench`, `generation`, `heads`.
 """
 
 from max_gpt2.attention import GPT2Attention, causal_mask

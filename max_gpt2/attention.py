@@ -14,6 +14,10 @@ Shapes, with B = batch, S = sequence length, D = n_embd, H = n_head, d = D / H:
 Parameter names (`c_attn.weight`, `c_attn.bias`, `c_proj.weight`, `c_proj.bias`)
 match Hugging Face's GPT-2; the weights are stored as MAX `Linear` keeps them,
 `[out_features, in_features]`, which is the transpose of GPT-2's Conv1D layout.
+
+With `output_attentions=True` (Hugging Face's name for it) the module also returns
+`softmax(...)`, the weights every head gave every key, `[B, H, S, S]`. That is a
+separate graph: the plain one never outputs them.
 """
 
 from __future__ import annotations
@@ -55,10 +59,11 @@ def causal_mask(seq_len: DimLike, past_len: DimLike, dtype: DType, device: Devic
     return F.concat([seen, new], axis=1)
 
 
-class GPT2Attention(Module[[Tensor], Tensor]):
+class GPT2Attention(Module[[Tensor], Tensor | tuple[Tensor, Tensor]]):
     """Multi-head causal self-attention with Hugging Face GPT-2's parameter names."""
 
-    def __init__(self, config: GPT2Config) -> None:
+    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+        self.output_attentions = output_attentions
         self.n_embd = config.n_embd
         self.n_head = config.n_head
         self.head_dim = config.head_dim
@@ -75,11 +80,12 @@ class GPT2Attention(Module[[Tensor], Tensor]):
         batch, _, seq_len, _ = x.shape
         return x.transpose(1, 2).reshape([batch, seq_len, self.n_embd])
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """`x` [B, S, D] -> [B, S, D], and the attention weights [B, H, S, S] if `output_attentions`."""
         seq_len = x.shape[1]
         query, key, value = F.split(self.c_attn(x), [self.n_embd] * 3, axis=-1)
         query, key, value = (self.split_heads(t) for t in (query, key, value))
         scores = query @ key.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, S, S]
-        scores = scores + causal_mask(seq_len, 0, dtype=x.dtype, device=x.device)
-        attended = F.softmax(scores) @ value  # [B, H, S, d]
-        return self.c_proj(self.merge_heads(attended))
+        weights = F.softmax(scores + causal_mask(seq_len, 0, dtype=x.dtype, device=x.device))
+        output = self.c_proj(self.merge_heads(weights @ value))  # [B, S, D]
+        return (output, weights) if self.output_attentions else output

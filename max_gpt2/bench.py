@@ -6,18 +6,12 @@ reference) and, when PyTorch is installed, `torch-eager` (scores, mask,
 softmax) and `torch-sdpa` (`scaled_dot_product_attention`, causal). Rounds are
 interleaved, each round timing every contender in a rotating order (one call, or
 a burst of up to 10 for calls under 50 ms), so machine noise falls on all of
-them alike; the table reports medians. Before its
-timed call a contender runs untimed for at least `SETTLE_SECONDS`: right after a
-switch, the previous runtime's worker threads (MAX's, PyTorch's OpenMP, NumPy's
-BLAS) are still spinning on the same cores. Measured on 2 cores at GPT-2 small,
-1 x 128: MAX's 3.8 ms call took 8.8 ms right after a PyTorch call and 7.4 ms
-after one untimed call of its own; PyTorch eager took 8.9 ms instead of 4.8 ms
-50 ms after a NumPy call, and 4.8 ms after 200 ms.
-
-On CPU each call takes a NumPy array and returns one (conversion included: it
-is what a caller pays). Each output is checked against the reference on its
-first `CHECKED_TOKENS` positions (all of them, up to 1024 tokens). On GPU
-inputs and outputs stay on the device and each call ends with a synchronize.
+them alike; the table reports medians. Before its timed call a contender runs
+untimed for at least `measure.SETTLE_SECONDS`: right after a switch, the previous
+runtime's worker threads (MAX's, PyTorch's OpenMP, NumPy's BLAS) are still
+spinning on the same cores. Each output is checked against the reference on its
+first `CHECKED_TOKENS` positions (all of them, up to 1024 tokens). How each
+contender is called: `max_gpt2.contenders`.
 
 FLOPs count the useful work: the two projections, and QK^T and PV over the
 S(S+1)/2 query-key pairs the causal mask keeps. Peak is a large matrix
@@ -29,29 +23,38 @@ no device allocations, so on GPU it is left out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from max.driver import Buffer, Device
+from max.driver import Device
 
 from max_gpt2 import reference
 from max_gpt2.config import GPT2Config
 from max_gpt2.console import Progress, positive_int
-from max_gpt2.devices import device_name, resolve_device, to_buffer, to_numpy
-from max_gpt2.runtime import compile_attention
+from max_gpt2.contenders import (
+    CONTENDERS,
+    MAX_CONTENDERS,
+    Contender,
+    max_contenders,
+    numpy_contender,
+    torch_contenders,
+    torch_skip_reason,
+)
+from max_gpt2.devices import device_name, resolve_device
+from max_gpt2.gallery import require_matplotlib
+from max_gpt2.measure import (
+    cold_compile_seconds,
+    machine_description,
+    measure_peak_gflops,
+    peak_dtype,
+    peak_extra_memory_mib,
+    settle,
+)
 from max_gpt2.testing import random_attention_weights, write_atomically
 from max_gpt2.verify import compare
 
@@ -61,26 +64,10 @@ MODELS = {
     "large": GPT2Config(n_embd=1280, n_head=20),
     "xl": GPT2Config(n_embd=1600, n_head=25),
 }
-MAX_CONTENDERS = ("graph", "flash", "wrapper")
-CONTENDERS = (*MAX_CONTENDERS, "numpy", "torch-eager", "torch-sdpa")
-SETTLE_SECONDS = 0.2
 BURST_SECONDS, MAX_BURST = 0.05, 10
 CHECKED_TOKENS = 1024  # rows of each output compared with the reference
 CPU_SHAPES = "1x128,1x256,1x512,1x1024,8x256"
 GPU_SHAPES = "1x128,1x1024,1x4096,1x16384,8x256"
-
-Call = Callable[[Any], Any]
-
-
-@dataclass
-class Contender:
-    """One implementation at one model size: how to call it and what was measured."""
-
-    name: str
-    call: Call  # input as `prepare` makes it -> output
-    prepare: Callable[[np.ndarray], Any]  # float32 NumPy input -> what `call` takes
-    finish: Callable[[Any], np.ndarray]  # output -> float32/float64 NumPy, for checking
-    compile_seconds: dict[str, float | None] = field(default_factory=dict)
 
 
 def parse_shapes(spec: str) -> list[tuple[int, int]]:
@@ -125,218 +112,6 @@ def attention_flops(config: GPT2Config, batch: int, seq_len: int) -> float:
     return projections + 2 * 2 * batch * config.n_head * config.head_dim * pairs
 
 
-def machine_description(device: Device) -> dict[str, Any]:
-    """What the figures were measured on."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    description: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
-    if not device.is_host:
-        description["gpu"] = getattr(device, "architecture_name", None) or device.label
-    for package in ("max", "numpy", "torch"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            description[package] = metadata.version(package)
-    torch = _torch()
-    if torch is not None and not device.is_host and torch.cuda.is_available():
-        description["gpu"] = torch.cuda.get_device_name(device.id)
-    return description
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def peak_dtype(device: Device, dtype: str) -> str:
-    """The dtype the peak is measured in: float32 on CPU (where half precision is for testing, not
-    speed), the compute dtype on GPU (whose tensor cores make half precision far faster)."""
-    return "float32" if device.is_host else dtype
-
-
-def measure_peak_gflops(device: Device, dtype: str) -> float | None:
-    """Best matrix-multiply rate seen: NumPy float32 on CPU, PyTorch in `dtype` on GPU (None without it)."""
-    size = 2048
-    if device.is_host:
-        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-        multiply = lambda: a @ a  # noqa: E731
-        sync: Callable[[], Any] = lambda: None  # noqa: E731
-    else:
-        torch = _torch()
-        if torch is None or not torch.cuda.is_available():
-            return None
-        size = 8192
-        a = torch.randn(size, size, device=f"cuda:{device.id}", dtype=getattr(torch, dtype))
-        multiply, sync = (lambda: a @ a), torch.cuda.synchronize
-    best = float("inf")
-    for _ in range(5):
-        sync()
-        start = time.perf_counter()
-        multiply()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def _peak_rss_reset() -> int | None:
-    """Resets the kernel's peak-RSS mark for this process; returns the current RSS (Linux only)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return _status_kib("VmRSS")
-    except OSError:
-        return None
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise OSError(f"{key} not in /proc/self/status")
-
-
-def peak_extra_memory_mib(run: Callable[[], Any], device: Device) -> float | None:
-    """Host memory a call needs beyond what the process already held (CPU, Linux); None on GPU."""
-    if not device.is_host:
-        return None  # MAX reports no device allocations to compare with
-    before = _peak_rss_reset()
-    if before is None:
-        return None
-    run()
-    return max(0, _status_kib("VmHWM") - before) / 1024
-
-
-def cold_compile_seconds(config: GPT2Config, device: str, dtype: str, impl: str) -> float:
-    """One compile in a fresh process whose MAX cache starts empty."""
-    code = (
-        "import sys, time, json\n"
-        "from max_gpt2.config import GPT2Config\n"
-        "from max_gpt2.runtime import compile_attention\n"
-        "from max_gpt2.testing import random_attention_weights, write_atomically\n"
-        "config = GPT2Config.from_dict(json.loads(sys.argv[1]))\n"
-        "weights = random_attention_weights(config, 0)\n"
-        "start = time.perf_counter()\n"
-        "compile_attention(config, weights, sys.argv[2], sys.argv[3], sys.argv[4])\n"
-        "print(time.perf_counter() - start)\n"
-    )
-    with tempfile.TemporaryDirectory(prefix="max-gpt2-cold-") as home:
-        env = dict(os.environ, HOME=home, XDG_CACHE_HOME=str(Path(home) / ".cache"))
-        done = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(config.to_dict()), device, dtype, impl],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if done.returncode != 0:
-        raise RuntimeError(f"cold compile of {impl} failed: {done.stderr.strip()[-500:]}")
-    return float(done.stdout.strip().splitlines()[-1])
-
-
-def max_contenders(
-    config: GPT2Config, weights: dict[str, np.ndarray], args: argparse.Namespace, device: Device
-) -> Iterator[Contender]:
-    """Our implementations, each compiled twice: the second compile hits MAX's cache (warm)."""
-    for impl in (name for name in args.impls if name in MAX_CONTENDERS):
-        start = time.perf_counter()
-        compile_attention(config, weights, device, args.dtype, impl)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        attention = compile_attention(config, weights, device, args.dtype, impl)
-        warm = time.perf_counter() - start
-        if device.is_host:
-            prepare: Callable[[np.ndarray], Any] = lambda x: x  # noqa: E731
-            finish: Callable[[Any], np.ndarray] = np.asarray
-            call: Call = attention
-        else:
-            prepare = lambda x, a=attention: to_buffer(x, a.dtype, device)  # noqa: E731
-            finish = lambda y: to_numpy(Buffer.from_dlpack(y))  # noqa: E731
-            call = _synchronized(attention, device)
-        yield Contender(impl, call, prepare, finish, {"first": first, "warm": warm})
-
-
-def _synchronized(call: Call, device: Device) -> Call:
-    def run(x: Any) -> Any:
-        result = call(x)
-        device.synchronize()
-        return result
-
-    return run
-
-
-def numpy_contender(config: GPT2Config, weights: dict[str, np.ndarray]) -> Contender:
-    """The float64 NumPy reference, one head at a time."""
-    return Contender(
-        "numpy", lambda x: reference.attention(x, weights, config.n_head), lambda x: x, np.asarray
-    )
-
-
-def torch_contenders(
-    config: GPT2Config, weights: dict[str, np.ndarray], args: argparse.Namespace, device: Device
-) -> Iterator[Contender]:
-    """PyTorch eager (explicit scores) and SDPA, the same math in the same dtype."""
-    torch = _torch()
-    functional = torch.nn.functional
-    torch_device = "cpu" if device.is_host else f"cuda:{device.id}"
-    dtype = getattr(torch, args.dtype)
-    c_attn_w, c_attn_b, c_proj_w, c_proj_b = (
-        torch.from_numpy(weights[name]).to(torch_device, dtype)
-        for name in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
-    )
-    heads, head_dim, width = config.n_head, config.head_dim, config.n_embd
-
-    def attend(x: Any, sdpa: bool) -> Any:
-        batch, seq_len, _ = x.shape
-        qkv = functional.linear(x, c_attn_w, c_attn_b).view(batch, seq_len, 3, heads, head_dim)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4)  # [B, H, S, d] each
-        if sdpa:
-            attended = functional.scaled_dot_product_attention(query, key, value, is_causal=True)
-        else:
-            scores = query @ key.transpose(-1, -2) / head_dim**0.5
-            future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
-            attended = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ value
-        return functional.linear(attended.transpose(1, 2).reshape(batch, seq_len, width), c_proj_w, c_proj_b)
-
-    def make(sdpa: bool) -> Contender:
-        name = "torch-sdpa" if sdpa else "torch-eager"
-        if device.is_host:
-
-            def call(x: np.ndarray) -> np.ndarray:
-                with torch.inference_mode():
-                    return attend(torch.from_numpy(x).to(dtype), sdpa).float().numpy()
-
-            return Contender(name, call, lambda x: x, np.asarray)
-
-        def call_on_device(x: Any) -> Any:
-            with torch.inference_mode():
-                result = attend(x, sdpa)
-            torch.cuda.synchronize()
-            return result
-
-        def prepare(x: np.ndarray) -> Any:
-            return torch.from_numpy(x).to(torch_device, dtype)
-
-        return Contender(name, call_on_device, prepare, lambda y: y.float().cpu().numpy())
-
-    for sdpa in (False, True):
-        if ("torch-sdpa" if sdpa else "torch-eager") in args.impls:
-            yield make(sdpa)
-
-
-def torch_skip_reason(device: Device) -> str | None:
-    """Why the PyTorch peers cannot run here, or None."""
-    torch = _torch()
-    if torch is None:
-        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
-    if not device.is_host and not torch.cuda.is_available():
-        return "this PyTorch build has no CUDA"
-    return None
-
-
 def time_shape(
     contenders: list[Contender], x: np.ndarray, expected: np.ndarray, args: argparse.Namespace, device: Device
 ) -> dict[str, dict[str, Any]]:
@@ -371,16 +146,6 @@ def time_shape(
             lambda c=contender, p=prepared: c.call(p), device
         )
     return results
-
-
-def settle(call: Call, prepared: Any) -> float:
-    """Untimed calls, at least one and for at least `SETTLE_SECONDS`; returns the last one's seconds."""
-    start = last_start = time.perf_counter()
-    call(prepared)
-    while (now := time.perf_counter()) - start < SETTLE_SECONDS:
-        last_start = now
-        call(prepared)
-    return time.perf_counter() - last_start
 
 
 def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -516,12 +281,9 @@ def format_table(report: dict[str, Any]) -> str:
 def plot(report: dict[str, Any], path: Path) -> str | None:
     """Median time against sequence length (batch-1 shapes), one panel per model; why not, if it can't."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'max-gpt2[bench]')"
+        plt = require_matplotlib()
+    except ImportError as error:
+        return str(error)
     plotted = [row for row in report["results"] if row["batch"] == 1 and "seconds" in row]
     models = list(dict.fromkeys(row["model"] for row in plotted))
     if not models:

@@ -9,7 +9,7 @@ graph. A call with S new tokens, T = past + S positions in all:
     store k, v             cache[:, :, :, past:T]        only the new positions are written
     read keys, values      cache[0 or 1, :, :, :T]       [B, H, T, d]
     q @ keys^T / sqrt(d)   [B, H, S, T]   + causal_mask(S, past) + key_bias [B, 1, 1, T]
-    softmax(...) @ values  [B, H, S, d]
+    softmax(...) @ values  [B, H, S, d]    softmax(...): the weights, output if `output_attentions`
     merge heads, c_proj    [B, S, D]
 
 The same graph serves the prompt (past = 0, S = prompt length) and every decoding
@@ -48,8 +48,13 @@ def padding_bias(attention_mask: Tensor, dtype: DType) -> Tensor:
 class CachedAttention(GPT2Attention):
     """GPT-2 attention over a KV cache; same parameters as `GPT2Attention`."""
 
-    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:  # type: ignore[override]
-        """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D]."""
+    def forward(  # type: ignore[override]
+        self, x: Tensor, cache: Tensor, key_bias: Tensor
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D].
+
+        With `output_attentions`, also the attention weights [B, H, S, T].
+        """
         seq_len, total = x.shape[1], key_bias.shape[-1]
         query, key, value = F.split(self.c_attn(x), [self.n_embd] * 3, axis=-1)
         query, key, value = (self.split_heads(t) for t in (query, key, value))
@@ -63,5 +68,6 @@ class CachedAttention(GPT2Attention):
 
         scores = query @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, S, T]
         mask = F.rebind(causal_mask(seq_len, total - seq_len, x.dtype, x.device), [seq_len, total])
-        attended = F.softmax(scores + mask + key_bias) @ values  # [B, H, S, d]
-        return self.c_proj(self.merge_heads(attended))
+        weights = F.softmax(scores + mask + key_bias)
+        output = self.c_proj(self.merge_heads(weights @ values))  # [B, S, D]
+        return (output, weights) if self.output_attentions else output

@@ -1,11 +1,12 @@
-"""Command line: `max-gpt2 demo`, `verify`, `bench` and `generate` (also `python -m max_gpt2 ...`).
+"""Command line: `max-gpt2 demo`, `verify`, `bench`, `generate`, `heads` (also `python -m max_gpt2 ...`).
 
 `demo` and `verify` load a GPT-2 checkpoint through the weights adapter, compile attention once,
 run every chosen layer on the same random batch, and compare each with the NumPy
 reference. With no `--checkpoint`, they make (once) and reuse a seeded
 GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
 results to stdout; the exit status is 1 if any layer disagrees with the
-reference, 2 for bad input. `bench` is `max_gpt2.bench`, `generate` `max_gpt2.generation`.
+reference, 2 for bad input. `bench` is `max_gpt2.bench`, `generate` `max_gpt2.generation`,
+`heads` `max_gpt2.heads`.
 """
 
 from __future__ import annotations
@@ -21,30 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2 import bench, generation
-from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
+from max_gpt2 import bench, generation, heads
+from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, parse_layers, positive_int
 from max_gpt2.devices import device_name, resolve_device
 from max_gpt2.dtypes import DTYPES
 from max_gpt2.runtime import IMPLEMENTATIONS, compile_attention
 from max_gpt2.verify import check
 from max_gpt2.weights import Checkpoint
-
-
-def parse_layers(spec: str, n_layer: int) -> list[int]:
-    """`"all"`, or comma-separated indices and inclusive ranges such as `"0,3-5"`."""
-    if spec == "all":
-        return list(range(n_layer))
-    layers: list[int] = []
-    try:
-        for part in spec.split(","):
-            first, _, last = part.strip().partition("-")
-            layers += range(int(first), int(last or first) + 1)
-    except ValueError:
-        raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
-    outside = [layer for layer in layers if not 0 <= layer < n_layer]
-    if outside or not layers:
-        raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")
-    return list(dict.fromkeys(layers))
 
 
 def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -152,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_arguments(commands.add_parser("bench", parents=[target], help=bench.__doc__.split("\n")[0]))
-    generation.add_arguments(
-        commands.add_parser("generate", parents=[target], help=generation.__doc__.split("\n")[0])
-    )
+    for name, command in (("generate", generation), ("heads", heads)):
+        command.add_arguments(
+            commands.add_parser(name, parents=[target], help=command.__doc__.split("\n")[0])
+        )
     return parser
 
 
@@ -164,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench.main(args, Progress(sys.stderr))
     if args.command == "generate":
         return generation.main(args, Progress(sys.stderr))
+    if args.command == "heads":
+        return heads.main(args, Progress(sys.stderr))
     args.cache_dir = args.cache_dir or default_cache_dir()
     as_json = getattr(args, "json", False)
     progress = Progress(sys.stderr)

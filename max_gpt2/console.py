@@ -1,4 +1,4 @@
-"""Helpers shared by the commands: step-by-step progress, argument types, the demo checkpoint."""
+"""Helpers shared by the commands: progress, argument types, the demo checkpoint, reading a prompt."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from tokenizers import Tokenizer
+
 from max_gpt2.config import GPT2Config
 from max_gpt2.testing import write_checkpoint, write_tokenizer
+from max_gpt2.tokenizer import load_tokenizer, tokenizer_directory
+from max_gpt2.weights import Checkpoint
 
 
 class Progress:
@@ -59,6 +63,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+def token_list(text: str) -> list[int]:
+    """argparse type: comma-separated token ids such as `464,3290`."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated ids such as 464,3290; got {text!r}"
+        ) from None
+
+
+def parse_layers(spec: str, n_layer: int) -> list[int]:
+    """`"all"`, or comma-separated indices and inclusive ranges such as `"0,3-5"`."""
+    if spec == "all":
+        return list(range(n_layer))
+    layers: list[int] = []
+    try:
+        for part in spec.split(","):
+            first, _, last = part.strip().partition("-")
+            layers += range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
+    outside = [layer for layer in layers if not 0 <= layer < n_layer]
+    if outside or not layers:
+        raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")
+    return list(dict.fromkeys(layers))
+
+
 def default_cache_dir() -> Path:
     """`$MAX_GPT2_CACHE`, else `$XDG_CACHE_HOME/max-gpt2`, else `~/.cache/max-gpt2`."""
     if explicit := os.environ.get("MAX_GPT2_CACHE"):
@@ -78,3 +109,33 @@ def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
     with progress.step(f"writing a GPT-2-small-shaped checkpoint (seed {seed}) with a tokenizer to {path}"):
         write_checkpoint(path, config, seed=seed, tokenizer=True)
     return path
+
+
+def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
+    """`--checkpoint`, `--prompt` or `--tokens`, and `--cache-dir`: what `open_prompt` reads."""
+    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help=f"text {purpose} (needs the checkpoint's tokenizer)")
+    given.add_argument("--tokens", type=token_list, help=f"token ids {purpose}, e.g. 464,3290")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+
+
+def open_prompt(
+    args: argparse.Namespace, progress: Progress
+) -> tuple[Checkpoint, Tokenizer | None, list[int]]:
+    """The checkpoint (the demo one without `--checkpoint`), its tokenizer if it has one, the prompt's ids.
+
+    Reads `config.json` and the tokenizer, no tensor yet; a `--prompt` without a
+    tokenizer is a `ValueError` naming the directory.
+    """
+    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    checkpoint = Checkpoint(path)  # checks the files and reads config.json
+    tokenizer = load_tokenizer(checkpoint.path)
+    if args.prompt is None:
+        return checkpoint, tokenizer, args.tokens
+    if tokenizer is None:
+        raise ValueError(
+            f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
+            f"and merges.txt); give the prompt as --tokens instead"
+        )
+    return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids

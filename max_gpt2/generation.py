@@ -17,41 +17,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
+from max_gpt2.console import Progress, add_prompt_arguments, open_prompt, positive_int
 from max_gpt2.devices import device_name, resolve_device
 from max_gpt2.inputs import check_prompt
 from max_gpt2.lm import compile_lm
 from max_gpt2.sampling import Sampler
-from max_gpt2.tokenizer import TextStream, load_tokenizer, tokenizer_directory
-from max_gpt2.weights import Checkpoint
-
-
-def token_list(text: str) -> list[int]:
-    """argparse type: comma-separated token ids such as `464,3290`."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be comma-separated ids such as 464,3290; got {text!r}"
-        ) from None
+from max_gpt2.tokenizer import TextStream
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
-    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
-    given = parser.add_mutually_exclusive_group(required=True)
-    given.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer)")
-    given.add_argument("--tokens", type=token_list, help="token ids to continue, e.g. 464,3290")
+    add_prompt_arguments(parser, "to continue")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="(default: 32)")
     parser.add_argument("--temperature", type=float, help="sample, dividing the logits by this first")
     parser.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this mass")
     parser.add_argument("--seed", type=int, help="sample, with this seed (same seed, same text)")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
@@ -64,19 +48,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
 
 def generate(args: argparse.Namespace, progress: Progress) -> int:
     """Checks everything, compiles, then streams the generation."""
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint = Checkpoint(path)  # checks the files and reads config.json; no tensor yet
+    checkpoint, tokenizer, prompt = open_prompt(args, progress)
     config = checkpoint.config
-    tokenizer = load_tokenizer(checkpoint.path)
-    if args.prompt is not None:
-        if tokenizer is None:
-            raise ValueError(
-                f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
-                f"and merges.txt); give the prompt as --tokens instead"
-            )
-        prompt = tokenizer.encode(args.prompt).ids
-    else:
-        prompt = args.tokens
     # Everything a user typed is checked before reading the weights and compiling.
     ids, _ = check_prompt(config, np.array([prompt], dtype=np.int64), None, args.max_new_tokens)
     do_sample = any(value is not None for value in (args.temperature, args.top_k, args.top_p, args.seed))

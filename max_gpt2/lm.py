@@ -4,6 +4,7 @@
     logits = lm.logits(input_ids, attention_mask)                  # float32 [batch, seq, vocab]
     out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
     for tokens, logits in lm.stream(input_ids, 20): ...            # [batch] and [batch, vocab] a step
+    weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
 
 One graph (`max_gpt2.model.GPT2LMHeadModel`, every length symbolic) serves the
 whole prompt and every decoding step, so nothing a user passes triggers a
@@ -14,23 +15,26 @@ a step computes one token per row and reads the cache, never copies it.
 Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
 is left-padded, `attention_mask` marks real tokens with 1, padding is never
 attended to, and positions count real tokens only.
+
+Attention weights come from a variant of the graph that also outputs them
+(`output_attentions=True`), compiled the first time `attentions` is called: the
+plain graph, which everything else runs, never carries them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 from max.driver import CPU, Buffer, Device
 from max.dtype import DType
-from max.engine import CompiledModel, InferenceSession
 from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
-from max.graph import BufferType, DeviceRef
+from max.graph import BufferType, DeviceRef, Graph
 
+from max_gpt2.compiled import BoundVariants, GraphVariants
 from max_gpt2.config import GPT2Config
 from max_gpt2.devices import device_name, resolve_device, to_buffer
 from max_gpt2.dtypes import parse_dtype
@@ -47,14 +51,6 @@ class Step(NamedTuple):
     logits: np.ndarray  # float32 [batch, vocab]
 
 
-@dataclass(frozen=True)
-class CompiledLMGraph:
-    """The compiled language model, shared by every set of weights bound to it."""
-
-    session: InferenceSession
-    model: CompiledModel
-
-
 class CompiledLM:
     """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound."""
 
@@ -63,18 +59,17 @@ class CompiledLM:
         config: GPT2Config,
         device: Device,
         dtype: DType,
-        graph: CompiledLMGraph,
+        graph: GraphVariants,
         weights: Mapping[str, np.ndarray],
     ) -> None:
-        """Binds `weights` (already checked by `check_model_weights`) to the compiled graph."""
+        """Binds `weights` (already checked by `check_model_weights`) to the compiled graphs."""
         self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
         # A tied LM head is the same array as wte: convert it once and bind it under both names.
         converted: dict[int, Buffer] = {}
         for array in weights.values():
             if id(array) not in converted:
                 converted[id(array)] = to_buffer(array, dtype, CPU())
-        self._weights = {name: converted[id(array)] for name, array in weights.items()}
-        self._model = graph.session.init(graph.model, weights_registry=self._weights)
+        self._bound = BoundVariants(graph, {name: converted[id(array)] for name, array in weights.items()})
 
     def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledLM:
         """The same compiled graph with another checkpoint's weights (same shapes); no recompile."""
@@ -97,6 +92,23 @@ class CompiledLM:
         batch, seq_len = ids.shape
         caches = self._new_cache(batch, seq_len)
         return self._run(ids, position_ids(mask), mask, np.arange(seq_len), caches)
+
+    def attentions(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """The weights every head of every layer gives every key, float32 `[layers, batch, heads, seq, seq]`.
+
+        `[l, b, h, i]` is the softmax row of query i: it sums to 1 over the keys
+        that query may see and is exactly 0 on the rest (later positions and
+        padding). A padding query sees nothing, so its row is all 0. The first
+        call compiles the graph variant that outputs the weights (a minute or two
+        on a small CPU; MAX caches it on disk, so the next process takes seconds).
+        """
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        batch, seq_len = ids.shape
+        inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
+        model = self._bound.model(output_attentions=True)
+        _, weights = model.execute(*inputs, *self._new_cache(batch, seq_len))
+        real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
+        return np.from_dlpack(weights.to(CPU())) * real_queries
 
     def generate(
         self,
@@ -193,12 +205,12 @@ class CompiledLM:
         caches: list[Buffer],
     ) -> np.ndarray:
         """One graph call: logits float32 [batch, len(logit_index), vocab] for these new tokens."""
-        inputs = [
-            Buffer.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
-            for values in (ids, positions, mask, logit_index)
-        ]
-        (logits,) = self._model.execute(*inputs, *caches)
+        (logits,) = self._bound.model().execute(*self._inputs(ids, positions, mask, logit_index), *caches)
         return np.from_dlpack(logits.to(CPU()))
+
+    def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:
+        """The graph's integer inputs on the device: ids, positions, mask, logit_index."""
+        return [Buffer.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device) for a in arrays]
 
 
 def compile_lm(
@@ -206,21 +218,29 @@ def compile_lm(
     weights: Mapping[str, np.ndarray],
     device: str | Device = "auto",
     dtype: str | DType = "float32",
+    output_attentions: bool = False,
 ) -> CompiledLM:
-    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`)."""
+    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
+
+    The graph compiled now is the plain one, or with `output_attentions` the
+    variant that `CompiledLM.attentions` runs (for a caller that wants only
+    attention weights); the other one is compiled the first time it is needed.
+    """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
-    with F.lazy(), default_device(target), default_dtype(compute_dtype):
-        module = GPT2LMHeadModel(config)  # lazy: random initial weights are never made
-    tokens = TensorType(DType.int64, ["batch", "seq"], device=target)
-    mask = TensorType(DType.int64, ["batch", "total"], device=target)
-    logit_index = TensorType(DType.int64, ["logits"], device=target)
-    cache = BufferType(
-        compute_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], DeviceRef.from_device(target)
-    )
-    staged = module.trace(tokens, tokens, mask, logit_index, *[cache] * config.n_layer)
-    session = InferenceSession(devices=[target])
-    graph = CompiledLMGraph(session, session.compile(staged.graph))
+
+    def stage(with_attentions: bool) -> Graph:
+        with F.lazy(), default_device(target), default_dtype(compute_dtype):
+            module = GPT2LMHeadModel(config, with_attentions)  # lazy: random initial weights never made
+        tokens = TensorType(DType.int64, ["batch", "seq"], device=target)
+        mask = TensorType(DType.int64, ["batch", "total"], device=target)
+        logit_index = TensorType(DType.int64, ["logits"], device=target)
+        device_ref = DeviceRef.from_device(target)
+        cache = BufferType(compute_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
+        return module.trace(tokens, tokens, mask, logit_index, *[cache] * config.n_layer).graph
+
+    graph = GraphVariants(target, stage)
+    graph.compiled(output_attentions)
     return CompiledLM(config, target, compute_dtype, graph, checked)
 
 

@@ -23,6 +23,8 @@ are wanted:
     logit_index              [K] int64, positions in 0..S-1
     caches                   n_layer buffers [2, B, H, M, d], written in place
     -> logits                [B, K, V] float32
+    -> attentions            [L, B, H, S, T] float32, only with `output_attentions=True`
+                             (a separate graph: the plain one never outputs them)
 """
 
 from __future__ import annotations
@@ -54,45 +56,57 @@ def layer_norm(config: GPT2Config) -> LayerNorm:
     return LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, keep_dtype=False)
 
 
-class Block(Module[..., Tensor]):
+class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """One transformer layer: pre-norm attention and MLP, each added to the residual stream."""
 
-    def __init__(self, config: GPT2Config) -> None:
+    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+        self.output_attentions = output_attentions
         self.ln_1 = layer_norm(config)
-        self.attn = CachedAttention(config)
+        self.attn = CachedAttention(config, output_attentions)
         self.ln_2 = layer_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x), cache, key_bias)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """[B, S, D] -> [B, S, D], and the attention weights [B, H, S, T] if `output_attentions`."""
+        attended = self.attn(self.ln_1(x), cache, key_bias)
+        output, weights = attended if self.output_attentions else (attended, None)
+        x = x + output
+        x = x + self.mlp(self.ln_2(x))
+        return (x, weights) if self.output_attentions else x
 
 
-class GPT2Model(Module[..., Tensor]):
+class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D]."""
 
-    def __init__(self, config: GPT2Config) -> None:
+    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+        self.output_attentions = output_attentions
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        self.h = ModuleList(Block(config) for _ in range(config.n_layer))
+        self.h = ModuleList(Block(config, output_attentions) for _ in range(config.n_layer))
         self.ln_f = layer_norm(config)
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, caches: list[Tensor]
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Hidden states [B, S, D], and every layer's attention weights [L, B, H, S, T] if asked."""
         x = self.wte(input_ids) + self.wpe(position_ids)  # [B, S, D]
         key_bias = padding_bias(attention_mask, x.dtype)
+        attentions = []
         for block, cache in zip(self.h, caches, strict=True):
             # Every block is one subgraph: MAX compiles the layer once, not n_layer times.
-            x = as_subgraph(block, name="block")(x, cache, key_bias)
-        return self.ln_f(x)
+            out = as_subgraph(block, name="block")(x, cache, key_bias)
+            x, weights = out if self.output_attentions else (out, None)
+            attentions.append(weights)
+        hidden = self.ln_f(x)
+        return (hidden, F.stack(attentions)) if self.output_attentions else hidden
 
 
-class GPT2LMHeadModel(Module[..., Tensor]):
-    """GPT-2 with its language-model head: token ids to next-token logits."""
+class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
+    """GPT-2 with its language-model head: token ids to next-token logits (and attention weights)."""
 
-    def __init__(self, config: GPT2Config) -> None:
-        self.transformer = GPT2Model(config)
+    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+        self.output_attentions = output_attentions
+        self.transformer = GPT2Model(config, output_attentions)
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(
@@ -102,7 +116,9 @@ class GPT2LMHeadModel(Module[..., Tensor]):
         attention_mask: Tensor,
         logit_index: Tensor,
         *caches: Tensor,
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
         hidden = self.transformer(input_ids, position_ids, attention_mask, list(caches))
+        hidden, attentions = hidden if self.output_attentions else (hidden, None)
         hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
-        return F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
+        logits = F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
+        return (logits, F.cast(attentions, DType.float32)) if self.output_attentions else logits

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,31 @@ def attention_and_largest_score(
     every query; a query that then sees no key at all (padding itself, in a
     left-padded row) gets zeros.
     """
+    attended = attend(x, weights, n_head, key_mask)
+    return attended.output, attended.largest_score
+
+
+def attention_weights(
+    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int, key_mask: np.ndarray | None = None
+) -> np.ndarray:
+    """The softmax weights of every head, float64 `[batch, n_head, seq, seq]` (query rows, key columns).
+
+    A row sums to 1 over the keys its query may see and is 0 elsewhere; a query
+    that sees no key (padding) has a row of zeros.
+    """
+    return attend(x, weights, n_head, key_mask).weights
+
+
+class Attended(NamedTuple):
+    output: np.ndarray  # [batch, seq, n_embd]
+    weights: np.ndarray  # [batch, n_head, seq, seq]
+    largest_score: float
+
+
+def attend(
+    x: np.ndarray, weights: Mapping[str, np.ndarray], n_head: int, key_mask: np.ndarray | None = None
+) -> Attended:
+    """The attention's output, every head's weights and the largest score (see the functions above)."""
     x = np.asarray(x, dtype=np.float64)
     w_attn, b_attn, w_proj, b_proj = (
         np.asarray(weights[name], dtype=np.float64)
@@ -69,7 +94,7 @@ def attention_and_largest_score(
         hidden = np.broadcast_to(future, (x.shape[0], seq_len, seq_len))
     sees_a_key = ~hidden.all(axis=-1, keepdims=True)  # [batch, seq, 1]
 
-    head_outputs, largest_score = [], 0.0
+    head_outputs, head_weights, largest_score = [], [], 0.0
     for head in range(n_head):
         columns = slice(head * head_dim, (head + 1) * head_dim)
         q, k, v = queries[..., columns], keys[..., columns], values[..., columns]
@@ -77,10 +102,11 @@ def attention_and_largest_score(
         largest_score = max(largest_score, float(np.abs(scores[~hidden]).max(initial=0.0)))
         # A row that may see no key is left unmasked here (so softmax stays finite), then zeroed.
         probabilities = softmax(np.where(hidden & sees_a_key, -np.inf, scores))
-        head_outputs.append(np.where(sees_a_key, probabilities, 0.0) @ v)  # [batch, seq, head_dim]
+        head_weights.append(np.where(sees_a_key, probabilities, 0.0))  # [batch, seq, seq]
+        head_outputs.append(head_weights[-1] @ v)  # [batch, seq, head_dim]
 
     merged = np.concatenate(head_outputs, axis=-1)  # [batch, seq, n_embd]
-    return merged @ w_proj.T + b_proj, largest_score
+    return Attended(merged @ w_proj.T + b_proj, np.stack(head_weights, axis=1), largest_score)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, epsilon: float) -> np.ndarray:
@@ -113,22 +139,50 @@ def lm_logits_and_largest_score(
     `Checkpoint.model_weights` returns). `attention_mask` `[batch, seq]` marks real tokens with 1 and
     padding with 0; padding positions get logits too, but nothing real depends on them.
     """
+    run = lm_forward(input_ids, weights, config, attention_mask)
+    return run.logits, run.largest_score
+
+
+def lm_attentions(
+    input_ids: np.ndarray,
+    weights: Mapping[str, np.ndarray],
+    config: GPT2Config,
+    attention_mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """Every layer's attention weights, float64 `[layers, batch, heads, seq, seq]`; padding queries 0."""
+    return lm_forward(input_ids, weights, config, attention_mask).attentions
+
+
+class LMForward(NamedTuple):
+    logits: np.ndarray  # [batch, seq, vocab]
+    attentions: np.ndarray  # [layers, batch, heads, seq, seq]
+    largest_score: float
+
+
+def lm_forward(
+    input_ids: np.ndarray,
+    weights: Mapping[str, np.ndarray],
+    config: GPT2Config,
+    attention_mask: np.ndarray | None = None,
+) -> LMForward:
+    """The whole model once: logits, attention weights and largest score (see the functions above)."""
     w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, dtype=np.int64) if attention_mask is None else np.asarray(attention_mask)
     epsilon, n_head = config.layer_norm_epsilon, config.n_head
     x = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][position_ids(mask)]
-    largest_score = 0.0
+    largest_score, attentions = 0.0, []
     for layer in range(config.n_layer):
         h = f"transformer.h.{layer}."
         attn = {name: value for name, value in w.items() if name.startswith(h + "attn.")}
         attn = {name.removeprefix(h + "attn."): value for name, value in attn.items()}
         normed = layer_norm(x, w[h + "ln_1.weight"], w[h + "ln_1.bias"], epsilon)
-        attended, score = attention_and_largest_score(normed, attn, n_head, mask.astype(bool))
-        largest_score = max(largest_score, score)
-        x = x + attended
+        attended = attend(normed, attn, n_head, mask.astype(bool))
+        largest_score = max(largest_score, attended.largest_score)
+        attentions.append(attended.weights)
+        x = x + attended.output
         normed = layer_norm(x, w[h + "ln_2.weight"], w[h + "ln_2.bias"], epsilon)
         inner = gelu(normed @ w[h + "mlp.c_fc.weight"].T + w[h + "mlp.c_fc.bias"], config.activation_function)
         x = x + inner @ w[h + "mlp.c_proj.weight"].T + w[h + "mlp.c_proj.bias"]
     x = layer_norm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], epsilon)
-    return x @ w["lm_head.weight"].T, largest_score
+    return LMForward(x @ w["lm_head.weight"].T, np.stack(attentions), largest_score)

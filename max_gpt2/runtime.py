@@ -14,6 +14,10 @@ Implementations (`impl`), all computing the same function from the same weights:
 - `wrapper`: one head at a time (`max_gpt2.wrapper`), the tutorials' starting
   point, kept as a benchmark baseline.
 - `auto`: the fastest measured for the device and dtype (see `resolve_impl`).
+
+`CompiledAttention.attentions(x)` returns the weights each head gave each key,
+from the `graph` formulation compiled with `output_attentions=True` the first
+time it is called (`max_gpt2.compiled`): calling the attention never pays for it.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any
 import numpy as np
 from max.driver import CPU, Buffer, Device
 from max.dtype import DType
-from max.engine import CompiledModel, InferenceSession
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType, default_device, default_dtype
+from max.graph import Graph
 
 from max_gpt2.attention import GPT2Attention
+from max_gpt2.compiled import BoundVariants, GraphVariants
 from max_gpt2.config import GPT2Config
 from max_gpt2.devices import (
     NUMPY_DTYPES,
@@ -90,8 +95,7 @@ def _untile(y: np.ndarray, seq_len: int) -> np.ndarray:
 class CompiledGraph:
     """One compiled attention graph, shared by every layer whose weights are bound to it."""
 
-    session: InferenceSession
-    model: CompiledModel
+    variants: GraphVariants  # the `impl` graph, and the `graph` one that outputs attention weights
     impl: str  # "graph", "flash" or "wrapper"
     tiles: int  # > 1: the graph takes x as [batch, tiles, seq / tiles, n_embd]
 
@@ -116,9 +120,8 @@ class CompiledAttention:
     ) -> None:
         """Binds `weights` (already checked by `check_weights`) to the compiled graph."""
         self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
-        # The registry must outlive the model that reads it, so it is kept here.
-        self._weights = {name: to_buffer(array, dtype, CPU()) for name, array in weights.items()}
-        self._model = graph.session.init(graph.model, weights_registry=self._weights)
+        buffers = {name: to_buffer(array, dtype, CPU()) for name, array in weights.items()}
+        self._bound = BoundVariants(graph.variants, buffers)
 
     @property
     def impl(self) -> str:
@@ -176,13 +179,32 @@ class CompiledAttention:
 
     def _execute(self, x: Buffer) -> Buffer:
         """Runs the graph on `x` [batch, seq, n_embd], already on the device in the compute dtype."""
-        tiles = self.graph.tiles
+        tiles, model = self.graph.tiles, self._bound.model()
         if tiles == 1:
-            (result,) = self._model.execute(x)
+            (result,) = model.execute(x)
             return result
         # Only CPU graphs are tiled, so padding and reshaping happen in host memory.
-        (result,) = self._model.execute(host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
+        (result,) = model.execute(host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
         return host_buffer(_untile(host_array(result), x.shape[1]), self.dtype)
+
+    def attentions(self, x: np.ndarray) -> np.ndarray:
+        """The weights every head gives every key, float32 `[batch, n_head, seq, seq]`.
+
+        `x` is a NumPy array `[batch, seq, n_embd]`. Row i of a head holds the
+        softmax over keys 0..i: it sums to 1, and the future keys get exactly 0.
+        The first call compiles the graph that outputs them (a minute or two
+        on a small CPU; MAX caches it on disk, so the next process takes seconds).
+        """
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"x must be a NumPy array; got {type(x).__name__}")
+        self._check_shape(x.shape)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"x must hold floating-point values; got dtype {x.dtype}")
+        batch, seq_len, _ = x.shape
+        if x.size == 0:
+            return np.zeros((batch, self.config.n_head, seq_len, seq_len), dtype=np.float32)
+        _, weights = self._bound.model(output_attentions=True).execute(to_buffer(x, self.dtype, self.device))
+        return to_numpy(weights).astype(np.float32)
 
 
 def compile_attention(
@@ -204,18 +226,25 @@ def compile_attention(
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
     tiles = CPU_FLASH_TILES if chosen == "flash" and target.is_host else 1
-    with F.lazy(), default_device(target), default_dtype(compute_dtype):
-        # lazy: the modules' random initial weights are never made
-        if chosen == "wrapper":
-            module: GPT2Attention = PerHeadWrapperAttention(config)
-        elif chosen == "flash":
-            module = TiledCausalAttention(config, tiles) if tiles > 1 else KernelFlashAttention(config)
-        else:
-            module = GPT2Attention(config)
-    sequence = (tiles, "tile") if tiles > 1 else ("seq",)
-    staged = module.trace(TensorType(compute_dtype, ("batch", *sequence, config.n_embd), device=target))
-    session = InferenceSession(devices=[target])
-    graph = CompiledGraph(session, session.compile(staged.graph), chosen, tiles)
+
+    def stage(output_attentions: bool) -> Graph:
+        with F.lazy(), default_device(target), default_dtype(compute_dtype):
+            # lazy: the modules' random initial weights are never made
+            if output_attentions:
+                module = GPT2Attention(config, output_attentions=True)
+            elif chosen == "wrapper":
+                module = PerHeadWrapperAttention(config)
+            elif chosen == "flash":
+                module = TiledCausalAttention(config, tiles) if tiles > 1 else KernelFlashAttention(config)
+            else:
+                module = GPT2Attention(config)
+        sequence = (tiles, "tile") if tiles > 1 and not output_attentions else ("seq",)
+        x = TensorType(compute_dtype, ("batch", *sequence, config.n_embd), device=target)
+        return module.trace(x).graph
+
+    variants = GraphVariants(target, stage)
+    variants.compiled()  # the attention-weights variant waits until `attentions` is called
+    graph = CompiledGraph(variants, chosen, tiles)
     return CompiledAttention(config, target, compute_dtype, graph, checked)
 
 

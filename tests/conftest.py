@@ -4,8 +4,9 @@ Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
-`make test` compiles six graphs on CPU: attention for GPT-2 small's and the odd
-layout (float32, bfloat16 and flash for the latter) and the two language models.
+`make test` compiles eight graphs on CPU: attention for GPT-2 small's and the odd
+layout (float32, bfloat16 and flash for the latter), the two language models, and
+the attention-weights variants of the odd attention and of LM (tests/test_heads.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from max_gpt2 import bench
+from max_gpt2 import bench, measure
 from max_gpt2.cli import main
 from max_gpt2.config import GPT2Config
 from tests.support import ODD
@@ -74,7 +74,7 @@ def test_plot_is_drawn_or_the_reason_given(run, capsys):
 
 
 def test_missing_pytorch_is_reported_not_fatal(run, capsys, monkeypatch):
-    monkeypatch.setattr(bench, "_torch", lambda: None)
+    monkeypatch.setattr(measure, "optional_torch", lambda: None)  # what every PyTorch lookup calls
     code, out, report, _ = run("--impls", "graph,torch-sdpa", capsys=capsys)
     assert code == 0
     assert report["skipped"] == {"torch-sdpa": "PyTorch is not installed (pip install 'max-gpt2[peers]')"}

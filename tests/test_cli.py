@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from max_gpt2 import cli, verify
+from max_gpt2 import cli, console, verify
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.tokenizer import load_tokenizer
 from tests.support import GPT2_SMALL, LM, ODD, run_command, run_python
@@ -121,10 +121,10 @@ def test_bad_input_exits_2_with_a_message(checkpoint, args, message):
 
 
 def test_parse_layers():
-    assert cli.parse_layers("all", 3) == [0, 1, 2]
-    assert cli.parse_layers("2, 0-1,1", 4) == [2, 0, 1]
+    assert console.parse_layers("all", 3) == [0, 1, 2]
+    assert console.parse_layers("2, 0-1,1", 4) == [2, 0, 1]
     with pytest.raises(ValueError, match="has 4 layers"):
-        cli.parse_layers("3-5", 4)
+        console.parse_layers("3-5", 4)
 
 
 def test_console_script_is_installed():

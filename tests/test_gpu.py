@@ -135,3 +135,14 @@ def test_lm_generates_on_gpu_what_it_generates_on_cpu(compiled_lm):
     np.testing.assert_array_equal(
         compiled_lm(LM, "float32", "gpu").generate(ids, 24), compiled_lm(LM).generate(ids, 24)
     )
+
+
+def test_lm_attentions_match_the_reference_on_gpu(compiled_lm, lm_weights):
+    lm, weights = compiled_lm(LM, "bfloat16", "gpu"), lm_weights(LM)
+    ids = np.random.default_rng(2).integers(0, LM.vocab_size, (2, 9))
+    mask = (np.arange(9)[None, :] >= np.array([[0], [3]])).astype(np.int64)
+    expected = reference.lm_forward(ids, weights, LM, mask)
+    found = lm.attentions(ids, mask)
+    comparison = compare(found, expected.attentions, "bfloat16", expected.largest_score)
+    assert comparison.passed, comparison
+    assert np.all(found[:, 1, :, :, :3] == 0.0)  # padding keys, and padding queries' rows

@@ -1,0 +1,84 @@
+"""`max-gpt2 heads`: what every attention head looks at, as a heatmap gallery and a summary table.
+
+    max-gpt2 heads --checkpoint ~/models/gpt2 --prompt "The cat sat on the mat" --out heads.png
+    max-gpt2 heads --checkpoint DIR --tokens 464,3290,3332 --layers 0,5,11 --json
+
+Runs the prompt through the language model's attention-weights graph
+(`CompiledLM.attentions`), draws a heatmap per head of the chosen layers
+(`max_gpt2.gallery`; one PNG per layer when there are more than 48 heads) and
+prints a line per head with its averages and nearest kind (`max_gpt2.head_summary`),
+or the same as JSON with `--json`. Without `--checkpoint` it uses the seeded demo
+checkpoint, whose random weights make heads without a purpose; a real GPT-2
+shows previous-token, first-token and broad heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from max_gpt2.console import Progress, add_prompt_arguments, open_prompt, parse_layers
+from max_gpt2.devices import device_name, resolve_device
+from max_gpt2.gallery import draw_gallery, require_matplotlib
+from max_gpt2.head_summary import format_summary, summarize
+from max_gpt2.inputs import check_prompt
+from max_gpt2.lm import compile_lm
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    add_prompt_arguments(parser, "to look at")
+    parser.add_argument("--layers", default="all", help="'all' or a list such as '0,5,11' (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("heads.png"), help="the PNG (default: heads.png)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        return heads(args, progress)
+    except (OSError, ValueError, TypeError, ImportError) as error:
+        print(f"max-gpt2 heads: error: {error}", file=sys.stderr)
+        return 2
+
+
+def heads(args: argparse.Namespace, progress: Progress) -> int:
+    """Checks everything, compiles the attention-weights graph, then draws and summarizes."""
+    checkpoint, tokenizer, prompt = open_prompt(args, progress)
+    config = checkpoint.config
+    ids, _ = check_prompt(config, np.array([prompt], dtype=np.int64))
+    if len(prompt) < 2:
+        raise ValueError(
+            f"the prompt has {len(prompt)} token; telling kinds of heads apart needs at least two tokens"
+        )
+    layers = parse_layers(args.layers, config.n_layer)
+    require_matplotlib()  # before minutes of compiling
+    if not args.out.parent.is_dir():
+        raise ValueError(f"--out {args.out}: the directory {args.out.parent} does not exist")
+
+    device = resolve_device(args.device)
+    with progress.step(f"reading the weights of {checkpoint.path}"):
+        weights = checkpoint.model_weights()
+    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
+    with progress.step(f"compiling GPT-2 with attention outputs for {device_name(device)} {args.dtype}"):
+        lm = compile_lm(config, weights, device, args.dtype, output_attentions=True)
+    attentions = lm.attentions(ids)[layers, 0]  # [layers, heads, seq, seq]
+    summaries = summarize(attentions[:, None], layers=layers)
+
+    if tokenizer is not None:
+        tokens = [tokenizer.decode([token]) for token in prompt]
+    else:
+        tokens = [str(token) for token in prompt]
+    with progress.step(f"drawing {len(layers) * config.n_head} heads"):
+        paths = draw_gallery(attentions, layers, [repr(token)[1:-1] for token in tokens], summaries, args.out)
+    for path in paths:
+        progress.note(f"wrote {path}")
+    if args.json:
+        report = {"checkpoint": str(checkpoint.path), "tokens": tokens, "images": [str(p) for p in paths]}
+        print(json.dumps({**report, "heads": [row.to_dict() for row in summaries]}, indent=2))
+    else:
+        print(format_summary(summaries))
+    return 0

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo verify test test-gpu bench lint format clean
+.PHONY: demo verify test test-gpu bench bench-generate lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,plot]'
 	$(PY) -m max_gpt2 bench $(BENCH_ARGS)
+
+# Generation, ours against Hugging Face (when PyTorch and transformers are installed), e.g.
+# make bench-generate BENCH_ARGS="--models small --rounds 5".
+bench-generate: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,plot]'
+	$(PY) -m max_gpt2 bench-generate $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

@@ -6,7 +6,7 @@ attention input and output; our compiled attention must give the same output.
 The whole model: Hugging Face makes and saves a GPT2LMHeadModel (both key
 layouts, tied and untied heads); we load its files and must give the same logits
 and the same 32 greedy tokens as its `generate`, on a left-padded batch.
-The benchmark's PyTorch contenders and `benchmarks/breakdown.py` run here too.
+The benchmarks' PyTorch and Hugging Face contenders and `benchmarks/breakdown.py` run here too.
 """
 
 from __future__ import annotations
@@ -174,13 +174,16 @@ def test_lm_matches_hugging_face(tmp_path, compiled_lm, head):
     np.testing.assert_array_equal(alone[0], hf_tokens[0, 3:])
 
 
-def test_generation_script_times_both_on_the_same_tokens(compiled_lm, lm_checkpoint):
-    compiled_lm(LM)  # its graph is then in MAX's cache
-    script = Path(__file__).parent.parent / "benchmarks" / "generation.py"
-    done = run_python(script, "--checkpoint", lm_checkpoint(LM), "--cases", "1x4+5,2x3+4", "--rounds", "1")
-    assert done.returncode == 0, done.stderr
-    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
-    rows = [row for row in rows if row[0].strip().isdigit()]  # not the header or its rule
-    assert [(row[0].strip(), row[1].strip()) for row in rows] == [("1", "4 + 5"), ("2", "3 + 4")]
-    for row in rows:
-        assert all(float(cell) > 0 for cell in row[2:6])
+def test_bench_generate_times_hugging_face_on_the_same_tokens(lm_checkpoint, tmp_path):
+    argv = ["bench-generate", "--device", "cpu", "--models", "", "--checkpoint", str(lm_checkpoint(LM))]
+    argv += ["--cases", "1x4+6,2x3+9", "--prefill", "16", "--rounds", "1", "--output", str(tmp_path)]
+    assert cli.main(argv) == 0  # it refuses to time contenders whose tokens differ from ours
+    (model,) = json.loads((tmp_path / "bench-generate-cpu-float32.json").read_text())["models"].values()
+    rates = {(row["case"], row["contender"]): row["tokens_per_second"] for row in model["cases"]}
+    assert set(rates) == {(case, c) for case in ("1x4+6", "2x3+9") for c in ("max", "hf-eager", "hf-sdpa")}
+    for row in model["cases"]:
+        assert set(row["speedup"]) == {"max", "hf-eager", "hf-sdpa"} - {row["contender"]}
+        for peer, ratio in row["speedup"].items():
+            assert ratio == pytest.approx(row["tokens_per_second"] / rates[row["case"], peer])
+    assert set(model["prefill"]) == {"tokens", "max", "hf-eager", "hf-sdpa"}
+    assert set(model["curve"]) == {"max", "hf-eager", "hf-sdpa"}

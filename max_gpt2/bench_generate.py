@@ -1,0 +1,411 @@
+"""Text generation side by side: `max-gpt2 bench-generate` (also `make bench-generate`).
+
+Contenders, all loading the same checkpoint: `max` (our `CompiledLM`) and, when
+PyTorch and `transformers` are installed, `hf-eager` and `hf-sdpa` (Hugging
+Face's `GPT2LMHeadModel.generate` with each attention implementation). The
+checkpoints are GPT-2 small and medium shapes written by `write_checkpoint` into
+the cache directory (random weights take as long as trained ones), or yours
+with `--checkpoint`. For each model:
+
+1. Every contender's greedy tokens must equal ours, case by case, before any timing
+   (in float32; in bfloat16 and float16 rounding may tip a token, which the report records).
+2. Cases `BATCHxPROMPT+NEW` (default 1x32+128 and 8x32+128): interleaved rounds,
+   each contender in a rotating order after `measure.settle`; a round records the
+   time of every new token. Prefill is the call to the first token; decode rate is
+   every later token over the batch divided by its time. Medians over rounds.
+3. Prefill alone: one forward over 1 x `--prefill` tokens (logits at every position,
+   as Hugging Face's forward gives them), interleaved the same way.
+4. The curve: one batch-1 generation to the model's `n_positions`, tokens/s in
+   windows of `CURVE_WINDOW` tokens against the context length (a PNG).
+
+The bandwidth limit: a batch-1 decoding step reads every weight once (the
+blocks, the final norm and the LM head, i.e. `wte`; one row each of `wte` and
+`wpe`), so its rate cannot pass bandwidth / bytes. The bandwidth is a float32
+matrix-vector product of GPT-2's LM head (154 MB) measured in the same run
+(NumPy, best of several). A batch of B shares those reads: its limit is B times that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from max_gpt2.config import GPT2Config
+from max_gpt2.console import Progress, default_cache_dir, positive_int
+from max_gpt2.devices import device_name, resolve_device
+from max_gpt2.gallery import require_matplotlib
+from max_gpt2.lm import load_lm
+from max_gpt2.measure import machine_description, optional_torch, settle
+from max_gpt2.testing import write_atomically, write_checkpoint
+from max_gpt2.weights import Checkpoint
+
+MODELS = {
+    "small": GPT2Config(),
+    "medium": GPT2Config(n_embd=1024, n_head=16, n_layer=24),
+}
+CONTENDERS = ("max", "hf-eager", "hf-sdpa")
+CURVE_WINDOW = 32  # tokens per point of the curve
+CURVE_PROMPT = 16
+
+
+@dataclass
+class Generator:
+    """One contender on one checkpoint: greedy generation with a clock on every token, and a forward."""
+
+    name: str
+    generate: Callable[[np.ndarray, int], np.ndarray]  # ids [B, S], new -> int64 [B, S + new]
+    clocked: Callable[[np.ndarray, int], list[float]]  # perf_counter at the call, then at every new token
+    forward: Callable[[np.ndarray], Any]  # one forward over ids, logits at every position
+
+
+def parse_cases(spec: str) -> list[tuple[int, int, int]]:
+    """`"1x32+128,8x32+128"` -> [(1, 32, 128), (8, 32, 128)]: batch, prompt length, new tokens."""
+    cases = []
+    for item in spec.split(","):
+        batch, _, rest = item.strip().partition("x")
+        prompt, _, new = rest.partition("+")
+        if not all(part.isdigit() and int(part) > 0 for part in (batch, prompt, new)):
+            raise ValueError(
+                f"--cases wants a list such as '1x32+128,8x32+128' (batch x prompt + new); got {item!r}"
+            )
+        cases.append((int(batch), int(prompt), int(new)))
+    return cases
+
+
+def weight_bytes_per_step(config: GPT2Config, bytes_per_value: int = 4) -> int:
+    """Bytes of weights one batch-1 decoding step reads (see the module docstring)."""
+    width, inner = config.n_embd, config.mlp_width
+    block = (
+        2 * 2 * width  # ln_1, ln_2
+        + 3 * width * width
+        + 3 * width  # c_attn
+        + width * width
+        + width  # attn.c_proj
+        + width * inner
+        + inner  # mlp.c_fc
+        + inner * width
+        + width  # mlp.c_proj
+    )
+    head = config.vocab_size * width  # the tied LM head reads all of wte
+    return (config.n_layer * block + 2 * width + head + 2 * width) * bytes_per_value
+
+
+def matvec_bandwidth(repeat: int = 10) -> float:
+    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product, best of `repeat` (NumPy).
+
+    The matrix (50257 x 768, 154 MB) is far larger than any cache, whatever model is timed.
+    """
+    config = MODELS["small"]
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((config.vocab_size, config.n_embd), dtype=np.float32)
+    vector = rng.standard_normal(config.n_embd, dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        matrix @ vector
+        best = min(best, time.perf_counter() - start)
+    return matrix.nbytes / best
+
+
+def max_generator(checkpoint: Path, device: str, dtype: str) -> Generator:
+    lm = load_lm(checkpoint, device, dtype)
+
+    def clocked(ids: np.ndarray, new: int) -> list[float]:
+        times = [time.perf_counter()]
+        times += [time.perf_counter() for _ in lm.stream(ids, new)]
+        return times
+
+    return Generator("max", lm.generate, clocked, lm.logits)
+
+
+def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> list[Generator]:
+    """`hf-eager` and `hf-sdpa` as asked: GPT2LMHeadModel from the same files, greedy, no early stop."""
+    torch = optional_torch()
+    import transformers
+    from transformers.generation.streamers import BaseStreamer
+
+    transformers.logging.set_verbosity_error()
+    torch.set_grad_enabled(False)
+
+    class Clock(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value: Any) -> None:  # the prompt first (the call's start), then each new token
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    def make(name: str) -> Generator:
+        model = transformers.GPT2LMHeadModel.from_pretrained(
+            checkpoint, attn_implementation=name.removeprefix("hf-"), dtype=getattr(torch, dtype)
+        ).eval()
+
+        def generate(ids: np.ndarray, new: int, streamer: Any = None) -> np.ndarray:
+            tokens = torch.from_numpy(ids)
+            options = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "streamer": streamer}
+            return model.generate(tokens, max_new_tokens=new, min_new_tokens=new, **options).numpy()
+
+        def clocked(ids: np.ndarray, new: int) -> list[float]:
+            clock = Clock()
+            generate(ids, new, clock)
+            return clock.times
+
+        return Generator(name, generate, clocked, lambda ids: model(torch.from_numpy(ids)))
+
+    return [make(name) for name in names]
+
+
+def hugging_face_skip_reason() -> str | None:
+    """Why Hugging Face cannot run here, or None."""
+    if optional_torch() is None:
+        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed (pip install 'max-gpt2[peers]')"
+    return None
+
+
+def rates(times: list[float], batch: int) -> tuple[float, float]:
+    """(prefill seconds, decode tokens/s over the batch) from a call's clock."""
+    decoded = len(times) - 2  # the tokens after the first
+    return times[1] - times[0], batch * decoded / (times[-1] - times[1]) if decoded else float("nan")
+
+
+def interleaved(
+    generators: list[Generator], rounds: int, run: Callable[[Generator], Any], warm: np.ndarray
+) -> dict:
+    """`run(generator)` for every generator, `rounds` times in a rotating order, each after settling."""
+    results: dict[str, list[Any]] = {g.name: [] for g in generators}
+    for index in range(rounds):
+        shift = index % len(generators)
+        for generator in generators[shift:] + generators[:shift]:
+            settle(generator.forward, warm)
+            results[generator.name].append(run(generator))
+    return results
+
+
+def bench_model(
+    name: str, checkpoint: Path, generators: list[Generator], args: argparse.Namespace, progress: Progress
+) -> dict[str, Any]:
+    """Checks tokens, then times the cases, the prefill and the curve for one checkpoint."""
+    config = Checkpoint(checkpoint).config
+    limit = args.bandwidth / weight_bytes_per_step(config)
+    rng = np.random.default_rng(args.seed)
+    warm = rng.integers(0, config.vocab_size, (1, 8))
+    report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limit, "cases": []}
+    for batch, prompt, new in args.cases:
+        ids = rng.integers(0, config.vocab_size, (batch, prompt))
+        with progress.step(f"{name} {batch}x{prompt}+{new}: same tokens from every contender"):
+            expected = generators[0].generate(ids, new)
+            differ = [g.name for g in generators[1:] if not np.array_equal(g.generate(ids, new), expected)]
+        if differ and args.dtype == "float32":
+            raise ValueError(
+                f"{name} {batch}x{prompt}+{new}: {', '.join(differ)} generated other tokens than max"
+            )
+        with progress.step(f"{name} {batch}x{prompt}+{new}: {args.rounds} rounds"):
+            clocks = interleaved(generators, args.rounds, lambda g, i=ids, n=new: g.clocked(i, n), warm)
+        medians = {
+            g.name: [
+                statistics.median(v) for v in zip(*(rates(t, batch) for t in clocks[g.name]), strict=True)
+            ]
+            for g in generators
+        }
+        for contender, (prefill, rate) in medians.items():
+            row = {"contender": contender, "case": f"{batch}x{prompt}+{new}", "prefill_ms": prefill * 1e3}
+            row |= {"tokens_per_second": rate, "fraction_of_limit": rate / (limit * batch)}
+            row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != contender}
+            row["same_tokens_as_max"] = contender not in differ
+            report["cases"].append(row)
+    if args.prefill:
+        ids = rng.integers(0, config.vocab_size, (1, min(args.prefill, config.n_positions)))
+        with progress.step(f"{name} prefill 1x{ids.shape[1]}: {args.rounds} rounds"):
+            seconds = interleaved(generators, args.rounds, lambda g, i=ids: _timed(g.forward, i), warm)
+        report["prefill"] = {"tokens": ids.shape[1]} | {
+            g: statistics.median(s) * 1e3 for g, s in seconds.items()
+        }
+    if args.curve:
+        ids = rng.integers(0, config.vocab_size, (1, CURVE_PROMPT))
+        new = config.n_positions - CURVE_PROMPT
+        with progress.step(f"{name} curve: 1x{CURVE_PROMPT}+{new}, once per contender"):
+            clocks = interleaved(generators, 1, lambda g, i=ids, n=new: g.clocked(i, n), warm)
+        report["curve"] = {g: curve(times[0], CURVE_PROMPT) for g, times in clocks.items()}
+    return report
+
+
+def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
+    start = time.perf_counter()
+    call(ids)
+    return time.perf_counter() - start
+
+
+def curve(times: list[float], prompt: int) -> list[tuple[int, float]]:
+    """(context length, tokens/s) per window of `CURVE_WINDOW` decoded tokens (fewer for short runs)."""
+    window = max(1, min(CURVE_WINDOW, (len(times) - 2) // 8))
+    return [
+        (prompt + first + window - 1, window / (times[first + window] - times[first]))
+        for first in range(1, len(times) - window, window)
+    ]
+
+
+def demo_checkpoint_for(name: str, cache_dir: Path, progress: Progress) -> Path:
+    """The seeded checkpoint of `MODELS[name]` in `cache_dir`, written once."""
+    path = cache_dir / f"gpt2-{name}-bench"
+    if not (path / "config.json").is_file():  # written last: present means complete
+        with progress.step(f"writing a GPT-2-{name}-shaped checkpoint to {path}"):
+            write_checkpoint(path, MODELS[name], seed=0)
+    return path
+
+
+def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    device = resolve_device(args.device)
+    skipped = {}
+    if (reason := hugging_face_skip_reason()) is not None:
+        skipped = {name: reason for name in args.contenders if name != "max"}
+    for name, reason in skipped.items():
+        progress.note(f"skipping {name}: {reason}")
+    with progress.step("measuring float32 matrix-vector bandwidth"):
+        args.bandwidth = matvec_bandwidth()
+    report: dict[str, Any] = {
+        "device": device_name(device),
+        "dtype": args.dtype,
+        "machine": machine_description(device),
+        "bandwidth_gb_per_second": args.bandwidth / 1e9,
+        "rounds": args.rounds,
+        "skipped": skipped,
+        "models": {},
+    }
+    checkpoints = {str(args.checkpoint): Path(args.checkpoint)} if args.checkpoint else {}
+    cache = args.cache_dir or default_cache_dir()
+    checkpoints |= {name: demo_checkpoint_for(name, cache, progress) for name in args.models}
+    for name, path in checkpoints.items():
+        with progress.step(
+            f"{name}: loading every contender (ours compiles: a minute or two the first time)"
+        ):
+            generators = [max_generator(path, args.device, args.dtype)]
+            wanted = [c for c in args.contenders if c != "max" and c not in skipped]
+            generators += hugging_face_generators(path, wanted, args.dtype) if wanted else []
+        report["models"][name] = bench_model(name, path, generators, args, progress)
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as Markdown tables: the cases, then the prefill."""
+    lines = [
+        f"{report['device']} {report['dtype']}; float32 matrix-vector bandwidth "
+        f"{report['bandwidth_gb_per_second']:.1f} GB/s; medians of {report['rounds']} rounds",
+        "",
+        "| model | case | contender | prefill ms | decode tokens/s | % of limit | vs hf-sdpa | vs hf-eager |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, result in report["models"].items():
+        for row in result["cases"]:
+            ratios = [row["speedup"].get(peer) for peer in ("hf-sdpa", "hf-eager")]
+            lines.append(
+                f"| {model} | {row['case']} | {row['contender']} | {row['prefill_ms']:.1f} "
+                f"| {row['tokens_per_second']:.1f} | {100 * row['fraction_of_limit']:.0f} | "
+                + " | ".join("-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios)
+                + " |"
+            )
+        lines.append(f"| {model} | limit, batch 1 | | | {result['limit_tokens_per_second']:.1f} | 100 | | |")
+    prefills = {model: result["prefill"] for model, result in report["models"].items() if "prefill" in result}
+    for model, prefill in prefills.items():
+        timed = ", ".join(f"{name} {ms:.1f} ms" for name, ms in prefill.items() if name != "tokens")
+        lines.append(
+            f"\nprefill, {model}, 1 x {prefill['tokens']} tokens (forward, every position's logits): {timed}"
+        )
+    lines += [f"skipped {name}: {reason}" for name, reason in report["skipped"].items()]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> str | None:
+    """Decode tokens/s against context length, one panel per model; why not, if it can't."""
+    curves = {model: result for model, result in report["models"].items() if "curve" in result}
+    if not curves:
+        return "no curve was measured (--no-curve)"
+    try:
+        plt = require_matplotlib()
+    except ImportError as error:
+        return str(error)
+    figure, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
+    for axis, (model, result) in zip(axes[0], curves.items(), strict=True):
+        for name, points in result["curve"].items():
+            axis.plot(*zip(*points, strict=True), marker=".", label=name)
+        axis.axhline(result["limit_tokens_per_second"], color="gray", linestyle="--", label="bandwidth limit")
+        axis.set(xlabel="context length (tokens)", ylabel="decode tokens/s, batch 1", ylim=(0, None))
+        axis.set_title(f"GPT-2 {model}, {report['device']} {report['dtype']}")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    write_atomically(path, lambda temporary: figure.savefig(temporary, format="png", dpi=110))
+    plt.close(figure)
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    parser.add_argument(
+        "--models", default="small,medium", help=f"from {', '.join(MODELS)}, or '' (default: all)"
+    )
+    parser.add_argument("--checkpoint", type=Path, help="also time this checkpoint directory")
+    parser.add_argument(
+        "--cases", type=parse_cases, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
+    )
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
+    parser.add_argument(
+        "--prefill", type=int, default=1024, help="prefill length to time; 0: none (default: 1024)"
+    )
+    parser.add_argument(
+        "--no-curve", dest="curve", action="store_false", help="skip tokens/s against context"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (default: 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="where the generated checkpoints are kept"
+    )
+    parser.add_argument("--output", type=Path, default=Path("bench-results"), help="folder for JSON and PNG")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Turns the comma lists into lists, refusing unknown names."""
+    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    if unknown := [name for name in args.models if name not in MODELS]:
+        raise ValueError(f"--models takes names from {', '.join(MODELS)}; got {', '.join(unknown)}")
+    args.contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
+    if "max" not in args.contenders or any(name not in CONTENDERS for name in args.contenders):
+        raise ValueError(
+            f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
+        )
+    if not args.models and args.checkpoint is None:
+        raise ValueError("nothing to time: give --models or --checkpoint")
+    if isinstance(args.cases, str):  # argparse leaves a default string unparsed
+        args.cases = parse_cases(args.cases)
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        check_arguments(args)
+        report = run_benchmark(args, progress)
+    except (OSError, ValueError) as error:
+        print(f"max-gpt2 bench-generate: error: {error}", file=sys.stderr)
+        return 2
+    stem = args.output / f"bench-generate-{report['device'].replace(':', '')}-{args.dtype}"
+    json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
+    args.output.mkdir(parents=True, exist_ok=True)
+    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
+    print(format_table(report))
+    print(f"\nresults: {json_path}")
+    why_not = plot(report, png_path)
+    print(f"plot: {png_path}" if why_not is None else f"plot skipped: {why_not}")
+    return 0

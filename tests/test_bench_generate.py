@@ -1,0 +1,71 @@
+"""`max-gpt2 bench-generate`: bookkeeping only, on the test suite's small LM (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from max_gpt2.bench_generate import parse_cases, weight_bytes_per_step
+from max_gpt2.cli import main
+from max_gpt2.weights import Checkpoint
+from tests.support import LM
+
+
+@pytest.fixture(scope="module")
+def report(lm_checkpoint, tmp_path_factory):
+    """One run on LM's checkpoint, ours only: (exit code, report, output folder)."""
+    output = tmp_path_factory.mktemp("bench-generate")
+    argv = ["bench-generate", "--device", "cpu", "--models", "", "--checkpoint", str(lm_checkpoint(LM))]
+    argv += ["--cases", "1x4+6,2x3+9", "--prefill", "16", "--rounds", "2", "--contenders", "max"]
+    code = main([*argv, "--output", str(output)])
+    return code, json.loads((output / "bench-generate-cpu-float32.json").read_text()), output
+
+
+def test_every_case_is_timed_against_the_bandwidth_limit(report):
+    code, report, _ = report
+    assert code == 0
+    (model,) = report["models"].values()
+    assert [(row["contender"], row["case"]) for row in model["cases"]] == [("max", "1x4+6"), ("max", "2x3+9")]
+    limit = report["bandwidth_gb_per_second"] * 1e9 / weight_bytes_per_step(LM)
+    assert model["limit_tokens_per_second"] == pytest.approx(limit)
+    for row, batch in zip(model["cases"], (1, 2), strict=True):
+        assert row["prefill_ms"] > 0 and row["tokens_per_second"] > 0
+        assert row["fraction_of_limit"] == pytest.approx(row["tokens_per_second"] / (limit * batch))
+        assert row["speedup"] == {} and row["same_tokens_as_max"]  # no peer was asked for
+    assert model["prefill"]["tokens"] == 16 and model["prefill"]["max"] > 0
+    contexts = [context for context, _ in model["curve"]["max"]]
+    assert contexts == sorted(contexts) and contexts[0] > 16 and contexts[-1] <= LM.n_positions
+    assert report["machine"]["cores"] >= 1
+
+
+def test_the_curve_is_plotted(report):
+    _, _, output = report
+    assert (output / "bench-generate-cpu-float32.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_weight_bytes_count_every_tensor_a_step_reads(lm_checkpoint):
+    weights = Checkpoint(lm_checkpoint(LM)).model_weights()
+    embeddings = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
+    blocks_and_norm = sum(value.size for name, value in weights.items() if name not in embeddings)
+    one_row_each = 2 * LM.n_embd
+    assert weight_bytes_per_step(LM) == 4 * (blocks_and_norm + weights["lm_head.weight"].size + one_row_each)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--models", "huge"], "--models takes names from small, medium; got huge"),
+        (["--contenders", "hf-sdpa"], "--contenders takes max and any of hf-eager, hf-sdpa; got hf-sdpa"),
+        (["--models", ""], "nothing to time: give --models or --checkpoint"),
+    ],
+)
+def test_bad_arguments_are_refused(args, message, capsys):
+    assert main(["bench-generate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cases_are_parsed():
+    assert parse_cases("1x32+128, 8x4+2") == [(1, 32, 128), (8, 4, 2)]
+    with pytest.raises(ValueError, match=r"--cases wants a list such as"):
+        parse_cases("1x0+5")

@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo verify test test-gpu bench bench-generate lint format clean
+.PHONY: demo verify test test-gpu bench bench-generate serve lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,serve]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -36,6 +36,11 @@ bench: $(STAMP)
 bench-generate: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,plot]'
 	$(PY) -m max_gpt2 bench-generate $(BENCH_ARGS)
+
+# Our GPT-2 behind MAX's OpenAI-compatible server, e.g. make serve SERVE_ARGS="--checkpoint ~/models/gpt2".
+SERVE_ARGS ?=
+serve: $(STAMP)
+	$(PY) -m max_gpt2 serve $(SERVE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

@@ -1,4 +1,4 @@
-"""Command line: `max-gpt2 demo`, `verify`, `bench`, `bench-generate`, `generate` and `heads`.
+"""Command line: `max-gpt2 demo`, `verify`, `bench`, `bench-generate`, `generate`, `heads` and `serve`.
 
 `demo` and `verify` load a GPT-2 checkpoint through the weights adapter, compile attention once,
 run every chosen layer on the same random batch, and compare each with the NumPy
@@ -6,7 +6,7 @@ reference. With no `--checkpoint`, they make (once) and reuse a seeded
 GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
 results to stdout; the exit status is 1 if any layer disagrees with the
 reference, 2 for bad input. `bench` is `max_gpt2.bench`, `bench-generate` `max_gpt2.bench_generate`,
-`generate` `max_gpt2.generation`, `heads` `max_gpt2.heads`.
+`generate` `max_gpt2.generation`, `heads` `max_gpt2.heads`, `serve` `max_gpt2.server`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2 import bench, bench_generate, generation, heads
+from max_gpt2 import bench, bench_generate, generation, heads, server
 from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, parse_layers, positive_int
 from max_gpt2.devices import device_name, resolve_device
 from max_gpt2.dtypes import DTYPES
@@ -118,6 +118,10 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# Commands that live in a module of their own, with its `add_arguments` and `main`.
+COMMANDS = {"bench-generate": bench_generate, "generate": generation, "heads": heads, "serve": server}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="max-gpt2", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -136,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_arguments(commands.add_parser("bench", parents=[target], help=bench.__doc__.split("\n")[0]))
-    for name, command in (("bench-generate", bench_generate), ("generate", generation), ("heads", heads)):
+    for name, command in COMMANDS.items():
         command.add_arguments(
             commands.add_parser(name, parents=[target], help=command.__doc__.split("\n")[0])
         )
@@ -147,9 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return bench.main(args, Progress(sys.stderr))
-    commands = {"bench-generate": bench_generate, "generate": generation, "heads": heads}
-    if args.command in commands:
-        return commands[args.command].main(args, Progress(sys.stderr))
+    if args.command in COMMANDS:
+        return COMMANDS[args.command].main(args, Progress(sys.stderr))
     args.cache_dir = args.cache_dir or default_cache_dir()
     as_json = getattr(args, "json", False)
     progress = Progress(sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import TextIO
 from tokenizers import Tokenizer
 
 from max_gpt2.config import GPT2Config
-from max_gpt2.testing import write_checkpoint, write_tokenizer
+from max_gpt2.testing import write_checkpoint
 from max_gpt2.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.weights import Checkpoint
 
@@ -101,10 +102,11 @@ def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
     """A GPT-2-small-shaped checkpoint with a small tokenizer in `cache_dir`, written once, reused after."""
     config = GPT2Config()
     path = cache_dir / f"gpt2-small-seed{seed}"
-    if (path / "config.json").is_file():  # written last, so its presence means complete
+    config_file = path / "config.json"  # written last, so its presence means complete
+    # One written by an older version may lack the tokenizer or the architecture name (for serving).
+    complete = config_file.is_file() and (path / "tokenizer.json").is_file()
+    if complete and "architectures" in json.loads(config_file.read_text()):
         progress.note(f"reusing the demo checkpoint in {path}")
-        if not (path / "tokenizer.json").is_file():  # written by a version without text
-            write_tokenizer(path, config.vocab_size)
         return path
     with progress.step(f"writing a GPT-2-small-shaped checkpoint (seed {seed}) with a tokenizer to {path}"):
         write_checkpoint(path, config, seed=seed, tokenizer=True)

@@ -35,6 +35,7 @@ from max.experimental.compilation import as_subgraph
 from max.experimental.nn import Embedding, LayerNorm, Linear, Module, ModuleList
 from max.experimental.tensor import Tensor
 
+from max_gpt2.attention import GPT2Attention
 from max_gpt2.cached_attention import CachedAttention, padding_bias
 from max_gpt2.config import ACTIVATIONS, GPT2Config
 
@@ -57,22 +58,26 @@ def layer_norm(config: GPT2Config) -> LayerNorm:
 
 
 class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
-    """One transformer layer: pre-norm attention and MLP, each added to the residual stream."""
+    """One transformer layer: pre-norm attention and MLP, each added to the residual stream.
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
-        self.output_attentions = output_attentions
+    The attention is given, so the same block serves our own KV cache
+    (`CachedAttention`) and MAX's paged one (`max_gpt2.serving.paged_attention`):
+    whatever follows `x` in `forward` goes to it unchanged.
+    """
+
+    def __init__(self, config: GPT2Config, attn: GPT2Attention) -> None:
         self.ln_1 = layer_norm(config)
-        self.attn = CachedAttention(config, output_attentions)
+        self.attn = attn
         self.ln_2 = layer_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        """[B, S, D] -> [B, S, D], and the attention weights [B, H, S, T] if `output_attentions`."""
-        attended = self.attn(self.ln_1(x), cache, key_bias)
-        output, weights = attended if self.output_attentions else (attended, None)
+    def forward(self, x: Tensor, *attention_inputs: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """[..., D] -> [..., D], and the attention weights if the attention outputs them."""
+        attended = self.attn(self.ln_1(x), *attention_inputs)
+        output, weights = attended if self.attn.output_attentions else (attended, None)
         x = x + output
         x = x + self.mlp(self.ln_2(x))
-        return (x, weights) if self.output_attentions else x
+        return (x, weights) if self.attn.output_attentions else x
 
 
 class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
@@ -82,7 +87,9 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         self.output_attentions = output_attentions
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        self.h = ModuleList(Block(config, output_attentions) for _ in range(config.n_layer))
+        self.h = ModuleList(
+            Block(config, CachedAttention(config, output_attentions)) for _ in range(config.n_layer)
+        )
         self.ln_f = layer_norm(config)
 
     def forward(

@@ -148,7 +148,8 @@ def write_checkpoint(
         _write_json({"metadata": {}, "weight_map": weight_map}, directory / INDEX_FILE)
     if tokenizer:
         write_tokenizer(directory, config.vocab_size)
-    _write_json(config.to_dict(), directory / "config.json")
+    # `architectures` is how serving engines (MAX, vLLM) pick the model class, as in save_pretrained.
+    _write_json({"architectures": ["GPT2LMHeadModel"], **config.to_dict()}, directory / "config.json")
     return directory
 
 

@@ -1,0 +1,175 @@
+"""`max-gpt2 serve`: our GPT-2 behind MAX's own OpenAI-compatible server (`max serve`).
+
+    max-gpt2 serve --checkpoint ~/models/gpt2 --port 8000
+    curl localhost:8000/v1/completions -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
+
+It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
+then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
+local checkpoint, offline; it prints that command, so it can be run without us.
+Requests are batched, and keys and values live in MAX's paged KV cache. MAX
+serves float32 on CPU; bfloat16 and batching across requests are for GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import max_gpt2
+from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, positive_int
+from max_gpt2.devices import device_name, resolve_device
+from max_gpt2.tokenizer import load_tokenizer
+from max_gpt2.weights import Checkpoint
+
+# What MAX's `max[serve]` extra adds that the core package does not have.
+SERVE_MODULES = ("fastapi", "uvicorn", "transformers", "zmq")
+ARCHITECTURE = "GPT2LMHeadModel"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    parser.add_argument("--port", type=positive_int, default=8000, help="(default: 8000)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+    parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        command, env = serve_command(args, progress)
+    except (OSError, ValueError, ImportError) as error:
+        print(f"max-gpt2 serve: error: {error}", file=sys.stderr)
+        return 2
+    progress.note("starting MAX's server; the same, by hand:")
+    progress.note("  " + shlex.join(["PYTHONPATH=" + env["PYTHONPATH"], "max", *command[3:]]))
+    sys.stderr.flush()
+    os.execve(sys.executable, command, env)  # the server takes over this process and its signals
+
+
+def require_serve_extra() -> None:
+    """Refuses early, naming what is missing, where MAX's serving dependencies are not installed."""
+    missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"serving needs MAX's serving extra ({', '.join(missing)} not installed): "
+            f"pip install 'max-gpt2[serve]' (from a checkout: pip install -e '.[serve]')"
+        )
+
+
+def check_servable(checkpoint: Checkpoint) -> None:
+    """A served checkpoint needs its tokenizer, and `config.json` naming the architecture MAX looks up."""
+    if load_tokenizer(checkpoint.path) is None:
+        raise ValueError(
+            f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); "
+            f"a server takes and returns text"
+        )
+    config_file = checkpoint.path / "config.json"
+    architectures = json.loads(config_file.read_text()).get("architectures") or []
+    if ARCHITECTURE not in architectures:
+        raise ValueError(
+            f"{config_file} names the architectures {architectures}, and MAX picks the model by that "
+            f'list: add "architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
+        )
+
+
+def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
+    """The `max serve` command line and its environment, after every check that can fail early."""
+    require_serve_extra()
+    device = resolve_device(args.device)
+    if device.is_host and args.dtype != "float32":
+        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
+    if args.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
+    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    checkpoint = Checkpoint(path)  # the files and config.json, checked as for every other command
+    if not checkpoint.path.is_dir():
+        raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
+    check_servable(checkpoint)
+    command = [
+        sys.executable,
+        "-m",
+        "max._entrypoints.pipelines",  # what MAX's `max` command runs
+        "serve",
+        "--custom-architectures=max_gpt2.serving",
+        f"--model-path={checkpoint.path.resolve()}",
+        f"--served-model-name={args.served_model_name}",
+        f"--devices={device_name(device)}",
+        f"--quantization-encoding={args.dtype}",
+        f"--host={args.host}",
+        f"--port={args.port}",
+    ]
+    # MAX's model worker is a fresh interpreter that must import max_gpt2; an editable
+    # install is not always visible to it (seen here), an explicit path always is.
+    package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
+    paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return command, {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
+
+
+class ServerProcess:
+    """`max-gpt2 serve` in a child process (its own process group), for tests and benchmarks.
+
+    `start` returns at once; `wait_until_ready` polls `/health` until the model
+    is compiled and loaded; `stop` ends the server and MAX's workers with it.
+    The child's output goes to `log`.
+    """
+
+    def __init__(self, checkpoint: Path, log: Path, port: int, *options: str) -> None:
+        self.port, self.log = port, log
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint)]
+        with log.open("w") as output:
+            self.process = subprocess.Popen(
+                [*command, "--port", str(port), *options],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1"},  # nothing to report to offline
+                start_new_session=True,
+            )
+
+    def wait_until_ready(self, timeout: float) -> float:
+        """Seconds until `/health` answered; a `RuntimeError` with the log's tail if it died or timed out."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return time.monotonic() - start
+            except OSError:  # not listening yet
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"the server was not ready after {timeout:.0f} s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM to the whole group, then SIGKILL to whatever is left."""
+        for sig, grace in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.process.pid, sig)
+                self.process.wait(grace)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,18 @@
+"""GPT-2 as a custom architecture for MAX's serving engine (`max serve`).
+
+    max serve --custom-architectures max_gpt2.serving --model path/to/gpt2 --devices cpu
+
+MAX imports this package and finds `ARCHITECTURES`; a checkpoint whose
+`config.json` names `GPT2LMHeadModel` is then served by our model on MAX's paged
+KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
+(`pip install 'max-gpt2[serve]'`); the rest of the package does not.
+
+    arch.py          the registration: names, encodings, pipeline model, tokenizer
+    model_config.py  config.json + pipeline settings -> shapes, dtype, KV cache params
+    model.py         the pipeline model: reads our checkpoint, compiles the graph
+    paged_gpt2.py    the graph: our blocks with an attention over the paged cache
+"""
+
+from max_gpt2.serving.arch import gpt2_arch
+
+ARCHITECTURES = [gpt2_arch]

@@ -1,0 +1,30 @@
+"""GPT-2 registered with MAX's pipelines under Hugging Face's architecture name, `GPT2LMHeadModel`."""
+
+from __future__ import annotations
+
+from max.graph.weights import WeightsFormat
+from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
+from max.pipelines.context import TextContext
+from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
+from max.pipelines.lib import SupportedArchitecture, TextTokenizer
+from max.pipelines.modeling.types import PipelineTask
+
+from max_gpt2.serving.model import GPT2PipelineModel
+from max_gpt2.serving.model_config import GPT2ServingConfig
+
+gpt2_arch = SupportedArchitecture(
+    name="GPT2LMHeadModel",
+    example_repo_ids=["openai-community/gpt2", "openai-community/gpt2-medium"],
+    default_encoding=GPT2ServingConfig.DEFAULT_ENCODING,
+    supported_encodings=GPT2ServingConfig.SUPPORTED_ENCODINGS,
+    pipeline_model=GPT2PipelineModel,
+    tokenizer=TextTokenizer,
+    context_type=TextContext,
+    default_weights_format=WeightsFormat.safetensors,
+    task=PipelineTask.TEXT_GENERATION,
+    config=GPT2ServingConfig,
+    batching=Llama3ModuleV3BatchProcessor,
+    memory_planner=PagedMemoryPlanner,
+    supports_overlap_scheduler=False,
+    supports_device_graph_capture=False,
+)

@@ -1,0 +1,84 @@
+"""What the serving pipeline needs to know about a GPT-2 checkpoint: its shapes, dtype and KV cache.
+
+MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
+`AutoConfig`) and the pipeline's own settings (`--quantization-encoding`,
+`--max-length`, the cache's page size). The model's shapes come through our own
+`GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
+same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from max.dtype import DType
+from max.graph import DeviceRef
+from max.nn.kv_cache import KVCacheParams
+from max.pipelines.kv_cache import cache_dtype_for_encoding
+from max.pipelines.lib import KVCacheConfig, MAXModelConfig, PipelineConfig
+from max.pipelines.lib.config.model_config import _select_quantization_encoding
+from max.pipelines.lib.interfaces.arch_config import ArchConfigWithKVCache, ArchConfigWithStoredKVParams
+from max.pipelines.modeling.config_enums import SupportedEncoding, supported_encoding_dtype
+from transformers import AutoConfig
+from typing_extensions import Self
+
+from max_gpt2.config import GPT2Config
+
+
+@dataclass(kw_only=True)
+class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
+    """GPT-2's shapes (`model`), the compute dtype and MAX's paged KV cache parameters."""
+
+    # MAX serves float32 on CPU; bfloat16 is for GPUs.
+    DEFAULT_ENCODING: ClassVar[SupportedEncoding] = "float32"
+    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"float32", "bfloat16"}
+
+    model: GPT2Config
+    dtype: DType
+    kv_params: KVCacheParams
+    max_seq_len: int
+    devices: list[DeviceRef]
+
+    @classmethod
+    def construct_kv_params(
+        cls,
+        huggingface_config: AutoConfig,
+        pipeline_config: PipelineConfig,
+        devices: list[DeviceRef],
+        kv_cache_config: KVCacheConfig,
+        cache_dtype: DType,
+        *,
+        allow_kv_head_replication: bool = False,
+    ) -> KVCacheParams:
+        """One key and one value per head and layer (GPT-2 has no grouped-query attention)."""
+        return kv_cache_config.to_params(
+            dtype=cache_dtype,
+            n_kv_heads=huggingface_config.n_head,
+            head_dim=huggingface_config.n_embd // huggingface_config.n_head,
+            num_layers=huggingface_config.n_layer,
+            devices=devices,
+            data_parallel_degree=pipeline_config.model.data_parallel_degree,
+            allow_kv_head_replication=allow_kv_head_replication,
+        )
+
+    @classmethod
+    def initialize(
+        cls, pipeline_config: PipelineConfig, model_config: MAXModelConfig | None = None, *, max_seq_len: int
+    ) -> Self:
+        model_config = model_config or pipeline_config.model
+        huggingface_config = model_config.huggingface_config
+        if huggingface_config is None:
+            raise ValueError(f"no config.json could be read for {model_config.model_path}")
+        encoding = _select_quantization_encoding(model_config, cls.DEFAULT_ENCODING)
+        devices = [DeviceRef(spec.device_type, spec.id) for spec in model_config.device_specs]
+        cache_dtype = cache_dtype_for_encoding(encoding, model_config.kv_cache.kv_cache_format)
+        return cls(
+            model=GPT2Config.from_dict(huggingface_config.to_dict(), source=f"{model_config.model_path}"),
+            dtype=supported_encoding_dtype(encoding),
+            kv_params=cls.construct_kv_params(
+                huggingface_config, pipeline_config, devices, model_config.kv_cache, cache_dtype
+            ),
+            max_seq_len=max_seq_len,
+            devices=devices,
+        )

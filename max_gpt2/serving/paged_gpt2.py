@@ -1,0 +1,135 @@
+"""GPT-2 over MAX's paged KV cache: the graph `max serve` runs for our architecture.
+
+A serving batch is the new tokens of several requests laid end to end (ragged),
+with `input_row_offsets` saying where each request starts. With T = tokens in
+the batch, R = requests, D = n_embd, H = n_head, d = D / H:
+
+    tokens                  [T] int64          every request's new tokens, end to end
+    input_row_offsets       [R + 1] uint32     request r owns tokens offsets[r]:offsets[r+1]
+    kv_collection           MAX's paged cache  keys and values of every earlier token
+    positions               [T]                cache_lengths[r] + index within request r
+    wte(tokens) + wpe(...)  [T, D]
+    blocks (ln_1, PagedAttention, ln_2, MLP)   [T, D]
+    last token of each      [R, D]             then ln_f, lm_head
+    -> next_token_logits    [R, V] float32
+
+The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
+differs: it writes each token's key and value into the paged cache and attends
+with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
+decoding step reads the cache instead of recomputing the prompt. Parameter names
+are Hugging Face's, as in `max_gpt2.model.GPT2LMHeadModel`, so the same weights bind.
+"""
+
+from __future__ import annotations
+
+import math
+
+from max import tree
+from max.driver import CPU
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.nn import Embedding, Linear, Module, ModuleList
+from max.experimental.nn.common_layers.functional_kernels import flash_attention_ragged
+from max.experimental.tensor import Tensor
+from max.nn.attention import MHAMaskVariant
+from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
+from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
+from max.pipelines.lib import ModuleV3Outputs
+
+from max_gpt2.attention import GPT2Attention
+from max_gpt2.config import GPT2Config
+from max_gpt2.model import Block, layer_norm
+
+_store_keys = F.functional(store_k_cache_ragged)
+_store_values = F.functional(store_v_cache_ragged)
+
+
+class PagedAttention(GPT2Attention):
+    """GPT-2 attention over ragged tokens and MAX's paged KV cache; same parameters as `GPT2Attention`."""
+
+    def __init__(self, config: GPT2Config, kv_params: KVCacheParams, layer_idx: int) -> None:
+        super().__init__(config)
+        self.kv_params = kv_params
+        self.layer_idx = layer_idx
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
+    ) -> Tensor:
+        """`x` [T, D] -> [T, D]; stores this layer's keys and values for the T tokens in the cache."""
+        heads = [-1, self.n_head, self.head_dim]
+        query, key, value = (t.reshape(heads) for t in F.split(self.c_attn(x), [self.n_embd] * 3, axis=-1))
+        layer = F.constant(self.layer_idx, DType.uint32, device=CPU())
+        _store_keys(kv_collection, key, input_row_offsets, layer)
+        _store_values(kv_collection, value, input_row_offsets, layer)
+        attended = flash_attention_ragged(  # [T, H, d], each token over its own request's past
+            self.kv_params,
+            input=query,
+            input_row_offsets=input_row_offsets,
+            kv_collection=kv_collection,
+            layer_idx=layer,
+            mask_variant=MHAMaskVariant.CAUSAL_MASK,
+            scale=1 / math.sqrt(self.head_dim),
+        )
+        return self.c_proj(attended.reshape([-1, self.n_embd]))
+
+
+def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:
+    """The absolute position of each of the `total` tokens: [T] int64.
+
+    Token t of request r sits at `cache_lengths[r] + t - offsets[r]`; r is the
+    number of requests that end at or before t.
+    """
+    offsets = F.cast(input_row_offsets, DType.int64)  # [R + 1]
+    index = F.arange(0, total, 1, total, dtype=DType.int64, device=offsets.device)  # [T]
+    ends = offsets[1:]
+    request = F.sum(F.cast(index.reshape([-1, 1]) >= ends.reshape([1, -1]), DType.int64), axis=-1)
+    request = request.reshape([-1])  # [T]
+    past = F.cast(cache_lengths, DType.int64)
+    return index - F.gather(offsets, request, axis=0) + F.gather(past, request, axis=0)
+
+
+class PagedGPT2Model(Module[..., Tensor]):
+    """Embeddings and the blocks over the paged cache: [T] ids -> [T, D], before `ln_f`.
+
+    `ln_f` lives here for its parameter name (`transformer.ln_f`); the head applies
+    it to the rows whose logits it computes.
+    """
+
+    def __init__(self, config: GPT2Config, kv_params: KVCacheParams) -> None:
+        self.wte = Embedding(config.vocab_size, dim=config.n_embd)
+        self.wpe = Embedding(config.n_positions, dim=config.n_embd)
+        self.h = ModuleList(
+            Block(config, PagedAttention(config, kv_params, layer)) for layer in range(config.n_layer)
+        )
+        self.ln_f = layer_norm(config)
+
+    def forward(self, tokens: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor) -> Tensor:
+        positions = ragged_positions(input_row_offsets, kv_collection.cache_lengths, tokens.shape[0])
+        x = self.wte(tokens) + self.wpe(positions)  # [T, D]
+        for block in self.h:
+            x = block(x, kv_collection, input_row_offsets)
+        return x
+
+
+class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
+    """GPT-2 with its head, in the calling convention of MAX's ModuleV3 pipelines.
+
+    `forward(tokens, return_n_logits, input_row_offsets, *kv_inputs)`: the KV
+    cache arrives flattened, as MAX's batch processor lays it out.
+    """
+
+    def __init__(self, config: GPT2Config, kv_params: KVCacheParams) -> None:
+        self.kv_params = kv_params
+        self.transformer = PagedGPT2Model(config, kv_params)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(
+        self, tokens: Tensor, return_n_logits: Tensor, input_row_offsets: Tensor, *kv_inputs: Tensor
+    ) -> ModuleV3Outputs:
+        del return_n_logits  # only the last token's logits are returned
+        caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
+        kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
+        hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
+        last = F.gather(hidden, input_row_offsets[1:] - 1, axis=0)  # [R, D]
+        logits = F.cast(self.lm_head(self.transformer.ln_f(last)), DType.float32)  # [R, V]
+        return ModuleV3Outputs(next_token_logits=logits)

@@ -1,0 +1,146 @@
+"""Our GPT-2 behind MAX's own server: `max-gpt2 serve` started for real, real HTTP requests.
+
+One server for the module (it compiles the paged-cache graph and MAX's sampler:
+minutes on 2 cores), on LM's checkpoint with its tokenizer, so that the text it
+returns can be checked against `lm.generate` on the same weights. The server is
+stopped at the end whatever happened. Everything skips, saying why, where MAX's
+serving extra is not installed (`pip install -e '.[serve]'`; `make test` installs it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+from tokenizers.decoders import DecodeStream
+
+from max_gpt2.server import SERVE_MODULES, ServerProcess, free_port
+from max_gpt2.testing import END_OF_TEXT
+from max_gpt2.tokenizer import load_tokenizer
+from tests.support import LM, run_python
+
+MISSING = [name for name in (*SERVE_MODULES, "openai") if importlib.util.find_spec(name) is None]
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
+)
+
+STARTUP_SECONDS = 1200  # two fresh compiles on a busy 2-core machine
+PROMPTS = ["The cat sat on", "Attention is all", "q", "What every head does"]
+NEW_TOKENS = 12
+
+
+def complete(server: ServerProcess, prompt: str, **options: Any) -> Any:
+    """A greedy completion through the OpenAI client, with the token ids (MAX's and vLLM's extension)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    return client.completions.create(
+        model="gpt2",
+        prompt=prompt,
+        max_tokens=NEW_TOKENS,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+        **options,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(lm_checkpoint, tmp_path_factory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    running = ServerProcess(lm_checkpoint(LM), log, free_port(), "--device", "cpu")
+    try:
+        running.wait_until_ready(STARTUP_SECONDS)
+        yield running
+    finally:
+        running.stop()
+
+
+class Completion(NamedTuple):
+    """The token ids after a prompt, and the text a client reads for them."""
+
+    ids: list[int]
+    text: str
+
+
+@pytest.fixture(scope="module")
+def expected(compiled_lm, lm_checkpoint) -> dict[str, Completion]:
+    """What `lm.generate` (greedy) writes after each prompt, stopping at end-of-text as MAX does.
+
+    The text is those ids through the `tokenizers` library's `DecodeStream`,
+    primed with the prompt, as MAX decodes them for clients: random weights pick
+    bytes that are not UTF-8, which it leaves out where `decode` would write U+FFFD.
+    """
+    lm, tokenizer = compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    completions = {}
+    for prompt in PROMPTS:
+        prompt_ids = tokenizer.encode(prompt).ids
+        new = lm.generate(np.array([prompt_ids]), NEW_TOKENS, eos_token_id=eos)[0, len(prompt_ids) :].tolist()
+        new = new[: new.index(eos)] if eos in new else new
+        stream = DecodeStream(ids=prompt_ids, skip_special_tokens=True)
+        completions[prompt] = Completion(new, "".join(stream.step(tokenizer, token) or "" for token in new))
+    assert sum(len(completion.text) for completion in completions.values()) > 10  # not vacuous
+    return completions
+
+
+def served(choice: Any) -> Completion:
+    return Completion(choice.model_extra["token_ids"] or [], choice.text)
+
+
+def test_greedy_completions_are_what_our_model_generates(server, expected):
+    for prompt in PROMPTS:
+        assert served(complete(server, prompt).choices[0]) == expected[prompt], prompt
+
+
+def test_concurrent_requests_each_get_their_own_completion(server, expected):
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        choices = list(pool.map(lambda prompt: complete(server, prompt).choices[0], PROMPTS * 2))
+    assert [served(choice) for choice in choices] == [expected[prompt] for prompt in PROMPTS * 2]
+
+
+def test_streaming_sends_the_completion_token_by_token(server, expected):
+    prompt = PROMPTS[1]
+    chunks = [chunk.choices[0] for chunk in complete(server, prompt, stream=True) if chunk.choices]
+    ids = [served(chunk).ids for chunk in chunks]
+    assert [token for chunk in ids for token in chunk] == expected[prompt].ids
+    assert all(len(chunk) <= 1 for chunk in ids)  # one token a chunk, sent as it comes
+    assert "".join(chunk.text for chunk in chunks) == expected[prompt].text
+
+
+def test_a_prompt_longer_than_the_context_is_refused_and_the_server_goes_on(server, expected):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        complete(server, "word " * LM.n_positions)
+    assert f"maximum context length of {LM.n_positions}" in str(refused.value)
+    assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("no tokenizer", "has no tokenizer"),
+        ("no architectures", "architectures"),
+        ("bfloat16 on cpu", "MAX serves float32 on CPU"),
+    ],
+)
+def test_serve_refuses_what_it_cannot_serve_before_starting(change, message, lm_checkpoint, tmp_path):
+    checkpoint = tmp_path / "gpt2"
+    checkpoint.mkdir()
+    for file in lm_checkpoint(LM).iterdir():
+        if not (change == "no tokenizer" and file.name in ("tokenizer.json", "vocab.json", "merges.txt")):
+            (checkpoint / file.name).write_bytes(file.read_bytes())
+    if change == "no architectures":
+        config = json.loads((checkpoint / "config.json").read_text())
+        (checkpoint / "config.json").write_text(json.dumps({**config, "architectures": None}))
+    dtype = "bfloat16" if change == "bfloat16 on cpu" else "float32"
+    result = run_python(
+        "-m", "max_gpt2", "serve", "--checkpoint", checkpoint, "--device", "cpu", "--dtype", dtype
+    )
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -125,7 +125,7 @@ class ServerProcess:
     """
 
     def __init__(self, checkpoint: Path, log: Path, port: int, *options: str) -> None:
-        self.port, self.log = port, log
+        self.checkpoint, self.port, self.log = checkpoint, port, log
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint)]
         with log.open("w") as output:

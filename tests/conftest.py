@@ -7,10 +7,22 @@ impl), and binds its own weights with `with_weights` (milliseconds). A clean
 `make test` compiles eight graphs on CPU: attention for GPT-2 small's and the odd
 layout (float32, bfloat16 and flash for the latter), the two language models, and
 the attention-weights variants of the odd attention and of LM (tests/test_heads.py).
+
+MAX compiles on one core most of the time, so on a fresh 2-core machine the
+session starts the slow work later tests need in other processes as soon as the
+tests are collected: the server `tests/test_serve.py` talks to (it compiles its
+own graph and MAX's sampler), and, when `MAX_GPT2_PREWARM=1` (`make test` sets
+it), `tests/prewarm.py`, which fills MAX's cache from the last graph the suite
+needs while the tests compile from the first.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +30,54 @@ import numpy as np
 import pytest
 
 from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, compile_attention, compile_lm
+from max_gpt2.server import ServerProcess, free_port
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.weights import Checkpoint
+from tests.support import LM, serving_missing
+
+SERVER = pytest.StashKey[ServerProcess]()
+BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
+SCRATCH = pytest.StashKey[Path]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Starts the server and the prewarm compiles, if the collected tests need them."""
+    scratch = session.config.stash[SCRATCH] = Path(tempfile.mkdtemp(prefix="max-gpt2-tests-"))
+    session.config.stash[BACKGROUND] = []
+    if any(item.path.name == "test_serve.py" for item in session.items) and not serving_missing():
+        checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
+        server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu")
+        session.config.stash[SERVER] = server
+        session.config.stash[BACKGROUND].append(server.process)
+    if os.environ.get("MAX_GPT2_PREWARM") == "1":
+        with (scratch / "prewarm.log").open("w") as log:
+            prewarm = subprocess.Popen(
+                [sys.executable, "-m", "tests.prewarm"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ),
+            )
+        session.config.stash[BACKGROUND].append(prewarm)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stops whatever `pytest_collection_finish` started, whatever happened."""
+    if SERVER in session.config.stash:
+        session.config.stash[SERVER].stop()
+    for process in session.config.stash.get(BACKGROUND, []):
+        process.kill()
+        process.wait()
+    if SCRATCH in session.config.stash:
+        shutil.rmtree(session.config.stash[SCRATCH], ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def served_lm(request) -> ServerProcess:
+    """The server started at collection, ready: LM's seed-0 checkpoint with its tokenizer, on CPU."""
+    server = request.config.stash[SERVER]
+    server.wait_until_ready(timeout=1800)  # two fresh compiles on a busy 2-core machine
+    return server
+
 
 Compiler = Callable[..., CompiledAttention]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from max.driver import accelerator_count
 
 from max_gpt2 import GPT2Config
+from max_gpt2.server import SERVE_MODULES
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
@@ -40,6 +42,11 @@ LM_ONE_LAYER = GPT2Config(
 
 HAS_GPU = accelerator_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
+
+
+def serving_missing() -> list[str]:
+    """The modules of MAX's serving extra (and the OpenAI client the tests use) that are not installed."""
+    return [name for name in (*SERVE_MODULES, "openai") if importlib.util.find_spec(name) is None]
 
 
 def layout_id(config: GPT2Config) -> str:

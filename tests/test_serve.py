@@ -1,35 +1,38 @@
 """Our GPT-2 behind MAX's own server: `max-gpt2 serve` started for real, real HTTP requests.
 
-One server for the module (it compiles the paged-cache graph and MAX's sampler:
-minutes on 2 cores), on LM's checkpoint with its tokenizer, so that the text it
-returns can be checked against `lm.generate` on the same weights. The server is
-stopped at the end whatever happened. Everything skips, saying why, where MAX's
+One server for the session (it compiles the paged-cache graph and MAX's sampler:
+minutes on 2 cores, so `conftest.py` starts it as soon as the tests are
+collected), on a checkpoint of LM's shapes with a tokenizer, so that what it
+returns can be checked against `lm.generate` on the same weights. The session
+stops it at the end whatever happened. Everything skips, saying why, where MAX's
 serving extra is not installed (`pip install -e '.[serve]'`; `make test` installs it).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
+from max.driver import CPU, Buffer
+from max.dtype import DType
+from max.experimental.tensor import Tensor, TensorType
 from tokenizers.decoders import DecodeStream
 
-from max_gpt2.server import SERVE_MODULES, ServerProcess, free_port
+from max_gpt2.server import ServerProcess
 from max_gpt2.testing import END_OF_TEXT
 from max_gpt2.tokenizer import load_tokenizer
-from tests.support import LM, run_python
+from max_gpt2.weights import Checkpoint
+from tests.support import LM, run_python, serving_missing
 
-MISSING = [name for name in (*SERVE_MODULES, "openai") if importlib.util.find_spec(name) is None]
+MISSING = serving_missing()
 pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
 )
 
-STARTUP_SECONDS = 1200  # two fresh compiles on a busy 2-core machine
 PROMPTS = ["The cat sat on", "Attention is all", "q", "What every head does"]
 NEW_TOKENS = 12
 
@@ -50,14 +53,8 @@ def complete(server: ServerProcess, prompt: str, **options: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(lm_checkpoint, tmp_path_factory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    running = ServerProcess(lm_checkpoint(LM), log, free_port(), "--device", "cpu")
-    try:
-        running.wait_until_ready(STARTUP_SECONDS)
-        yield running
-    finally:
-        running.stop()
+def server(served_lm) -> ServerProcess:
+    return served_lm
 
 
 class Completion(NamedTuple):
@@ -68,14 +65,15 @@ class Completion(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def expected(compiled_lm, lm_checkpoint) -> dict[str, Completion]:
+def expected(compiled_lm, server) -> dict[str, Completion]:
     """What `lm.generate` (greedy) writes after each prompt, stopping at end-of-text as MAX does.
 
     The text is those ids through the `tokenizers` library's `DecodeStream`,
     primed with the prompt, as MAX decodes them for clients: random weights pick
     bytes that are not UTF-8, which it leaves out where `decode` would write U+FFFD.
     """
-    lm, tokenizer = compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
+    lm = compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+    tokenizer = load_tokenizer(server.checkpoint)
     eos = tokenizer.token_to_id(END_OF_TEXT)
     completions = {}
     for prompt in PROMPTS:
@@ -119,6 +117,39 @@ def test_a_prompt_longer_than_the_context_is_refused_and_the_server_goes_on(serv
         complete(server, "word " * LM.n_positions)
     assert f"maximum context length of {LM.n_positions}" in str(refused.value)
     assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
+def compile_positions() -> Callable[..., Tensor]:
+    """`ragged_positions` alone as a graph: (row offsets, cache lengths, tokens [T]) -> positions [T]."""
+    from max.experimental.nn import Module
+
+    from max_gpt2.serving.paged_gpt2 import ragged_positions
+
+    class Positions(Module[[Tensor, Tensor, Tensor], Tensor]):
+        def forward(self, offsets: Tensor, cache_lengths: Tensor, tokens: Tensor) -> Tensor:
+            return ragged_positions(offsets, cache_lengths, tokens.shape[0])
+
+    cpu = CPU()
+    types = [TensorType(DType.uint32, [name], device=cpu) for name in ("rows", "requests")]
+    return Positions().compile(*types, TensorType(DType.int64, ["tokens"], device=cpu))
+
+
+def test_ragged_positions_count_from_each_requests_cache():
+    """Several requests in one batch (MAX batches them on GPUs, never on CPU): positions resume each cache."""
+    positions = compile_positions()
+    rng = np.random.default_rng(0)
+    for lengths, cached in [
+        ([3, 1, 4], [5, 0, 2]),
+        ([1], [7]),
+        (list(rng.integers(1, 9, 6)), list(rng.integers(0, 30, 6))),
+    ]:
+        offsets = np.cumsum([0, *lengths]).astype(np.uint32)
+        expected = np.concatenate(
+            [np.arange(past, past + n) for n, past in zip(lengths, cached, strict=True)]
+        )
+        inputs = (offsets, np.array(cached, np.uint32), np.zeros(offsets[-1], np.int64))
+        result = positions(*(Buffer.from_numpy(array) for array in inputs))
+        np.testing.assert_array_equal(np.from_dlpack(result), expected)
 
 
 @pytest.mark.parametrize(

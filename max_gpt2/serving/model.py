@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from max.driver import CPU, Buffer
+import numpy as np
+from max.driver import CPU
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
 from max.pipelines.context import TextContext
 from max.pipelines.lib import ModuleV3PipelineModelWithKVCache
@@ -31,15 +32,16 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
 
-    def _load_state_dict(self) -> dict[str, Buffer]:
-        config = GPT2ServingConfig.initialize(self.pipeline_config, max_seq_len=self.max_seq_len)
-        checkpoint = Checkpoint(self.pipeline_config.model.model_path, config.model)
-        return {
-            name: to_buffer(array, config.dtype, CPU()) for name, array in checkpoint.model_weights().items()
-        }
+    def _load_state_dict(self) -> dict[str, np.ndarray]:
+        return Checkpoint(self.pipeline_config.model.model_path).model_weights()  # float32, MAX layout
 
     def _create_model_config(self, state_dict: dict[str, Any]) -> GPT2ServingConfig:
         return GPT2ServingConfig.initialize(self.pipeline_config, max_seq_len=self.max_seq_len)
+
+    def _prepare_state_dict(
+        self, state_dict: dict[str, Any], model_config: GPT2ServingConfig
+    ) -> dict[str, Any]:
+        return {name: to_buffer(array, model_config.dtype, CPU()) for name, array in state_dict.items()}
 
     def _instantiate_module(self, model_config: GPT2ServingConfig) -> PagedGPT2LMHeadModel:
         module = PagedGPT2LMHeadModel(model_config.model, self.kv_params)

@@ -1,0 +1,60 @@
+"""Compiles the CPU graphs the test suite uses, in a second process, last-used first.
+
+MAX compiles a graph on one core most of the time, and a fresh machine spends
+most of `make test` compiling. `conftest.py` starts this module when the session
+starts: it fills MAX's cache (`~/.cache/modular`) from the end of the suite while
+the tests compile from the start, so on 2 cores each graph is compiled about
+once and the two streams meet in the middle. Where a graph is already cached this
+costs seconds. Weights are zeros: they are bound after compiling, never compiled in.
+
+Keep GRAPHS in step with the fixtures' keys (`conftest.py`); a graph missing here
+is only compiled later, by the test that needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from max_gpt2 import GPT2Config, compile_attention, compile_lm
+from max_gpt2.weights import model_parameter_shapes, parameter_shapes
+from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, ODD, serving_missing
+
+
+def zeros(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    return {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+
+
+def attention(config: GPT2Config, dtype: str = "float32", impl: str = "graph") -> None:
+    compile_attention(config, zeros(parameter_shapes(config)), "cpu", dtype, impl)
+
+
+def attention_weights(config: GPT2Config) -> None:
+    compiled = compile_attention(config, zeros(parameter_shapes(config)), "cpu")
+    compiled.attentions(np.zeros((1, 2, config.n_embd), np.float32))
+
+
+def lm(config: GPT2Config, output_attentions: bool = False) -> None:
+    compile_lm(config, zeros(model_parameter_shapes(config)), "cpu", output_attentions=output_attentions)
+
+
+# In the order the suite first needs them (test files run alphabetically).
+GRAPHS: list[Callable[[], None]] = [
+    lambda: attention(GPT2_SMALL),
+    lambda: attention(ODD),
+    lambda: lm(LM),
+    lambda: attention_weights(ODD),
+    lambda: lm(LM, output_attentions=True),
+    lambda: attention(ODD, impl="flash"),
+    lambda: lm(LM_ONE_LAYER),
+    lambda: attention(ODD, "bfloat16"),
+]
+if not serving_missing():
+    from tests.test_serve import compile_positions
+
+    GRAPHS.append(compile_positions)
+
+if __name__ == "__main__":
+    for compile_graph in reversed(GRAPHS):
+        compile_graph()

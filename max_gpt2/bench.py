@@ -23,7 +23,6 @@ no device allocations, so on GPU it is left out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ from max_gpt2.measure import (
     measure_peak_gflops,
     peak_dtype,
     peak_extra_memory_mib,
+    publish,
     settle,
 )
 from max_gpt2.testing import random_attention_weights, write_atomically
@@ -337,12 +337,6 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         print(f"max-gpt2 bench: error: {error}", file=sys.stderr)
         return 2
     stem = args.output / f"bench-{report['device'].replace(':', '')}-{args.dtype}"
-    json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
-    args.output.mkdir(parents=True, exist_ok=True)
-    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
-    print(format_table(report))
-    print(f"\nresults: {json_path}")
-    why_not = plot(report, png_path)
-    print(f"plot: {png_path}" if why_not is None else f"plot skipped: {why_not}")
+    publish(report, stem, format_table(report), plot)
     # A contender that could not run (out of memory) is reported, not a failure; a wrong answer is.
     return 0 if all(row.get("matches_reference", True) for row in report["results"]) else 1

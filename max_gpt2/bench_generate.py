@@ -28,7 +28,6 @@ matrix-vector product of GPT-2's LM head (154 MB) measured in the same run
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ from max_gpt2.console import Progress, default_cache_dir, positive_int
 from max_gpt2.devices import device_name, resolve_device
 from max_gpt2.gallery import require_matplotlib
 from max_gpt2.lm import load_lm
-from max_gpt2.measure import machine_description, optional_torch, settle
+from max_gpt2.measure import machine_description, optional_torch, publish, settle
 from max_gpt2.testing import write_atomically, write_checkpoint
 from max_gpt2.weights import Checkpoint
 
@@ -401,11 +400,5 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         print(f"max-gpt2 bench-generate: error: {error}", file=sys.stderr)
         return 2
     stem = args.output / f"bench-generate-{report['device'].replace(':', '')}-{args.dtype}"
-    json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
-    args.output.mkdir(parents=True, exist_ok=True)
-    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
-    print(format_table(report))
-    print(f"\nresults: {json_path}")
-    why_not = plot(report, png_path)
-    print(f"plot: {png_path}" if why_not is None else f"plot skipped: {why_not}")
+    publish(report, stem, format_table(report), plot)
     return 0

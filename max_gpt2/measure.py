@@ -27,6 +27,7 @@ import numpy as np
 from max.driver import Device
 
 from max_gpt2.config import GPT2Config
+from max_gpt2.testing import write_atomically
 
 SETTLE_SECONDS = 0.2
 """Untimed running before a timed call. Measured on 2 cores at GPT-2 small, 1 x 128: MAX's 3.8 ms
@@ -155,3 +156,14 @@ def settle(call: Callable[[Any], Any], prepared: Any) -> float:
         last_start = now
         call(prepared)
     return time.perf_counter() - last_start
+
+
+def publish(report: dict[str, Any], stem: Path, table: str, plot: Callable[[dict, Path], str | None]) -> None:
+    """Writes `report` to `stem`.json and its plot to `stem`.png; prints the table and both paths."""
+    json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
+    print(table)
+    print(f"\nresults: {json_path}")
+    why_not = plot(report, png_path)
+    print(f"plot: {png_path}" if why_not is None else f"plot skipped: {why_not}")

@@ -61,7 +61,7 @@ class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """One transformer layer: pre-norm attention and MLP, each added to the residual stream.
 
     The attention is given, so the same block serves our own KV cache
-    (`CachedAttention`) and MAX's paged one (`max_gpt2.serving.paged_attention`):
+    (`CachedAttention`) and MAX's paged one (`max_gpt2.serving.paged_gpt2.PagedAttention`):
     whatever follows `x` in `forward` goes to it unchanged.
     """
 

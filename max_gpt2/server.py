@@ -6,8 +6,8 @@
 It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
 then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
 local checkpoint, offline; it prints that command, so it can be run without us.
-Requests are batched, and keys and values live in MAX's paged KV cache. MAX
-serves float32 on CPU; bfloat16 and batching across requests are for GPUs.
+Keys and values live in MAX's paged KV cache. MAX serves float32 on CPU, one
+request at a time; bfloat16 and batching requests together are for GPUs.
 """
 
 from __future__ import annotations
@@ -57,10 +57,14 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     os.execve(sys.executable, command, env)  # the server takes over this process and its signals
 
 
+def missing_modules(names: tuple[str, ...] = SERVE_MODULES) -> list[str]:
+    """Those of `names` that cannot be imported here (by default, what the serving extra adds)."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def require_serve_extra() -> None:
     """Refuses early, naming what is missing, where MAX's serving dependencies are not installed."""
-    missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
+    if missing := missing_modules():
         raise ImportError(
             f"serving needs MAX's serving extra ({', '.join(missing)} not installed): "
             f"pip install 'max-gpt2[serve]' (from a checkout: pip install -e '.[serve]')"
@@ -119,8 +123,8 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
 class ServerProcess:
     """`max-gpt2 serve` in a child process (its own process group), for tests and benchmarks.
 
-    `start` returns at once; `wait_until_ready` polls `/health` until the model
-    is compiled and loaded; `stop` ends the server and MAX's workers with it.
+    Creating one starts the server and returns at once; `wait_until_ready` polls
+    `/health` until the model is compiled and loaded; `stop` ends the server and MAX's workers with it.
     The child's output goes to `log`.
     """
 

@@ -4,9 +4,11 @@ Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
-`make test` compiles eight graphs on CPU: attention for GPT-2 small's and the odd
-layout (float32, bfloat16 and flash for the latter), the two language models, and
-the attention-weights variants of the odd attention and of LM (tests/test_heads.py).
+`make test` compiles eleven graphs on CPU: attention for GPT-2 small's and the odd
+layout (float32, bfloat16 and flash for the latter), the two language models, the
+attention-weights variants of the odd attention and of LM (tests/test_heads.py),
+and for tests/test_serve.py the server's paged-cache graph, MAX's sampler and
+`ragged_positions` alone.
 
 MAX compiles on one core most of the time, so on a fresh 2-core machine the
 session starts the slow work later tests need in other processes as soon as the
@@ -48,7 +50,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
         server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu")
         session.config.stash[SERVER] = server
-        session.config.stash[BACKGROUND].append(server.process)
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 from max.driver import accelerator_count
 
 from max_gpt2 import GPT2Config
-from max_gpt2.server import SERVE_MODULES
+from max_gpt2.server import SERVE_MODULES, missing_modules
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
@@ -46,7 +45,7 @@ requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (
 
 def serving_missing() -> list[str]:
     """The modules of MAX's serving extra (and the OpenAI client the tests use) that are not installed."""
-    return [name for name in (*SERVE_MODULES, "openai") if importlib.util.find_spec(name) is None]
+    return missing_modules((*SERVE_MODULES, "openai"))
 
 
 def layout_id(config: GPT2Config) -> str:

@@ -62,13 +62,16 @@ def causal_mask(seq_len: DimLike, past_len: DimLike, dtype: DType, device: Devic
 class GPT2Attention(Module[[Tensor], Tensor | tuple[Tensor, Tensor]]):
     """Multi-head causal self-attention with Hugging Face GPT-2's parameter names."""
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+    def __init__(
+        self, config: GPT2Config, output_attentions: bool = False, linear: type[Linear] = Linear
+    ) -> None:
+        """`linear`: the projections' module, `Linear` or a subclass with its parameters."""
         self.output_attentions = output_attentions
         self.n_embd = config.n_embd
         self.n_head = config.n_head
         self.head_dim = config.head_dim
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=True)
-        self.c_proj = Linear(config.n_embd, config.n_embd, bias=True)
+        self.c_attn = linear(config.n_embd, 3 * config.n_embd, bias=True)
+        self.c_proj = linear(config.n_embd, config.n_embd, bias=True)
 
     def split_heads(self, x: Tensor) -> Tensor:
         """[B, S, D] -> [B, H, S, d]."""

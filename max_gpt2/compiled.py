@@ -1,14 +1,15 @@
-"""A graph and its attention-weights variant, each compiled the first time it is needed.
+"""The graph variants of one model, each compiled the first time it is needed.
 
-The attention and the language model each stage to two graphs from the same
-modules and parameter names: the plain one, and one that also outputs every
-head's attention weights (`output_attentions=True`). Compiling costs a minute or
-two, so neither is compiled before something asks for it, and the plain graph
+The attention and the language model each stage several graphs from the same
+parameter names: the plain one, one that also outputs every head's attention
+weights (`"attentions"`), and for the language model on the CPU one that runs
+decoding steps through the Mojo kernels (`"decode"`). Compiling costs a minute
+or two, so none is compiled before something asks for it, and the plain graph
 never carries the extra output.
 
-    variants = GraphVariants(device, stage)      # stage(output_attentions) -> Graph
+    variants = GraphVariants(device, stage)      # stage(variant name) -> Graph
     bound = BoundVariants(variants, weights)     # one set of weights, bound per variant on demand
-    bound.model(output_attentions=True).execute(...)
+    bound.model("attentions").execute(...)
 
 Every `BoundVariants` made from one `GraphVariants` shares its compiled graphs,
 which is how `with_weights` swaps checkpoints without compiling again.
@@ -24,22 +25,22 @@ from max.graph import Graph
 
 
 class GraphVariants:
-    """The compiled plain graph and attention-weights variant of one model, device and dtype."""
+    """The compiled graph variants of one model, device and dtype."""
 
-    def __init__(self, device: Device, stage: Callable[[bool], Graph]) -> None:
-        """`stage(output_attentions)` traces the graph; it runs at most once per variant."""
+    def __init__(self, device: Device, stage: Callable[[str], Graph]) -> None:
+        """`stage(variant)` traces that variant's graph; it runs at most once per variant."""
         self.session = InferenceSession(devices=[device])
         self._stage = stage
-        self._compiled: dict[bool, CompiledModel] = {}
+        self._compiled: dict[str, CompiledModel] = {}
 
-    def compiled(self, output_attentions: bool = False) -> CompiledModel:
+    def compiled(self, variant: str = "plain") -> CompiledModel:
         """The variant, compiled now if it has not been yet."""
-        if output_attentions not in self._compiled:
-            self._compiled[output_attentions] = self.session.compile(self._stage(output_attentions))
-        return self._compiled[output_attentions]
+        if variant not in self._compiled:
+            self._compiled[variant] = self.session.compile(self._stage(variant))
+        return self._compiled[variant]
 
-    def compiled_variants(self) -> list[bool]:
-        """The `output_attentions` values compiled so far."""
+    def compiled_variants(self) -> list[str]:
+        """The variants compiled so far."""
         return list(self._compiled)
 
 
@@ -49,15 +50,13 @@ class BoundVariants:
     def __init__(self, variants: GraphVariants, weights: Mapping[str, Buffer]) -> None:
         self.variants = variants
         self._weights = dict(weights)  # a bound model reads these buffers: keep them alive with it
-        self._models: dict[bool, Model] = {}
-        for output_attentions in variants.compiled_variants():  # a bad registry fails here, not later
-            self.model(output_attentions)
+        self._models: dict[str, Model] = {}
+        for variant in variants.compiled_variants():  # a bad registry fails here, not later
+            self.model(variant)
 
-    def model(self, output_attentions: bool = False) -> Model:
+    def model(self, variant: str = "plain") -> Model:
         """The variant with these weights bound, compiling and binding it first if needed."""
-        if output_attentions not in self._models:
-            compiled = self.variants.compiled(output_attentions)
-            self._models[output_attentions] = self.variants.session.init(
-                compiled, weights_registry=self._weights
-            )
-        return self._models[output_attentions]
+        if variant not in self._models:
+            compiled = self.variants.compiled(variant)
+            self._models[variant] = self.variants.session.init(compiled, weights_registry=self._weights)
+        return self._models[variant]

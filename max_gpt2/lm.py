@@ -6,11 +6,14 @@
     for tokens, logits in lm.stream(input_ids, 20): ...            # [batch] and [batch, vocab] a step
     weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
 
-One graph (`max_gpt2.model.GPT2LMHeadModel`, every length symbolic) serves the
-whole prompt and every decoding step, so nothing a user passes triggers a
-compile. Generation allocates one KV cache buffer per layer, sized for prompt plus
-new tokens, and the graph writes each step's keys and values into it in place:
-a step computes one token per row and reads the cache, never copies it.
+One graph (`max_gpt2.model.GPT2LMHeadModel`, every length symbolic) serves
+every prompt, and one more every decoding step, so nothing a user passes
+triggers a compile. On the CPU in float32 the step graph runs the same modules
+through the Mojo decoding kernels (`max_gpt2.kernels`), which stream each weight
+and the cache once per step; elsewhere the prompt graph serves the steps too.
+Generation allocates one KV cache buffer per layer, sized for prompt plus new
+tokens, and the graphs write each step's keys and values into it in place: a
+step computes one token per row and reads the cache, never copies it.
 
 Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
 is left-padded, `attention_mask` marks real tokens with 1, padding is never
@@ -39,6 +42,7 @@ from max_gpt2.config import GPT2Config
 from max_gpt2.devices import device_name, resolve_device, to_buffer
 from max_gpt2.dtypes import parse_dtype
 from max_gpt2.inputs import check_generation, check_prompt, int_array, position_ids
+from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model import GPT2LMHeadModel
 from max_gpt2.sampling import Sampler
 from max_gpt2.weights import Checkpoint, check_model_weights
@@ -59,7 +63,7 @@ class CompiledLM:
         config: GPT2Config,
         device: Device,
         dtype: DType,
-        graph: GraphVariants,
+        graph: LMGraphs,
         weights: Mapping[str, np.ndarray],
     ) -> None:
         """Binds `weights` (already checked by `check_model_weights`) to the compiled graphs."""
@@ -105,7 +109,7 @@ class CompiledLM:
         ids, mask = check_prompt(self.config, input_ids, attention_mask)
         batch, seq_len = ids.shape
         inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
-        model = self._bound.model(output_attentions=True)
+        model = self._bound.model("attentions")
         _, weights = model.execute(*inputs, *self._new_cache(batch, seq_len))
         real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
         return np.from_dlpack(weights.to(CPU())) * real_queries
@@ -178,6 +182,7 @@ class CompiledLM:
         rng = sampler.generator()
         finished = np.zeros(batch, dtype=bool)
         logits = self._run(ids, positions, mask, np.array([seq_len - 1]), caches)[:, 0]  # the prompt
+        variant = self.graph.step_variant
         for step in range(max_new_tokens):
             tokens = sampler(logits, rng)
             if eos is not None:
@@ -188,7 +193,7 @@ class CompiledLM:
                 return
             mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
             positions = positions[:, -1:] + 1
-            logits = self._run(tokens[:, None], positions, mask, np.array([0]), caches)[:, 0]
+            logits = self._run(tokens[:, None], positions, mask, np.array([0]), caches, variant)[:, 0]
 
     def _new_cache(self, batch: int, length: int) -> list[Buffer]:
         """One uninitialised [2, batch, H, length, d] buffer per layer: each step writes before it reads."""
@@ -203,9 +208,11 @@ class CompiledLM:
         mask: np.ndarray,
         logit_index: np.ndarray,
         caches: list[Buffer],
+        variant: str = "plain",
     ) -> np.ndarray:
-        """One graph call: logits float32 [batch, len(logit_index), vocab] for these new tokens."""
-        (logits,) = self._bound.model().execute(*self._inputs(ids, positions, mask, logit_index), *caches)
+        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for these new tokens."""
+        inputs = self._inputs(ids, positions, mask, logit_index)
+        (logits,) = self._bound.model(variant).execute(*inputs, *caches)
         return np.from_dlpack(logits.to(CPU()))
 
     def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:
@@ -222,26 +229,44 @@ def compile_lm(
 ) -> CompiledLM:
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
 
-    The graph compiled now is the plain one, or with `output_attentions` the
-    variant that `CompiledLM.attentions` runs (for a caller that wants only
-    attention weights); the other one is compiled the first time it is needed.
+    The graphs compiled now are those `generate` runs (the prompt's and the
+    steps'), or with `output_attentions` only the variant that
+    `CompiledLM.attentions` runs (for a caller that wants only attention
+    weights); any other is compiled the first time it is needed.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
-
-    def stage(with_attentions: bool) -> Graph:
-        with F.lazy(), default_device(target), default_dtype(compute_dtype):
-            module = GPT2LMHeadModel(config, with_attentions)  # lazy: random initial weights never made
-        tokens = TensorType(DType.int64, ["batch", "seq"], device=target)
-        mask = TensorType(DType.int64, ["batch", "total"], device=target)
-        logit_index = TensorType(DType.int64, ["logits"], device=target)
-        device_ref = DeviceRef.from_device(target)
-        cache = BufferType(compute_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
-        return module.trace(tokens, tokens, mask, logit_index, *[cache] * config.n_layer).graph
-
-    graph = GraphVariants(target, stage)
-    graph.compiled(output_attentions)
+    graph = LMGraphs(config, target, compute_dtype)
+    for variant in ["attentions"] if output_attentions else ["plain", graph.step_variant]:
+        graph.compiled(variant)
     return CompiledLM(config, target, compute_dtype, graph, checked)
+
+
+class LMGraphs(GraphVariants):
+    """GPT-2's graph variants for one config, device and dtype: `"plain"`, `"attentions"`, `"decode"`.
+
+    `"decode"` is the plain graph with the Mojo decoding kernels, staged only
+    where they run (`kernels_run_on`); `step_variant` names the variant that
+    runs decoding steps here.
+    """
+
+    def __init__(self, config: GPT2Config, device: Device, dtype: DType) -> None:
+        super().__init__(device, self._trace)
+        self.config, self.device, self.dtype = config, device, dtype
+        self.step_variant = "decode" if kernels_run_on(device, dtype) else "plain"
+
+    def _trace(self, variant: str) -> Graph:
+        config, device = self.config, self.device
+        with F.lazy(), default_device(device), default_dtype(self.dtype):
+            # lazy: random initial weights are never made
+            module = GPT2LMHeadModel(config, variant == "attentions", kernels=variant == "decode")
+        tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
+        mask = TensorType(DType.int64, ["batch", "total"], device=device)
+        logit_index = TensorType(DType.int64, ["logits"], device=device)
+        device_ref = DeviceRef.from_device(device)
+        cache = BufferType(self.dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
+        inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
+        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
 
 
 def load_lm(

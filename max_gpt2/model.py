@@ -38,14 +38,15 @@ from max.experimental.tensor import Tensor
 from max_gpt2.attention import GPT2Attention
 from max_gpt2.cached_attention import CachedAttention, padding_bias
 from max_gpt2.config import ACTIVATIONS, GPT2Config
+from max_gpt2.kernels import KernelCachedAttention, SkinnyLinear
 
 
 class MLP(Module[[Tensor], Tensor]):
     """`c_fc` [D -> 4D], GELU, `c_proj` [4D -> D]."""
 
-    def __init__(self, config: GPT2Config) -> None:
-        self.c_fc = Linear(config.n_embd, config.mlp_width, bias=True)
-        self.c_proj = Linear(config.mlp_width, config.n_embd, bias=True)
+    def __init__(self, config: GPT2Config, linear: type[Linear] = Linear) -> None:
+        self.c_fc = linear(config.n_embd, config.mlp_width, bias=True)
+        self.c_proj = linear(config.mlp_width, config.n_embd, bias=True)
         self.approximate = ACTIVATIONS[config.activation_function]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -61,15 +62,16 @@ class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """One transformer layer: pre-norm attention and MLP, each added to the residual stream.
 
     The attention is given, so the same block serves our own KV cache
-    (`CachedAttention`) and MAX's paged one (`max_gpt2.serving.paged_gpt2.PagedAttention`):
-    whatever follows `x` in `forward` goes to it unchanged.
+    (`CachedAttention`, or `KernelCachedAttention` for decoding steps) and MAX's
+    paged one (`max_gpt2.serving.paged_gpt2.PagedAttention`): whatever follows `x`
+    in `forward` goes to it unchanged. `linear` makes the MLP's projections.
     """
 
-    def __init__(self, config: GPT2Config, attn: GPT2Attention) -> None:
+    def __init__(self, config: GPT2Config, attn: GPT2Attention, linear: type[Linear] = Linear) -> None:
         self.ln_1 = layer_norm(config)
         self.attn = attn
         self.ln_2 = layer_norm(config)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, linear)
 
     def forward(self, x: Tensor, *attention_inputs: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         """[..., D] -> [..., D], and the attention weights if the attention outputs them."""
@@ -81,14 +83,21 @@ class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
 
 
 class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
-    """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D]."""
+    """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D].
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+    With `kernels`, the blocks' projections and attention run through the Mojo
+    decoding kernels (`max_gpt2.kernels`): same parameters, for a few new tokens.
+    """
+
+    def __init__(self, config: GPT2Config, output_attentions: bool = False, kernels: bool = False) -> None:
+        if kernels and output_attentions:
+            raise ValueError("the decoding kernels do not output attention weights")
         self.output_attentions = output_attentions
+        attention, linear = (KernelCachedAttention, SkinnyLinear) if kernels else (CachedAttention, Linear)
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(
-            Block(config, CachedAttention(config, output_attentions)) for _ in range(config.n_layer)
+            Block(config, attention(config, output_attentions, linear), linear) for _ in range(config.n_layer)
         )
         self.ln_f = layer_norm(config)
 
@@ -111,10 +120,10 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
 class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """GPT-2 with its language-model head: token ids to next-token logits (and attention weights)."""
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False) -> None:
+    def __init__(self, config: GPT2Config, output_attentions: bool = False, kernels: bool = False) -> None:
         self.output_attentions = output_attentions
-        self.transformer = GPT2Model(config, output_attentions)
-        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer = GPT2Model(config, output_attentions, kernels)
+        self.lm_head = (SkinnyLinear if kernels else Linear)(config.n_embd, config.vocab_size, bias=False)
 
     def forward(
         self,

@@ -203,7 +203,7 @@ class CompiledAttention:
         batch, seq_len, _ = x.shape
         if x.size == 0:
             return np.zeros((batch, self.config.n_head, seq_len, seq_len), dtype=np.float32)
-        _, weights = self._bound.model(output_attentions=True).execute(to_buffer(x, self.dtype, self.device))
+        _, weights = self._bound.model("attentions").execute(to_buffer(x, self.dtype, self.device))
         return to_numpy(weights).astype(np.float32)
 
 
@@ -227,7 +227,8 @@ def compile_attention(
     checked = check_weights(weights, config)  # before spending time compiling
     tiles = CPU_FLASH_TILES if chosen == "flash" and target.is_host else 1
 
-    def stage(output_attentions: bool) -> Graph:
+    def stage(variant: str) -> Graph:
+        output_attentions = variant == "attentions"
         with F.lazy(), default_device(target), default_dtype(compute_dtype):
             # lazy: the modules' random initial weights are never made
             if output_attentions:

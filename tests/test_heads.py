@@ -63,12 +63,12 @@ def test_padding_never_reaches_the_weights(compiled_lm):
         np.testing.assert_allclose(batched[:, row, :, pad:, pad:], alone, atol=2e-6)
 
 
-def test_another_checkpoint_reuses_both_graphs(compiled_lm, lm_weights):
-    """The plain graph and the one with weights are compiled once, and shared by `with_weights`."""
+def test_another_checkpoint_reuses_the_graphs(compiled_lm, lm_weights):
+    """The prompt, step and attention-weights graphs are compiled once, and shared by `with_weights`."""
     lm = compiled_lm(LM)
     ids = prompts(LM, 2, 6, seed=9)
     lm.attentions(ids)
-    assert sorted(lm.graph.compiled_variants()) == [False, True]
+    assert sorted(lm.graph.compiled_variants()) == ["attentions", "decode", "plain"]
     other = lm.with_weights(lm_weights(LM, seed=1))
     assert other.graph is lm.graph
     expected = reference.lm_forward(ids, lm_weights(LM, seed=1), LM)

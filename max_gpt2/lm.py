@@ -210,7 +210,7 @@ class CompiledLM:
         caches: list[Buffer],
         variant: str = "plain",
     ) -> np.ndarray:
-        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for these new tokens."""
+        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for the new tokens."""
         inputs = self._inputs(ids, positions, mask, logit_index)
         (logits,) = self._bound.model(variant).execute(*inputs, *caches)
         return np.from_dlpack(logits.to(CPU()))

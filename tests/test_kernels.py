@@ -9,7 +9,7 @@ from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
-from max_gpt2.kernels import MOJO_PACKAGE
+from max_gpt2.kernels import MOJO_PACKAGE, skinny_matmul_graph
 
 CPU_REF = DeviceRef.CPU()
 LOWEST = -1.7e38  # what `padding_bias` gives padding
@@ -22,12 +22,7 @@ def session() -> InferenceSession:
 
 @pytest.fixture(scope="module")
 def matmul(session) -> Model:
-    x, w = (TensorType(DType.float32, shape, CPU_REF) for shape in (["M", "K"], ["N", "K"]))
-    with Graph("skinny_matmul_alone", input_types=[x, w], custom_extensions=[MOJO_PACKAGE]) as graph:
-        x, w = (value.tensor for value in graph.inputs)
-        out = TensorType(DType.float32, [x.shape[0], w.shape[0]], CPU_REF)
-        graph.output(*ops.custom("skinny_matmul", CPU_REF, [x, w], [out]))
-    return session.load(graph)
+    return session.load(skinny_matmul_graph())
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,9 @@ def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
     w = rng.standard_normal((n, k), dtype=np.float32)
     (y,) = matmul.execute(Buffer.from_numpy(x), Buffer.from_numpy(w))
     expected = x.astype(np.float64) @ w.astype(np.float64).T
-    np.testing.assert_allclose(y.to_numpy(), expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
+    np.testing.assert_allclose(
+        y.to_numpy(), expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max()
+    )
 
 
 def attention_reference(cache, qkv, key_bias, heads):

@@ -27,7 +27,7 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Linear
 from max.experimental.tensor import Tensor, TensorType
-from max.graph import BufferValue
+from max.graph import BufferValue, DeviceRef, Graph, ops
 
 from max_gpt2.cached_attention import CachedAttention
 
@@ -37,6 +37,17 @@ MOJO_PACKAGE = Path(__file__).parent
 def kernels_run_on(device: Device, dtype: DType) -> bool:
     """Whether the decoding kernels serve this device and dtype: the CPU, float32."""
     return device.is_host and dtype == DType.float32
+
+
+def skinny_matmul_graph() -> Graph:
+    """`skinny_matmul` alone, for the CPU: x [M, K] and W [N, K] in, y [M, N] out (all symbolic)."""
+    cpu = DeviceRef.CPU()
+    x, w = (TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"]))
+    with Graph("skinny_matmul_alone", input_types=[x, w], custom_extensions=[MOJO_PACKAGE]) as graph:
+        x, w = (value.tensor for value in graph.inputs)
+        out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
+        graph.output(*ops.custom("skinny_matmul", cpu, [x, w], [out]))
+    return graph
 
 
 class SkinnyLinear(Linear):

@@ -4,11 +4,12 @@ Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
-`make test` compiles eleven graphs on CPU: attention for GPT-2 small's and the odd
-layout (float32, bfloat16 and flash for the latter), the two language models, the
-attention-weights variants of the odd attention and of LM (tests/test_heads.py),
-and for tests/test_serve.py the server's paged-cache graph, MAX's sampler and
-`ragged_positions` alone.
+`make test` compiles fifteen graphs on CPU: attention for GPT-2 small's and the odd
+layout (float32, bfloat16 and flash for the latter), the two language models (a
+prompt graph and a decoding-step graph each), the attention-weights variants of
+the odd attention and of LM (tests/test_heads.py), the two Mojo kernels alone
+(tests/test_kernels.py, seconds each), and for tests/test_serve.py the server's
+paged-cache graph, MAX's sampler and `ragged_positions` alone.
 
 MAX compiles on one core most of the time, so on a fresh 2-core machine the
 session starts the slow work later tests need in other processes as soon as the

@@ -25,11 +25,11 @@ from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType, default_device, default_dtype
 
 from max_gpt2 import GPT2Attention, compile_attention
-from max_gpt2.bench import MODELS, parse_shapes
-from max_gpt2.config import GPT2Config
-from max_gpt2.contenders import torch_contenders, torch_skip_reason
-from max_gpt2.devices import to_buffer, to_numpy
-from max_gpt2.measure import settle
+from max_gpt2.bench.attention import MODELS, parse_shapes
+from max_gpt2.bench.attention_contenders import torch_contenders, torch_skip_reason
+from max_gpt2.bench.harness import settle
+from max_gpt2.inference.devices import to_buffer, to_numpy
+from max_gpt2.model.config import GPT2Config
 from max_gpt2.testing import random_attention_weights
 
 

@@ -4,8 +4,9 @@
 
 Times one decoding step (one new token per row, median of 20) of GPT-2 small
 shapes with 12 layers and with 1, at several context lengths and batch 1 and 8,
-through the step graph (`"decode"`, the Mojo kernels) and the prompt graph
-(`"plain"`, MAX's own ops) on the same weights and caches. A layer costs
+through the Mojo kernels (`"decode"`, the default step graph on the CPU) and
+through MAX's own ops (`"plain"`, `load_lm(..., kernels=False)`), on the same
+weights, with `CompiledLM`'s public steps (`new_cache`, `prefill`, `decode_step`). A layer costs
 (t12 - t1) / 11; the rest (embeddings, final norm, LM head, the call itself)
 costs t1 minus one layer. Each layer reads 28.3 MB of float32 weights and the
 head 154 MB, so bytes over time gives the bandwidth each part streams at.
@@ -19,28 +20,25 @@ import time
 
 import numpy as np
 
-from max_gpt2.config import GPT2Config
-from max_gpt2.console import default_cache_dir
-from max_gpt2.inputs import position_ids
-from max_gpt2.lm import CompiledLM, load_lm
+from max_gpt2.inference.lm import CompiledLM, load_lm
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.outputs import default_cache_dir
 from max_gpt2.testing import write_checkpoint
 
 CONTEXTS = (32, 160, 512, 900)
+STEPS = 20
 BATCHES = (1, 8)
 
 
-def step_ms(lm: CompiledLM, variant: str, batch: int, context: int, rng: np.random.Generator) -> float:
-    """Median ms of a decoding step at `context` positions, after a prompt of that length."""
+def step_ms(lm: CompiledLM, batch: int, context: int, rng: np.random.Generator) -> float:
+    """Median ms of a decoding step at about `context` positions, after a prompt of that length."""
     ids = rng.integers(0, lm.config.vocab_size, (batch, context))
-    mask = np.ones_like(ids)
-    caches = lm._new_cache(batch, context + 1)
-    lm._run(ids, position_ids(mask), mask, np.array([context - 1]), caches)
-    token, position = np.full((batch, 1), 5), np.full((batch, 1), context)
-    mask = np.ones((batch, context + 1), dtype=np.int64)
-    times = []
-    for _ in range(20):  # the same position each time: the step rewrites it
+    cache = lm.new_cache(batch, context + STEPS)
+    lm.prefill(ids, cache)
+    tokens, times = np.full(batch, 5), []
+    for _ in range(STEPS):  # the context grows by one a step: by STEPS in all, next to hundreds
         start = time.perf_counter()
-        lm._run(token, position, mask, np.array([0]), caches, variant)
+        lm.decode_step(tokens, cache)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
@@ -51,13 +49,13 @@ def main() -> None:
         path = default_cache_dir() / f"gpt2-small-{layers}-layer-breakdown"
         if not (path / "config.json").is_file():
             write_checkpoint(path, GPT2Config(n_layer=layers), seed=0)
-        lm, rng = load_lm(path, "cpu", "float32"), np.random.default_rng(0)
-        timings[layers] = {
-            (variant, batch, context): step_ms(lm, variant, batch, context, rng)
-            for variant in ("decode", "plain")
-            for batch in BATCHES
-            for context in CONTEXTS
-        }
+        rng = np.random.default_rng(0)
+        timings[layers] = {}
+        for variant, kernels in (("decode", None), ("plain", False)):
+            lm = load_lm(path, "cpu", "float32", kernels=kernels)
+            for batch in BATCHES:
+                for context in CONTEXTS:
+                    timings[layers][variant, batch, context] = step_ms(lm, batch, context, rng)
     print("| graph | batch | context | step ms | per layer ms | rest ms | layer GB/s | rest GB/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for key in timings[12]:

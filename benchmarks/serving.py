@@ -3,7 +3,7 @@
     python benchmarks/serving.py                       # the GPT-2-small-shaped demo checkpoint, CPU
     python benchmarks/serving.py --checkpoint ~/models/gpt2 --clients 1,4,16 --device gpu --dtype bfloat16
 
-Starts `max-gpt2 serve` (`max_gpt2.server.ServerProcess`), waits until it
+Starts `max-gpt2 serve` (`max_gpt2.cli.serve.ServerProcess`), waits until it
 answers, sends one untimed request, then for each number of clients C runs C
 threads that each send `--requests` completions one after another (greedy,
 `--max-tokens` new tokens after a prompt of about `--prompt-tokens` tokens) and
@@ -25,12 +25,14 @@ from typing import Any
 
 import openai
 
-from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint
-from max_gpt2.devices import resolve_device
-from max_gpt2.measure import machine_description
-from max_gpt2.server import ServerProcess, free_port, require_serve_extra
+from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.cli.console import demo_checkpoint
+from max_gpt2.cli.serve import require_serve_extra
+from max_gpt2.inference.devices import resolve_device
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import CORPUS
-from max_gpt2.tokenizer import load_tokenizer
 
 
 def prompt_of(checkpoint: Path, tokens: int) -> str:

@@ -29,7 +29,8 @@ with tempfile.TemporaryDirectory() as scratch:
     checkpoint = Checkpoint(path)  # checks the files and reads config.json
     config = checkpoint.config
     print(f"{checkpoint.path}: n_embd={config.n_embd}, n_head={config.n_head}, n_layer={config.n_layer}")
-    print(f"key layout: {checkpoint.key(0, 'c_attn.weight')} (Conv1D [in, out], transposed on load)")
+    stored = checkpoint.adapter.key_of("transformer.h.0.attn.c_attn.weight")  # the checkpoint's own name
+    print(f"key layout: {stored} (Conv1D [in, out], transposed on load)")
 
     weights = checkpoint.attention_weights(0)
     for name, value in weights.items():

@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from max_gpt2 import GPT2Config, load_lm
+from max_gpt2.inference.tokenizer import TextStream, load_tokenizer
 from max_gpt2.testing import write_checkpoint
-from max_gpt2.tokenizer import TextStream, load_tokenizer
 from max_gpt2.verify import compare
 
 SMALL_SEEDED = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)

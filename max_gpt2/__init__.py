@@ -6,20 +6,36 @@
     lm = load_lm("path/to/gpt2")                           # the whole model, compiled
     tokens = lm.generate(input_ids, max_new_tokens=20)     # [batch, seq + 20] int64
 
-The data path, one module each: `config` (shapes) and `weights` (the checkpoint
-adapter); the MAX modules `attention` (with `flash` and `wrapper`), `cached_attention`
-and `model`; compiled and run by `runtime` (attention) and `lm` (the model, with
-`inputs` and `sampling`, both through `compiled`); text through `tokenizer`.
-Attention weights: `CompiledLM.attentions`, summarized by `head_summary`, drawn by
-`gallery`. Checked by `reference` (NumPy, float64) under `verify`'s tolerances, on
-`testing`'s seeded checkpoints. Commands: `cli`, `bench`, `generation`, `heads`.
+The package follows the data path, checkpoint -> adapter -> modules -> compiled
+model -> tokens -> server: `model` (what GPT-2 is: config, checkpoint, weights
+adapter, MAX modules), `kernels` (Mojo decoding kernels), `inference` (compiled
+graphs, prefill and decode steps, generation, sampling, tokenizer) and `serving`
+(MAX's serving engine). Beside them: `reference` (NumPy, float64) and `verify`
+(tolerances) check the MAX side; `testing` writes seeded checkpoints. Tools that
+use the library: `analysis` (attention heads), `cli` (the `max-gpt2` command)
+and `bench` (side-by-side benchmarks).
 """
 
-from max_gpt2.attention import GPT2Attention, causal_mask
-from max_gpt2.config import GPT2Config
-from max_gpt2.lm import CompiledLM, Step, compile_lm, load_lm
-from max_gpt2.runtime import CompiledAttention, compile_attention, from_pretrained
-from max_gpt2.weights import Checkpoint, CheckpointError, load_attention_weights
+from max_gpt2.inference import (
+    CompiledAttention,
+    CompiledLM,
+    KVCache,
+    Sampler,
+    Step,
+    compile_attention,
+    compile_lm,
+    from_pretrained,
+    load_lm,
+    load_tokenizer,
+)
+from max_gpt2.model import (
+    Checkpoint,
+    CheckpointError,
+    GPT2Attention,
+    GPT2Config,
+    causal_mask,
+    load_attention_weights,
+)
 
 __all__ = [
     "Checkpoint",
@@ -28,6 +44,8 @@ __all__ = [
     "CompiledLM",
     "GPT2Attention",
     "GPT2Config",
+    "KVCache",
+    "Sampler",
     "Step",
     "causal_mask",
     "compile_attention",
@@ -35,4 +53,5 @@ __all__ = [
     "from_pretrained",
     "load_attention_weights",
     "load_lm",
+    "load_tokenizer",
 ]

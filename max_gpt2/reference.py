@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:  # for annotations only; the config module imports nothing from MAX either
-    from max_gpt2.config import GPT2Config
+    from max_gpt2.model.config import GPT2Config
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import safetensors
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from max_gpt2.config import GPT2Config
-from max_gpt2.dtypes import float32_to_bfloat16_bits, parse_dtype
-from max_gpt2.weights import INDEX_FILE, model_parameter_shapes, parameter_shapes, stored_shape
+from max_gpt2.model.checkpoint import INDEX_FILE
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.dtypes import float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes, stored_shape
+from max_gpt2.outputs import write_atomically
 
 LAYOUTS = {"hub": "", "save_pretrained": "transformer."}
 """Key prefix of each layout: `h.0.attn...` on the Hub, `transformer.h.0.attn...` from `save_pretrained`."""
@@ -69,13 +69,6 @@ def random_attention_weights(config: GPT2Config, seed: int = 0) -> dict[str, np.
         name: np.ascontiguousarray(_value(f"h.0.attn.{name}", shape[::-1], rng).T)
         for name, shape in parameter_shapes(config).items()
     }
-
-
-def write_atomically(file: Path, write: Callable[[Path], Any]) -> None:
-    """Calls `write` on a temporary name beside `file`, then renames it into place."""
-    partial = file.with_name(file.name + ".partial")
-    write(partial)
-    os.replace(partial, file)
 
 
 def _write_safetensors(tensors: dict[str, np.ndarray], dtype: str, file: Path) -> None:

@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 
 from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, compile_attention, compile_lm
-from max_gpt2.server import ServerProcess, free_port
+from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
-from max_gpt2.weights import Checkpoint
 from tests.support import LM, serving_missing
 
 SERVER = pytest.StashKey[ServerProcess]()

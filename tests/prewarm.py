@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from max_gpt2 import GPT2Config, compile_attention, compile_lm
-from max_gpt2.weights import model_parameter_shapes, parameter_shapes
+from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
 from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, ODD, serving_missing
 
 

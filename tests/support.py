@@ -12,7 +12,7 @@ import pytest
 from max.driver import accelerator_count
 
 from max_gpt2 import GPT2Config
-from max_gpt2.server import SERVE_MODULES, missing_modules
+from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)

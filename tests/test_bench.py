@@ -12,9 +12,10 @@ import json
 
 import pytest
 
-from max_gpt2 import bench, measure
+from max_gpt2.bench import harness
+from max_gpt2.bench.attention import attention_flops
 from max_gpt2.cli import main
-from max_gpt2.config import GPT2Config
+from max_gpt2.model.config import GPT2Config
 from tests.support import ODD
 
 MODEL = f"{ODD.n_embd}x{ODD.n_head}"
@@ -74,7 +75,7 @@ def test_plot_is_drawn_or_the_reason_given(run, capsys):
 
 
 def test_missing_pytorch_is_reported_not_fatal(run, capsys, monkeypatch):
-    monkeypatch.setattr(measure, "optional_torch", lambda: None)  # what every PyTorch lookup calls
+    monkeypatch.setattr(harness, "optional_torch", lambda: None)  # what every PyTorch lookup calls
     code, out, report, _ = run("--impls", "graph,torch-sdpa", capsys=capsys)
     assert code == 0
     assert report["skipped"] == {"torch-sdpa": "PyTorch is not installed (pip install 'max-gpt2[peers]')"}
@@ -103,4 +104,4 @@ def test_flops_count_projections_and_the_unmasked_pairs():
     config = GPT2Config(n_embd=4, n_head=2)  # head_dim 2
     projections = 2 * 1 * 3 * 4 * (12 + 4)  # batch 1, seq 3: c_attn [4 -> 12], c_proj [4 -> 4]
     attention = 2 * 2 * 1 * 2 * 2 * 6  # QK^T and PV, 2 heads of 2, 6 = 3 * 4 / 2 causal pairs
-    assert bench.attention_flops(config, batch=1, seq_len=3) == projections + attention
+    assert attention_flops(config, batch=1, seq_len=3) == projections + attention

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from max_gpt2.bench_generate import parse_cases, weight_bytes_per_step
+from max_gpt2.bench.generation import weight_bytes_per_step
 from max_gpt2.cli import main
-from max_gpt2.weights import Checkpoint
+from max_gpt2.cli.bench_generate import parse_cases
+from max_gpt2.model.checkpoint import Checkpoint
 from tests.support import LM
 
 

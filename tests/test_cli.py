@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from max_gpt2 import cli, console, verify
+from max_gpt2 import Sampler, cli, verify
+from max_gpt2.cli import console
+from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.testing import write_checkpoint
-from max_gpt2.tokenizer import load_tokenizer
 from tests.support import GPT2_SMALL, LM, ODD, run_command, run_python
 
 
@@ -157,7 +158,7 @@ def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
     args = ["generate", "--checkpoint", str(path), "--tokens", "5,6,7", "--max-new-tokens", "6"]
     done = run_cli(*args, "--top-k", "3", "--seed", "11")
     assert done.returncode == 0, done.stderr
-    expected = lm.generate(np.array([[5, 6, 7]]), 6, do_sample=True, top_k=3, seed=11)[0]
+    expected = lm.generate(np.array([[5, 6, 7]]), 6, sampler=Sampler(do_sample=True, top_k=3, seed=11))[0]
     assert done.stdout == ",".join(map(str, expected)) + "\n"
     no_text = run_cli("generate", "--checkpoint", str(path), "--prompt", "hello")
     assert no_text.returncode == 2 and "has no tokenizer" in no_text.stderr and "--tokens" in no_text.stderr

@@ -13,7 +13,7 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import reference
-from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check, compare

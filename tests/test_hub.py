@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from max_gpt2 import hub
+from max_gpt2.model import hub
 from max_gpt2.testing import write_checkpoint
 from tests.support import ODD
 

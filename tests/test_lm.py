@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from max_gpt2 import GPT2Config, load_lm, reference
+from max_gpt2 import GPT2Config, Sampler, load_lm, reference
 from max_gpt2.verify import compare
 from tests.support import LM, LM_ONE_LAYER
 
@@ -98,6 +98,42 @@ def test_every_cached_step_equals_recomputation(compiled_lm, config):
         np.testing.assert_array_equal(step.tokens, np.argmax(step.logits, axis=-1))
 
 
+def test_prefill_and_decode_steps_by_hand_equal_the_full_forward(compiled_lm):
+    """The public steps (`new_cache`, `prefill`, `decode_step`) with tokens of our choosing."""
+    lm = compiled_lm(LM)
+    ids, mask = prompts(LM, 2, 5, seed=3), left_padding(2, 5)
+    fed = prompts(LM, 2, 4, seed=4)  # not what the model would pick: teacher forcing
+    cache = lm.new_cache(2, 5 + 4)
+    logits = [lm.prefill(ids, cache, mask)] + [lm.decode_step(fed[:, i], cache) for i in range(3)]
+    assert cache.length == 8
+    full = lm.logits(np.concatenate([ids, fed[:, :3]], axis=1), np.concatenate([mask, np.ones((2, 3))], 1))
+    for index, step in enumerate(logits):
+        comparison = compare(step, full[:, 4 + index].astype(np.float64), "float32")
+        assert comparison.passed, (index, comparison)
+    np.testing.assert_array_equal(cache.next_positions()[:, 0], mask.sum(axis=1) + 3)
+
+
+def test_the_steps_refuse_what_does_not_fit_the_cache(compiled_lm):
+    lm = compiled_lm(LM)
+    cache = lm.new_cache(1, 3)
+    with pytest.raises(ValueError, match="decode_step needs a cache that holds a prompt"):
+        lm.decode_step([1], cache)
+    with pytest.raises(ValueError, match=r"a prompt of shape \[2, 3\] does not fit a cache of 1 rows"):
+        lm.prefill([[1, 2, 3], [4, 5, 6]], cache)
+    lm.prefill([[1, 2]], cache)
+    with pytest.raises(ValueError, match="prefill needs an empty cache; this one holds 2 positions"):
+        lm.prefill([[1, 2]], cache)
+    with pytest.raises(ValueError, match=r"tokens must have shape \[batch=1\], one per row, got \[2\]"):
+        lm.decode_step([1, 2], cache)
+    with pytest.raises(ValueError, match=r"tokens\[0\] = 320 is outside the vocabulary \(0..319\)"):
+        lm.decode_step([320], cache)
+    lm.decode_step([1], cache)
+    with pytest.raises(ValueError, match="the cache is full: all 3 positions are written"):
+        lm.decode_step([1], cache)
+    with pytest.raises(ValueError, match="a cache of 49 positions is longer than the model's n_positions=48"):
+        lm.new_cache(1, 49)
+
+
 def test_a_left_padded_row_generates_what_it_generates_alone(compiled_lm):
     lm = compiled_lm(LM)
     ids, mask = prompts(LM, 3, 8, seed=6), left_padding(3, 8)
@@ -131,21 +167,29 @@ def test_greedy_is_argmax_of_the_reference(compiled_lm, lm_weights):
 def test_sampling_is_seeded(compiled_lm):
     lm = compiled_lm(LM)
     ids = prompts(LM, 2, 5)
-    first = lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=3)
-    np.testing.assert_array_equal(first, lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=3))
-    assert not np.array_equal(first, lm.generate(ids, 10, do_sample=True, temperature=1.5, seed=4))
+    first = lm.generate(ids, 10, sampler=Sampler(do_sample=True, temperature=1.5, seed=3))
+    np.testing.assert_array_equal(
+        first, lm.generate(ids, 10, sampler=Sampler(do_sample=True, temperature=1.5, seed=3))
+    )
+    assert not np.array_equal(
+        first, lm.generate(ids, 10, sampler=Sampler(do_sample=True, temperature=1.5, seed=4))
+    )
     assert not np.array_equal(first, lm.generate(ids, 10))
 
 
 def test_top_k_one_is_greedy(compiled_lm):
     lm = compiled_lm(LM)
     ids = prompts(LM, 2, 5)
-    np.testing.assert_array_equal(lm.generate(ids, 8, do_sample=True, top_k=1, seed=0), lm.generate(ids, 8))
+    np.testing.assert_array_equal(
+        lm.generate(ids, 8, sampler=Sampler(do_sample=True, top_k=1, seed=0)), lm.generate(ids, 8)
+    )
 
 
 def test_sampled_tokens_stay_in_the_top_k(compiled_lm):
     lm = compiled_lm(LM)
-    for step in lm.stream(prompts(LM, 3, 4), 10, do_sample=True, temperature=3.0, top_k=4, seed=1):
+    for step in lm.stream(
+        prompts(LM, 3, 4), 10, sampler=Sampler(do_sample=True, temperature=3.0, top_k=4, seed=1)
+    ):
         top = np.argsort(-step.logits, axis=-1)[:, :4]
         assert all(token in allowed for token, allowed in zip(step.tokens, top, strict=True))
 
@@ -220,10 +264,6 @@ def test_bad_prompts_are_refused(compiled_lm, call, error, message):
             ValueError,
             r"3 prompt tokens \+ 46 new tokens = 49 positions, .*n_positions=48",
         ),
-        ({"temperature": 0}, ValueError, "temperature must be a positive number, got 0"),
-        ({"temperature": -1.0}, ValueError, "temperature must be a positive number"),
-        ({"top_k": 0}, ValueError, "top_k must be a positive integer or None, got 0"),
-        ({"top_p": 1.5}, ValueError, r"top_p must be a number in \(0, 1\] or None, got 1.5"),
         ({"eos_token_id": 320}, ValueError, r"eos_token_id must be a token id in 0..319 or None, got 320"),
         (
             {"attention_mask": [[1, 1, 0]]},
@@ -239,6 +279,11 @@ def test_bad_generation_options_are_refused_before_any_work(compiled_lm, options
         lm.stream(**arguments)  # raises at the call, not at the first step
     with pytest.raises(error, match=message):
         lm.generate(**arguments)
+
+
+def test_a_sampler_must_be_a_sampler(compiled_lm):
+    with pytest.raises(TypeError, match="sampler must be a Sampler, got dict"):
+        compiled_lm(LM).stream([[1, 2, 3]], 4, sampler={"temperature": 0.5})
 
 
 def test_too_long_for_the_context(compiled_lm):

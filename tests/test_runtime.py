@@ -9,7 +9,7 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import compile_attention, from_pretrained, load_attention_weights
-from max_gpt2.devices import resolve_device
+from max_gpt2.inference.devices import resolve_device
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import check
 from tests.support import HAS_GPU, ODD

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from max_gpt2.sampling import Sampler, softmax
+from max_gpt2.inference.sampling import Sampler, softmax
 
 logit_rows = arrays(
     np.float64, st.tuples(st.integers(1, 3), st.integers(2, 40)), elements=st.floats(-20, 20, width=32)

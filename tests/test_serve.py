@@ -22,10 +22,10 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor, TensorType
 from tokenizers.decoders import DecodeStream
 
-from max_gpt2.server import ServerProcess
+from max_gpt2.bench.server import ServerProcess
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
-from max_gpt2.tokenizer import load_tokenizer
-from max_gpt2.weights import Checkpoint
 from tests.support import LM, run_python, serving_missing
 
 MISSING = serving_missing()

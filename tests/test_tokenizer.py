@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from max_gpt2.inference.tokenizer import TextStream, load_tokenizer
 from max_gpt2.testing import END_OF_TEXT, write_tokenizer
-from max_gpt2.tokenizer import TextStream, load_tokenizer
 
 TEXTS = ["The cat sat by the window.", "naïve café, 14 °C — 🐈", "def add(a, b):\n    return a + b\n", " "]
 

@@ -13,9 +13,9 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from max_gpt2 import Checkpoint, CheckpointError, GPT2Config, load_attention_weights
-from max_gpt2.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.weight_adapters import model_parameter_shapes
 from max_gpt2.testing import LAYOUTS, checkpoint_shapes, write_checkpoint
-from max_gpt2.weights import model_parameter_shapes
 from tests.support import ODD
 
 PARAMETERS = ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
@@ -262,7 +262,7 @@ def test_config_is_read_from_the_checkpoint(tmp_path):
     config = GPT2Config(n_embd=32, n_head=4, n_layer=1, n_positions=8, vocab_size=11)
     checkpoint = Checkpoint(write_checkpoint(tmp_path, config, layout="save_pretrained"))
     assert checkpoint.config == config
-    assert checkpoint.prefix == "transformer."
+    assert checkpoint.adapter.prefix == "transformer."
     assert checkpoint.layers_found == 1
 
 

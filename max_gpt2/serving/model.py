@@ -5,7 +5,7 @@ paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
 flattened cache), runs the graph once per step and samples.
 
-Weights are read by `max_gpt2.weights.Checkpoint`, the adapter `load_lm` uses:
+Weights are read by `max_gpt2.model.checkpoint.Checkpoint`, the adapter `load_lm` uses:
 both key layouts, Conv1D transposed, the head tied to `wte` unless the
 checkpoint unties it, every shape checked against `config.json`, the same errors.
 """
@@ -20,10 +20,10 @@ from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3Mo
 from max.pipelines.context import TextContext
 from max.pipelines.lib import ModuleV3PipelineModelWithKVCache
 
-from max_gpt2.devices import to_buffer
+from max_gpt2.inference.devices import to_buffer
+from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
-from max_gpt2.weights import Checkpoint
 
 
 class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):

@@ -23,7 +23,7 @@ from max.pipelines.modeling.config_enums import SupportedEncoding, supported_enc
 from transformers import AutoConfig
 from typing_extensions import Self
 
-from max_gpt2.config import GPT2Config
+from max_gpt2.model.config import GPT2Config
 
 
 @dataclass(kw_only=True)

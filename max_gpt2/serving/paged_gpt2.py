@@ -36,9 +36,9 @@ from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
 from max.pipelines.lib import ModuleV3Outputs
 
-from max_gpt2.attention import GPT2Attention
-from max_gpt2.config import GPT2Config
-from max_gpt2.model import Block, layer_norm
+from max_gpt2.model.attention import GPT2Attention
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gpt2 import Block, layer_norm
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)

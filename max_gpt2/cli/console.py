@@ -1,59 +1,18 @@
-"""Helpers shared by the commands: progress, argument types, the demo checkpoint, reading a prompt."""
+"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
 
 from tokenizers import Tokenizer
 
-from max_gpt2.config import GPT2Config
+from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
-from max_gpt2.tokenizer import load_tokenizer, tokenizer_directory
-from max_gpt2.weights import Checkpoint
-
-
-class Progress:
-    """Step-by-step progress on a stream, with a live elapsed-time counter on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def note(self, message: str) -> None:
-        print(message, file=self.stream, flush=True)
-
-    @contextlib.contextmanager
-    def step(self, label: str) -> Iterator[dict[str, float]]:
-        """Reports `label`, then how long it took; yields a dict that receives `seconds`."""
-        timing: dict[str, float] = {}
-        start = time.perf_counter()
-        done = threading.Event()
-        ticker = None
-        if self.stream.isatty():
-            ticker = threading.Thread(target=self._tick, args=(label, start, done), daemon=True)
-            ticker.start()
-        else:
-            self.note(f"{label} ...")
-        try:
-            yield timing
-        finally:
-            done.set()
-            if ticker is not None:
-                ticker.join()
-            timing["seconds"] = time.perf_counter() - start
-        self.note(f"{label}: done in {timing['seconds']:.2f} s")
-
-    def _tick(self, label: str, start: float, done: threading.Event) -> None:
-        while not done.wait(0.5):
-            print(f"\r{label} ... {time.perf_counter() - start:.0f} s", end="", file=self.stream, flush=True)
-        print("\r", end="", file=self.stream, flush=True)
 
 
 def positive_int(text: str) -> int:
@@ -89,13 +48,6 @@ def parse_layers(spec: str, n_layer: int) -> list[int]:
     if outside or not layers:
         raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")
     return list(dict.fromkeys(layers))
-
-
-def default_cache_dir() -> Path:
-    """`$MAX_GPT2_CACHE`, else `$XDG_CACHE_HOME/max-gpt2`, else `~/.cache/max-gpt2`."""
-    if explicit := os.environ.get("MAX_GPT2_CACHE"):
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
 
 
 def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:

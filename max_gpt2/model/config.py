@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from max_gpt2 import hub
+from max_gpt2.model import hub
 
 # Hugging Face's GPT2Config accepts these generic names as aliases.
 _ALIASES = {
@@ -120,7 +120,7 @@ class GPT2Config:
 
         `path` may be the directory, a `.safetensors` file, a
         `model.safetensors.index.json`, the `config.json` itself, or a Hugging
-        Face Hub id (see `max_gpt2.hub`).
+        Face Hub id (see `max_gpt2.model.hub`).
         """
         path = hub.resolve(path)
         if path.is_dir():

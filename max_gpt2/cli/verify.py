@@ -1,12 +1,14 @@
-"""Command line: `max-gpt2 demo`, `verify`, `bench`, `bench-generate`, `generate`, `heads` and `serve`.
+"""`max-gpt2 verify`: every chosen layer of a checkpoint's attention against the NumPy reference.
 
-`demo` and `verify` load a GPT-2 checkpoint through the weights adapter, compile attention once,
-run every chosen layer on the same random batch, and compare each with the NumPy
-reference. With no `--checkpoint`, they make (once) and reuse a seeded
-GPT-2-small-shaped checkpoint in the cache directory. Progress goes to stderr,
-results to stdout; the exit status is 1 if any layer disagrees with the
-reference, 2 for bad input. `bench` is `max_gpt2.bench`, `bench-generate` `max_gpt2.bench_generate`,
-`generate` `max_gpt2.generation`, `heads` `max_gpt2.heads`, `serve` `max_gpt2.server`.
+    max-gpt2 verify --checkpoint ~/models/gpt2 --json --batch 4 --seq-len 512
+
+Loads the checkpoint through the weights adapter, compiles attention once, runs
+every chosen layer on the same random batch and compares each with the float64
+reference under `max_gpt2.verify`'s tolerances. With no `--checkpoint` it makes
+(once) and reuses a seeded GPT-2-small-shaped checkpoint in the cache directory.
+Progress goes to stderr, the report to stdout (a table, or JSON with `--json`);
+the exit status is 1 if any layer disagrees with the reference, 2 for bad input.
+`max-gpt2 demo` is the same check with a banner (`max_gpt2.cli.demo`).
 """
 
 from __future__ import annotations
@@ -14,21 +16,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from max_gpt2 import bench, bench_generate, generation, heads, server
-from max_gpt2.console import Progress, default_cache_dir, demo_checkpoint, parse_layers, positive_int
-from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.dtypes import DTYPES
-from max_gpt2.runtime import IMPLEMENTATIONS, compile_attention
+from max_gpt2.cli.console import demo_checkpoint, parse_layers, positive_int
+from max_gpt2.inference.attention import IMPLEMENTATIONS, compile_attention
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.verify import check
-from max_gpt2.weights import Checkpoint
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The check's options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    parser.add_argument("--checkpoint", help="GPT-2 safetensors checkpoint: file, directory, or Hub id")
+    parser.add_argument("--impl", default="auto", choices=IMPLEMENTATIONS, help="(default: auto)")
+    parser.add_argument("--batch", type=positive_int, default=2)
+    parser.add_argument("--seq-len", type=positive_int, default=128)
+    parser.add_argument("--layers", default="all", help="'all' or a list such as '0,3-5' (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the input and the demo checkpoint")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    """Runs the check and prints the report; 0 if every layer agrees, 1 if one does not, 2 for bad input."""
+    args.cache_dir = args.cache_dir or default_cache_dir()
+    report = run_verification(args, progress)
+    print(json.dumps(report, indent=2) if getattr(args, "json", False) else format_report(report))
+    return 0 if report["passed"] else 1
 
 
 def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -116,55 +135,3 @@ def format_report(report: dict[str, Any]) -> str:
         else "MISMATCH: some layers disagree with the reference",
     ]
     return "\n".join(lines)
-
-
-# Commands that live in a module of their own, with its `add_arguments` and `main`.
-COMMANDS = {"bench-generate": bench_generate, "generate": generation, "heads": heads, "serve": server}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="max-gpt2", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    target = argparse.ArgumentParser(add_help=False)  # every command's device and dtype
-    target.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
-    target.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    shared = argparse.ArgumentParser(add_help=False, parents=[target])
-    shared.add_argument("--checkpoint", help="GPT-2 safetensors checkpoint: file, directory, or Hub id")
-    shared.add_argument("--impl", default="auto", choices=IMPLEMENTATIONS, help="(default: auto)")
-    shared.add_argument("--batch", type=positive_int, default=2)
-    shared.add_argument("--seq-len", type=positive_int, default=128)
-    shared.add_argument("--layers", default="all", help="'all' or a list such as '0,3-5' (default: all)")
-    shared.add_argument("--seed", type=int, default=0, help="seed for the input and the demo checkpoint")
-    shared.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
-    commands.add_parser("demo", parents=[shared], help="check every layer of a checkpoint, as a table")
-    verify = commands.add_parser("verify", parents=[shared], help="the same check, for scripts")
-    verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.add_arguments(commands.add_parser("bench", parents=[target], help=bench.__doc__.split("\n")[0]))
-    for name, command in COMMANDS.items():
-        command.add_arguments(
-            commands.add_parser(name, parents=[target], help=command.__doc__.split("\n")[0])
-        )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "bench":
-        return bench.main(args, Progress(sys.stderr))
-    if args.command in COMMANDS:
-        return COMMANDS[args.command].main(args, Progress(sys.stderr))
-    args.cache_dir = args.cache_dir or default_cache_dir()
-    as_json = getattr(args, "json", False)
-    progress = Progress(sys.stderr)
-    if args.command == "demo":
-        progress.note(
-            "max-gpt2 demo: GPT-2 attention compiled with MAX, checked layer by layer "
-            "against an independent NumPy reference"
-        )
-    try:
-        report = run_verification(args, progress)
-    except (OSError, ValueError) as error:
-        print(f"max-gpt2: error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=2) if as_json else format_report(report))
-    return 0 if report["passed"] else 1

@@ -1,4 +1,4 @@
-"""Text generation side by side: `max-gpt2 bench-generate` (also `make bench-generate`).
+"""Text generation side by side: what `max-gpt2 bench-generate` runs (also `make bench-generate`).
 
 Contenders, all loading the same checkpoint: `max` (our `CompiledLM`) and, when
 PyTorch and `transformers` are installed, `hf-eager` and `hf-sdpa` (Hugging
@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,47 +39,27 @@ import numpy as np
 from max.driver import CPU, Buffer
 from max.engine import InferenceSession
 
-from max_gpt2.config import GPT2Config
-from max_gpt2.console import Progress, default_cache_dir, positive_int
-from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.gallery import require_matplotlib
+from max_gpt2.bench.generation_contenders import (
+    Generator,
+    hugging_face_generators,
+    hugging_face_skip_reason,
+    max_generator,
+)
+from max_gpt2.bench.harness import machine_description, settle
+from max_gpt2.bench.report import save_figure
+from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.kernels import skinny_matmul_graph
-from max_gpt2.lm import load_lm
-from max_gpt2.measure import machine_description, optional_torch, publish, settle
-from max_gpt2.testing import write_atomically, write_checkpoint
-from max_gpt2.weights import Checkpoint
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.outputs import Progress, default_cache_dir, require_matplotlib
+from max_gpt2.testing import write_checkpoint
 
 MODELS = {
     "small": GPT2Config(),
     "medium": GPT2Config(n_embd=1024, n_head=16, n_layer=24),
 }
-CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 CURVE_WINDOW = 32  # tokens per point of the curve
 CURVE_PROMPT = 16
-
-
-@dataclass
-class Generator:
-    """One contender on one checkpoint: greedy generation with a clock on every token, and a forward."""
-
-    name: str
-    generate: Callable[[np.ndarray, int], np.ndarray]  # ids [B, S], new -> int64 [B, S + new]
-    clocked: Callable[[np.ndarray, int], list[float]]  # perf_counter at the call, then at every new token
-    forward: Callable[[np.ndarray], Any]  # one forward over ids, logits at every position
-
-
-def parse_cases(spec: str) -> list[tuple[int, int, int]]:
-    """`"1x32+128,8x32+128"` -> [(1, 32, 128), (8, 32, 128)]: batch, prompt length, new tokens."""
-    cases = []
-    for item in spec.split(","):
-        batch, _, rest = item.strip().partition("x")
-        prompt, _, new = rest.partition("+")
-        if not all(part.isdigit() and int(part) > 0 for part in (batch, prompt, new)):
-            raise ValueError(
-                f"--cases wants a list such as '1x32+128,8x32+128' (batch x prompt + new); got {item!r}"
-            )
-        cases.append((int(batch), int(prompt), int(new)))
-    return cases
 
 
 def weight_bytes_per_step(config: GPT2Config, bytes_per_value: int = 4) -> int:
@@ -126,67 +104,6 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
             best = min(best, time.perf_counter() - start)
         bandwidth[name] = matrix.nbytes / best
     return bandwidth
-
-
-def max_generator(checkpoint: Path, device: str, dtype: str) -> Generator:
-    lm = load_lm(checkpoint, device, dtype)
-
-    def clocked(ids: np.ndarray, new: int) -> list[float]:
-        times = [time.perf_counter()]
-        times += [time.perf_counter() for _ in lm.stream(ids, new)]
-        return times
-
-    return Generator("max", lm.generate, clocked, lm.logits)
-
-
-def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> list[Generator]:
-    """`hf-eager` and `hf-sdpa` as asked: GPT2LMHeadModel from the same files, greedy, no early stop."""
-    torch = optional_torch()
-    import transformers
-    from transformers.generation.streamers import BaseStreamer
-
-    transformers.logging.set_verbosity_error()
-    torch.set_grad_enabled(False)
-
-    class Clock(BaseStreamer):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def put(self, value: Any) -> None:  # the prompt first (the call's start), then each new token
-            self.times.append(time.perf_counter())
-
-        def end(self) -> None:
-            pass
-
-    def make(name: str) -> Generator:
-        model = transformers.GPT2LMHeadModel.from_pretrained(
-            checkpoint, attn_implementation=name.removeprefix("hf-"), dtype=getattr(torch, dtype)
-        ).eval()
-
-        def generate(ids: np.ndarray, new: int, streamer: Any = None) -> np.ndarray:
-            tokens = torch.from_numpy(ids)
-            options = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "streamer": streamer}
-            return model.generate(tokens, max_new_tokens=new, min_new_tokens=new, **options).numpy()
-
-        def clocked(ids: np.ndarray, new: int) -> list[float]:
-            clock = Clock()
-            generate(ids, new, clock)
-            return clock.times
-
-        return Generator(name, generate, clocked, lambda ids: model(torch.from_numpy(ids)))
-
-    return [make(name) for name in names]
-
-
-def hugging_face_skip_reason() -> str | None:
-    """Why Hugging Face cannot run here, or None."""
-    if optional_torch() is None:
-        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return "transformers is not installed (pip install 'max-gpt2[peers]')"
-    return None
 
 
 def rates(times: list[float], batch: int) -> tuple[float, float]:
@@ -363,59 +280,5 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
         axis.set_title(f"GPT-2 {model}, {report['device']} {report['dtype']}")
         axis.grid(True, alpha=0.3)
         axis.legend()
-    figure.tight_layout()
-    write_atomically(path, lambda temporary: figure.savefig(temporary, format="png", dpi=110))
-    plt.close(figure)
+    save_figure(plt, figure, path)
     return None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
-    parser.add_argument(
-        "--models", default="small,medium", help=f"from {', '.join(MODELS)}, or '' (default: all)"
-    )
-    parser.add_argument("--checkpoint", type=Path, help="also time this checkpoint directory")
-    parser.add_argument(
-        "--cases", type=parse_cases, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
-    )
-    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
-    parser.add_argument(
-        "--prefill", type=int, default=1024, help="prefill length to time; 0: none (default: 1024)"
-    )
-    parser.add_argument(
-        "--no-curve", dest="curve", action="store_false", help="skip tokens/s against context"
-    )
-    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (default: 3)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="where the generated checkpoints are kept"
-    )
-    parser.add_argument("--output", type=Path, default=Path("bench-results"), help="folder for JSON and PNG")
-
-
-def check_arguments(args: argparse.Namespace) -> None:
-    """Turns the comma lists into lists, refusing unknown names."""
-    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
-    if unknown := [name for name in args.models if name not in MODELS]:
-        raise ValueError(f"--models takes names from {', '.join(MODELS)}; got {', '.join(unknown)}")
-    args.contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
-    if "max" not in args.contenders or any(name not in CONTENDERS for name in args.contenders):
-        raise ValueError(
-            f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
-        )
-    if not args.models and args.checkpoint is None:
-        raise ValueError("nothing to time: give --models or --checkpoint")
-    if isinstance(args.cases, str):  # argparse leaves a default string unparsed
-        args.cases = parse_cases(args.cases)
-
-
-def main(args: argparse.Namespace, progress: Progress) -> int:
-    try:
-        check_arguments(args)
-        report = run_benchmark(args, progress)
-    except (OSError, ValueError) as error:
-        print(f"max-gpt2 bench-generate: error: {error}", file=sys.stderr)
-        return 2
-    stem = args.output / f"bench-generate-{report['device'].replace(':', '')}-{args.dtype}"
-    publish(report, stem, format_table(report), plot)
-    return 0

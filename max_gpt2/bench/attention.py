@@ -1,4 +1,4 @@
-"""Benchmark every attention implementation side by side: `python -m max_gpt2 bench`.
+"""Every attention implementation side by side: what `max-gpt2 bench` runs.
 
 Contenders, all given the same weights and the same input at each shape:
 `graph`, `flash` and `wrapper` (ours, compiled with MAX), `numpy` (the float64
@@ -7,11 +7,11 @@ softmax) and `torch-sdpa` (`scaled_dot_product_attention`, causal). Rounds are
 interleaved, each round timing every contender in a rotating order (one call, or
 a burst of up to 10 for calls under 50 ms), so machine noise falls on all of
 them alike; the table reports medians. Before its timed call a contender runs
-untimed for at least `measure.SETTLE_SECONDS`: right after a switch, the previous
+untimed for at least `harness.SETTLE_SECONDS`: right after a switch, the previous
 runtime's worker threads (MAX's, PyTorch's OpenMP, NumPy's BLAS) are still
 spinning on the same cores. Each output is checked against the reference on its
 first `CHECKED_TOKENS` positions (all of them, up to 1024 tokens). How each
-contender is called: `max_gpt2.contenders`.
+contender is called: `max_gpt2.bench.attention_contenders`.
 
 FLOPs count the useful work: the two projections, and QK^T and PV over the
 S(S+1)/2 query-key pairs the causal mask keeps. Peak is a large matrix
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,7 @@ import numpy as np
 from max.driver import Device
 
 from max_gpt2 import reference
-from max_gpt2.config import GPT2Config
-from max_gpt2.console import Progress, positive_int
-from max_gpt2.contenders import (
+from max_gpt2.bench.attention_contenders import (
     CONTENDERS,
     MAX_CONTENDERS,
     Contender,
@@ -44,18 +41,19 @@ from max_gpt2.contenders import (
     torch_contenders,
     torch_skip_reason,
 )
-from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.gallery import require_matplotlib
-from max_gpt2.measure import (
+from max_gpt2.bench.harness import (
     cold_compile_seconds,
     machine_description,
     measure_peak_gflops,
     peak_dtype,
     peak_extra_memory_mib,
-    publish,
     settle,
 )
-from max_gpt2.testing import random_attention_weights, write_atomically
+from max_gpt2.bench.report import cell, save_figure
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.outputs import Progress, require_matplotlib
+from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import compare
 
 MODELS = {
@@ -238,10 +236,6 @@ def summarize(
     return rows
 
 
-def _cell(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_table(report: dict[str, Any]) -> str:
     """The results as a Markdown table, plus compile times and what was skipped."""
     machine = report["machine"]
@@ -249,7 +243,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"device {report['device']} ({machine.get('gpu') or machine['cpu']}, {machine['cores']} cores), "
         f"dtype {report['dtype']}, medians over {report['repeat']} interleaved rounds, "
-        f"{report['peak_dtype']} matmul peak {_cell(peak, '.0f')} GFLOP/s",
+        f"{report['peak_dtype']} matmul peak {cell(peak, '.0f')} GFLOP/s",
         "",
         "| model | batch x seq | impl | median ms | best ms | tokens/s | GFLOP/s | % of peak | vs SDPA "
         "| vs eager | peak extra MiB | matches reference |",
@@ -265,14 +259,14 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {row['model']} | {shape} | {row['impl']} "
             f"| {row['seconds'] * 1e3:.2f} | {row['min_seconds'] * 1e3:.2f} "
             f"| {row['tokens_per_second']:,.0f} | {row['gflops']:.1f} "
-            f"| {_cell(None if fraction is None else 100 * fraction, '.0f')} "
-            f"| {_cell(row['speedup_vs_sdpa'], '.2f')} | {_cell(row['speedup_vs_eager'], '.2f')} "
-            f"| {_cell(row['peak_extra_mib'], '.1f')} | {'yes' if row['matches_reference'] else 'NO'} |"
+            f"| {cell(None if fraction is None else 100 * fraction, '.0f')} "
+            f"| {cell(row['speedup_vs_sdpa'], '.2f')} | {cell(row['speedup_vs_eager'], '.2f')} "
+            f"| {cell(row['peak_extra_mib'], '.1f')} | {'yes' if row['matches_reference'] else 'NO'} |"
         )
     lines += ["", "compile seconds (first in this run / warm, cached / cold, empty cache):"]
     for model, impls in report["compile"].items():
         for impl, seconds in impls.items():
-            cells = " / ".join(_cell(seconds.get(kind), ".1f") for kind in ("first", "warm", "cold"))
+            cells = " / ".join(cell(seconds.get(kind), ".1f") for kind in ("first", "warm", "cold"))
             lines.append(f"  {model} {impl}: {cells}")
     lines += [f"skipped {name}: {reason}" for name, reason in report["skipped"].items()]
     return "\n".join(lines)
@@ -301,42 +295,5 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
         axis.set_title(f"GPT-2 {model}, {report['device']} {report['dtype']}")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
-    figure.tight_layout()
-    write_atomically(path, lambda temporary: figure.savefig(temporary, format="png", dpi=110))
-    plt.close(figure)
+    save_figure(plt, figure, path)
     return None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
-    parser.add_argument(
-        "--models", default="small,xl", help=f"from {', '.join(MODELS)}, or WIDTHxHEADS (default: small,xl)"
-    )
-    parser.add_argument(
-        "--shapes", default=None, help=f"batch x seq list (default CPU: {CPU_SHAPES}; GPU: {GPU_SHAPES})"
-    )
-    parser.add_argument(
-        "--impls", default=None, help="which contenders (default: all; on GPU all but numpy, a CPU baseline)"
-    )
-    parser.add_argument("--repeat", type=positive_int, default=10, help="timed rounds (default: 10)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("bench-results"), help="folder for JSON and PNG")
-    parser.add_argument(
-        "--no-cold-compile",
-        dest="cold_compile",
-        action="store_false",
-        help="skip timing a compile with an empty MAX cache (about a minute per implementation)",
-    )
-
-
-def main(args: argparse.Namespace, progress: Progress) -> int:
-    try:
-        args.models = parse_models(args.models)
-        report = run_benchmark(args, progress)
-    except (OSError, ValueError) as error:
-        print(f"max-gpt2 bench: error: {error}", file=sys.stderr)
-        return 2
-    stem = args.output / f"bench-{report['device'].replace(':', '')}-{args.dtype}"
-    publish(report, stem, format_table(report), plot)
-    # A contender that could not run (out of memory) is reported, not a failure; a wrong answer is.
-    return 0 if all(row.get("matches_reference", True) for row in report["results"]) else 1

@@ -5,8 +5,8 @@
 
 Runs the prompt through the language model's attention-weights graph
 (`CompiledLM.attentions`), draws a heatmap per head of the chosen layers
-(`max_gpt2.gallery`; one PNG per layer when there are more than 48 heads) and
-prints a line per head with its averages and nearest kind (`max_gpt2.head_summary`),
+(`max_gpt2.analysis.gallery`; one PNG per layer when there are more than 48 heads) and
+prints a line per head with its averages and nearest kind (`max_gpt2.analysis.head_summary`),
 or the same as JSON with `--json`. Without `--checkpoint` it uses the seeded demo
 checkpoint, whose random weights make heads without a purpose; a real GPT-2
 shows previous-token, first-token and broad heads.
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from max_gpt2.console import Progress, add_prompt_arguments, open_prompt, parse_layers
-from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.gallery import draw_gallery, require_matplotlib
-from max_gpt2.head_summary import format_summary, summarize
-from max_gpt2.inputs import check_prompt
-from max_gpt2.lm import compile_lm
+from max_gpt2.analysis.gallery import draw_gallery, require_matplotlib
+from max_gpt2.analysis.head_summary import format_summary, summarize
+from max_gpt2.cli.console import add_prompt_arguments, open_prompt, parse_layers
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.lm import compile_lm
+from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,14 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
-    try:
-        return heads(args, progress)
-    except (OSError, ValueError, TypeError, ImportError) as error:
-        print(f"max-gpt2 heads: error: {error}", file=sys.stderr)
-        return 2
-
-
-def heads(args: argparse.Namespace, progress: Progress) -> int:
     """Checks everything, compiles the attention-weights graph, then draws and summarizes."""
     checkpoint, tokenizer, prompt = open_prompt(args, progress)
     config = checkpoint.config

@@ -12,7 +12,7 @@
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
 weight transposed to MAX `Linear`'s `[out, in]`. Tying is the weights' business,
-not the graph's: `max_gpt2.weights.Checkpoint.model_weights` hands `wte`'s array
+not the graph's: `max_gpt2.model.checkpoint.Checkpoint.model_weights` hands `wte`'s array
 out as `lm_head.weight` too, so one compiled graph serves tied and untied models.
 
 One call, with B = batch, S = new tokens, T = past + S, K = positions whose logits
@@ -35,10 +35,10 @@ from max.experimental.compilation import as_subgraph
 from max.experimental.nn import Embedding, LayerNorm, Linear, Module, ModuleList
 from max.experimental.tensor import Tensor
 
-from max_gpt2.attention import GPT2Attention
-from max_gpt2.cached_attention import CachedAttention, padding_bias
-from max_gpt2.config import ACTIVATIONS, GPT2Config
-from max_gpt2.kernels import KernelCachedAttention, SkinnyLinear
+from max_gpt2.model.attention import GPT2Attention
+from max_gpt2.model.cached_attention import CachedAttention, padding_bias
+from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear
 
 
 class MLP(Module[[Tensor], Tensor]):

@@ -7,7 +7,7 @@
 144) give one PNG per layer, `heads-layer0.png`, `heads-layer1.png`, ..., each
 a grid of that layer's heads. Every heatmap uses the same 0-to-1 colour scale, so
 colours compare across heads and images; each title names the layer, the head
-and its label from `max_gpt2.head_summary`.
+and its label from `max_gpt2.analysis.head_summary`.
 
 Each image is `grid_size(...)` pixels (fixed inches per heatmap at `DPI`), and is
 written under a temporary name and renamed into place, so a reader never sees
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from max_gpt2.head_summary import HeadSummary
-from max_gpt2.testing import write_atomically
+from max_gpt2.analysis.head_summary import HeadSummary
+from max_gpt2.outputs import require_matplotlib, write_atomically
 
 HEADS_PER_IMAGE = 48
 CELL_INCHES = 2.6  # one heatmap, its title and tick labels
@@ -31,20 +30,6 @@ LEFT_INCHES, RIGHT_INCHES = 0.9, 1.0  # the query axis label and tick labels; th
 TOP_INCHES, BOTTOM_INCHES = 0.3, 0.6  # the first row's titles; the key axis label
 DPI = 100
 MAX_TICK_LABELS = 32  # longer prompts label every n-th token only
-
-
-def require_matplotlib() -> Any:
-    """`matplotlib.pyplot` on a file-only backend, or a clear error saying how to install it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError(
-            "drawing needs matplotlib, which is not installed: pip install 'max-gpt2[plot]'"
-        ) from None
-    return plt
 
 
 def grid_shape(n_layers: int, n_heads: int) -> list[tuple[int, int]]:

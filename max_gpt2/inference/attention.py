@@ -9,47 +9,46 @@ on the same compiled graph in milliseconds instead of compiling again.
 Implementations (`impl`), all computing the same function from the same weights:
 
 - `graph`: `GPT2Attention`, the explicit formulation (scores, mask, softmax).
-- `flash`: causal attention that skips the masked half (`max_gpt2.flash`): MAX's
-  flash-attention kernel on GPU, a tiled graph on CPU.
-- `wrapper`: one head at a time (`max_gpt2.wrapper`), the tutorials' starting
-  point, kept as a benchmark baseline.
+- `flash`: causal attention that skips the masked half (`max_gpt2.model.flash`):
+  MAX's flash-attention kernel on GPU, a tiled graph on CPU.
+- `wrapper`: one head at a time (`max_gpt2.model.wrapper`), the tutorials'
+  starting point, kept as a benchmark baseline.
 - `auto`: the fastest measured for the device and dtype (see `resolve_impl`).
 
 `CompiledAttention.attentions(x)` returns the weights each head gave each key,
 from the `graph` formulation compiled with `output_attentions=True` the first
-time it is called (`max_gpt2.compiled`): calling the attention never pays for it.
+time it is called (`max_gpt2.inference.compiled`): calling the attention never pays for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from max.driver import CPU, Buffer, Device
+from max.driver import Buffer, Device
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType, default_device, default_dtype
 from max.graph import Graph
 
-from max_gpt2.attention import GPT2Attention
-from max_gpt2.compiled import BoundVariants, GraphVariants
-from max_gpt2.config import GPT2Config
-from max_gpt2.devices import (
+from max_gpt2.inference.compiled import CompiledModel, GraphVariants
+from max_gpt2.inference.devices import (
     NUMPY_DTYPES,
-    device_name,
     host_array,
     host_buffer,
     resolve_device,
     to_buffer,
     to_numpy,
 )
-from max_gpt2.dtypes import parse_dtype
-from max_gpt2.flash import KernelFlashAttention, TiledCausalAttention
-from max_gpt2.weights import Checkpoint, check_weights
-from max_gpt2.wrapper import PerHeadWrapperAttention
+from max_gpt2.model.attention import GPT2Attention
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.flash import KernelFlashAttention, TiledCausalAttention
+from max_gpt2.model.weight_adapters import check_weights
+from max_gpt2.model.wrapper import PerHeadWrapperAttention
 
 IMPLEMENTATIONS = ("auto", "graph", "flash", "wrapper")
 
@@ -91,16 +90,34 @@ def _untile(y: np.ndarray, seq_len: int) -> np.ndarray:
     return y.reshape(batch, -1, width)[:, :seq_len]
 
 
-@dataclass(frozen=True)
-class CompiledGraph:
-    """One compiled attention graph, shared by every layer whose weights are bound to it."""
+class AttentionGraphs(GraphVariants):
+    """One attention's graph variants: the `impl` graph, and the `graph` one that outputs weights."""
 
-    variants: GraphVariants  # the `impl` graph, and the `graph` one that outputs attention weights
-    impl: str  # "graph", "flash" or "wrapper"
-    tiles: int  # > 1: the graph takes x as [batch, tiles, seq / tiles, n_embd]
+    def __init__(self, config: GPT2Config, device: Device, dtype: DType, impl: str) -> None:
+        super().__init__(device, self._trace)
+        self.config, self.device, self.dtype, self.impl = config, device, dtype, impl
+        # > 1: the graph takes x as [batch, tiles, seq / tiles, n_embd]
+        self.tiles = CPU_FLASH_TILES if impl == "flash" and device.is_host else 1
+
+    def _trace(self, variant: str) -> Graph:
+        config, tiles = self.config, self.tiles
+        output_attentions = variant == "attentions"
+        with F.lazy(), default_device(self.device), default_dtype(self.dtype):
+            # lazy: the modules' random initial weights are never made
+            if output_attentions:
+                module = GPT2Attention(config, output_attentions=True)
+            elif self.impl == "wrapper":
+                module = PerHeadWrapperAttention(config)
+            elif self.impl == "flash":
+                module = TiledCausalAttention(config, tiles) if tiles > 1 else KernelFlashAttention(config)
+            else:
+                module = GPT2Attention(config)
+        sequence = (tiles, "tile") if tiles > 1 and not output_attentions else ("seq",)
+        x = TensorType(self.dtype, ("batch", *sequence, config.n_embd), device=self.device)
+        return module.trace(x).graph
 
 
-class CompiledAttention:
+class CompiledAttention(CompiledModel):
     """GPT-2 attention compiled for one device and dtype, with one layer's weights bound.
 
     Call it with `x` `[batch, seq, n_embd]`. A NumPy array of any float dtype is
@@ -110,35 +127,17 @@ class CompiledAttention:
     if needed, and the result is a MAX `Tensor` on the device.
     """
 
-    def __init__(
-        self,
-        config: GPT2Config,
-        device: Device,
-        dtype: DType,
-        graph: CompiledGraph,
-        weights: Mapping[str, np.ndarray],
-    ) -> None:
-        """Binds `weights` (already checked by `check_weights`) to the compiled graph."""
-        self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
-        buffers = {name: to_buffer(array, dtype, CPU()) for name, array in weights.items()}
-        self._bound = BoundVariants(graph.variants, buffers)
+    graph: AttentionGraphs
+    check_weights = staticmethod(check_weights)
 
     @property
     def impl(self) -> str:
         """The implementation compiled: `"graph"`, `"flash"` or `"wrapper"`."""
         return self.graph.impl
 
-    def with_weights(self, weights: Mapping[str, np.ndarray]) -> CompiledAttention:
-        """The same compiled graph with other weights bound (another layer, say); no recompile."""
-        checked = check_weights(weights, self.config)
-        return CompiledAttention(self.config, self.device, self.dtype, self.graph, checked)
-
-    def __repr__(self) -> str:
+    def describe(self) -> dict[str, Any]:
         c = self.config
-        return (
-            f"CompiledAttention(n_embd={c.n_embd}, n_head={c.n_head}, "
-            f"device={device_name(self.device)!r}, dtype={self.dtype.name!r}, impl={self.impl!r})"
-        )
+        return {"n_embd": c.n_embd, "n_head": c.n_head, "impl": self.impl}
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 3 or shape[-1] != self.config.n_embd:
@@ -225,27 +224,8 @@ def compile_attention(
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
-    tiles = CPU_FLASH_TILES if chosen == "flash" and target.is_host else 1
-
-    def stage(variant: str) -> Graph:
-        output_attentions = variant == "attentions"
-        with F.lazy(), default_device(target), default_dtype(compute_dtype):
-            # lazy: the modules' random initial weights are never made
-            if output_attentions:
-                module = GPT2Attention(config, output_attentions=True)
-            elif chosen == "wrapper":
-                module = PerHeadWrapperAttention(config)
-            elif chosen == "flash":
-                module = TiledCausalAttention(config, tiles) if tiles > 1 else KernelFlashAttention(config)
-            else:
-                module = GPT2Attention(config)
-        sequence = (tiles, "tile") if tiles > 1 and not output_attentions else ("seq",)
-        x = TensorType(compute_dtype, ("batch", *sequence, config.n_embd), device=target)
-        return module.trace(x).graph
-
-    variants = GraphVariants(target, stage)
-    variants.compiled()  # the attention-weights variant waits until `attentions` is called
-    graph = CompiledGraph(variants, chosen, tiles)
+    graph = AttentionGraphs(config, target, compute_dtype, chosen)
+    graph.compiled()  # the attention-weights variant waits until `attentions` is called
     return CompiledAttention(config, target, compute_dtype, graph, checked)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2.config import GPT2Config
+from max_gpt2.model.config import GPT2Config
 
 
 def position_ids(attention_mask: np.ndarray) -> np.ndarray:
@@ -65,11 +65,31 @@ def check_prompt(
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     if empty := np.flatnonzero(mask.sum(axis=1) == 0).tolist():
         raise ValueError(f"attention_mask rows {empty} are all padding: every row needs a token")
-    if new_tokens and (right_padded := np.flatnonzero(mask[:, -1] == 0).tolist()):
+    if new_tokens:
+        check_left_padding(mask)
+    return ids, mask
+
+
+def check_left_padding(attention_mask: np.ndarray) -> None:
+    """Refuses rows that end in padding: a new token must follow each row's last real one."""
+    if right_padded := np.flatnonzero(attention_mask[:, -1] == 0).tolist():
         raise ValueError(
             f"attention_mask rows {right_padded} end in padding: for generation, pad prompts on the left"
         )
-    return ids, mask
+
+
+def check_tokens(config: GPT2Config, tokens: Any, batch: int) -> np.ndarray:
+    """One token id per row, `[batch]`, inside the vocabulary; as int64."""
+    array = np.asarray(tokens)
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"tokens must hold integers, got dtype {array.dtype}")
+    if array.shape != (batch,):
+        raise ValueError(f"tokens must have shape [batch={batch}], one per row, got {list(array.shape)}")
+    vocab = config.vocab_size
+    if (outside := np.flatnonzero((array < 0) | (array >= vocab))).size:
+        row = int(outside[0])
+        raise ValueError(f"tokens[{row}] = {array[row]} is outside the vocabulary (0..{vocab - 1})")
+    return array.astype(np.int64, copy=False)
 
 
 def check_generation(config: GPT2Config, max_new_tokens: Any, eos_token_id: Any) -> None:

@@ -15,17 +15,17 @@ Stops early at the config's `eos_token_id`, if it has one.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import numpy as np
 
-from max_gpt2.console import Progress, add_prompt_arguments, open_prompt, positive_int
-from max_gpt2.devices import device_name, resolve_device
-from max_gpt2.inputs import check_prompt
-from max_gpt2.lm import compile_lm
-from max_gpt2.sampling import Sampler
-from max_gpt2.tokenizer import TextStream
+from max_gpt2.cli.console import add_prompt_arguments, open_prompt, positive_int
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.lm import compile_lm
+from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.inference.sampling import Sampler
+from max_gpt2.inference.tokenizer import TextStream
+from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,14 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
-    try:
-        return generate(args, progress)
-    except (OSError, ValueError, TypeError) as error:
-        print(f"max-gpt2 generate: error: {error}", file=sys.stderr)
-        return 2
-
-
-def generate(args: argparse.Namespace, progress: Progress) -> int:
     """Checks everything, compiles, then streams the generation."""
     checkpoint, tokenizer, prompt = open_prompt(args, progress)
     config = checkpoint.config
@@ -63,16 +55,7 @@ def generate(args: argparse.Namespace, progress: Progress) -> int:
     with progress.step(f"compiling GPT-2 for {device_name(device)} {args.dtype}"):
         lm = compile_lm(config, weights, device, args.dtype)
 
-    steps = lm.stream(
-        ids,
-        args.max_new_tokens,
-        do_sample=sampler.do_sample,
-        temperature=sampler.temperature,
-        top_k=sampler.top_k,
-        top_p=sampler.top_p,
-        seed=sampler.seed,
-        eos_token_id=config.eos_token_id,
-    )
+    steps = lm.stream(ids, args.max_new_tokens, sampler=sampler, eos_token_id=config.eos_token_id)
     if tokenizer is not None:
         text = TextStream(tokenizer)
         print("".join(text(token) for token in prompt), end="", flush=True)

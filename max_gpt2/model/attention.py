@@ -31,7 +31,7 @@ from max.experimental.nn import Linear, Module
 from max.experimental.tensor import Tensor
 from max.graph import DeviceRef, DimLike
 
-from max_gpt2.config import GPT2Config
+from max_gpt2.model.config import GPT2Config
 
 
 def causal_mask(seq_len: DimLike, past_len: DimLike, dtype: DType, device: Device | DeviceRef) -> Tensor:

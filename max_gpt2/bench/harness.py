@@ -1,6 +1,6 @@
 """What a benchmark measures besides its contenders: the machine, a matmul peak, memory, compiles.
 
-Shared by `max-gpt2 bench` and the scripts in `benchmarks/`: a description of
+Shared by `max-gpt2 bench`, `max-gpt2 bench-generate` and the scripts in `benchmarks/`: a description of
 the machine and package versions for every report, the best matrix-multiply
 rate seen in the same run (to state speed as a fraction of what the hardware
 does), the host memory a call adds, one compile in a fresh process with an
@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 from max.driver import Device
 
-from max_gpt2.config import GPT2Config
-from max_gpt2.testing import write_atomically
+from max_gpt2.model.config import GPT2Config
 
 SETTLE_SECONDS = 0.2
 """Untimed running before a timed call. Measured on 2 cores at GPT-2 small, 1 x 128: MAX's 3.8 ms
@@ -125,9 +124,8 @@ def cold_compile_seconds(config: GPT2Config, device: str, dtype: str, impl: str)
     """One compile in a fresh process whose MAX cache starts empty."""
     code = (
         "import sys, time, json\n"
-        "from max_gpt2.config import GPT2Config\n"
-        "from max_gpt2.runtime import compile_attention\n"
-        "from max_gpt2.testing import random_attention_weights, write_atomically\n"
+        "from max_gpt2 import GPT2Config, compile_attention\n"
+        "from max_gpt2.testing import random_attention_weights\n"
         "config = GPT2Config.from_dict(json.loads(sys.argv[1]))\n"
         "weights = random_attention_weights(config, 0)\n"
         "start = time.perf_counter()\n"
@@ -156,14 +154,3 @@ def settle(call: Callable[[Any], Any], prepared: Any) -> float:
         last_start = now
         call(prepared)
     return time.perf_counter() - last_start
-
-
-def publish(report: dict[str, Any], stem: Path, table: str, plot: Callable[[dict, Path], str | None]) -> None:
-    """Writes `report` to `stem`.json and its plot to `stem`.png; prints the table and both paths."""
-    json_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".png")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(json_path, lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n"))
-    print(table)
-    print(f"\nresults: {json_path}")
-    why_not = plot(report, png_path)
-    print(f"plot: {png_path}" if why_not is None else f"plot skipped: {why_not}")

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 from max.driver import Buffer, Device
 
-from max_gpt2 import measure, reference
-from max_gpt2.config import GPT2Config
-from max_gpt2.devices import to_buffer, to_numpy
-from max_gpt2.runtime import compile_attention
+from max_gpt2 import reference
+from max_gpt2.bench import harness
+from max_gpt2.inference.attention import compile_attention
+from max_gpt2.inference.devices import to_buffer, to_numpy
+from max_gpt2.model.config import GPT2Config
 
 MAX_CONTENDERS = ("graph", "flash", "wrapper")
 CONTENDERS = (*MAX_CONTENDERS, "numpy", "torch-eager", "torch-sdpa")
@@ -82,7 +83,7 @@ def torch_contenders(
     config: GPT2Config, weights: dict[str, np.ndarray], args: argparse.Namespace, device: Device
 ) -> Iterator[Contender]:
     """PyTorch eager (explicit scores) and SDPA, the same math in the same dtype."""
-    torch = measure.optional_torch()
+    torch = harness.optional_torch()
     functional = torch.nn.functional
     torch_device = "cpu" if device.is_host else f"cuda:{device.id}"
     dtype = getattr(torch, args.dtype)
@@ -132,7 +133,7 @@ def torch_contenders(
 
 def torch_skip_reason(device: Device) -> str | None:
     """Why the PyTorch peers cannot run here, or None."""
-    torch = measure.optional_torch()
+    torch = harness.optional_torch()
     if torch is None:
         return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
     if not device.is_host and not torch.cuda.is_available():

@@ -1,0 +1,10 @@
+"""Benchmarks: ours against the field, side by side in one run, with the machine they ran on.
+
+attention.py              the attention implementations, NumPy and PyTorch (`max-gpt2 bench`)
+attention_contenders.py   how each of those is called
+generation.py             text generation against Hugging Face (`max-gpt2 bench-generate`)
+generation_contenders.py  our CompiledLM and Hugging Face's generate
+harness.py                the machine, a matmul peak, memory, cold compiles, settling between runtimes
+report.py                 JSON, tables and plots, written atomically
+server.py                 `max-gpt2 serve` in a child process (tests, benchmarks/serving.py)
+"""

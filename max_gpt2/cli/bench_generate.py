@@ -1,0 +1,80 @@
+"""`max-gpt2 bench-generate`: text generation, ours against Hugging Face (`max_gpt2.bench.generation`).
+
+    max-gpt2 bench-generate --models small --cases 1x32+128,8x32+128 --rounds 5
+    max-gpt2 bench-generate --models "" --checkpoint ~/models/gpt2 --no-curve
+
+Results: `bench-results/bench-generate-<device>-<dtype>.json` and `.png`, and tables on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from max_gpt2.bench.generation import MODELS, format_table, plot, run_benchmark
+from max_gpt2.bench.generation_contenders import CONTENDERS
+from max_gpt2.bench.report import publish
+from max_gpt2.cli.console import positive_int
+from max_gpt2.outputs import Progress
+
+
+def parse_cases(spec: str) -> list[tuple[int, int, int]]:
+    """`"1x32+128,8x32+128"` -> [(1, 32, 128), (8, 32, 128)]: batch, prompt length, new tokens."""
+    cases = []
+    for item in spec.split(","):
+        batch, _, rest = item.strip().partition("x")
+        prompt, _, new = rest.partition("+")
+        if not all(part.isdigit() and int(part) > 0 for part in (batch, prompt, new)):
+            raise ValueError(
+                f"--cases wants a list such as '1x32+128,8x32+128' (batch x prompt + new); got {item!r}"
+            )
+        cases.append((int(batch), int(prompt), int(new)))
+    return cases
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    parser.add_argument(
+        "--models", default="small,medium", help=f"from {', '.join(MODELS)}, or '' (default: all)"
+    )
+    parser.add_argument("--checkpoint", type=Path, help="also time this checkpoint directory")
+    parser.add_argument(
+        "--cases", type=parse_cases, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
+    )
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
+    parser.add_argument(
+        "--prefill", type=int, default=1024, help="prefill length to time; 0: none (default: 1024)"
+    )
+    parser.add_argument(
+        "--no-curve", dest="curve", action="store_false", help="skip tokens/s against context"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (default: 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="where the generated checkpoints are kept"
+    )
+    parser.add_argument("--output", type=Path, default=Path("bench-results"), help="folder for JSON and PNG")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Turns the comma lists into lists, refusing unknown names."""
+    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    if unknown := [name for name in args.models if name not in MODELS]:
+        raise ValueError(f"--models takes names from {', '.join(MODELS)}; got {', '.join(unknown)}")
+    args.contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
+    if "max" not in args.contenders or any(name not in CONTENDERS for name in args.contenders):
+        raise ValueError(
+            f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
+        )
+    if not args.models and args.checkpoint is None:
+        raise ValueError("nothing to time: give --models or --checkpoint")
+    if isinstance(args.cases, str):  # argparse leaves a default string unparsed
+        args.cases = parse_cases(args.cases)
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    check_arguments(args)
+    report = run_benchmark(args, progress)
+    stem = args.output / f"bench-generate-{report['device'].replace(':', '')}-{args.dtype}"
+    publish(report, stem, format_table(report), plot)
+    return 0

@@ -1,0 +1,30 @@
+"""Running GPT-2: compiled graphs on a device, the steps of generation, and text in and out.
+
+devices.py     device names; NumPy arrays to and from devices
+compiled.py    graph variants compiled on demand; CompiledModel, the shared base
+attention.py   compile_attention, from_pretrained: CompiledAttention, one layer's attention
+lm.py          compile_lm, load_lm: CompiledLM (logits, new_cache, prefill, decode_step, attentions)
+generation.py  stream and generate, built on prefill and decode_step
+prompts.py     checks on ids, masks and lengths; position ids
+sampling.py    Sampler: greedy, temperature, top-k, top-p
+tokenizer.py   load_tokenizer (tokenizer.json, or vocab.json + merges.txt), TextStream
+"""
+
+from max_gpt2.inference.attention import CompiledAttention, compile_attention, from_pretrained
+from max_gpt2.inference.generation import Step
+from max_gpt2.inference.lm import CompiledLM, KVCache, compile_lm, load_lm
+from max_gpt2.inference.sampling import Sampler
+from max_gpt2.inference.tokenizer import load_tokenizer
+
+__all__ = [
+    "CompiledAttention",
+    "CompiledLM",
+    "KVCache",
+    "Sampler",
+    "Step",
+    "compile_attention",
+    "compile_lm",
+    "from_pretrained",
+    "load_lm",
+    "load_tokenizer",
+]

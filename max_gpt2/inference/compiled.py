@@ -1,0 +1,122 @@
+"""Compiled models: graph variants compiled on demand, and weights bound to them.
+
+The attention and the language model each stage several graphs from the same
+parameter names: the plain one, one that also outputs every head's attention
+weights (`"attentions"`), and for the language model on the CPU one that runs
+decoding steps through the Mojo kernels (`"decode"`). Compiling costs a minute
+or two, so none is compiled before something asks for it, and the plain graph
+never carries the extra output.
+
+    variants = GraphVariants(device, stage)      # stage(variant name) -> Graph
+    bound = BoundVariants(variants, weights)     # one set of weights, bound per variant on demand
+    bound.model("attentions").execute(...)
+
+Every `BoundVariants` made from one `GraphVariants` shares its compiled graphs,
+which is how `with_weights` swaps checkpoints without compiling again.
+`CompiledModel` is what the attention (`CompiledAttention`) and the language
+model (`CompiledLM`) have in common: a config, a device, a compute dtype, their
+graph variants and one set of weights bound to them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from max import engine
+from max.driver import CPU, Buffer, Device
+from max.dtype import DType
+from max.engine import InferenceSession, Model
+from max.graph import Graph
+
+from max_gpt2.inference.devices import device_name, to_buffer
+from max_gpt2.model.config import GPT2Config
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class GraphVariants:
+    """The compiled graph variants of one model, device and dtype."""
+
+    def __init__(self, device: Device, stage: Callable[[str], Graph]) -> None:
+        """`stage(variant)` traces that variant's graph; it runs at most once per variant."""
+        self.session = InferenceSession(devices=[device])
+        self._stage = stage
+        self._compiled: dict[str, engine.CompiledModel] = {}
+
+    def compiled(self, variant: str = "plain") -> engine.CompiledModel:
+        """The variant, compiled now if it has not been yet."""
+        if variant not in self._compiled:
+            self._compiled[variant] = self.session.compile(self._stage(variant))
+        return self._compiled[variant]
+
+    def compiled_variants(self) -> list[str]:
+        """The variants compiled so far."""
+        return list(self._compiled)
+
+
+class BoundVariants:
+    """One set of weights bound to the variants of a `GraphVariants`, each on first use."""
+
+    def __init__(self, variants: GraphVariants, weights: Mapping[str, Buffer]) -> None:
+        self.variants = variants
+        self._weights = dict(weights)  # a bound model reads these buffers: keep them alive with it
+        self._models: dict[str, Model] = {}
+        for variant in variants.compiled_variants():  # a bad registry fails here, not later
+            self.model(variant)
+
+    def model(self, variant: str = "plain") -> Model:
+        """The variant with these weights bound, compiling and binding it first if needed."""
+        if variant not in self._models:
+            compiled = self.variants.compiled(variant)
+            self._models[variant] = self.variants.session.init(compiled, weights_registry=self._weights)
+        return self._models[variant]
+
+
+class CompiledModel(ABC):
+    """A model compiled for one device and dtype, with one set of weights bound.
+
+    Subclasses say how weights are checked (`check_weights`) and which fields
+    their `repr` shows (`describe`); the rest is shared.
+    """
+
+    def __init__(
+        self,
+        config: GPT2Config,
+        device: Device,
+        dtype: DType,
+        graph: GraphVariants,
+        weights: Mapping[str, Any],
+    ) -> None:
+        """Binds `weights` (already checked by `check_weights`) to the compiled graphs.
+
+        An array bound under several names (a tied LM head is `wte`'s array) is
+        converted once and bound as one buffer.
+        """
+        self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
+        converted: dict[int, Buffer] = {}
+        for array in weights.values():
+            if id(array) not in converted:
+                converted[id(array)] = to_buffer(array, dtype, CPU())
+        self._bound = BoundVariants(graph, {name: converted[id(array)] for name, array in weights.items()})
+
+    @staticmethod
+    @abstractmethod
+    def check_weights(weights: Mapping[str, Any], config: GPT2Config) -> Mapping[str, np.ndarray]:
+        """`weights` checked against `config`; raises naming what does not fit."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The fields `repr` shows before the device and dtype."""
+
+    def with_weights(self, weights: Mapping[str, Any]) -> Self:
+        """The same compiled graphs with other weights of the same shapes bound; no recompile."""
+        checked = self.check_weights(weights, self.config)
+        return type(self)(self.config, self.device, self.dtype, self.graph, checked)
+
+    def __repr__(self) -> str:
+        fields = {**self.describe(), "device": device_name(self.device), "dtype": self.dtype.name}
+        return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in fields.items())})"

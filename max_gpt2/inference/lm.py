@@ -1,0 +1,257 @@
+"""The compiled GPT-2 language model: logits, and the steps generation is made of, from token ids.
+
+    lm = load_lm("path/to/gpt2", device="auto", dtype="float32")   # read, adapt, compile, bind
+    logits = lm.logits(input_ids, attention_mask)                  # float32 [batch, seq, vocab]
+    cache = lm.new_cache(batch, max_length)                        # KV cache for prompt + new tokens
+    logits = lm.prefill(input_ids, cache, attention_mask)          # float32 [batch, vocab], last position
+    logits = lm.decode_step(tokens, cache)                         # tokens [batch] -> [batch, vocab]
+    out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
+    weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
+
+One graph (`max_gpt2.model.gpt2.GPT2LMHeadModel`, every length symbolic) serves
+every prompt, and one more every decoding step, so nothing a user passes
+triggers a compile. On the CPU in float32 the step graph runs the same modules
+through the Mojo decoding kernels (`max_gpt2.kernels`), which stream each weight
+and the cache once per step; elsewhere the prompt graph serves the steps too.
+A `KVCache` holds one buffer per layer, sized for prompt plus new tokens, and
+the graphs write each step's keys and values into it in place: a step computes
+one token per row and reads the cache, never copies it.
+
+Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
+is left-padded, `attention_mask` marks real tokens with 1, padding is never
+attended to, and positions count real tokens only. Generation itself (sampling,
+end of text, streaming) is `max_gpt2.inference.generation`, built on `prefill`
+and `decode_step`.
+
+Attention weights come from a variant of the graph that also outputs them
+(`output_attentions=True`), compiled the first time `attentions` is called: the
+plain graph, which everything else runs, never carries them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from max.driver import CPU, Buffer, Device
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.tensor import TensorType, default_device, default_dtype
+from max.graph import BufferType, DeviceRef, Graph
+
+from max_gpt2.inference import generation
+from max_gpt2.inference.compiled import CompiledModel, GraphVariants
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
+from max_gpt2.kernels import kernels_run_on
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.gpt2 import GPT2LMHeadModel
+from max_gpt2.model.weight_adapters import check_model_weights
+
+
+class KVCache:
+    """A batch's keys and values in every layer, written in place by the graphs, and what they hold.
+
+    `buffers`: one `[2, batch, n_head, capacity, head_dim]` buffer per layer
+    (keys, then values), uninitialised until written. `attention_mask` `[batch,
+    length]` marks which of the positions written so far are tokens (1) and
+    which padding (0).
+    """
+
+    def __init__(self, buffers: list[Buffer], batch: int, capacity: int) -> None:
+        self.buffers, self.batch, self.capacity = buffers, batch, capacity
+        self.attention_mask = np.zeros((batch, 0), dtype=np.int64)
+
+    @property
+    def length(self) -> int:
+        """Positions written so far, padding included."""
+        return self.attention_mask.shape[1]
+
+    def next_positions(self) -> np.ndarray:
+        """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
+        return self.attention_mask.sum(axis=1, keepdims=True)
+
+
+class CompiledLM(CompiledModel):
+    """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound."""
+
+    graph: LMGraphs
+    check_weights = staticmethod(check_model_weights)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        return {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty KV cache for `batch` rows of up to `capacity` positions (prompt, padding, new tokens)."""
+        limit = self.config.n_positions
+        for name, value, most in (("batch", batch, None), ("capacity", capacity, limit)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if most is not None and value > most:
+                raise ValueError(
+                    f"a cache of {value} positions is longer than the model's n_positions={most}"
+                )
+        c = self.config
+        shape = (2, int(batch), c.n_head, int(capacity), c.head_dim)
+        return KVCache([Buffer(self.dtype, shape, self.device) for _ in range(c.n_layer)], batch, capacity)
+
+    def prefill(
+        self, input_ids: Any, cache: KVCache, attention_mask: Any = None, all_logits: bool = False
+    ) -> np.ndarray:
+        """Runs a prompt `[batch, seq]` into the empty `cache`; its last logits, float32 `[batch, vocab]`.
+
+        With `all_logits`, every position's logits, `[batch, seq, vocab]` (padding
+        positions get logits too; nothing real depends on them). Where the cache
+        has room for new tokens after the prompt, padding must be on the left.
+        """
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        batch, seq_len = ids.shape
+        if cache.length:
+            raise ValueError(f"prefill needs an empty cache; this one holds {cache.length} positions")
+        if batch != cache.batch or seq_len > cache.capacity:
+            raise ValueError(
+                f"a prompt of shape [{batch}, {seq_len}] does not fit a cache of "
+                f"{cache.batch} rows and {cache.capacity} positions"
+            )
+        if seq_len < cache.capacity:  # new tokens will follow each row's last one
+            check_left_padding(mask)
+        cache.attention_mask = mask
+        logit_index = np.arange(seq_len) if all_logits else np.array([seq_len - 1])
+        logits = self._run("plain", ids, position_ids(mask), mask, logit_index, cache)
+        return logits if all_logits else logits[:, 0]
+
+    def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
+        """Appends one token per row, int `[batch]`, to `cache`; the next logits, float32 `[batch, vocab]`."""
+        tokens = check_tokens(self.config, tokens, cache.batch)
+        if cache.length == 0:
+            raise ValueError("decode_step needs a cache that holds a prompt: call prefill first")
+        if cache.length == cache.capacity:
+            raise ValueError(f"the cache is full: all {cache.capacity} positions are written")
+        positions = cache.next_positions()
+        cache.attention_mask = np.concatenate(
+            [cache.attention_mask, np.ones((cache.batch, 1), np.int64)], axis=1
+        )
+        mask = cache.attention_mask
+        return self._run(self.graph.step_variant, tokens[:, None], positions, mask, np.array([0]), cache)[
+            :, 0
+        ]
+
+    def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Next-token logits at every position, float32 `[batch, seq, vocab]`.
+
+        Padding positions (mask 0) get logits too; nothing real depends on them.
+        """
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        return self.prefill(ids, self.new_cache(*ids.shape), mask, all_logits=True)
+
+    def attentions(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """The weights every head of every layer gives every key, float32 `[layers, batch, heads, seq, seq]`.
+
+        `[l, b, h, i]` is the softmax row of query i: it sums to 1 over the keys
+        that query may see and is exactly 0 on the rest (later positions and
+        padding). A padding query sees nothing, so its row is all 0. The first
+        call compiles the graph variant that outputs the weights (a minute or two
+        on a small CPU; MAX caches it on disk, so the next process takes seconds).
+        """
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        batch, seq_len = ids.shape
+        cache = self.new_cache(batch, seq_len)
+        inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
+        _, weights = self._bound.model("attentions").execute(*inputs, *cache.buffers)
+        real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
+        return np.from_dlpack(weights.to(CPU())) * real_queries
+
+    # Generation is written on the steps above (`max_gpt2.inference.generation`); as methods,
+    # `lm.generate(ids, 20)` and `lm.stream(ids, 20)`.
+    generate = generation.generate
+    stream = generation.stream
+
+    def _run(
+        self,
+        variant: str,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        mask: np.ndarray,
+        logit_index: np.ndarray,
+        cache: KVCache,
+    ) -> np.ndarray:
+        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for the new tokens."""
+        inputs = self._inputs(ids, positions, mask, logit_index)
+        (logits,) = self._bound.model(variant).execute(*inputs, *cache.buffers)
+        return np.from_dlpack(logits.to(CPU()))
+
+    def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:
+        """The graph's integer inputs on the device: ids, positions, mask, logit_index."""
+        return [Buffer.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device) for a in arrays]
+
+
+def compile_lm(
+    config: GPT2Config,
+    weights: Mapping[str, np.ndarray],
+    device: str | Device = "auto",
+    dtype: str | DType = "float32",
+    output_attentions: bool = False,
+    kernels: bool | None = None,
+) -> CompiledLM:
+    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
+
+    The graphs compiled now are those `generate` runs (the prompt's and the
+    steps'), or with `output_attentions` only the variant that
+    `CompiledLM.attentions` runs (for a caller that wants only attention
+    weights); any other is compiled the first time it is needed. `kernels`:
+    whether decoding steps run through the Mojo kernels; None (the default)
+    where they run (the CPU, float32), False for MAX's own ops everywhere.
+    """
+    target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    checked = check_model_weights(weights, config)  # before spending time compiling
+    graph = LMGraphs(config, target, compute_dtype, kernels)
+    for variant in ["attentions"] if output_attentions else ["plain", graph.step_variant]:
+        graph.compiled(variant)
+    return CompiledLM(config, target, compute_dtype, graph, checked)
+
+
+class LMGraphs(GraphVariants):
+    """GPT-2's graph variants for one config, device and dtype: `"plain"`, `"attentions"`, `"decode"`.
+
+    `"decode"` is the plain graph with the Mojo decoding kernels, staged only
+    where they run (`kernels_run_on`); `step_variant` names the variant that
+    runs decoding steps here.
+    """
+
+    def __init__(self, config: GPT2Config, device: Device, dtype: DType, kernels: bool | None = None) -> None:
+        super().__init__(device, self._trace)
+        self.config, self.device, self.dtype = config, device, dtype
+        runs_here = kernels_run_on(device, dtype)
+        if kernels and not runs_here:
+            where = f"{device_name(device)} in {dtype.name}"
+            raise ValueError(f"the decoding kernels run on the CPU in float32, not on {where}")
+        self.step_variant = "decode" if runs_here and kernels is not False else "plain"
+
+    def _trace(self, variant: str) -> Graph:
+        config, device = self.config, self.device
+        with F.lazy(), default_device(device), default_dtype(self.dtype):
+            # lazy: random initial weights are never made
+            module = GPT2LMHeadModel(config, variant == "attentions", kernels=variant == "decode")
+        tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
+        mask = TensorType(DType.int64, ["batch", "total"], device=device)
+        logit_index = TensorType(DType.int64, ["logits"], device=device)
+        device_ref = DeviceRef.from_device(device)
+        cache = BufferType(self.dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
+        inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
+        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+
+
+def load_lm(
+    checkpoint: str | Path,
+    device: str | Device = "auto",
+    dtype: str | DType = "float32",
+    kernels: bool | None = None,
+) -> CompiledLM:
+    """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights."""
+    opened = Checkpoint(checkpoint)
+    return compile_lm(opened.config, opened.model_weights(), device, dtype, kernels=kernels)

@@ -1,0 +1,34 @@
+"""What GPT-2 is, as MAX modules: its config, its checkpoint and weights, and its module tree.
+
+No sessions and no compiling here (that is `max_gpt2.inference`), only definitions:
+
+    config.py           GPT2Config: shapes, validation, config.json
+    dtypes.py           compute dtype names; bfloat16 on the NumPy side
+    hub.py              a local path or a Hugging Face Hub id
+    checkpoint.py       Checkpoint: safetensors files, shards, pickle refusal, tensors read lazily
+    weight_adapters.py  the adapter: Hugging Face state dict -> MAX-layout parameters
+    attention.py        GPT2Attention (impl "graph") and causal_mask
+    flash.py            impl "flash": GPU flash kernel; CPU tiled causal graph
+    wrapper.py          impl "wrapper": one head at a time, the benchmark baseline
+    cached_attention.py CachedAttention: attention over a KV cache written in place
+    kernel_layers.py    SkinnyLinear, KernelCachedAttention: the same layers through Mojo kernels
+    gpt2.py             GPT2LMHeadModel: embeddings, blocks, MLP, ln_f, LM head
+"""
+
+from max_gpt2.model.attention import GPT2Attention, causal_mask
+from max_gpt2.model.checkpoint import Checkpoint, load_attention_weights
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gpt2 import Block, GPT2LMHeadModel, GPT2Model
+from max_gpt2.model.weight_adapters import CheckpointError
+
+__all__ = [
+    "Block",
+    "Checkpoint",
+    "CheckpointError",
+    "GPT2Attention",
+    "GPT2Config",
+    "GPT2LMHeadModel",
+    "GPT2Model",
+    "causal_mask",
+    "load_attention_weights",
+]

@@ -115,11 +115,26 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, epsilon: flo
     return centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + epsilon) * weight + bias
 
 
-def gelu(x: np.ndarray, activation_function: str = "gelu_new") -> np.ndarray:
-    """GELU: the tanh approximation GPT-2 uses (`gelu_new` and its aliases), or exact (`gelu`)."""
-    if activation_function == "gelu":
+def activation(x: np.ndarray, activation_function: str = "gelu_new") -> np.ndarray:
+    """The MLP's activation, by Hugging Face's name for it."""
+    name = activation_function
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast"):  # GPT-2's own
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name in ("gelu", "gelu_python"):
         return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "quick_gelu":
+        return x / (1 + np.exp(-1.702 * x))
+    if name == "relu":
+        return np.maximum(x, 0)
+    if name in ("silu", "swish"):
+        return x / (1 + np.exp(-x))
+    if name == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "linear":
+        return x
+    raise ValueError(f"the reference has no activation {name!r}")
 
 
 def position_ids(attention_mask: np.ndarray) -> np.ndarray:
@@ -182,7 +197,9 @@ def lm_forward(
         attentions.append(attended.weights)
         x = x + attended.output
         normed = layer_norm(x, w[h + "ln_2.weight"], w[h + "ln_2.bias"], epsilon)
-        inner = gelu(normed @ w[h + "mlp.c_fc.weight"].T + w[h + "mlp.c_fc.bias"], config.activation_function)
+        inner = activation(
+            normed @ w[h + "mlp.c_fc.weight"].T + w[h + "mlp.c_fc.bias"], config.activation_function
+        )
         x = x + inner @ w[h + "mlp.c_proj.weight"].T + w[h + "mlp.c_proj.bias"]
     x = layer_norm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], epsilon)
     return LMForward(x @ w["lm_head.weight"].T, np.stack(attentions), largest_score)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import safetensors
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from max_gpt2.inference.tokenizer import END_OF_TEXT
 from max_gpt2.model.checkpoint import INDEX_FILE
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import float32_to_bfloat16_bits, parse_dtype
@@ -146,18 +148,17 @@ def write_checkpoint(
     return directory
 
 
-END_OF_TEXT = "<|endoftext|>"
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 """A few paragraphs of plain English, numbers and code, written for this project."""
 
 
-def write_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
+def write_tokenizer(directory: str | Path, vocab_size: int, lines: Iterable[str] | None = None) -> Tokenizer:
     """Trains a byte-level BPE tokenizer of at most `vocab_size` tokens on `CORPUS`; writes and returns it.
 
     Writes `tokenizer.json` and GPT-2's original pair, `vocab.json` and
     `merges.txt`, into `directory`. Every byte is a token, so any text encodes;
-    `<|endoftext|>` is token 0. Training is deterministic: the same `vocab_size`
-    gives the same files.
+    `<|endoftext|>` is token 0. `lines` trains it on other text instead. Training
+    is deterministic: the same `vocab_size` and text give the same files.
     """
     if vocab_size < 257:
         raise ValueError(f"a byte-level tokenizer needs vocab_size >= 257 (256 bytes + {END_OF_TEXT})")
@@ -170,7 +171,8 @@ def write_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    trained.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(keepends=True), trainer)
+    lines = CORPUS.read_text(encoding="utf-8").splitlines(keepends=True) if lines is None else lines
+    trained.train_from_iterator(lines, trainer)
     directory = Path(directory)
     write_atomically(directory / "tokenizer.json", lambda partial: trained.save(str(partial)))
     for written in trained.model.save(str(directory), "partial"):  # partial-vocab.json, partial-merges.txt

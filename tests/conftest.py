@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,18 +37,34 @@ from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, compile_attentio
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
-from tests.support import LM, serving_missing
+from tests.support import LM, die_with_parent, serving_missing
 
 SERVER = pytest.StashKey[ServerProcess]()
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM ends the session as Ctrl-C does, so `pytest_sessionfinish` stops what it started.
+
+    (Python's default for SIGTERM is to die at once. Should even this be skipped,
+    by SIGKILL, the server's watchdog and the prewarm's parent-death signal still end them.)
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Starts the server and the prewarm compiles, if the collected tests need them."""
     scratch = session.config.stash[SCRATCH] = Path(tempfile.mkdtemp(prefix="max-gpt2-tests-"))
     session.config.stash[BACKGROUND] = []
-    if any(item.path.name == "test_serve.py" for item in session.items) and not serving_missing():
+    if (
+        any("served_lm" in getattr(item, "fixturenames", ()) for item in session.items)
+        and not serving_missing()
+    ):
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
         server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu")
         session.config.stash[SERVER] = server
@@ -58,6 +75,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ),
+                preexec_fn=die_with_parent,
             )
         session.config.stash[BACKGROUND].append(prewarm)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,9 @@ def run_command(*command: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(part) for part in command], capture_output=True, text=True, timeout=600, env=dict(os.environ)
     )
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: have Linux SIGKILL it when its parent dies (elsewhere: nothing)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG

@@ -37,9 +37,10 @@ def test_fields_must_be_positive_integers(field, value):
         GPT2Config(**{field: value})
 
 
-def test_epsilon_must_be_positive():
-    with pytest.raises(ValueError, match="layer_norm_epsilon must be a positive number"):
-        GPT2Config(layer_norm_epsilon=0.0)
+def test_epsilon_must_not_be_negative():
+    with pytest.raises(ValueError, match="layer_norm_epsilon must be a non-negative number"):
+        GPT2Config(layer_norm_epsilon=-1e-5)
+    assert GPT2Config(layer_norm_epsilon=0.0).layer_norm_epsilon == 0.0  # Hugging Face runs it too
 
 
 def write_config(directory, values) -> None:
@@ -107,17 +108,16 @@ def test_round_trip_through_json(tmp_path):
         ({"model_type": "llama"}, "model_type is 'llama', expected 'gpt2'"),
         ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True is not supported"),
         ({"scale_attn_weights": False}, "scale_attn_weights=False is not supported"),
-        ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn=True is not supported"),
         ({"n_embd": 100, "n_head": 3}, r"config.json: n_embd \(100\) must be divisible by n_head \(3\)"),
         ({"n_embd": "768"}, "config.json: n_embd must be a positive integer, got '768'"),
         ({"n_inner": 0}, "n_inner must be a positive integer, got 0"),
         (
-            {"activation_function": "relu"},
-            r"activation_function 'relu' is not supported \(supported: gelu_new",
+            {"activation_function": "mish"},
+            r"activation_function 'mish' is not supported \(supported: gelu_new",
         ),
         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false, got 'yes'"),
-        ({"eos_token_id": 50257}, r"eos_token_id must be a token id below vocab_size \(50257\), got 50257"),
-        ({"eos_token_id": [50256]}, r"eos_token_id must be a token id below vocab_size"),
+        ({"eos_token_id": -1}, r"eos_token_id must be a token id, a list of them, or null; got -1"),
+        ({"eos_token_id": [50256, "x"]}, r"eos_token_id must be a token id, .* got \(50256, 'x'\)"),
     ],
 )
 def test_config_json_that_this_attention_cannot_honour(tmp_path, values, message):
@@ -140,3 +140,20 @@ def test_missing_config(tmp_path):
         GPT2Config.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such file or directory"):
         GPT2Config.from_pretrained(tmp_path / "absent" / "model.safetensors")
+
+
+def test_what_hugging_face_loads_loads_here_too(tmp_path):
+    """Its GPT2Config(vocab_size=300) writes its default eos_token_id, 50256, and runs with it."""
+    write_config(tmp_path, {"vocab_size": 300, "eos_token_id": 50256, "bos_token_id": 50256})
+    with pytest.warns(UserWarning, match=r"eos_token_id \[50256\] is not below vocab_size \(300\)"):
+        config = GPT2Config.from_pretrained(tmp_path)
+    assert config.eos_token_id == 50256 and config.stop_token_ids == ()
+    write_config(
+        tmp_path, {"vocab_size": 300, "eos_token_id": [7, 299, 50256], "reorder_and_upcast_attn": True}
+    )
+    with pytest.warns(UserWarning, match=r"eos_token_id \[50256\]"):
+        config = GPT2Config.from_pretrained(tmp_path)
+    assert config.eos_token_id == (7, 299, 50256) and config.stop_token_ids == (7, 299)
+    assert GPT2Config.from_pretrained(tmp_path) == config  # a list reads back as the same config
+    write_config(tmp_path, {"activation_function": "relu", "layer_norm_epsilon": 0})
+    assert GPT2Config.from_pretrained(tmp_path).activation_function == "relu"

@@ -67,5 +67,7 @@ def test_readme_generation_example_runs(compiled_lm, lm_checkpoint, capsys):
     assert namespace["out"].shape == (2, batch.shape[1] + 20)
     assert capsys.readouterr().out  # the streamed text
     assert mask[0, 0] == 0 and mask[:, -1].all()  # padded on the left
+    greedy = lm.generate(ids, 20)[0, ids.shape[1] :]
+    np.testing.assert_array_equal(np.concatenate(namespace["by_hand"]), greedy)  # the steps, by hand
     short = int(mask[0].sum())
     np.testing.assert_array_equal(namespace["out"][0, -short - 20 :], lm.generate(batch[:1, -short:], 20)[0])

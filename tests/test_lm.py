@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from max.driver import CPU, Buffer
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.nn import Module
+from max.experimental.tensor import Tensor, TensorType
 
 from max_gpt2 import GPT2Config, Sampler, load_lm, reference
+from max_gpt2.model.config import ACTIVATIONS
+from max_gpt2.model.gpt2 import activation
 from max_gpt2.verify import compare
 from tests.support import LM, LM_ONE_LAYER
 
@@ -106,7 +113,9 @@ def test_prefill_and_decode_steps_by_hand_equal_the_full_forward(compiled_lm):
     cache = lm.new_cache(2, 5 + 4)
     logits = [lm.prefill(ids, cache, mask)] + [lm.decode_step(fed[:, i], cache) for i in range(3)]
     assert cache.length == 8
-    full = lm.logits(np.concatenate([ids, fed[:, :3]], axis=1), np.concatenate([mask, np.ones((2, 3))], 1))
+    full = lm.logits(
+        np.concatenate([ids, fed[:, :3]], axis=1), np.concatenate([mask, np.ones((2, 3), int)], 1)
+    )
     for index, step in enumerate(logits):
         comparison = compare(step, full[:, 4 + index].astype(np.float64), "float32")
         assert comparison.passed, (index, comparison)
@@ -206,6 +215,20 @@ def test_a_finished_row_keeps_producing_eos(compiled_lm):
     np.testing.assert_array_equal(lm.generate(ids, 12, eos_token_id=eos), expected)
 
 
+def test_several_eos_ids_each_end_a_row(compiled_lm):
+    """eos_token_id as a list, as Hugging Face configs may hold it: a row ends at whichever comes first."""
+    lm = compiled_lm(LM)
+    ids = prompts(LM, 2, 5, seed=1)
+    greedy = lm.generate(ids, 12)
+    eos = [int(greedy[0, 5 + 3]), int(greedy[1, 5 + 1])]
+    expected = greedy.copy()
+    for row in expected:  # as greedy made it, up to its first end-of-text id, which then repeats
+        if (hits := np.flatnonzero(np.isin(row[5:], eos))).size:
+            row[5 + hits[0] :] = row[5 + hits[0]]
+    assert not np.array_equal(expected, greedy)
+    np.testing.assert_array_equal(lm.generate(ids, 12, eos_token_id=eos), expected)
+
+
 def test_generation_stops_once_every_row_has_finished(compiled_lm):
     lm = compiled_lm(LM)
     ids = prompts(LM, 1, 5, seed=1)
@@ -264,7 +287,12 @@ def test_bad_prompts_are_refused(compiled_lm, call, error, message):
             ValueError,
             r"3 prompt tokens \+ 46 new tokens = 49 positions, .*n_positions=48",
         ),
-        ({"eos_token_id": 320}, ValueError, r"eos_token_id must be a token id in 0..319 or None, got 320"),
+        ({"eos_token_id": 320}, ValueError, r"eos_token_id must be a token id in 0..319, .*; got 320"),
+        (
+            {"eos_token_id": [5, 320]},
+            ValueError,
+            r"eos_token_id must be a token id in 0..319, .*; got \[5, 320\]",
+        ),
         (
             {"attention_mask": [[1, 1, 0]]},
             ValueError,
@@ -301,3 +329,19 @@ def test_weights_that_do_not_fit(compiled_lm, lm_weights):
         lm.with_weights({**weights, "transformer.h.1.mlp.c_fc.bias": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match=r"missing \['lm_head.weight'\], unexpected \[\]"):
         lm.with_weights({name: value for name, value in weights.items() if name != "lm_head.weight"})
+
+
+def test_every_activation_hugging_face_names_matches_the_reference():
+    """The MLP's activation for each name the config accepts, in one small graph, against NumPy."""
+    kinds = sorted(set(ACTIVATIONS.values()))
+
+    class Activations(Module[[Tensor], Tensor]):
+        def forward(self, x: Tensor) -> Tensor:
+            return F.stack([activation(kind, x) for kind in kinds])
+
+    compiled = Activations().compile(TensorType(DType.float32, ["n"], device=CPU()))
+    x = np.linspace(-6, 6, 97, dtype=np.float32)
+    results = np.from_dlpack(compiled(Buffer.from_numpy(x)))
+    for name, kind in ACTIVATIONS.items():
+        expected = reference.activation(x.astype(np.float64), name)
+        np.testing.assert_allclose(results[kinds.index(kind)], expected, rtol=1e-5, atol=2e-6, err_msg=name)

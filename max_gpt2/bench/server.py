@@ -2,6 +2,9 @@
 
 `ServerProcess` starts the server in its own process group and stops the whole
 group (MAX's model worker included) when asked; `free_port` finds a port for it.
+The server never outlives the process that started it: a watchdog process
+(`python -m max_gpt2.bench.server --watch PID PGID`, in a session of its own)
+ends the group once that process is gone, however it ended (SIGTERM, SIGKILL).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,6 +40,20 @@ class ServerProcess:
                 env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1"},  # nothing to report to offline
                 start_new_session=True,
             )
+        self.watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "max_gpt2.bench.server",
+                "--watch",
+                str(os.getpid()),
+                str(self.process.pid),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=dict(os.environ),
+            start_new_session=True,  # not in the server's group, nor killed with its parent's
+        )
 
     def wait_until_ready(self, timeout: float) -> float:
         """Seconds until `/health` answered; a `RuntimeError` with the log's tail if it died or timed out."""
@@ -53,16 +71,10 @@ class ServerProcess:
         raise RuntimeError(f"the server was not ready after {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:
-        """SIGTERM to the whole group, then SIGKILL to whatever is left."""
-        for sig, grace in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, sig)
-                self.process.wait(grace)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        """SIGTERM to the whole group, then SIGKILL to whatever is left; the watchdog goes too."""
+        stop_group(self.process.pid, self.process.poll)
+        self.watchdog.kill()
+        self.watchdog.wait()
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -73,3 +85,44 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> None:
+    """SIGTERM to process group `group`, then SIGKILL to whatever is left after a grace period.
+
+    `reap` collects an exited child of ours, which until then counts as alive.
+    """
+    for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            reap()
+            try:
+                os.killpg(group, 0)  # anyone left?
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def watch(parent: int, group: int) -> None:
+    """Waits for process `parent` to end, then stops process group `group` (the server and its workers)."""
+    while True:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            break
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return  # the server is already gone
+        time.sleep(1)
+    stop_group(group)
+
+
+if __name__ == "__main__":
+    _, flag, parent_pid, group_id = sys.argv
+    assert flag == "--watch", "usage: python -m max_gpt2.bench.server --watch PARENT_PID GROUP_ID"
+    watch(int(parent_pid), int(group_id))

@@ -2,6 +2,8 @@
 
     demo, verify     a checkpoint's attention, layer by layer, against the reference
     generate         text (or ids) in, a generation streamed out
+    score            each token's log-probability, and the likeliest alternatives
+    perplexity       text files' perplexity and bits per byte, sliding window
     heads            what every attention head looks at: heatmaps and a summary
     serve            our GPT-2 behind MAX's OpenAI-compatible server
     bench            the attention implementations side by side
@@ -17,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from max_gpt2.cli import bench, bench_generate, demo, generate, heads, serve, verify
+from max_gpt2.cli import bench, bench_generate, demo, generate, heads, perplexity, score, serve, verify
 from max_gpt2.model.dtypes import DTYPES
 from max_gpt2.outputs import Progress
 
@@ -25,6 +27,8 @@ COMMANDS = {
     "demo": demo,
     "verify": verify,
     "generate": generate,
+    "score": score,
+    "perplexity": perplexity,
     "heads": heads,
     "serve": serve,
     "bench": bench,
@@ -39,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
     target.add_argument("--dtype", default="float32", choices=list(DTYPES))
     for name, command in COMMANDS.items():
-        help_line = (command.__doc__ or "").split("\n")[0]
+        help_line = (command.__doc__ or "").split("\n")[0].split(": ", 1)[-1]
         command.add_arguments(commands.add_parser(name, parents=[target], help=help_line))
     return parser
 

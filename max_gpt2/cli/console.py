@@ -1,4 +1,4 @@
-"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt."""
+"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt, compiling."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.lm import CompiledLM, compile_lm
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
@@ -93,3 +95,16 @@ def open_prompt(
             f"and merges.txt); give the prompt as --tokens instead"
         )
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
+
+
+def load_model(
+    checkpoint: Checkpoint, args: argparse.Namespace, progress: Progress, output_attentions: bool = False
+) -> CompiledLM:
+    """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes."""
+    device = resolve_device(args.device)
+    with progress.step(f"reading the weights of {checkpoint.path}"):
+        weights = checkpoint.model_weights()
+    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
+    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
+    with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}"):
+        return compile_lm(checkpoint.config, weights, device, args.dtype, output_attentions)

@@ -9,7 +9,7 @@ expect gibberish, and ids the small tokenizer does not know, shown as `[id]`).
 Greedy by default; `--temperature`, `--top-k`, `--top-p` or `--seed` switch to
 sampling. The prompt and the new text go to stdout, the text flushed token by
 token; progress, prefill time and decode tokens/s go to stderr.
-Stops early at the config's `eos_token_id`, if it has one.
+Stops early at the config's `eos_token_id` (any of them, where it lists several).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import time
 
 import numpy as np
 
-from max_gpt2.cli.console import add_prompt_arguments, open_prompt, positive_int
-from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.inference.lm import compile_lm
+from max_gpt2.cli.console import add_prompt_arguments, load_model, open_prompt, positive_int
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.inference.sampling import Sampler
 from max_gpt2.inference.tokenizer import TextStream
@@ -48,14 +46,9 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     temperature = 1.0 if args.temperature is None else args.temperature
     sampler = Sampler(do_sample, temperature, args.top_k, args.top_p, args.seed)
 
-    device = resolve_device(args.device)
-    with progress.step(f"reading the weights of {checkpoint.path}"):
-        weights = checkpoint.model_weights()
-    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
-    with progress.step(f"compiling GPT-2 for {device_name(device)} {args.dtype}"):
-        lm = compile_lm(config, weights, device, args.dtype)
+    lm = load_model(checkpoint, args, progress)
 
-    steps = lm.stream(ids, args.max_new_tokens, sampler=sampler, eos_token_id=config.eos_token_id)
+    steps = lm.stream(ids, args.max_new_tokens, sampler=sampler, eos_token_id=config.stop_token_ids)
     if tokenizer is not None:
         text = TextStream(tokenizer)
         print("".join(text(token) for token in prompt), end="", flush=True)

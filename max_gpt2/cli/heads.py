@@ -22,9 +22,7 @@ import numpy as np
 
 from max_gpt2.analysis.gallery import draw_gallery, require_matplotlib
 from max_gpt2.analysis.head_summary import format_summary, summarize
-from max_gpt2.cli.console import add_prompt_arguments, open_prompt, parse_layers
-from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.inference.lm import compile_lm
+from max_gpt2.cli.console import add_prompt_arguments, load_model, open_prompt, parse_layers
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.outputs import Progress
 
@@ -51,12 +49,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     if not args.out.parent.is_dir():
         raise ValueError(f"--out {args.out}: the directory {args.out.parent} does not exist")
 
-    device = resolve_device(args.device)
-    with progress.step(f"reading the weights of {checkpoint.path}"):
-        weights = checkpoint.model_weights()
-    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
-    with progress.step(f"compiling GPT-2 with attention outputs for {device_name(device)} {args.dtype}"):
-        lm = compile_lm(config, weights, device, args.dtype, output_attentions=True)
+    lm = load_model(checkpoint, args, progress, output_attentions=True)
     attentions = lm.attentions(ids)[layers, 0]  # [layers, heads, seq, seq]
     summaries = summarize(attentions[:, None], layers=layers)
 

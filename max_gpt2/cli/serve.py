@@ -6,8 +6,11 @@
 It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
 then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
 local checkpoint, offline; it prints that command, so it can be run without us.
-Keys and values live in MAX's paged KV cache. MAX serves float32 on CPU, one
-request at a time; bfloat16 and batching requests together are for GPUs.
+Keys and values live in MAX's paged KV cache. MAX serves float32 on CPU;
+bfloat16 is for GPUs. The server answers OpenAI's `logprobs` (up to 7
+alternatives) and, started with `--enable-echo` as here, `echo` (the prompt's
+log-probabilities, what lm-evaluation-harness scores with); prefix caching is
+off, since echo needs every prompt token computed.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         f"--quantization-encoding={args.dtype}",
         f"--host={args.host}",
         f"--port={args.port}",
+        "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
+        "--no-enable-prefix-caching",  # a cached prefix would have no log-probabilities to echo
     ]
     # MAX's model worker is a fresh interpreter that must import max_gpt2; an editable
     # install is not always visible to it (seen here), an explicit path always is.

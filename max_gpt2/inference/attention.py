@@ -137,7 +137,7 @@ class CompiledAttention(CompiledModel):
 
     def describe(self) -> dict[str, Any]:
         c = self.config
-        return {"n_embd": c.n_embd, "n_head": c.n_head, "impl": self.impl}
+        return {"n_embd": c.n_embd, "n_head": c.n_head, **self.placement(), "impl": self.impl}
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 3 or shape[-1] != self.config.n_embd:

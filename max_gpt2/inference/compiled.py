@@ -97,11 +97,15 @@ class CompiledModel(ABC):
         converted once and bound as one buffer.
         """
         self.config, self.device, self.dtype, self.graph = config, device, dtype, graph
+        self._bound = BoundVariants(graph, self.buffers(weights))
+
+    def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
+        """The host buffers bound for `weights`: each array in the compute dtype, converted once."""
         converted: dict[int, Buffer] = {}
         for array in weights.values():
             if id(array) not in converted:
-                converted[id(array)] = to_buffer(array, dtype, CPU())
-        self._bound = BoundVariants(graph, {name: converted[id(array)] for name, array in weights.items()})
+                converted[id(array)] = to_buffer(array, self.dtype, CPU())
+        return {name: converted[id(array)] for name, array in weights.items()}
 
     @staticmethod
     @abstractmethod
@@ -110,7 +114,11 @@ class CompiledModel(ABC):
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
-        """The fields `repr` shows before the device and dtype."""
+        """The fields `repr` shows, `placement()` among them."""
+
+    def placement(self) -> dict[str, str]:
+        """Where and in what it computes, as `repr` shows it: `device` and `dtype`."""
+        return {"device": device_name(self.device), "dtype": self.dtype.name}
 
     def with_weights(self, weights: Mapping[str, Any]) -> Self:
         """The same compiled graphs with other weights of the same shapes bound; no recompile."""
@@ -118,5 +126,5 @@ class CompiledModel(ABC):
         return type(self)(self.config, self.device, self.dtype, self.graph, checked)
 
     def __repr__(self) -> str:
-        fields = {**self.describe(), "device": device_name(self.device), "dtype": self.dtype.name}
-        return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in fields.items())})"
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.describe().items())
+        return f"{type(self).__name__}({fields})"

@@ -49,6 +49,13 @@ def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
     return buffer if device.is_host else buffer.to(device)
 
 
+def packed_buffer(values: np.ndarray) -> Buffer:
+    """A packed weight as stored (`max_gpt2.model.weight_formats`) on the host: int8, uint8 and
+    float16 as they are, bfloat16 from its uint16 bit patterns."""
+    buffer = Buffer.from_numpy(np.ascontiguousarray(values))
+    return buffer.view(DType.bfloat16) if values.dtype == np.uint16 else buffer
+
+
 def host_array(buffer: Buffer) -> np.ndarray:
     """A host buffer's elements as NumPy, bfloat16 as its uint16 bit patterns."""
     if buffer.dtype == DType.bfloat16:

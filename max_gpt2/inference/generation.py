@@ -13,7 +13,7 @@ and `CompiledLM.stream` call these.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
@@ -40,38 +40,42 @@ def stream(
     max_new_tokens: int,
     attention_mask: Any = None,
     sampler: Sampler | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> Iterator[Step]:
     """Yields each `Step` as soon as it is chosen.
 
     Every argument is checked here, before the first step runs. Greedy unless
-    `sampler` samples; the same sampler (and seed) gives the same tokens. A row
-    that produces `eos_token_id` produces it from then on; the iteration ends
-    after `max_new_tokens` steps, or earlier once every row has produced it.
+    `sampler` samples; the same sampler (and seed) gives the same tokens.
+    `eos_token_id` is one id or several: a row that produces one of them
+    produces that one from then on; the iteration ends after `max_new_tokens`
+    steps, or earlier once every row has.
     """
     sampler = Sampler() if sampler is None else sampler
     if not isinstance(sampler, Sampler):
         raise TypeError(f"sampler must be a Sampler, got {type(sampler).__name__}")
-    check_generation(lm.config, max_new_tokens, eos_token_id)
+    eos = check_generation(lm.config, max_new_tokens, eos_token_id)
     ids, mask = check_prompt(lm.config, input_ids, attention_mask, int(max_new_tokens))
-    return _steps(lm, ids, mask, int(max_new_tokens), sampler, eos_token_id)
+    return _steps(lm, ids, mask, int(max_new_tokens), sampler, eos)
 
 
 def _steps(
-    lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampler: Sampler, eos: int | None
+    lm: CompiledLM,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    max_new_tokens: int,
+    sampler: Sampler,
+    eos: tuple[int, ...],
 ) -> Iterator[Step]:
     batch, seq_len = ids.shape
     cache = lm.new_cache(batch, seq_len + max_new_tokens)
     logits = lm.prefill(ids, cache, mask)
     rng = sampler.generator()
-    finished = np.zeros(batch, dtype=bool)
+    ended_with = np.full(batch, -1)  # the end-of-text id each finished row produced; -1: not finished
     for step in range(max_new_tokens):
-        tokens = sampler(logits, rng)
-        if eos is not None:
-            tokens = np.where(finished, eos, tokens)
-            finished |= tokens == eos
+        tokens = np.where(ended_with >= 0, ended_with, sampler(logits, rng))
+        ended_with = np.where((ended_with < 0) & np.isin(tokens, eos), tokens, ended_with)
         yield Step(tokens, logits)
-        if step == max_new_tokens - 1 or finished.all():
+        if step == max_new_tokens - 1 or (ended_with >= 0).all():
             return
         logits = lm.decode_step(tokens, cache)
 
@@ -80,7 +84,7 @@ class GenerationOptions(TypedDict, total=False):
     """`stream`'s options after the attention mask, which `generate` passes on."""
 
     sampler: Sampler | None
-    eos_token_id: int | None
+    eos_token_id: int | Sequence[int] | None
 
 
 def generate(

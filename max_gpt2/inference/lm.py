@@ -6,6 +6,8 @@
     logits = lm.prefill(input_ids, cache, attention_mask)          # float32 [batch, vocab], last position
     logits = lm.decode_step(tokens, cache)                         # tokens [batch] -> [batch, vocab]
     out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
+    lp = lm.logprobs(input_ids, attention_mask)                    # float32 [batch, seq], NaN at first
+    result = lm.perplexity("text", stride=512)                     # Perplexity: nll, perplexity, bits/byte
     weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
 
 One graph (`max_gpt2.model.gpt2.GPT2LMHeadModel`, every length symbolic) serves
@@ -21,7 +23,8 @@ Padding follows Hugging Face's `generate`: a batch of prompts of different lengt
 is left-padded, `attention_mask` marks real tokens with 1, padding is never
 attended to, and positions count real tokens only. Generation itself (sampling,
 end of text, streaming) is `max_gpt2.inference.generation`, built on `prefill`
-and `decode_step`.
+and `decode_step`; scoring (log-probabilities, perplexity) is
+`max_gpt2.inference.scoring`, built on `logits`.
 
 Attention weights come from a variant of the graph that also outputs them
 (`output_attentions=True`), compiled the first time `attentions` is called: the
@@ -37,20 +40,19 @@ from typing import Any
 import numpy as np
 from max.driver import CPU, Buffer, Device
 from max.dtype import DType
-from max.experimental import functional as F
-from max.experimental.tensor import TensorType, default_device, default_dtype
-from max.graph import BufferType, DeviceRef, Graph
+from tokenizers import Tokenizer
 
-from max_gpt2.inference import generation
-from max_gpt2.inference.compiled import CompiledModel, GraphVariants
-from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference import generation, scoring
+from max_gpt2.inference.compiled import CompiledModel
+from max_gpt2.inference.devices import packed_buffer, resolve_device
+from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
-from max_gpt2.kernels import kernels_run_on
+from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
-from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.weight_adapters import check_model_weights
+from max_gpt2.model.weight_formats import check_format, is_packed, pack
 
 
 class KVCache:
@@ -77,14 +79,36 @@ class KVCache:
 
 
 class CompiledLM(CompiledModel):
-    """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound."""
+    """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound.
+
+    `tokenizer` is the checkpoint's where `load_lm` found one (None otherwise,
+    and after `with_weights`); `perplexity` reads text with it. `weight_format`
+    is how the projections and the LM head are stored (`max_gpt2.model.weight_formats`):
+    the float32 weights bound are packed into it here.
+    """
 
     graph: LMGraphs
     check_weights = staticmethod(check_model_weights)
+    tokenizer: Tokenizer | None = None
+
+    @property
+    def weight_format(self) -> str:
+        return self.graph.weight_format
 
     def describe(self) -> dict[str, Any]:
         c = self.config
-        return {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
+        fields = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
+        fields |= self.placement()
+        return fields if self.weight_format == "float32" else {**fields, "weights": self.weight_format}
+
+    def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
+        """The float32 weights packed into `weight_format`; packed ones bound as they are stored."""
+        packed = pack(weights, self.weight_format)
+        if self.weight_format == "float32":
+            return super().buffers(packed)
+        stored = {name for name in packed if is_packed(name) or name not in weights}  # weights and scales
+        plain = super().buffers({name: array for name, array in packed.items() if name not in stored})
+        return plain | {name: packed_buffer(packed[name]) for name in stored}
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions (prompt, padding, new tokens)."""
@@ -170,6 +194,10 @@ class CompiledLM(CompiledModel):
     # `lm.generate(ids, 20)` and `lm.stream(ids, 20)`.
     generate = generation.generate
     stream = generation.stream
+    # Scoring is written on `logits` (`max_gpt2.inference.scoring`).
+    logprobs = scoring.logprobs
+    score = scoring.score
+    perplexity = scoring.perplexity
 
     def _run(
         self,
@@ -197,6 +225,7 @@ def compile_lm(
     dtype: str | DType = "float32",
     output_attentions: bool = False,
     kernels: bool | None = None,
+    weight_format: str = "float32",
 ) -> CompiledLM:
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
 
@@ -206,44 +235,16 @@ def compile_lm(
     weights); any other is compiled the first time it is needed. `kernels`:
     whether decoding steps run through the Mojo kernels; None (the default)
     where they run (the CPU, float32), False for MAX's own ops everywhere.
+    `weight_format` stores the projections and the LM head as "float32",
+    "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`), packed from
+    the float32 `weights` here; formats other than float32 are for the CPU in float32.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
-    graph = LMGraphs(config, target, compute_dtype, kernels)
+    graph = LMGraphs(config, target, compute_dtype, kernels, weight_format)
     for variant in ["attentions"] if output_attentions else ["plain", graph.step_variant]:
         graph.compiled(variant)
     return CompiledLM(config, target, compute_dtype, graph, checked)
-
-
-class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for one config, device and dtype: `"plain"`, `"attentions"`, `"decode"`.
-
-    `"decode"` is the plain graph with the Mojo decoding kernels, staged only
-    where they run (`kernels_run_on`); `step_variant` names the variant that
-    runs decoding steps here.
-    """
-
-    def __init__(self, config: GPT2Config, device: Device, dtype: DType, kernels: bool | None = None) -> None:
-        super().__init__(device, self._trace)
-        self.config, self.device, self.dtype = config, device, dtype
-        runs_here = kernels_run_on(device, dtype)
-        if kernels and not runs_here:
-            where = f"{device_name(device)} in {dtype.name}"
-            raise ValueError(f"the decoding kernels run on the CPU in float32, not on {where}")
-        self.step_variant = "decode" if runs_here and kernels is not False else "plain"
-
-    def _trace(self, variant: str) -> Graph:
-        config, device = self.config, self.device
-        with F.lazy(), default_device(device), default_dtype(self.dtype):
-            # lazy: random initial weights are never made
-            module = GPT2LMHeadModel(config, variant == "attentions", kernels=variant == "decode")
-        tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
-        mask = TensorType(DType.int64, ["batch", "total"], device=device)
-        logit_index = TensorType(DType.int64, ["logits"], device=device)
-        device_ref = DeviceRef.from_device(device)
-        cache = BufferType(self.dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
-        inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
-        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
 
 
 def load_lm(
@@ -251,7 +252,19 @@ def load_lm(
     device: str | Device = "auto",
     dtype: str | DType = "float32",
     kernels: bool | None = None,
+    weights: str = "float32",
 ) -> CompiledLM:
-    """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights."""
+    """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights.
+
+    `weights` is the format the projections and the LM head are stored in for
+    decoding: "float32", "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`),
+    converted from the checkpoint here. The checkpoint's tokenizer, if it has one,
+    comes along as `lm.tokenizer`.
+    """
+    check_format(weights)  # before reading any tensor
     opened = Checkpoint(checkpoint)
-    return compile_lm(opened.config, opened.model_weights(), device, dtype, kernels=kernels)
+    lm = compile_lm(
+        opened.config, opened.model_weights(), device, dtype, kernels=kernels, weight_format=weights
+    )
+    lm.tokenizer = load_tokenizer(opened.path)
+    return lm

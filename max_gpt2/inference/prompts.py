@@ -92,14 +92,20 @@ def check_tokens(config: GPT2Config, tokens: Any, batch: int) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def check_generation(config: GPT2Config, max_new_tokens: Any, eos_token_id: Any) -> None:
-    """Refuses a non-positive `max_new_tokens`, or an `eos_token_id` outside the vocabulary."""
+def check_generation(config: GPT2Config, max_new_tokens: Any, eos_token_id: Any) -> tuple[int, ...]:
+    """Refuses a non-positive `max_new_tokens`, or an `eos_token_id` outside the vocabulary.
+
+    `eos_token_id` is None, one id or a sequence of ids; returns them as a tuple.
+    """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    ids = () if eos_token_id is None else eos_token_id
+    ids = tuple(ids) if isinstance(ids, (list, tuple, np.ndarray)) else (ids,)
     vocab = config.vocab_size
-    if eos_token_id is not None and not (
-        isinstance(eos_token_id, (int, np.integer)) and 0 <= eos_token_id < vocab
-    ):
-        raise ValueError(f"eos_token_id must be a token id in 0..{vocab - 1} or None, got {eos_token_id!r}")
+    valid = all(isinstance(id_, (int, np.integer)) and not isinstance(id_, bool) for id_ in ids)
+    if not valid or not all(0 <= id_ < vocab for id_ in ids):
+        wanted = f"a token id in 0..{vocab - 1}, a list of them, or None"
+        raise ValueError(f"eos_token_id must be {wanted}; got {eos_token_id!r}")
+    return tuple(int(id_) for id_ in ids)

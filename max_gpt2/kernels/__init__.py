@@ -2,11 +2,15 @@
 
 A decoding step computes one new token per row, so it reads every weight and
 the whole KV cache to do a few multiply-adds with each value: its speed is
-memory bandwidth. Two custom ops, written in Mojo beside this file, do the
-step's heavy parts in one pass over memory each (float32, CPU):
+memory bandwidth. Custom ops, written in Mojo beside this file, do the step's
+heavy parts in one pass over memory each (CPU, float32 activations):
 
     skinny_matmul          x [M, K] @ W[N, K]^T -> [M, N]; each row of W is read once
                            for all M rows of x (M is batch x new tokens, a few at most)
+    packed_matmul_FORMAT   the same with W stored in fewer bytes (`max_gpt2.model.weight_formats`):
+                           bf16, q8_0 (int8 blocks of 32, a scale each), q4_0 (4-bit blocks);
+                           for q8_0 and q4_0, x is quantized to int8 blocks as llama.cpp does
+    dequantize_FORMAT      q8_0 or q4_0 W back to float32 [N, K], for prompts
     gpt2_cached_attention  qkv [B, S, 3D], cache [2, B, H, M, d], key_bias [B, T]
                            -> [B, S, D]: writes the S new keys and values at
                            T - S..T-1, then each query attends over the cache up
@@ -40,6 +44,28 @@ def skinny_matmul(x: Tensor, weight: Tensor) -> Tensor:
     out_type = TensorType(x.dtype, [x.shape[0], weight.shape[0]], device=x.device)
     (y,) = F.custom("skinny_matmul", x.device, [x, weight], [out_type], custom_extensions=MOJO_PACKAGE)
     return y
+
+
+def packed_matmul(x: Tensor, weight: Tensor, scales: Tensor | None, format: str) -> Tensor:
+    """`x` [M, K] @ W^T -> [M, N] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
+
+    `weight` holds W as the format stores it and `scales` its block scales
+    (None for bfloat16); N is `weight`'s first dimension.
+    """
+    out_type = TensorType(x.dtype, [x.shape[0], weight.shape[0]], device=x.device)
+    name = "packed_matmul_bf16" if format == "bfloat16" else f"packed_matmul_{format}"
+    inputs = [x, weight] if scales is None else [x, weight, scales]
+    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=MOJO_PACKAGE)
+    return y
+
+
+def dequantize(weight: Tensor, scales: Tensor, format: str, columns: int) -> Tensor:
+    """A q8_0 or q4_0 `weight` and its `scales` -> the float32 W they stand for, [N, columns]."""
+    out_type = TensorType(DType.float32, [weight.shape[0], columns], device=weight.device)
+    (w,) = F.custom(
+        f"dequantize_{format}", weight.device, [weight, scales], [out_type], custom_extensions=MOJO_PACKAGE
+    )
+    return w
 
 
 def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:

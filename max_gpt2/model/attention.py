@@ -23,6 +23,7 @@ separate graph: the plain one never outputs them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from max.driver import Device
 from max.dtype import DType
@@ -63,9 +64,9 @@ class GPT2Attention(Module[[Tensor], Tensor | tuple[Tensor, Tensor]]):
     """Multi-head causal self-attention with Hugging Face GPT-2's parameter names."""
 
     def __init__(
-        self, config: GPT2Config, output_attentions: bool = False, linear: type[Linear] = Linear
+        self, config: GPT2Config, output_attentions: bool = False, linear: Callable[..., Module] = Linear
     ) -> None:
-        """`linear`: the projections' module, `Linear` or a subclass with its parameters."""
+        """`linear` makes the projections: `Linear`, or a module with its parameters and call."""
         self.output_attentions = output_attentions
         self.n_embd = config.n_embd
         self.n_head = config.n_head

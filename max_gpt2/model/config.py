@@ -2,14 +2,16 @@
 
 `GPT2Config()` is GPT-2 small. `GPT2Config.from_pretrained(path)` reads the
 `config.json` that sits in a checkpoint directory or beside a `.safetensors` file.
-Options that would make Hugging Face compute something this package does not
-are refused when the config is read, never silently computed differently.
+What Hugging Face loads and runs loads here too; options that would make it compute
+something this package does not are refused when the config is read, with the
+reason, never silently computed differently.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +26,27 @@ _ALIASES = {
 }
 
 # Hugging Face options that change what attention computes. GPT-2's defaults are
-# implemented; a checkpoint that needs another value is refused.
-_SUPPORTED_ATTENTION_OPTIONS = {
-    "scale_attn_weights": True,
-    "scale_attn_by_inverse_layer_idx": False,
-    "reorder_and_upcast_attn": False,
-}
+# implemented; a checkpoint that needs another value is refused. (`reorder_and_upcast_attn`
+# is not here: it changes only rounding, and only in Hugging Face's eager attention.)
+_SUPPORTED_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
 
-ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
-"""Hugging Face's names for the MLP activations supported, and the GELU approximation each is.
-GPT-2's own is `gelu_new`, the tanh approximation."""
+ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "sigmoid": "sigmoid",
+    "tanh": "tanh",
+    "linear": "linear",
+}
+"""Hugging Face's names for the MLP activations supported, and the function each one is.
+GPT-2's own is `gelu_new`, GELU's tanh approximation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +62,7 @@ class GPT2Config:
     n_inner: int | None = None  # the MLP's hidden width; None means 4 * n_embd
     activation_function: str = "gelu_new"
     tie_word_embeddings: bool = True  # the LM head reuses wte.weight
-    eos_token_id: int | None = None  # where generation may stop (50256 in released GPT-2)
+    eos_token_id: int | tuple[int, ...] | None = None  # where generation may stop (50256 in GPT-2)
 
     def __post_init__(self) -> None:
         for field in ("n_embd", "n_head", "n_layer", "n_positions", "vocab_size", "n_inner"):
@@ -65,16 +78,23 @@ class GPT2Config:
             )
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(f"tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
+        if isinstance(self.eos_token_id, list):  # config.json may hold several, as a list
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         eos = self.eos_token_id
-        if eos is not None and (
-            isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < self.vocab_size
-        ):
-            raise ValueError(
-                f"eos_token_id must be a token id below vocab_size ({self.vocab_size}), got {eos!r}"
+        ids = eos if isinstance(eos, tuple) else () if eos is None else (eos,)
+        if not all(isinstance(id_, int) and not isinstance(id_, bool) and id_ >= 0 for id_ in ids):
+            raise ValueError(f"eos_token_id must be a token id, a list of them, or null; got {eos!r}")
+        if outside := [id_ for id_ in ids if id_ >= self.vocab_size]:
+            # Hugging Face loads such configs (its GPT2Config defaults to 50256 whatever the vocabulary)
+            # and generates with them: an id the model cannot produce never stops generation.
+            warnings.warn(
+                f"eos_token_id {outside} is not below vocab_size ({self.vocab_size}): the model can "
+                f"never produce it, so generation never stops at it",
+                stacklevel=3,
             )
         epsilon = self.layer_norm_epsilon
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}")
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0:
+            raise ValueError(f"layer_norm_epsilon must be a non-negative number, got {epsilon!r}")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
@@ -85,6 +105,13 @@ class GPT2Config:
     def head_dim(self) -> int:
         """Features per head: `n_embd // n_head` (64 for every released GPT-2)."""
         return self.n_embd // self.n_head
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The `eos_token_id`s the model can produce (those below `vocab_size`): where generation stops."""
+        eos = self.eos_token_id
+        ids = eos if isinstance(eos, tuple) else () if eos is None else (eos,)
+        return tuple(id_ for id_ in ids if id_ < self.vocab_size)
 
     @property
     def mlp_width(self) -> int:

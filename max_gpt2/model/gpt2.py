@@ -9,6 +9,10 @@
         ln_f
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
+With `weights` other than "float32" (`max_gpt2.model.weight_formats`) every
+projection and the LM head are `PackedLinear`s, their weights in that format; the
+embeddings stay float32.
+
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
 weight transposed to MAX `Linear`'s `[out, in]`. Tying is the weights' business,
@@ -29,6 +33,9 @@ are wanted:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.compilation import as_subgraph
@@ -39,18 +46,41 @@ from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear
+from max_gpt2.model.packed_linear import PackedLinear
+
+LinearFactory = Callable[..., Module[[Tensor], Tensor]]
+"""Makes a projection: `(in_dim, out_dim, bias=...)`, as `Linear` is called."""
+
+
+def linear_for(weights: str, kernels: bool) -> LinearFactory:
+    """The projections' module for a weight format, through the decoding kernels or MAX's ops."""
+    if weights != "float32":
+        return partial(PackedLinear, format=weights, kernels=kernels)
+    return SkinnyLinear if kernels else Linear
+
+
+def activation(kind: str, x: Tensor) -> Tensor:
+    """The MLP's activation `kind` (a value of `ACTIVATIONS`) applied to `x`."""
+    if kind == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if kind == "gelu":
+        return F.gelu(x, approximate="none")
+    if kind == "quick_gelu":  # x * sigmoid(1.702 x)
+        return F.gelu(x, approximate="quick")
+    functions = {"relu": F.relu, "silu": F.silu, "sigmoid": F.sigmoid, "tanh": F.tanh}
+    return x if kind == "linear" else functions[kind](x)
 
 
 class MLP(Module[[Tensor], Tensor]):
-    """`c_fc` [D -> 4D], GELU, `c_proj` [4D -> D]."""
+    """`c_fc` [D -> 4D], the activation (GELU in GPT-2), `c_proj` [4D -> D]."""
 
-    def __init__(self, config: GPT2Config, linear: type[Linear] = Linear) -> None:
+    def __init__(self, config: GPT2Config, linear: LinearFactory = Linear) -> None:
         self.c_fc = linear(config.n_embd, config.mlp_width, bias=True)
         self.c_proj = linear(config.mlp_width, config.n_embd, bias=True)
-        self.approximate = ACTIVATIONS[config.activation_function]
+        self.activation = ACTIVATIONS[config.activation_function]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+        return self.c_proj(activation(self.activation, self.c_fc(x)))
 
 
 def layer_norm(config: GPT2Config) -> LayerNorm:
@@ -67,7 +97,7 @@ class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
     in `forward` goes to it unchanged. `linear` makes the MLP's projections.
     """
 
-    def __init__(self, config: GPT2Config, attn: GPT2Attention, linear: type[Linear] = Linear) -> None:
+    def __init__(self, config: GPT2Config, attn: GPT2Attention, linear: LinearFactory = Linear) -> None:
         self.ln_1 = layer_norm(config)
         self.attn = attn
         self.ln_2 = layer_norm(config)
@@ -85,21 +115,18 @@ class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
 class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D].
 
-    With `kernels`, the blocks' projections and attention run through the Mojo
-    decoding kernels (`max_gpt2.kernels`): same parameters, for a few new tokens.
+    `attention()` makes each block's attention and `linear` its MLP's projections
+    (what `GPT2LMHeadModel` chooses for the graph variant).
     """
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False, kernels: bool = False) -> None:
-        if kernels and output_attentions:
-            raise ValueError("the decoding kernels do not output attention weights")
-        self.output_attentions = output_attentions
-        attention, linear = (KernelCachedAttention, SkinnyLinear) if kernels else (CachedAttention, Linear)
+    def __init__(
+        self, config: GPT2Config, attention: Callable[[], GPT2Attention], linear: LinearFactory = Linear
+    ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        self.h = ModuleList(
-            Block(config, attention(config, output_attentions, linear), linear) for _ in range(config.n_layer)
-        )
+        self.h = ModuleList(Block(config, attention(), linear) for _ in range(config.n_layer))
         self.ln_f = layer_norm(config)
+        self.output_attentions = self.h[0].attn.output_attentions
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, caches: list[Tensor]
@@ -120,10 +147,23 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
 class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """GPT-2 with its language-model head: token ids to next-token logits (and attention weights)."""
 
-    def __init__(self, config: GPT2Config, output_attentions: bool = False, kernels: bool = False) -> None:
+    def __init__(
+        self,
+        config: GPT2Config,
+        output_attentions: bool = False,
+        kernels: bool = False,
+        weights: str = "float32",
+    ) -> None:
+        """`kernels`: the projections and attention through the Mojo decoding kernels (`max_gpt2.kernels`),
+        same parameters, for a few new tokens; `weights`: the projections' format
+        (`max_gpt2.model.weight_formats`)."""
+        if kernels and output_attentions:
+            raise ValueError("the decoding kernels do not output attention weights")
         self.output_attentions = output_attentions
-        self.transformer = GPT2Model(config, output_attentions, kernels)
-        self.lm_head = (SkinnyLinear if kernels else Linear)(config.n_embd, config.vocab_size, bias=False)
+        attention = KernelCachedAttention if kernels else CachedAttention
+        linear = linear_for(weights, kernels)
+        self.transformer = GPT2Model(config, lambda: attention(config, output_attentions, linear), linear)
+        self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(
         self,

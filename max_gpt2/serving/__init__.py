@@ -9,8 +9,9 @@ KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
 
     arch.py          the registration: names, encodings, pipeline model, tokenizer
     model_config.py  config.json + pipeline settings -> shapes, dtype, KV cache params
-    model.py         the pipeline model: reads our checkpoint, compiles the graph
+    model.py         the pipeline model: reads our checkpoint, compiles the graph, log-probabilities
     paged_gpt2.py    the graph: our blocks with an attention over the paged cache
+    tokenizer.py     MAX's text tokenizer, refusing (HTTP 400) what the server cannot answer
 """
 
 from max_gpt2.serving.arch import gpt2_arch

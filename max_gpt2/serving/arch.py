@@ -6,11 +6,12 @@ from max.graph.weights import WeightsFormat
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
 from max.pipelines.context import TextContext
 from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
-from max.pipelines.lib import SupportedArchitecture, TextTokenizer
+from max.pipelines.lib import SupportedArchitecture
 from max.pipelines.modeling.types import PipelineTask
 
 from max_gpt2.serving.model import GPT2PipelineModel
 from max_gpt2.serving.model_config import GPT2ServingConfig
+from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
 gpt2_arch = SupportedArchitecture(
     name="GPT2LMHeadModel",
@@ -18,7 +19,7 @@ gpt2_arch = SupportedArchitecture(
     default_encoding=GPT2ServingConfig.DEFAULT_ENCODING,
     supported_encodings=GPT2ServingConfig.SUPPORTED_ENCODINGS,
     pipeline_model=GPT2PipelineModel,
-    tokenizer=TextTokenizer,
+    tokenizer=GPT2TextTokenizer,
     context_type=TextContext,
     default_weights_format=WeightsFormat.safetensors,
     task=PipelineTask.TEXT_GENERATION,

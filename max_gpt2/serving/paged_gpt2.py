@@ -12,6 +12,7 @@ the batch, R = requests, D = n_embd, H = n_head, d = D / H:
     blocks (ln_1, PagedAttention, ln_2, MLP)   [T, D]
     last token of each      [R, D]             then ln_f, lm_head
     -> next_token_logits    [R, V] float32
+    -> logits               [T, V] float32     every token's, only with ReturnLogits.ALL (echo)
 
 The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
@@ -34,6 +35,7 @@ from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
+from max.nn.transformer import ReturnLogits
 from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.model.attention import GPT2Attention
@@ -115,11 +117,21 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     """GPT-2 with its head, in the calling convention of MAX's ModuleV3 pipelines.
 
     `forward(tokens, return_n_logits, input_row_offsets, *kv_inputs)`: the KV
-    cache arrives flattened, as MAX's batch processor lays it out.
+    cache arrives flattened, as MAX's batch processor lays it out. With
+    `ReturnLogits.ALL` (a server started with `--enable-echo`) every token's logits
+    come out too, for the prompt's log-probabilities; the last of each request's
+    are the next-token logits, so a decoding step (one token a request) costs the same.
     """
 
-    def __init__(self, config: GPT2Config, kv_params: KVCacheParams) -> None:
-        self.kv_params = kv_params
+    def __init__(
+        self,
+        config: GPT2Config,
+        kv_params: KVCacheParams,
+        return_logits: ReturnLogits = ReturnLogits.LAST_TOKEN,
+    ) -> None:
+        if return_logits not in (ReturnLogits.LAST_TOKEN, ReturnLogits.ALL):
+            raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
+        self.kv_params, self.return_logits = kv_params, return_logits
         self.transformer = PagedGPT2Model(config, kv_params)
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
 
@@ -130,6 +142,11 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
-        last = F.gather(hidden, input_row_offsets[1:] - 1, axis=0)  # [R, D]
+        last_rows = input_row_offsets[1:] - 1  # [R]
+        if self.return_logits == ReturnLogits.ALL:
+            logits = F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)  # [T, V]
+            last = F.gather(logits, last_rows, axis=0)  # [R, V]
+            return ModuleV3Outputs(next_token_logits=last, logits=logits, logit_offsets=input_row_offsets)
+        last = F.gather(hidden, last_rows, axis=0)  # [R, D]
         logits = F.cast(self.lm_head(self.transformer.ln_f(last)), DType.float32)  # [R, V]
         return ModuleV3Outputs(next_token_logits=logits)

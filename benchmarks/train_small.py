@@ -1,0 +1,110 @@
+"""Trains a small GPT-2 here, so that the weight formats' accuracy is measured where it means something.
+
+    python benchmarks/train_small.py                     # ~/.cache/max-gpt2/trained-small, 5 minutes
+    python benchmarks/train_small.py --minutes 10 --out DIR
+
+Random weights make every next-token distribution nearly flat, which flatters
+no format and exaggerates the rest; a trained model has confident, peaked
+predictions and a held-out perplexity to lose. The text is what this project
+ships (`max_gpt2/data/corpus.txt`) and writes (its Markdown documentation): each
+file's last tenth is held out (`held-out.txt` in the output), the rest is trained
+on. A byte-level BPE tokenizer is trained on the same text (`write_tokenizer`),
+then a 4-layer, 256-wide GPT-2 with 128 positions, with PyTorch and Hugging
+Face's `GPT2LMHeadModel` (optional peers: `pip install -e '.[peers]'`), AdamW,
+random windows of 128 tokens. The result is a Hugging Face checkpoint
+(`save_pretrained`, safetensors, with the tokenizer and `architectures`), which
+`load_lm` reads like any other. Held-out loss is printed as it trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from max_gpt2.outputs import default_cache_dir
+from max_gpt2.testing import CORPUS, write_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [CORPUS, ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+SHAPES = {"n_embd": 256, "n_head": 4, "n_layer": 4, "n_positions": 128}
+
+
+def split_texts(files: list[Path]) -> tuple[str, str]:
+    """(training text, held-out text): each file's last tenth, cut at a line, is held out."""
+    train, held_out = [], []
+    for file in files:
+        lines = file.read_text(encoding="utf-8").splitlines(keepends=True)
+        cut = len(lines) * 9 // 10
+        train.append("".join(lines[:cut]))
+        held_out.append("".join(lines[cut:]))
+    return "\n".join(train), "\n".join(held_out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=default_cache_dir() / "trained-small")
+    parser.add_argument("--minutes", type=float, default=5.0, help="training time (default: 5)")
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    import torch
+    import transformers
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    train_text, held_out_text = split_texts(TEXTS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = write_tokenizer(args.out, args.vocab_size, train_text.splitlines(keepends=True))
+    train = torch.tensor(tokenizer.encode(train_text).ids)
+    held_out = torch.tensor(tokenizer.encode(held_out_text).ids)
+    vocabulary = tokenizer.get_vocab_size()
+    print(f"{train.numel()} training tokens, {held_out.numel()} held out, vocabulary {vocabulary}")
+
+    config = transformers.GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0, **SHAPES
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    window, batch = SHAPES["n_positions"], 16
+
+    def held_out_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            pieces = held_out[: held_out.numel() // window * window].view(-1, window)
+            loss = model(pieces, labels=pieces).loss.item()
+        model.train()
+        return loss
+
+    start, step, deadline = time.monotonic(), 0, time.monotonic() + 60 * args.minutes
+    while time.monotonic() < deadline:
+        starts = rng.integers(0, train.numel() - window, batch)
+        inputs = torch.stack([train[s : s + window] for s in starts])
+        loss = model(inputs, labels=inputs).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % 100 == 0:
+            held = held_out_loss()
+            print(
+                f"step {step} ({time.monotonic() - start:.0f} s): train loss {loss.item():.3f}, "
+                f"held-out loss {held:.3f} (perplexity {math.exp(held):.1f})",
+                flush=True,
+            )
+    model.eval()
+    model.save_pretrained(args.out)  # model.safetensors and config.json, with architectures
+    (args.out / "held-out.txt").write_text(held_out_text, encoding="utf-8")
+    config_file = args.out / "config.json"
+    config_file.write_text(
+        json.dumps({**json.loads(config_file.read_text()), "n_ctx": SHAPES["n_positions"]}, indent=2)
+    )
+    print(f"held-out perplexity {math.exp(held_out_loss()):.2f} after {step} steps; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""`max-gpt2 score`: each token of a text with its log-probability, and the likeliest alternatives.
+
+    max-gpt2 score --checkpoint ~/models/gpt2 --prompt "The cat sat on the mat" --top 3
+    max-gpt2 score --checkpoint DIR --tokens 464,3797,3332 --json
+
+A token's log-probability is that of the model choosing it after the tokens
+before it (`CompiledLM.score`); the first token has none. The table goes to
+stdout (`--json`: the same as JSON, the first token's values null).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+
+from max_gpt2.cli.console import add_prompt_arguments, load_model, open_prompt
+from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.outputs import Progress
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
+    add_prompt_arguments(parser, "to score")
+    parser.add_argument(
+        "--top", type=int, default=0, help="also show the N likeliest tokens at each position"
+    )
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def main(args: argparse.Namespace, progress: Progress) -> int:
+    """Checks the prompt, compiles, then prints every token's log-probability."""
+    checkpoint, tokenizer, prompt = open_prompt(args, progress)
+    ids, _ = check_prompt(checkpoint.config, np.array([prompt], dtype=np.int64))
+    if not 0 <= args.top <= checkpoint.config.vocab_size:
+        raise ValueError(f"--top must be in 0..{checkpoint.config.vocab_size}, got {args.top}")
+    scores = load_model(checkpoint, args, progress).score(ids, top_k=args.top)
+
+    def shown(token: int) -> str:
+        return repr(tokenizer.decode([token])) if tokenizer is not None else str(token)
+
+    rows = []
+    for position, token in enumerate(prompt):
+        logprob = float(scores.logprobs[0, position])
+        top = [
+            {"id": int(alternative), "token": shown(int(alternative)), "logprob": float(value)}
+            for alternative, value in zip(
+                scores.top_ids[0, position], scores.top_logprobs[0, position], strict=True
+            )
+            if alternative >= 0
+        ]
+        rows.append(
+            {
+                "id": token,
+                "token": shown(token),
+                "logprob": None if math.isnan(logprob) else logprob,
+                "top": top,
+            }
+        )
+    if args.json:
+        print(json.dumps({"checkpoint": str(checkpoint.path), "tokens": rows}, indent=2))
+        return 0
+    print(
+        f"{'position':>8}  {'id':>6}  {'token':<20}  {'logprob':>9}"
+        + ("  likeliest instead" if args.top else "")
+    )
+    for position, row in enumerate(rows):
+        logprob = "-" if row["logprob"] is None else f"{row['logprob']:.4f}"
+        others = ", ".join(f"{choice['token']} {choice['logprob']:.2f}" for choice in row["top"])
+        print(f"{position:>8}  {row['id']:>6}  {row['token']:<20}  {logprob:>9}  {others}".rstrip())
+    return 0

@@ -1,15 +1,22 @@
-"""Our GPT-2 behind `max serve`: requests/s and tokens/s at several numbers of concurrent clients.
+"""Serving side by side: `max-gpt2 serve`, our in-process `generate`, and llama.cpp's `llama-server`.
 
-    python benchmarks/serving.py                       # the GPT-2-small-shaped demo checkpoint, CPU
-    python benchmarks/serving.py --checkpoint ~/models/gpt2 --clients 1,4,16 --device gpu --dtype bfloat16
+    python benchmarks/serving.py                       # the demo checkpoint, CPU, 1/4/16/64 clients
+    python benchmarks/serving.py --checkpoint DIR --llama-server build/bin/llama-server --gguf f32.gguf
 
-Starts `max-gpt2 serve` (`max_gpt2.cli.serve.ServerProcess`), waits until it
-answers, sends one untimed request, then for each number of clients C runs C
-threads that each send `--requests` completions one after another (greedy,
-`--max-tokens` new tokens after a prompt of about `--prompt-tokens` tokens) and
-reports requests/s, generated tokens/s (the server's own `usage` counts), and
-median and slowest latency. JSON goes to `--output`. Needs the serving extra
-(`pip install -e '.[serve]'`).
+For each number of clients C, C threads each send `--requests` streamed
+completions one after another (greedy, `--max-tokens` new tokens, end-of-text
+ignored so every request makes them all, a prompt of `--prompt-tokens` tokens of
+the text we ship). Reported per C: generated tokens/s and requests/s over the
+wall time; time to first token (TTFT) and inter-token latency (ITL: the gaps
+between a request's streamed tokens), median and p95.
+
+Beside it, in the same run, one after the other on a quiet machine: our
+in-process `lm.generate` on a batch of min(C, the server's batch) copies of the
+prompt (tokens/s over its wall time, prefill included, as the server's is), and,
+given `--llama-server` and `--gguf` (the same weights, converted by
+`benchmarks/llama_cpp_gguf.py`), llama.cpp's server with as many slots as the
+most clients (`-np`), 2 threads, prompt cache off, the same requests. JSON goes
+to `--output`. Needs the serving extra (`pip install -e '.[serve]'`).
 """
 
 from __future__ import annotations
@@ -17,58 +24,150 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 
+from max_gpt2 import load_lm
 from max_gpt2.bench.harness import machine_description
-from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.bench.server import ServerProcess, free_port, stop_group
 from max_gpt2.cli.console import demo_checkpoint
 from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.outputs import Progress, default_cache_dir
+from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
+from max_gpt2.serving.arch import CPU_BATCH_SIZE
 from max_gpt2.testing import CORPUS
 
 
-def prompt_of(checkpoint: Path, tokens: int) -> str:
-    """The start of the text we ship, cut to about `tokens` tokens by the checkpoint's tokenizer."""
-    tokenizer = load_tokenizer(checkpoint)
-    ids = tokenizer.encode(CORPUS.read_text()).ids[:tokens]
-    return tokenizer.decode(ids)
+def percentile(values: list[float], share: float) -> float:
+    return float(np.percentile(values, 100 * share)) if values else float("nan")
 
 
-def run_clients(client: openai.OpenAI, clients: int, requests: int, prompt: str, max_tokens: int) -> dict:
-    """`clients` threads, each sending `requests` completions in turn; throughput and latency."""
+def streamed_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed completion: when each token arrived (seconds after sending), and how many."""
+    start = time.perf_counter()
+    arrivals = []
+    stream = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},  # llama-server runs with --no-cache-prompt
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter() - start)
+    return {"arrivals": arrivals, "seconds": time.perf_counter() - start}
 
-    def one_client(_: int) -> list[tuple[float, int]]:
-        timings = []
-        for _ in range(requests):
-            start = time.perf_counter()
-            reply = client.completions.create(
-                model="gpt2", prompt=prompt, max_tokens=max_tokens, temperature=0
-            )
-            timings.append((time.perf_counter() - start, reply.usage.completion_tokens))
-        return timings
+
+def run_clients(
+    client: openai.OpenAI, model: str, clients: int, requests: int, prompt: str, max_tokens: int
+) -> dict:
+    """`clients` threads, each streaming `requests` completions in turn: throughput and latencies."""
+
+    def one_client(_: int) -> list[dict[str, Any]]:
+        return [streamed_request(client, model, prompt, max_tokens) for _ in range(requests)]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        timings = [timing for result in pool.map(one_client, range(clients)) for timing in result]
+        done = [request for result in pool.map(one_client, range(clients)) for request in result]
     wall = time.perf_counter() - start
-    latencies = [seconds for seconds, _ in timings]
+    first = [request["arrivals"][0] for request in done if request["arrivals"]]
+    gaps = [float(gap) for request in done for gap in np.diff(request["arrivals"])]
+    chunks = sum(len(request["arrivals"]) for request in done)
     return {
         "clients": clients,
-        "requests": len(timings),
+        "requests": len(done),
         "seconds": wall,
-        "requests_per_second": len(timings) / wall,
-        "tokens_per_second": sum(tokens for _, tokens in timings) / wall,
-        "median_latency_ms": 1e3 * statistics.median(latencies),
-        "max_latency_ms": 1e3 * max(latencies),
+        "requests_per_second": len(done) / wall,
+        "tokens_per_second": len(done) * max_tokens / wall,
+        "chunks": chunks,  # streamed pieces of text: a token each, but bytes that are not yet UTF-8 wait
+        "ttft_ms": {"median": 1e3 * statistics.median(first), "p95": 1e3 * percentile(first, 0.95)},
+        "itl_ms": {"median": 1e3 * statistics.median(gaps), "p95": 1e3 * percentile(gaps, 0.95)},
     }
+
+
+def in_process(
+    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int
+) -> dict[int, float]:
+    """`lm.generate`'s tokens/s (new tokens over wall time, prefill included) at each batch, best of 3."""
+    lm = load_lm(checkpoint, "cpu")
+    lm.generate(np.array([prompt_ids]), 2)  # warm-up
+    rates = {}
+    for batch in batches:
+        ids = np.array([prompt_ids] * batch)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            lm.generate(ids, max_tokens)
+            times.append(time.perf_counter() - start)
+        rates[batch] = batch * max_tokens / min(times)
+    return rates
+
+
+def serve_and_measure(
+    client: openai.OpenAI, model: str, args: argparse.Namespace, prompt: str, progress: Progress
+) -> list[dict]:
+    streamed_request(client, model, prompt, 4)  # warm-up, untimed
+    runs = []
+    for clients in args.clients:
+        with progress.step(f"{model}: {clients} client(s) x {args.requests} requests"):
+            runs.append(run_clients(client, model, clients, args.requests, prompt, args.max_tokens))
+    return runs
+
+
+def start_llama_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+    slots = max(args.clients)
+    command = [str(args.llama_server), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots), "-c", str(slots * 256)]
+    command += ["--no-cache-prompt", "--no-warmup"]
+    with log.open("w") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not answer /health in {timeout:.0f} s")
+
+
+def table(report: dict) -> str:
+    lines = [
+        "| clients | contender | tokens/s | vs in-process | requests/s "
+        "| TTFT median / p95 ms | ITL median / p95 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for contender, runs in report["servers"].items():
+        for run in runs:
+            batch = min(run["clients"], report["server_batch"])
+            reference = report["in_process_tokens_per_second"][str(batch)]
+            lines.append(
+                f"| {run['clients']} | {contender} | {run['tokens_per_second']:.1f} "
+                f"| {run['tokens_per_second'] / reference:.2f} (generate x{batch}: {reference:.1f}) "
+                f"| {run['requests_per_second']:.2f} "
+                f"| {run['ttft_ms']['median']:.0f} / {run['ttft_ms']['p95']:.0f} "
+                f"| {run['itl_ms']['median']:.1f} / {run['itl_ms']['p95']:.1f} |"
+            )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -76,40 +175,63 @@ def main() -> int:
     parser.add_argument(
         "--checkpoint", type=Path, help="GPT-2 directory with a tokenizer (default: the demo one)"
     )
-    parser.add_argument("--clients", default="1,4,16", help="numbers of concurrent clients (default: 1,4,16)")
-    parser.add_argument("--requests", type=int, default=4, help="requests per client (default: 4)")
+    parser.add_argument(
+        "--clients", default="1,4,16,64", help="numbers of concurrent clients (default: 1,4,16,64)"
+    )
+    parser.add_argument("--requests", type=int, default=2, help="requests per client (default: 2)")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--output", type=Path, default=Path("bench-results/serve.json"))
+    parser.add_argument("--max-batch-size", type=int, default=CPU_BATCH_SIZE, help="the server's batch")
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
+    parser.add_argument("--gguf", type=Path, help="the same checkpoint in GGUF, for --llama-server")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server's threads (default: 2)")
+    parser.add_argument("--output", type=Path, default=Path("bench-results/serving.json"))
     args = parser.parse_args()
+    args.clients = [int(n) for n in args.clients.split(",")]
+    if (args.llama_server is None) != (args.gguf is None):
+        parser.error("--llama-server and --gguf go together")
     require_serve_extra()
     progress = Progress(sys.stderr)
     checkpoint = args.checkpoint or demo_checkpoint(default_cache_dir(), 0, progress)
+    tokenizer = load_tokenizer(checkpoint)
+    prompt_ids = tokenizer.encode(CORPUS.read_text()).ids[: args.prompt_tokens]
+    prompt = tokenizer.decode(prompt_ids)
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    batches = sorted({min(clients, args.max_batch_size) for clients in args.clients})
+    report: dict[str, Any] = {
+        "machine": machine_description(resolve_device("cpu")),
+        "checkpoint": str(checkpoint),
+        "server_batch": args.max_batch_size,
+        "prompt_tokens": len(prompt_ids),
+        "max_tokens": args.max_tokens,
+        "servers": {},
+    }
+    with progress.step(f"in-process generate at batch {', '.join(map(str, batches))}"):
+        rates = in_process(checkpoint, prompt_ids, batches, args.max_tokens)
+    report["in_process_tokens_per_second"] = {str(batch): rate for batch, rate in rates.items()}
+
     log = args.output.with_suffix(".server.log")
-    server = ServerProcess(checkpoint, log, free_port(), "--device", args.device, "--dtype", args.dtype)
-    machine = machine_description(resolve_device(args.device))
-    report: dict[str, Any] = {"machine": machine, "checkpoint": str(checkpoint), "runs": []}
+    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size))
+    server = ServerProcess(checkpoint, log, free_port(), *options)
     try:
-        with progress.step(f"starting the server (compiles on first use; log: {log})"):
-            report["startup_seconds"] = server.wait_until_ready(timeout=1800)
+        with progress.step(f"starting max-gpt2 serve (compiles on first use; log: {log})"):
+            server.wait_until_ready(timeout=1800)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=600, max_retries=0)
-        prompt = prompt_of(checkpoint, args.prompt_tokens)
-        run_clients(client, 1, 1, prompt, args.max_tokens)  # warm-up, untimed
-        for clients in (int(n) for n in args.clients.split(",")):
-            with progress.step(f"{clients} client(s) x {args.requests} requests"):
-                run = run_clients(client, clients, args.requests, prompt, args.max_tokens)
-            report["runs"].append(run)
-            print(
-                f"{clients:3d} clients: {run['requests_per_second']:6.2f} requests/s "
-                f"{run['tokens_per_second']:7.1f} tokens/s  latency median "
-                f"{run['median_latency_ms']:7.0f} ms, max {run['max_latency_ms']:7.0f} ms"
-            )
+        report["servers"]["max-gpt2 serve"] = serve_and_measure(client, "gpt2", args, prompt, progress)
     finally:
         server.stop()
-    args.output.write_text(json.dumps(report, indent=2))
+    if args.llama_server:
+        port, llama_log = free_port(), args.output.with_suffix(".llama-server.log")
+        llama = start_llama_server(args, port, llama_log)
+        try:
+            with progress.step(f"starting llama-server (log: {llama_log})"):
+                wait_for(f"http://127.0.0.1:{port}", llama, timeout=300)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
+            report["servers"]["llama-server"] = serve_and_measure(client, "gguf", args, prompt, progress)
+        finally:
+            stop_group(llama.pid, llama.poll)
+    print(table(report))
+    write_atomically(args.output, lambda file: file.write_text(json.dumps(report, indent=2) + "\n"))
     progress.note(f"wrote {args.output}")
     return 0
 

@@ -4,11 +4,13 @@ Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
-`make test` compiles fifteen graphs on CPU: attention for GPT-2 small's and the odd
+`make test` compiles nineteen graphs on CPU: attention for GPT-2 small's and the odd
 layout (float32, bfloat16 and flash for the latter), the two language models (a
-prompt graph and a decoding-step graph each), the attention-weights variants of
-the odd attention and of LM (tests/test_heads.py), the two Mojo kernels alone
-(tests/test_kernels.py, seconds each), and for tests/test_serve.py the server's
+prompt graph and a decoding-step graph each), the one-layer model with its weights
+in bfloat16, q8_0 and q4_0 (one graph each, tests/test_weight_formats.py), the
+attention-weights variants of the odd attention and of LM (tests/test_heads.py),
+the Mojo kernels alone (tests/test_kernels.py: skinny_matmul, the cached
+attention, the packed matmuls together), and for tests/test_serve.py the server's
 paged-cache graph, MAX's sampler and `ragged_positions` alone.
 
 MAX compiles on one core most of the time, so on a fresh 2-core machine the
@@ -21,6 +23,7 @@ needs while the tests compile from the first.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -105,15 +108,16 @@ Compiler = Callable[..., CompiledAttention]
 @pytest.fixture(scope="session")
 def compiled() -> Compiler:
     """`compiled(config, dtype="float32", device="cpu", impl="graph")`: a shared graph, seed-0 weights."""
-    cache: dict[tuple[GPT2Config, str, str, str], CompiledAttention] = {}
+    build = functools.cache(
+        lambda config, dtype, device, impl: compile_attention(
+            config, random_attention_weights(config), device, dtype, impl
+        )
+    )
 
     def get(
         config: GPT2Config, dtype: str = "float32", device: str = "cpu", impl: str = "graph"
     ) -> CompiledAttention:
-        key = (config, dtype, device, impl)
-        if key not in cache:
-            cache[key] = compile_attention(config, random_attention_weights(config), device, dtype, impl)
-        return cache[key]
+        return build(config, dtype, device, impl)  # one key however the arguments were passed
 
     return get
 
@@ -141,12 +145,17 @@ def lm_weights(lm_checkpoint) -> Callable[..., dict[str, np.ndarray]]:
 
 @pytest.fixture(scope="session")
 def compiled_lm(lm_weights) -> Callable[..., CompiledLM]:
-    """`compiled_lm(config, dtype="float32", device="cpu")`: a shared compiled model, seed-0 weights."""
-    cache: dict[tuple[GPT2Config, str, str], CompiledLM] = {}
+    """`compiled_lm(config, dtype="float32", device="cpu", weights="float32")`: a shared compiled
+    model, seed-0 weights, its projections and head stored in the `weights` format."""
+    build = functools.cache(
+        lambda config, dtype, device, weights: compile_lm(
+            config, lm_weights(config), device, dtype, weight_format=weights
+        )
+    )
 
-    def get(config: GPT2Config, dtype: str = "float32", device: str = "cpu") -> CompiledLM:
-        if (config, dtype, device) not in cache:
-            cache[config, dtype, device] = compile_lm(config, lm_weights(config), device, dtype)
-        return cache[config, dtype, device]
+    def get(
+        config: GPT2Config, dtype: str = "float32", device: str = "cpu", weights: str = "float32"
+    ) -> CompiledLM:
+        return build(config, dtype, device, weights)
 
     return get

@@ -35,12 +35,14 @@ def attention_weights(config: GPT2Config) -> None:
     compiled.attentions(np.zeros((1, 2, config.n_embd), np.float32))
 
 
-def lm(config: GPT2Config, output_attentions: bool = False) -> None:
-    compile_lm(config, zeros(model_parameter_shapes(config)), "cpu", output_attentions=output_attentions)
+def lm(config: GPT2Config, output_attentions: bool = False, weights: str = "float32") -> None:
+    parameters = zeros(model_parameter_shapes(config))
+    compile_lm(config, parameters, "cpu", output_attentions=output_attentions, weight_format=weights)
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM), test_heads, test_lm, test_runtime.
+# test_bench (ODD graph and flash), test_bench_generate (LM), test_heads, test_lm, test_runtime,
+# test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
@@ -50,6 +52,7 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
+    *(lambda weights=weights: lm(LM_ONE_LAYER, weights=weights) for weights in ("bfloat16", "q8_0", "q4_0")),
 ]
 if not serving_missing():
     from tests.test_serve import compile_positions

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +111,35 @@ def test_flops_count_projections_and_the_unmasked_pairs():
     projections = 2 * 1 * 3 * 4 * (12 + 4)  # batch 1, seq 3: c_attn [4 -> 12], c_proj [4 -> 4]
     attention = 2 * 2 * 1 * 2 * 2 * 6  # QK^T and PV, 2 heads of 2, 6 = 3 * 4 / 2 causal pairs
     assert attention_flops(config, batch=1, seq_len=3) == projections + attention
+
+
+def is_gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet (a container's init may not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith(("Z", "X"))
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_the_watchdog_ends_the_servers_group_once_its_starter_is_gone(tmp_path):
+    """Why a killed test run leaves no server behind: a stand-in for the test process starts a
+    process group (a `sleep` in place of the server and its workers) and the watchdog, as
+    `ServerProcess` does, then dies by SIGKILL, which no handler sees; the group goes after it."""
+    starter = """
+import os, signal, subprocess, sys
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # the pipe to the test closes with us
+group = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)
+command = [sys.executable, "-m", "max_gpt2.bench.server", "--watch", str(os.getpid()), str(group.pid)]
+subprocess.Popen(command, start_new_session=True, env=dict(os.environ), **quiet)
+print(group.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", starter], capture_output=True, text=True, env=dict(os.environ), timeout=60
+    )
+    assert result.returncode == -signal.SIGKILL
+    server = int(result.stdout)
+    deadline = time.monotonic() + 30  # the watchdog looks once a second, then SIGTERM
+    while not is_gone(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert is_gone(server)

@@ -10,15 +10,17 @@ from max_gpt2.bench.generation import weight_bytes_per_step
 from max_gpt2.cli import main
 from max_gpt2.cli.bench_generate import parse_cases
 from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.weight_formats import is_packed
 from tests.support import LM
 
 
 @pytest.fixture(scope="module")
 def report(lm_checkpoint, tmp_path_factory):
-    """One run on LM's checkpoint, ours only: (exit code, report, output folder)."""
+    """One run on LM's checkpoint, ours only, float32 and q8_0 weights: (exit code, report, output folder)."""
     output = tmp_path_factory.mktemp("bench-generate")
     argv = ["bench-generate", "--device", "cpu", "--models", "", "--checkpoint", str(lm_checkpoint(LM))]
     argv += ["--cases", "1x4+6,2x3+9", "--prefill", "16", "--rounds", "2", "--contenders", "max"]
+    argv += ["--weights", "float32,q8_0"]
     code = main([*argv, "--output", str(output)])
     return code, json.loads((output / "bench-generate-cpu-float32.json").read_text()), output
 
@@ -27,13 +29,23 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
     code, report, _ = report
     assert code == 0
     (model,) = report["models"].values()
-    assert [(row["contender"], row["case"]) for row in model["cases"]] == [("max", "1x4+6"), ("max", "2x3+9")]
-    limit = report["bandwidth_gb_per_second"] * 1e9 / weight_bytes_per_step(LM)
-    assert model["limit_tokens_per_second"] == pytest.approx(limit)
-    for row, batch in zip(model["cases"], (1, 2), strict=True):
+    timed = [(row["contender"], row["weights"], row["case"]) for row in model["cases"]]
+    assert sorted(timed) == sorted(
+        (name, weights, case)
+        for name, weights in (("max", "float32"), ("max-q8_0", "q8_0"))
+        for case in ("1x4+6", "2x3+9")
+    )
+    bandwidth = report["bandwidth_gb_per_second"] * 1e9
+    limits = {weights: bandwidth / weight_bytes_per_step(LM, weights) for weights in ("float32", "q8_0")}
+    assert model["limit_tokens_per_second"] == pytest.approx(limits)
+    for row in model["cases"]:
+        batch = int(row["case"].split("x")[0])
         assert row["prefill_ms"] > 0 and row["tokens_per_second"] > 0
-        assert row["fraction_of_limit"] == pytest.approx(row["tokens_per_second"] / (limit * batch))
-        assert row["speedup"] == {} and row["same_tokens_as_max"]  # no peer was asked for
+        limit = limits[row["weights"]] * batch
+        assert row["fraction_of_limit"] == pytest.approx(row["tokens_per_second"] / limit)
+        if row["contender"] == "max":
+            assert row["same_tokens_as_max"]
+            assert set(row["speedup"]) == {"max-q8_0"}  # every other contender against it
     assert model["prefill"]["tokens"] == 16 and model["prefill"]["max"] > 0
     contexts = [context for context, _ in model["curve"]["max"]]
     assert contexts == sorted(contexts) and contexts[0] > 16 and contexts[-1] <= LM.n_positions
@@ -51,6 +63,9 @@ def test_weight_bytes_count_every_tensor_a_step_reads(lm_checkpoint):
     blocks_and_norm = sum(value.size for name, value in weights.items() if name not in embeddings)
     one_row_each = 2 * LM.n_embd
     assert weight_bytes_per_step(LM) == 4 * (blocks_and_norm + weights["lm_head.weight"].size + one_row_each)
+    packed = sum(value.size for name, value in weights.items() if is_packed(name))
+    rest = blocks_and_norm + one_row_each - (packed - weights["lm_head.weight"].size)
+    assert weight_bytes_per_step(LM, "q4_0") == round(packed * 18 / 32) + 4 * rest
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,11 @@ def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
         (["--prompt", "hi", "--top-p", "2"], r"top_p must be a number in \(0, 1\]"),
         (["--prompt", ""], r"input_ids is empty"),
         ([], "one of the arguments --prompt --tokens is required"),
+        (["--prompt", "hi", "--weights", "q2_k"], r"--weights: invalid choice: 'q2_k' \(choose from"),
+        (
+            ["--prompt", "hi", "--weights", "q8_0", "--dtype", "bfloat16"],
+            r"weights='q8_0' is for decoding on the CPU in float32, not on cpu in bfloat16",
+        ),
     ],
 )
 def test_generate_refuses_bad_input_before_compiling(lm_checkpoint, args, message):

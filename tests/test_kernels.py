@@ -10,6 +10,8 @@ from max.engine import InferenceSession, Model
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
 from max_gpt2.kernels import MOJO_PACKAGE, skinny_matmul_graph
+from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
 CPU_REF = DeviceRef.CPU()
 LOWEST = -1.7e38  # what `padding_bias` gives padding
@@ -52,6 +54,81 @@ def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
     np.testing.assert_allclose(
         y.to_numpy(), expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max()
     )
+
+
+@pytest.fixture(scope="module")
+def packed(session) -> Model:
+    """The three packed matmuls and the two dequantize ops in one graph (one compile)."""
+    x = TensorType(DType.float32, ["M", "K"], CPU_REF)
+    bf16 = TensorType(DType.bfloat16, ["N", "K"], CPU_REF)
+    q8 = TensorType(DType.int8, ["G", "K8"], CPU_REF)
+    q4 = TensorType(DType.uint8, ["G", "K4"], CPU_REF)
+    scales = TensorType(DType.float16, ["G", "Kb8"], CPU_REF)
+    rows = TensorType(DType.float32, ["N"], CPU_REF)  # only its length, N, is read
+    types = [x, bf16, q8, scales, q4, scales, rows]
+    with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+        x, bf16, q8, q8_scales, q4, q4_scales, rows = (value.tensor for value in graph.inputs)
+        product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
+        weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
+        outputs = [
+            *ops.custom("packed_matmul_bf16", CPU_REF, [x, bf16], [product]),
+            *ops.custom("packed_matmul_q8_0", CPU_REF, [x, q8, q8_scales], [product]),
+            *ops.custom("packed_matmul_q4_0", CPU_REF, [x, q4, q4_scales], [product]),
+            *ops.custom("dequantize_q8_0", CPU_REF, [q8, q8_scales], [weight]),
+            *ops.custom("dequantize_q4_0", CPU_REF, [q4, q4_scales], [weight]),
+        ]
+        graph.output(*outputs)
+    return session.load(graph)
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    """What the q8_0 and q4_0 kernels multiply by: x in blocks of 32, each rounded to int8 steps of
+    its largest magnitude / 127 (llama.cpp's q8_0 for activations), float64 [M, K]."""
+    blocks = np.zeros((x.shape[0], -(-x.shape[1] // wf.BLOCK) * wf.BLOCK), np.float32)
+    blocks[:, : x.shape[1]] = x
+    blocks = blocks.reshape(x.shape[0], -1, wf.BLOCK)
+    largest = np.abs(blocks).max(axis=-1, keepdims=True)
+    inverse = np.divide(np.float32(127), largest, out=np.zeros_like(largest), where=largest != 0)
+    steps = np.rint(blocks * inverse).astype(np.float64)
+    return (steps * (largest.astype(np.float64) / 127)).reshape(x.shape[0], -1)[:, : x.shape[1]]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+@pytest.mark.parametrize(
+    ("k", "n"), [(32, 8), (17, 5), (33, 9), (60, 180), (100, 1001), (768, 2304), (3072, 97), (64, 50257)]
+)
+def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n):
+    """Each format against float64 on the weights it stores: K with a block tail or none, N with
+    every remainder of a group of 8 rows, x's rows one to more than a register block."""
+    rng = np.random.default_rng(rows * k + n)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    bits = float32_to_bfloat16_bits(w)
+    q8_values, q8_scales = wf.quantize_q8_0(w)
+    q4_values, q4_scales = wf.quantize_q4_0(w)
+    inputs = [
+        Buffer.from_numpy(x),
+        Buffer.from_numpy(bits).view(DType.bfloat16),
+        *map(Buffer.from_numpy, wf.interleave(q8_values, q8_scales, "q8_0")),
+        *map(Buffer.from_numpy, wf.interleave(q4_values, q4_scales, "q4_0")),
+        Buffer.from_numpy(np.zeros(n, np.float32)),
+    ]
+    y_bf16, y_q8, y_q4, w_q8, w_q4 = (out.to_numpy() for out in packed.execute(*inputs))
+    stored = {
+        "q8_0": wf.dequantize(q8_values, q8_scales, "q8_0", k),
+        "q4_0": wf.dequantize(q4_values, q4_scales, "q4_0", k),
+    }
+    np.testing.assert_array_equal(w_q8, stored["q8_0"])
+    np.testing.assert_array_equal(w_q4, stored["q4_0"])
+    x_steps = quantized_activations(x)
+    cases = [
+        (y_bf16, x.astype(np.float64), bfloat16_bits_to_float32(bits)),
+        (y_q8, x_steps, stored["q8_0"]),
+        (y_q4, x_steps, stored["q4_0"]),
+    ]
+    for got, activations, weight in cases:
+        expected = activations @ weight.astype(np.float64).T
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
 
 
 def attention_reference(cache, qkv, key_bias, heads):

@@ -11,6 +11,7 @@ serving extra is not installed (`pip install -e '.[serve]'`; `make test` install
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -111,6 +112,70 @@ def test_streaming_sends_the_completion_token_by_token(server, expected):
     assert "".join(chunk.text for chunk in chunks) == expected[prompt].text
 
 
+def test_requests_arriving_while_others_decode_get_the_tokens_they_get_alone(server, expected):
+    """In-flight batching: prompts of different lengths join the steps of requests already decoding
+    (a batch of up to GPT2MemoryPlanner's size), and each gets `lm.generate`'s tokens, to its own length."""
+    cases = [(prompt, 4 + 4 * (i % 3)) for i, prompt in enumerate(PROMPTS * 3)]
+
+    def late_request(i: int) -> list[int]:
+        time.sleep(0.05 * i)
+        prompt, max_tokens = cases[i]
+        return served(complete(server, prompt, max_tokens=max_tokens).choices[0]).ids
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        got = list(pool.map(late_request, range(len(cases))))
+    assert got == [expected[prompt].ids[:max_tokens] for prompt, max_tokens in cases]
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):
+    """A streamed request dropped after two tokens is cancelled; the others finish right, and then
+    as many requests as a batch holds are answered together."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    stream = client.completions.create(
+        model="gpt2", prompt=PROMPTS[0], max_tokens=LM.n_positions - 8, temperature=0, stream=True
+    )
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        others = pool.map(lambda prompt: served(complete(server, prompt).choices[0]), PROMPTS)
+        for _, _ in zip(range(2), stream, strict=False):
+            pass
+        stream.close()  # the connection is dropped here
+        assert list(others) == [expected[prompt] for prompt in PROMPTS]
+    with ThreadPoolExecutor(16) as pool:
+        choices = list(pool.map(lambda prompt: complete(server, prompt).choices[0], PROMPTS * 4))
+    assert [served(choice) for choice in choices] == [expected[prompt] for prompt in PROMPTS * 4]
+
+
+def test_64_concurrent_requests_some_refused_some_streamed(server, expected):
+    """More clients than a batch holds: the valid ones (every other one streamed) are queued and
+    answered right, the prompts past the context get a 400 each, and the server answers afterwards."""
+    import openai
+
+    too_long = "word " * LM.n_positions
+
+    def request(i: int) -> Completion | str:
+        prompt = PROMPTS[i % len(PROMPTS)]
+        if i % 8 == 7:
+            try:
+                complete(server, too_long)
+            except openai.BadRequestError as refused:
+                return f"400 {refused.status_code}"
+            return "served"
+        if i % 2:
+            chunks = [chunk.choices[0] for chunk in complete(server, prompt, stream=True) if chunk.choices]
+            return Completion(
+                [t for chunk in chunks for t in served(chunk).ids], "".join(c.text for c in chunks)
+            )
+        return served(complete(server, prompt).choices[0])
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(request, range(64)))
+    for i, result in enumerate(results):
+        assert result == ("400 400" if i % 8 == 7 else expected[PROMPTS[i % len(PROMPTS)]]), i
+    assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
 def test_a_prompt_longer_than_the_context_is_refused_and_the_server_goes_on(server, expected):
     import openai
 
@@ -197,7 +262,7 @@ def compile_positions() -> Callable[..., Tensor]:
 
 
 def test_ragged_positions_count_from_each_requests_cache():
-    """Several requests in one batch (MAX batches them on GPUs, never on CPU): positions resume each cache."""
+    """Several requests in one batch: positions resume each request's cache."""
     positions = compile_positions()
     rng = np.random.default_rng(0)
     for lengths, cached in [

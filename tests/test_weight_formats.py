@@ -1,14 +1,22 @@
-"""Weight formats for decoding: quantize and dequantize round trips, and what each format keeps (NumPy)."""
+"""Weight formats for decoding: quantize and dequantize round trips and layouts (NumPy), and the
+language model in each format against the float64 reference."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from max_gpt2 import load_lm, reference
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32
 from max_gpt2.model.weight_adapters import model_parameter_shapes
-from tests.support import LM
+from tests.support import LM, LM_ONE_LAYER
+
+# Largest |logit error| over largest |logit| against the float64 reference, for LM_ONE_LAYER's random
+# weights: on the weights the format stores (q8_0 and q4_0 also round activations to int8 blocks),
+# and on the checkpoint's weights (the README gives measured figures beside these).
+ON_STORED_WEIGHTS = {"bfloat16": 1e-5, "q8_0": 5e-2, "q4_0": 5e-2}
+ON_CHECKPOINT_WEIGHTS = {"bfloat16": 3e-2, "q8_0": 6e-2, "q4_0": 0.3}
 
 SHAPES = [(7, 32), (5, 60), (3, 100), (2, 768), (1, 1)]  # whole blocks, tails, a single value
 
@@ -33,10 +41,11 @@ def test_q4_0_keeps_each_weight_within_half_a_step_but_the_clamped(shape):
     """The largest magnitude maps to -8 steps exactly; the other side ends at +7, so values past
     +7.5 steps are clamped there, within a step."""
     weight = np.random.default_rng(sum(shape) + 1).standard_normal(shape).astype(np.float32)
-    packed, scales = wf.quantize_q4_0(weight)
+    values, scales = wf.quantize_q4_0(weight)
     blocks = -(-shape[1] // wf.BLOCK)
-    assert packed.shape == (shape[0], blocks * wf.BLOCK // 2) and packed.dtype == np.uint8
-    restored = wf.dequantize(packed, scales, "q4_0", shape[1])
+    assert values.shape == (shape[0], blocks * wf.BLOCK) and values.dtype == np.uint8
+    assert values.max() <= 15
+    restored = wf.dequantize(values, scales, "q4_0", shape[1])
     step = np.abs(np.repeat(scales.astype(np.float32), wf.BLOCK, axis=1)[:, : shape[1]])
     error, slack = np.abs(restored - weight), 1e-6 * np.abs(weight)
     clamped = np.isclose(
@@ -47,14 +56,45 @@ def test_q4_0_keeps_each_weight_within_half_a_step_but_the_clamped(shape):
     assert (error <= step + slack).all()
 
 
-def test_q4_0_nibbles_hold_a_blocks_halves_in_order():
-    """llama.cpp's layout: byte j of a block holds element j (low nibble) and element j + 16 (high)."""
+def test_q4_0_maps_the_largest_magnitude_to_minus_8_steps():
     weight = np.concatenate([np.linspace(-8, 7, 16), np.linspace(7, -8, 16)])[None].astype(np.float32)
-    packed, scales = wf.quantize_q4_0(weight)
-    assert scales[0, 0] == 1.0  # the largest magnitude, -8, maps to q = 0
-    np.testing.assert_array_equal(packed[0] & 0xF, np.round(weight[0, :16] + 8))
-    np.testing.assert_array_equal(packed[0] >> 4, np.round(weight[0, 16:] + 8))
-    np.testing.assert_array_equal(wf.dequantize(packed, scales, "q4_0", 32), np.round(weight))
+    values, scales = wf.quantize_q4_0(weight)
+    assert scales[0, 0] == 1.0  # d = -8 / -8
+    np.testing.assert_array_equal(values[0], np.round(weight[0] + 8))
+    np.testing.assert_array_equal(wf.dequantize(values, scales, "q4_0", 32), np.round(weight))
+
+
+@pytest.mark.parametrize("format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17])
+def test_interleaving_puts_each_value_where_the_kernel_reads_it(format, rows):
+    """The layout in `weight_formats`' docstring, element by element, and back."""
+    rng = np.random.default_rng(rows)
+    blocks = 3
+    low, high, dtype = (-127, 128, np.int8) if format == "q8_0" else (0, 16, np.uint8)
+    values = rng.integers(low, high, (rows, blocks * wf.BLOCK)).astype(dtype)
+    scales = rng.standard_normal((rows, blocks)).astype(np.float16)
+    stored, stored_scales = wf.interleave(values, scales, format)
+    groups = -(-rows // wf.GROUP)
+    assert stored.shape == (groups, blocks * (256 if format == "q8_0" else 128))
+    assert stored_scales.shape == (groups, blocks * 8)
+    for row in range(groups * wf.GROUP):
+        g, r = divmod(row, wf.GROUP)
+        for b in range(blocks):
+            assert stored_scales[g, b * 8 + r] == (scales[row, b] if row < rows else 0)
+            for c in range(8 if format == "q8_0" else 4):
+                for e in range(4):
+                    if format == "q8_0":
+                        got = [stored[g, (b * 8 + c) * 32 + r * 4 + e]]
+                        want = [values[row, 32 * b + 4 * c + e] if row < rows else 0]
+                    else:
+                        byte = stored[g, (b * 4 + c) * 32 + r * 4 + e]
+                        got = [byte & 0xF, byte >> 4]
+                        columns = (32 * b + 4 * c + e, 32 * b + 16 + 4 * c + e)
+                        want = [values[row, column] if row < rows else 0 for column in columns]
+                    assert got == want, (row, b, c, e)
+    back, back_scales = wf.deinterleave(stored, stored_scales, format, rows)
+    np.testing.assert_array_equal(back, values)
+    np.testing.assert_array_equal(back_scales, scales)
 
 
 def test_a_block_of_zeros_stays_zero():
@@ -90,3 +130,25 @@ def test_packing_a_model_packs_the_projections_and_the_head_only(format):
 def test_unknown_formats_are_refused_with_the_list():
     with pytest.raises(ValueError, match="weights must be one of float32, bfloat16, q8_0, q4_0; got 'int4'"):
         wf.check_format("int4")
+
+
+@pytest.mark.parametrize("format", ["bfloat16", "q8_0", "q4_0"])
+def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, format):
+    """A prompt's logits and two decoding steps' against the float64 reference."""
+    config = LM_ONE_LAYER
+    lm, weights = compiled_lm(config, weights=format), lm_weights(config)
+    stored = wf.unpack(wf.pack(weights, format), format, model_parameter_shapes(config))
+    ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))
+    cache = lm.new_cache(2, 9)
+    got = [lm.prefill(ids[:, :7], cache, all_logits=True)]
+    got += [lm.decode_step(ids[:, step], cache)[:, None] for step in (7, 8)]
+    got = np.concatenate(got, axis=1)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'
+    for parameters, tolerance in ((stored, ON_STORED_WEIGHTS), (weights, ON_CHECKPOINT_WEIGHTS)):
+        expected = reference.lm_logits_and_largest_score(ids, parameters, config)[0]
+        error = np.abs(got - expected).max() / np.abs(expected).max()
+        assert error <= tolerance[format], error
+
+
+def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
+    with pytest.raises(ValueError, match="weights must be one of float32, bfloat16, q8_0, q4_0; got 'q2_k'"):
+        load_lm(tmp_path / "missing", "cpu", weights="q2_k")

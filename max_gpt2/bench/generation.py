@@ -1,14 +1,18 @@
 """Text generation side by side: what `max-gpt2 bench-generate` runs (also `make bench-generate`).
 
-Contenders, all loading the same checkpoint: `max` (our `CompiledLM`) and, when
-PyTorch and `transformers` are installed, `hf-eager` and `hf-sdpa` (Hugging
-Face's `GPT2LMHeadModel.generate` with each attention implementation). The
+Contenders, all loading the same checkpoint (`max_gpt2.bench.generation_contenders`):
+`max` (our `CompiledLM`), with `--weights` also ours with packed weights
+(`max-bfloat16`, `max-q8_0`, `max-q4_0`), when PyTorch and `transformers` are
+installed `hf-eager` and `hf-sdpa` (Hugging Face's `GPT2LMHeadModel.generate` with
+each attention implementation), and with `--llama-bench` and `--gguf` llama.cpp's
+`llama-bench` on GGUF files of the same weights (`max_gpt2.bench.llama_cpp`). The
 checkpoints are GPT-2 small and medium shapes written by `write_checkpoint` into
 the cache directory (random weights take as long as trained ones), or yours
 with `--checkpoint`. For each model:
 
-1. Every contender's greedy tokens must equal ours, case by case, before any timing
-   (in float32; in bfloat16 and float16 rounding may tip a token, which the report records).
+1. Hugging Face's greedy tokens must equal ours (`max`), case by case, before any
+   timing (in float32; in bfloat16 and float16 rounding may tip a token, which the
+   report records); packed weights' tokens are compared and recorded, not required.
 2. Cases `BATCHxPROMPT+NEW` (default 1x32+128 and 8x32+128): interleaved rounds,
    each contender in a rotating order after `measure.settle`; a round records the
    time of every new token. Prefill is the call to the first token; decode rate is
@@ -20,10 +24,12 @@ with `--checkpoint`. For each model:
 
 The bandwidth limit: a batch-1 decoding step reads every weight once (the
 blocks, the final norm and the LM head, i.e. `wte`; one row each of `wte` and
-`wpe`), so its rate cannot pass bandwidth / bytes. The bandwidth is a float32
-matrix-vector product of GPT-2's LM head (154 MB) measured in the same run
-(the faster of NumPy's and our `skinny_matmul` kernel's, best of several). A
-batch of B shares those reads: its limit is B times that.
+`wpe`), so its rate cannot pass bandwidth / bytes. Each contender's bytes are
+those of the format it reads its weights in (projections and head packed, the
+rest float32). The bandwidth is a float32 matrix-vector product of GPT-2's LM
+head (154 MB) measured in the same run (the faster of NumPy's and our
+`skinny_matmul` kernel's, best of several). A batch of B shares those reads: its
+limit is B times that.
 """
 
 from __future__ import annotations
@@ -43,14 +49,16 @@ from max_gpt2.bench.generation_contenders import (
     Generator,
     hugging_face_generators,
     hugging_face_skip_reason,
+    llama_cpp_generator,
     max_generator,
 )
-from max_gpt2.bench.harness import machine_description, settle
+from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.report import save_figure
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.kernels import skinny_matmul_graph
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.weight_formats import BYTES_PER_WEIGHT
 from max_gpt2.outputs import Progress, default_cache_dir, require_matplotlib
 from max_gpt2.testing import write_checkpoint
 
@@ -62,22 +70,16 @@ CURVE_WINDOW = 32  # tokens per point of the curve
 CURVE_PROMPT = 16
 
 
-def weight_bytes_per_step(config: GPT2Config, bytes_per_value: int = 4) -> int:
-    """Bytes of weights one batch-1 decoding step reads (see the module docstring)."""
+def weight_bytes_per_step(config: GPT2Config, weights: str = "float32") -> int:
+    """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
+    and the LM head in `weights` (a format of `max_gpt2.model.weight_formats`, or float16)."""
     width, inner = config.n_embd, config.mlp_width
-    block = (
-        2 * 2 * width  # ln_1, ln_2
-        + 3 * width * width
-        + 3 * width  # c_attn
-        + width * width
-        + width  # attn.c_proj
-        + width * inner
-        + inner  # mlp.c_fc
-        + inner * width
-        + width  # mlp.c_proj
-    )
+    packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
+    plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
     head = config.vocab_size * width  # the tied LM head reads all of wte
-    return (config.n_layer * block + 2 * width + head + 2 * width) * bytes_per_value
+    per_weight = BYTES_PER_WEIGHT.get(weights, 2.0)  # float16 (Hugging Face's) is 2 too
+    float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
+    return round((config.n_layer * packed + head) * per_weight) + float32
 
 
 def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
@@ -112,15 +114,13 @@ def rates(times: list[float], batch: int) -> tuple[float, float]:
     return times[1] - times[0], batch * decoded / (times[-1] - times[1]) if decoded else float("nan")
 
 
-def interleaved(
-    generators: list[Generator], rounds: int, run: Callable[[Generator], Any], warm: np.ndarray
-) -> dict:
+def interleaved(generators: list[Generator], rounds: int, run: Callable[[Generator], Any]) -> dict:
     """`run(generator)` for every generator, `rounds` times in a rotating order, each after settling."""
     results: dict[str, list[Any]] = {g.name: [] for g in generators}
     for index in range(rounds):
         shift = index % len(generators)
         for generator in generators[shift:] + generators[:shift]:
-            settle(generator.forward, warm)
+            generator.settle()
             results[generator.name].append(run(generator))
     return results
 
@@ -130,53 +130,49 @@ def bench_model(
 ) -> dict[str, Any]:
     """Checks tokens, then times the cases, the prefill and the curve for one checkpoint."""
     config = Checkpoint(checkpoint).config
-    limit = args.bandwidth / weight_bytes_per_step(config)
+    limits = {g.weights: args.bandwidth / weight_bytes_per_step(config, g.weights) for g in generators}
     rng = np.random.default_rng(args.seed)
-    warm = rng.integers(0, config.vocab_size, (1, 8))
-    report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limit, "cases": []}
+    report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limits, "cases": []}
     for batch, prompt, new in args.cases:
         ids = rng.integers(0, config.vocab_size, (batch, prompt))
-        with progress.step(f"{name} {batch}x{prompt}+{new}: same tokens from every contender"):
-            expected = generators[0].generate(ids, new)
-            differ = [g.name for g in generators[1:] if not np.array_equal(g.generate(ids, new), expected)]
+        case = f"{batch}x{prompt}+{new}"
+        timed = [g for g in generators if batch == 1 or not g.batch_one_only]
+        with progress.step(f"{name} {case}: the same tokens from every contender"):
+            expected = timed[0].generate(ids, new)
+            same = {g.name: bool(np.array_equal(g.generate(ids, new), expected)) for g in timed if g.generate}
+        differ = [g for g, alike in same.items() if not alike and g.startswith("hf-")]
         if differ and args.dtype == "float32":
-            raise ValueError(
-                f"{name} {batch}x{prompt}+{new}: {', '.join(differ)} generated other tokens than max"
-            )
-        with progress.step(f"{name} {batch}x{prompt}+{new}: {args.rounds} rounds"):
-            clocks = interleaved(generators, args.rounds, lambda g, i=ids, n=new: g.clocked(i, n), warm)
+            raise ValueError(f"{name} {case}: {', '.join(differ)} generated other tokens than max")
+        with progress.step(f"{name} {case}: {args.rounds} rounds"):
+            clocks = interleaved(timed, args.rounds, lambda g, i=ids, n=new: g.clocked(i, n))
         medians = {
             g.name: [
                 statistics.median(v) for v in zip(*(rates(t, batch) for t in clocks[g.name]), strict=True)
             ]
-            for g in generators
+            for g in timed
         }
-        for contender, (prefill, rate) in medians.items():
-            row = {"contender": contender, "case": f"{batch}x{prompt}+{new}", "prefill_ms": prefill * 1e3}
-            row |= {"tokens_per_second": rate, "fraction_of_limit": rate / (limit * batch)}
-            row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != contender}
-            row["same_tokens_as_max"] = contender not in differ
+        for g in timed:
+            prefill, rate = medians[g.name]
+            row = {"contender": g.name, "weights": g.weights, "case": case, "prefill_ms": prefill * 1e3}
+            row |= {"tokens_per_second": rate, "fraction_of_limit": rate / (limits[g.weights] * batch)}
+            row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != g.name}
+            row["same_tokens_as_max"] = same.get(g.name)
             report["cases"].append(row)
     if args.prefill:
         ids = rng.integers(0, config.vocab_size, (1, min(args.prefill, config.n_positions)))
         with progress.step(f"{name} prefill 1x{ids.shape[1]}: {args.rounds} rounds"):
-            seconds = interleaved(generators, args.rounds, lambda g, i=ids: _timed(g.forward, i), warm)
+            seconds = interleaved(generators, args.rounds, lambda g, i=ids: g.prefill_seconds(i))
         report["prefill"] = {"tokens": ids.shape[1]} | {
             g: statistics.median(s) * 1e3 for g, s in seconds.items()
         }
     if args.curve:
         ids = rng.integers(0, config.vocab_size, (1, CURVE_PROMPT))
         new = config.n_positions - CURVE_PROMPT
+        clocked = [g for g in generators if g.measured_clock]
         with progress.step(f"{name} curve: 1x{CURVE_PROMPT}+{new}, once per contender"):
-            clocks = interleaved(generators, 1, lambda g, i=ids, n=new: g.clocked(i, n), warm)
+            clocks = interleaved(clocked, 1, lambda g, i=ids, n=new: g.clocked(i, n))
         report["curve"] = {g: curve(times[0], CURVE_PROMPT) for g, times in clocks.items()}
     return report
-
-
-def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
-    start = time.perf_counter()
-    call(ids)
-    return time.perf_counter() - start
 
 
 def curve(times: list[float], prompt: int) -> list[tuple[int, float]]:
@@ -195,6 +191,16 @@ def demo_checkpoint_for(name: str, cache_dir: Path, progress: Progress) -> Path:
         with progress.step(f"writing a GPT-2-{name}-shaped checkpoint to {path}"):
             write_checkpoint(path, MODELS[name], seed=0)
     return path
+
+
+def contenders(path: Path, args: argparse.Namespace, skipped: dict[str, str]) -> list[Generator]:
+    """Every contender on the checkpoint at `path`: ours per `--weights`, Hugging Face's, llama.cpp's."""
+    generators = [max_generator(path, args.device, args.dtype, weights) for weights in args.weights]
+    wanted = [c for c in args.contenders if c != "max" and c not in skipped]
+    generators += hugging_face_generators(path, wanted, args.dtype) if wanted else []
+    for weights, gguf in args.gguf.items():
+        generators.append(llama_cpp_generator(args.llama_bench, gguf, weights, args.threads))
+    return generators
 
 
 def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -217,6 +223,9 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
         "skipped": skipped,
         "models": {},
     }
+    if args.gguf:
+        report["llama_cpp"] = {"binary": str(args.llama_bench), "threads": args.threads}
+        report["llama_cpp"]["gguf"] = {weights: str(file) for weights, file in args.gguf.items()}
     checkpoints = {str(args.checkpoint): Path(args.checkpoint)} if args.checkpoint else {}
     cache = args.cache_dir or default_cache_dir()
     checkpoints |= {name: demo_checkpoint_for(name, cache, progress) for name in args.models}
@@ -224,9 +233,7 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
         with progress.step(
             f"{name}: loading every contender (ours compiles: a minute or two the first time)"
         ):
-            generators = [max_generator(path, args.device, args.dtype)]
-            wanted = [c for c in args.contenders if c != "max" and c not in skipped]
-            generators += hugging_face_generators(path, wanted, args.dtype) if wanted else []
+            generators = contenders(path, args, skipped)
         report["models"][name] = bench_model(name, path, generators, args, progress)
     return report
 
@@ -239,24 +246,28 @@ def format_table(report: dict[str, Any]) -> str:
         + ", ".join(f"{name} {value:.1f}" for name, value in report["matvec_gb_per_second"].items())
         + f"); medians of {report['rounds']} rounds",
         "",
-        "| model | case | contender | prefill ms | decode tokens/s | % of limit | vs hf-sdpa | vs hf-eager |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | case | contender | weights | prefill ms | decode tokens/s | % of limit | vs max "
+        "| vs llama.cpp, same weights | vs hf-sdpa | same tokens as max |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for model, result in report["models"].items():
         for row in result["cases"]:
-            ratios = [row["speedup"].get(peer) for peer in ("hf-sdpa", "hf-eager")]
-            lines.append(
-                f"| {model} | {row['case']} | {row['contender']} | {row['prefill_ms']:.1f} "
-                f"| {row['tokens_per_second']:.1f} | {100 * row['fraction_of_limit']:.0f} | "
-                + " | ".join("-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios)
-                + " |"
-            )
-        lines.append(f"| {model} | limit, batch 1 | | | {result['limit_tokens_per_second']:.1f} | 100 | | |")
+            peers = ("max", f"llama.cpp-{row['weights']}", "hf-sdpa")
+            ratios = [row["speedup"].get(peer) for peer in peers]
+            same = {True: "yes", False: "no", None: "-"}[row["same_tokens_as_max"]]
+            cells = [model, row["case"], row["contender"], row["weights"], f"{row['prefill_ms']:.1f}"]
+            cells += [f"{row['tokens_per_second']:.1f}", f"{100 * row['fraction_of_limit']:.0f}"]
+            cells += ["-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios]
+            lines.append("| " + " | ".join([*cells, same]) + " |")
+        for weights, limit in result["limit_tokens_per_second"].items():
+            lines.append(f"| {model} | limit, batch 1 | | {weights} | | {limit:.1f} | 100 | | | | |")
     prefills = {model: result["prefill"] for model, result in report["models"].items() if "prefill" in result}
     for model, prefill in prefills.items():
         timed = ", ".join(f"{name} {ms:.1f} ms" for name, ms in prefill.items() if name != "tokens")
+        lines.append(f"\nprefill, {model}, 1 x {prefill['tokens']} tokens (every position's logits): {timed}")
+    if "llama_cpp" in report:
         lines.append(
-            f"\nprefill, {model}, 1 x {prefill['tokens']} tokens (forward, every position's logits): {timed}"
+            f"\nllama.cpp: {report['llama_cpp']['binary']}, {report['llama_cpp']['threads']} threads"
         )
     lines += [f"skipped {name}: {reason}" for name, reason in report["skipped"].items()]
     return "\n".join(lines)
@@ -275,7 +286,8 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     for axis, (model, result) in zip(axes[0], curves.items(), strict=True):
         for name, points in result["curve"].items():
             axis.plot(*zip(*points, strict=True), marker=".", label=name)
-        axis.axhline(result["limit_tokens_per_second"], color="gray", linestyle="--", label="bandwidth limit")
+        for weights, limit in result["limit_tokens_per_second"].items():
+            axis.axhline(limit, color="gray", linestyle="--", label=f"bandwidth limit, {weights} weights")
         axis.set(xlabel="context length (tokens)", ylabel="decode tokens/s, batch 1", ylim=(0, None))
         axis.set_title(f"GPT-2 {model}, {report['device']} {report['dtype']}")
         axis.grid(True, alpha=0.3)

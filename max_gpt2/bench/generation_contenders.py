@@ -1,10 +1,12 @@
-"""The contenders of `max-gpt2 bench-generate`: our `CompiledLM` and Hugging Face's `generate`.
+"""The contenders of `max-gpt2 bench-generate`: our `CompiledLM`, Hugging Face's `generate`, llama.cpp.
 
-Each `Generator` loads one checkpoint and gives greedy generation, the same with
-a clock read at every new token, and one forward over a prompt (every
-position's logits). `hf-eager` and `hf-sdpa` are Hugging Face's
+Each `Generator` is one contender on one checkpoint: greedy generation with a
+clock read at every new token, and one forward over a prompt (every position's
+logits). `max` is ours in float32, `max-bfloat16`, `max-q8_0` and `max-q4_0` ours
+with packed weights; `hf-eager` and `hf-sdpa` are Hugging Face's
 `GPT2LMHeadModel` with each attention implementation, loaded from the same
-files, when PyTorch and `transformers` are installed (optional peers).
+files, when PyTorch and `transformers` are installed (optional peers);
+`llama.cpp-<weights>` is llama.cpp's `llama-bench` on a GGUF of the same weights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2.bench import harness
+from max_gpt2.bench import harness, llama_cpp
 from max_gpt2.inference.lm import load_lm
 
 CONTENDERS = ("max", "hf-eager", "hf-sdpa")
@@ -25,23 +27,73 @@ CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 
 @dataclass
 class Generator:
-    """One contender on one checkpoint: greedy generation with a clock on every token, and a forward."""
+    """One contender on one checkpoint: how it generates, clocked, and how long its prompts take.
+
+    `clocked(ids, new)` returns the time at the call and after every new token;
+    `prefill_seconds(ids)` one forward over `ids` (logits at every position);
+    `settle()` is untimed work before a timed call (see `harness.settle`).
+    `generate` gives greedy tokens for the check before timing (None: not
+    comparable, as llama.cpp's). `weights` is the format its weights are read in.
+    """
 
     name: str
-    generate: Callable[[np.ndarray, int], np.ndarray]  # ids [B, S], new -> int64 [B, S + new]
-    clocked: Callable[[np.ndarray, int], list[float]]  # perf_counter at the call, then at every new token
-    forward: Callable[[np.ndarray], Any]  # one forward over ids, logits at every position
+    weights: str
+    clocked: Callable[[np.ndarray, int], list[float]]
+    prefill_seconds: Callable[[np.ndarray], float]
+    settle: Callable[[], None]
+    generate: Callable[[np.ndarray, int], np.ndarray] | None = None
+    batch_one_only: bool = False  # llama-bench generates one sequence at a time
+    measured_clock: bool = True  # False: rebuilt from reported rates (llama-bench), so no curve
 
 
-def max_generator(checkpoint: Path, device: str, dtype: str) -> Generator:
-    lm = load_lm(checkpoint, device, dtype)
+def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
+    start = time.perf_counter()
+    call(ids)
+    return time.perf_counter() - start
+
+
+def max_generator(checkpoint: Path, device: str, dtype: str, weights: str = "float32") -> Generator:
+    """Our `CompiledLM`, its weights in `weights`: named `max`, or `max-<weights>` when packed."""
+    lm = load_lm(checkpoint, device, dtype, weights=weights)
+    warm = np.zeros((1, 8), dtype=np.int64)
 
     def clocked(ids: np.ndarray, new: int) -> list[float]:
         times = [time.perf_counter()]
         times += [time.perf_counter() for _ in lm.stream(ids, new)]
         return times
 
-    return Generator("max", lm.generate, clocked, lm.logits)
+    name = "max" if weights == "float32" else f"max-{weights}"
+    return Generator(
+        name,
+        dtype if weights == "float32" else weights,  # float32 weights are bound in the compute dtype
+        clocked,
+        lambda ids: _timed(lm.logits, ids),
+        lambda: harness.settle(lm.logits, warm),
+        lm.generate,
+    )
+
+
+def llama_cpp_generator(binary: Path, gguf: Path, weights: str, threads: int) -> Generator:
+    """llama.cpp's `llama-bench` on a GGUF of the same weights in `weights` (`max_gpt2.bench.llama_cpp`)."""
+
+    def clocked(ids: np.ndarray, new: int) -> list[float]:
+        prompt = ids.shape[1]
+        prefill = prompt / float(llama_cpp.bench(binary, gguf, prompt, 0, threads)["avg_ts"])
+        rate = float(llama_cpp.bench(binary, gguf, prompt, new, threads)["avg_ts"])
+        return [0.0, *(prefill + step / rate for step in range(new))]
+
+    def prefill_seconds(ids: np.ndarray) -> float:
+        return ids.shape[1] / float(llama_cpp.bench(binary, gguf, ids.shape[1], 0, threads)["avg_ts"])
+
+    return Generator(
+        f"llama.cpp-{weights}",
+        weights,
+        clocked,
+        prefill_seconds,
+        lambda: None,  # a process of its own: nothing of ours spins while it runs
+        batch_one_only=True,
+        measured_clock=False,
+    )
 
 
 def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> list[Generator]:
@@ -78,7 +130,18 @@ def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> l
             generate(ids, new, clock)
             return clock.times
 
-        return Generator(name, generate, clocked, lambda ids: model(torch.from_numpy(ids)))
+        def forward(ids: np.ndarray) -> Any:
+            return model(torch.from_numpy(ids))
+
+        warm = np.zeros((1, 8), dtype=np.int64)
+        return Generator(
+            name,
+            dtype,
+            clocked,
+            lambda ids: _timed(forward, ids),
+            lambda: harness.settle(forward, warm),
+            generate,
+        )
 
     return [make(name) for name in names]
 

@@ -1,7 +1,9 @@
-"""`max-gpt2 bench-generate`: text generation, ours against Hugging Face (`max_gpt2.bench.generation`).
+"""`max-gpt2 bench-generate`: generation, ours beside Hugging Face and llama.cpp (`bench.generation`).
 
     max-gpt2 bench-generate --models small --cases 1x32+128,8x32+128 --rounds 5
     max-gpt2 bench-generate --models "" --checkpoint ~/models/gpt2 --no-curve
+    max-gpt2 bench-generate --models small --weights float32,bfloat16,q8_0,q4_0 \
+        --llama-bench llama.cpp/build/bin/llama-bench --gguf float32=small-f32.gguf,q8_0=small-q8_0.gguf
 
 Results: `bench-results/bench-generate-<device>-<dtype>.json` and `.png`, and tables on stdout.
 """
@@ -9,12 +11,15 @@ Results: `bench-results/bench-generate-<device>-<dtype>.json` and `.png`, and ta
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from max_gpt2.bench.generation import MODELS, format_table, plot, run_benchmark
 from max_gpt2.bench.generation_contenders import CONTENDERS
+from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
 from max_gpt2.cli.console import positive_int
+from max_gpt2.model.weight_formats import FORMATS, check_format
 from max_gpt2.outputs import Progress
 
 
@@ -42,6 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cases", type=parse_cases, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
+    formats = ", ".join(FORMATS)
+    parser.add_argument(
+        "--weights", default="float32", help=f"ours in these, from {formats} (default: float32)"
+    )
+    parser.add_argument(
+        "--llama-bench", type=Path, help="a llama.cpp build's llama-bench, to time beside ours"
+    )
+    parser.add_argument(
+        "--gguf", default="", help="with --llama-bench: FORMAT=FILE,... GGUFs of the same weights"
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="llama-bench's threads (default: cores)",
+    )
     parser.add_argument(
         "--prefill", type=int, default=1024, help="prefill length to time; 0: none (default: 1024)"
     )
@@ -66,6 +87,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
         )
+    args.weights = list(dict.fromkeys(check_format(name.strip()) for name in args.weights.split(",")))
+    if bool(args.gguf) != (args.llama_bench is not None):
+        raise ValueError("--llama-bench and --gguf go together: the binary, and the GGUF files it times")
+    args.gguf = parse_gguf(args.gguf) if args.gguf else {}
+    if args.llama_bench is not None:
+        args.llama_bench = check_binary(args.llama_bench)
     if not args.models and args.checkpoint is None:
         raise ValueError("nothing to time: give --models or --checkpoint")
     if isinstance(args.cases, str):  # argparse leaves a default string unparsed

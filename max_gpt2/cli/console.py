@@ -10,9 +10,12 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.lm import CompiledLM, compile_lm
+from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
 
@@ -97,14 +100,35 @@ def open_prompt(
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
 
 
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    """`--weights`: the format the projections and the LM head are stored in for decoding."""
+    parser.add_argument(
+        "--weights",
+        default="float32",
+        choices=FORMATS,
+        help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
+    )
+
+
 def load_model(
-    checkpoint: Checkpoint, args: argparse.Namespace, progress: Progress, output_attentions: bool = False
+    checkpoint: Checkpoint,
+    args: argparse.Namespace,
+    progress: Progress,
+    output_attentions: bool = False,
+    weights: str = "float32",
 ) -> CompiledLM:
-    """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes."""
+    """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes.
+
+    `weights` is the format they are packed in (`max_gpt2.model.weight_formats`), checked first.
+    """
     device = resolve_device(args.device)
+    check_weight_format(weights, device, parse_dtype(args.dtype))
     with progress.step(f"reading the weights of {checkpoint.path}"):
-        weights = checkpoint.model_weights()
+        parameters = checkpoint.model_weights()
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}"):
-        return compile_lm(checkpoint.config, weights, device, args.dtype, output_attentions)
+    stored = "" if weights == "float32" else f", weights in {weights}"
+    with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
+        return compile_lm(
+            checkpoint.config, parameters, device, args.dtype, output_attentions, weight_format=weights
+        )

@@ -6,7 +6,9 @@
 It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
 then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
 local checkpoint, offline; it prints that command, so it can be run without us.
-Keys and values live in MAX's paged KV cache. MAX serves float32 on CPU;
+Keys and values live in MAX's paged KV cache. Up to `--max-batch-size` requests
+share each step (`max_gpt2.serving.arch.CPU_BATCH_SIZE` on a CPU), and a new
+prompt joins the step of those decoding (in-flight batching). MAX serves float32 on CPU;
 bfloat16 is for GPUs. The server answers OpenAI's `logprobs` (up to 7
 alternatives) and, started with `--enable-echo` as here, `echo` (the prompt's
 log-probabilities, what lm-evaluation-harness scores with); prefix caching is
@@ -42,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+    parser.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        help="most requests in one step (default: GPT2MemoryPlanner's on a CPU, MAX's elsewhere)",
+    )
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
@@ -109,7 +116,10 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         f"--port={args.port}",
         "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
         "--no-enable-prefix-caching",  # a cached prefix would have no log-probabilities to echo
+        "--enable-in-flight-batching",  # a new prompt joins the running decodes' step, not stalls them
     ]
+    if args.max_batch_size is not None:
+        command.append(f"--max-batch-size={args.max_batch_size}")
     # MAX's model worker is a fresh interpreter that must import max_gpt2; an editable
     # install is not always visible to it (seen here), an explicit path always is.
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)

@@ -45,14 +45,14 @@ from tokenizers import Tokenizer
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import packed_buffer, resolve_device
-from max_gpt2.inference.lm_graphs import LMGraphs
+from max_gpt2.inference.lm_graphs import LMGraphs, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_adapters import check_model_weights
-from max_gpt2.model.weight_formats import check_format, is_packed, pack
+from max_gpt2.model.weight_formats import is_packed, pack
 
 
 class KVCache:
@@ -146,7 +146,7 @@ class CompiledLM(CompiledModel):
             check_left_padding(mask)
         cache.attention_mask = mask
         logit_index = np.arange(seq_len) if all_logits else np.array([seq_len - 1])
-        logits = self._run("plain", ids, position_ids(mask), mask, logit_index, cache)
+        logits = self._run(self.graph.prompt_variant, ids, position_ids(mask), mask, logit_index, cache)
         return logits if all_logits else logits[:, 0]
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
@@ -242,7 +242,7 @@ def compile_lm(
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
     graph = LMGraphs(config, target, compute_dtype, kernels, weight_format)
-    for variant in ["attentions"] if output_attentions else ["plain", graph.step_variant]:
+    for variant in ["attentions"] if output_attentions else {graph.prompt_variant, graph.step_variant}:
         graph.compiled(variant)
     return CompiledLM(config, target, compute_dtype, graph, checked)
 
@@ -261,7 +261,7 @@ def load_lm(
     converted from the checkpoint here. The checkpoint's tokenizer, if it has one,
     comes along as `lm.tokenizer`.
     """
-    check_format(weights)  # before reading any tensor
+    check_weight_format(weights, resolve_device(device), parse_dtype(dtype))  # before reading any tensor
     opened = Checkpoint(checkpoint)
     lm = compile_lm(
         opened.config, opened.model_weights(), device, dtype, kernels=kernels, weight_format=weights

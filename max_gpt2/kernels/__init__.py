@@ -7,14 +7,16 @@ heavy parts in one pass over memory each (CPU, float32 activations):
 
     skinny_matmul          x [M, K] @ W[N, K]^T -> [M, N]; each row of W is read once
                            for all M rows of x (M is batch x new tokens, a few at most)
+                           (skinny_matmul.mojo)
     packed_matmul_FORMAT   the same with W stored in fewer bytes (`max_gpt2.model.weight_formats`):
-                           bf16, q8_0 (int8 blocks of 32, a scale each), q4_0 (4-bit blocks);
-                           for q8_0 and q4_0, x is quantized to int8 blocks as llama.cpp does
-    dequantize_FORMAT      q8_0 or q4_0 W back to float32 [N, K], for prompts
+                           bf16 (bf16_matmul.mojo), q8_0 (int8 blocks of 32, a scale each) and
+                           q4_0 (4-bit blocks) with x rounded to int8 blocks as llama.cpp does
+                           (quantized_matmul.mojo; their layout: packed_layout.mojo)
+    dequantize_FORMAT      q8_0 or q4_0 W back to float32 [N, K] (dequantize.mojo)
     gpt2_cached_attention  qkv [B, S, 3D], cache [2, B, H, M, d], key_bias [B, T]
                            -> [B, S, D]: writes the S new keys and values at
                            T - S..T-1, then each query attends over the cache up
-                           to its own position, heads merged
+                           to its own position, heads merged (cached_attention.mojo)
 
 MAX compiles the Mojo package (this directory) with the graph that uses it, a
 few seconds, cached with the graph. The modules that put these behind GPT-2's
@@ -46,22 +48,22 @@ def skinny_matmul(x: Tensor, weight: Tensor) -> Tensor:
     return y
 
 
-def packed_matmul(x: Tensor, weight: Tensor, scales: Tensor | None, format: str) -> Tensor:
-    """`x` [M, K] @ W^T -> [M, N] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
+def packed_matmul(x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int) -> Tensor:
+    """`x` [M, K] @ W^T -> [M, out_dim] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
 
-    `weight` holds W as the format stores it and `scales` its block scales
-    (None for bfloat16); N is `weight`'s first dimension.
+    `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and
+    `scales` its block scales (None for bfloat16).
     """
-    out_type = TensorType(x.dtype, [x.shape[0], weight.shape[0]], device=x.device)
+    out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
     name = "packed_matmul_bf16" if format == "bfloat16" else f"packed_matmul_{format}"
     inputs = [x, weight] if scales is None else [x, weight, scales]
     (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=MOJO_PACKAGE)
     return y
 
 
-def dequantize(weight: Tensor, scales: Tensor, format: str, columns: int) -> Tensor:
-    """A q8_0 or q4_0 `weight` and its `scales` -> the float32 W they stand for, [N, columns]."""
-    out_type = TensorType(DType.float32, [weight.shape[0], columns], device=weight.device)
+def dequantize(weight: Tensor, scales: Tensor, format: str, rows: int, columns: int) -> Tensor:
+    """q8_0 or q4_0 `weight` and `scales` as stored -> the float32 W they stand for, [rows, columns]."""
+    out_type = TensorType(DType.float32, [rows, columns], device=weight.device)
     (w,) = F.custom(
         f"dequantize_{format}", weight.device, [weight, scales], [out_type], custom_extensions=MOJO_PACKAGE
     )

@@ -7,15 +7,24 @@ as (activations and sums stay float32):
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
     q8_0      blocks of 32 weights along a row, int8 values and one float16 scale a block:
               w = q * d, d = max |w| / 127, q = round(w / d); 1.0625 bytes a weight
-    q4_0      blocks of 32, 4-bit values 0..15 two a byte (a block's elements 0..15 in the
-              low nibbles of its 16 bytes, 16..31 in the high ones) and a float16 scale:
-              w = (q - 8) * d, d = (the block's weight of largest magnitude) / -8; 0.5625 bytes
+    q4_0      blocks of 32, values 0..15 (4 bits) and a float16 scale: w = (q - 8) * d,
+              d = (the block's weight of largest magnitude) / -8; 0.5625 bytes a weight
 
-q8_0 and q4_0 are llama.cpp's formats and rounding rules, laid out as two arrays
-(the values [N, Kp], the scales [N, Kp / 32]) with K padded to whole blocks of
-zeros. The embeddings, biases and layer norms stay float32 (an embedding lookup
-reads one row). `pack` turns the float32 parameters (`Checkpoint.model_weights()`)
-into these; `unpack` is the exact inverse of what each format kept.
+q8_0 and q4_0 are llama.cpp's values and rounding rules (`quantize_q8_0`,
+`quantize_q4_0`, row by row, K padded with zeros to whole blocks). They are
+stored for our kernels (`max_gpt2/kernels/quantized_matmul.mojo`) with 8 rows
+interleaved, so that one register holds 4 consecutive values of each of 8 rows
+(`interleave`; N padded with zero rows to a multiple of 8):
+
+    q8_0 values  int8 [N8 / 8, Kb * 256]   group g, block b, chunk c, row r, element e:
+                                           at (b * 8 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
+    q4_0 values  uint8 [N8 / 8, Kb * 128]  at (b * 4 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
+                                           in the low nibble, q[8g + r, 32b + 16 + 4c + e] in the high
+    scales       float16 [N8 / 8, Kb * 8]  at b * 8 + r: d[8g + r, b]
+
+The embeddings, biases and layer norms stay float32 (an embedding lookup reads
+one row). `pack` turns the float32 parameters (`Checkpoint.model_weights()`) into
+these; `unpack` gives back exactly the float32 weights they stand for.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_
 from max_gpt2.model.weight_adapters import CONV1D_WEIGHTS
 
 FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
-BLOCK = 32
+BLOCK = 32  # weights sharing a scale
+GROUP = 8  # rows stored interleaved
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -58,7 +68,7 @@ def _blocks(weight: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [N, K] -> int8 values [N, Kp] and float16 scales [N, Kp / 32]."""
+    """float32 [N, K] -> int8 values [N, Kp] and float16 scales [N, Kp / 32], row by row."""
     blocks = _blocks(weight)
     scales = (np.abs(blocks).max(axis=-1) / 127).astype(np.float16)
     inverse = np.divide(1.0, scales.astype(np.float64), out=np.zeros(scales.shape), where=scales != 0)
@@ -67,32 +77,59 @@ def quantize_q8_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_q4_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [N, K] -> packed uint8 [N, Kp / 2] and float16 scales [N, Kp / 32]."""
+    """float32 [N, K] -> values 0..15 as uint8 [N, Kp] and float16 scales [N, Kp / 32], row by row."""
     blocks = _blocks(weight)
     largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
     scales = (largest / -8).astype(np.float16)
     inverse = np.divide(1.0, scales.astype(np.float64), out=np.zeros(scales.shape), where=scales != 0)
-    values = np.minimum(15, np.trunc(blocks * inverse[..., None] + 8.5)).astype(np.uint8)  # 0..15
-    packed = values[..., : BLOCK // 2] | (values[..., BLOCK // 2 :] << 4)  # [N, Kp / 32, 16]
-    return packed.reshape(weight.shape[0], -1), scales
+    values = np.minimum(15, np.trunc(blocks * inverse[..., None] + 8.5)).astype(np.uint8)
+    return values.reshape(weight.shape[0], -1), scales
 
 
-def dequantize(values: np.ndarray, scales: np.ndarray, weights: str, columns: int) -> np.ndarray:
-    """q8_0 or q4_0 values and scales -> the float32 weights they stand for, [N, columns]."""
-    rows = values.shape[0]
-    if weights == "q8_0":
-        blocks = values.reshape(rows, -1, BLOCK).astype(np.float32)
+def dequantize(values: np.ndarray, scales: np.ndarray, format: str, columns: int) -> np.ndarray:
+    """Row-layout q8_0 or q4_0 values [N, Kp] and scales [N, Kp / 32] -> float32 weights [N, columns]."""
+    blocks = values.reshape(values.shape[0], -1, BLOCK).astype(np.float32) - (8 if format == "q4_0" else 0)
+    return (blocks * scales.astype(np.float32)[..., None]).reshape(values.shape[0], -1)[:, :columns]
+
+
+def interleave(values: np.ndarray, scales: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row-layout values [N, Kp] and scales [N, Kb] -> the kernel's layout (module docstring)."""
+    rows, padded = values.shape
+    groups, blocks = -(-rows // GROUP), padded // BLOCK
+    grouped = np.zeros((groups * GROUP, padded), values.dtype)
+    grouped[:rows] = values
+    grouped_scales = np.zeros((groups * GROUP, blocks), np.float16)
+    grouped_scales[:rows] = scales
+    if format == "q8_0":  # [g, r, b, c, e] -> [g, b, c, r, e]
+        stored = grouped.reshape(groups, GROUP, blocks, 8, 4).transpose(0, 2, 3, 1, 4)
+    else:  # an element's half of its block picks the nibble: [g, r, b, half, c, e] -> [g, b, c, r, e]
+        halves = grouped.reshape(groups, GROUP, blocks, 2, 4, 4)
+        stored = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+    stored_scales = grouped_scales.reshape(groups, GROUP, blocks).transpose(0, 2, 1)
+    return np.ascontiguousarray(stored.reshape(groups, -1)), np.ascontiguousarray(
+        stored_scales.reshape(groups, -1)
+    )
+
+
+def deinterleave(
+    stored: np.ndarray, stored_scales: np.ndarray, format: str, rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `interleave`: row-layout values [rows, Kp] and scales [rows, Kb]."""
+    groups, blocks = stored_scales.shape[0], stored_scales.shape[1] // GROUP
+    scales = stored_scales.reshape(groups, blocks, GROUP).transpose(0, 2, 1).reshape(-1, blocks)
+    if format == "q8_0":
+        values = stored.reshape(groups, blocks, 8, GROUP, 4).transpose(0, 3, 1, 2, 4)
     else:
-        packed = values.reshape(rows, -1, BLOCK // 2)
-        blocks = np.concatenate([packed & 0xF, packed >> 4], axis=-1).astype(np.float32) - 8
-    return (blocks * scales.astype(np.float32)[..., None]).reshape(rows, -1)[:, :columns]
+        nibbles = stored.reshape(groups, blocks, 4, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [g, r, b, c, e]
+        values = np.stack([nibbles & 0xF, nibbles >> 4], axis=3)  # [g, r, b, half, c, e]
+    return values.reshape(groups * GROUP, -1)[:rows], scales[:rows]
 
 
 def pack(weights: Mapping[str, np.ndarray], format: str) -> dict[str, np.ndarray]:
     """float32 parameters (MAX layout) -> the same with each projection and the LM head in `format`.
 
     bfloat16 weights come back as their uint16 bit patterns; q8_0 and q4_0 as their
-    values under the weight's name and their scales under `scales_name`. Arrays
+    interleaved values under the weight's name and their scales under `scales_name`. Arrays
     shared under several names (a tied head) are converted once per name they are
     packed under.
     """
@@ -105,7 +142,7 @@ def pack(weights: Mapping[str, np.ndarray], format: str) -> dict[str, np.ndarray
             packed[name] = float32_to_bfloat16_bits(array)
         else:
             quantize = quantize_q8_0 if format == "q8_0" else quantize_q4_0
-            packed[name], packed[scales_name(name)] = quantize(array)
+            packed[name], packed[scales_name(name)] = interleave(*quantize(array), format)
     return packed
 
 
@@ -120,5 +157,6 @@ def unpack(
         elif format == "bfloat16":
             weights[name] = bfloat16_bits_to_float32(packed[name])
         else:
-            weights[name] = dequantize(packed[name], packed[scales_name(name)], format, shape[1])
+            values, scales = deinterleave(packed[name], packed[scales_name(name)], format, shape[0])
+            weights[name] = dequantize(values, scales, format, shape[1])
     return weights

@@ -30,6 +30,7 @@ from max.pipelines.lib import ModelOutputs, ModuleV3PipelineModelWithKVCache
 from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
 
 from max_gpt2.inference.devices import to_buffer
+from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
@@ -53,7 +54,8 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         return {name: to_buffer(array, model_config.dtype, CPU()) for name, array in state_dict.items()}
 
     def _instantiate_module(self, model_config: GPT2ServingConfig) -> PagedGPT2LMHeadModel:
-        module = PagedGPT2LMHeadModel(model_config.model, self.kv_params, self.return_logits)
+        kernels = kernels_run_on(self.devices[0], model_config.dtype)  # the CPU in float32
+        module = PagedGPT2LMHeadModel(model_config.model, self.kv_params, self.return_logits, kernels)
         module.to(self.devices[0])
         return module
 

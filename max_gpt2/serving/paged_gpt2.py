@@ -17,7 +17,9 @@ the batch, R = requests, D = n_embd, H = n_head, d = D / H:
 The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
 with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
-decoding step reads the cache instead of recomputing the prompt. Parameter names
+decoding step reads the cache instead of recomputing the prompt. With `kernels`
+(the CPU in float32) the projections and the head run `skinny_matmul` on steps of
+up to `SKINNY_ROWS` tokens, MAX's matmul on bigger ones (prompts). Parameter names
 are Hugging Face's, as in `max_gpt2.model.GPT2LMHeadModel`, so the same weights bind.
 """
 
@@ -40,7 +42,8 @@ from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gpt2 import Block, layer_norm
+from max_gpt2.model.gpt2 import Block, LinearFactory, layer_norm
+from max_gpt2.model.kernel_layers import SkinnyLinear
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -49,8 +52,10 @@ _store_values = F.functional(store_v_cache_ragged)
 class PagedAttention(GPT2Attention):
     """GPT-2 attention over ragged tokens and MAX's paged KV cache; same parameters as `GPT2Attention`."""
 
-    def __init__(self, config: GPT2Config, kv_params: KVCacheParams, layer_idx: int) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: GPT2Config, kv_params: KVCacheParams, layer_idx: int, linear: LinearFactory = Linear
+    ) -> None:
+        super().__init__(config, linear=linear)
         self.kv_params = kv_params
         self.layer_idx = layer_idx
 
@@ -97,11 +102,12 @@ class PagedGPT2Model(Module[..., Tensor]):
     it to the rows whose logits it computes.
     """
 
-    def __init__(self, config: GPT2Config, kv_params: KVCacheParams) -> None:
+    def __init__(self, config: GPT2Config, kv_params: KVCacheParams, linear: LinearFactory = Linear) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(
-            Block(config, PagedAttention(config, kv_params, layer)) for layer in range(config.n_layer)
+            Block(config, PagedAttention(config, kv_params, layer, linear), linear)
+            for layer in range(config.n_layer)
         )
         self.ln_f = layer_norm(config)
 
@@ -128,12 +134,14 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         config: GPT2Config,
         kv_params: KVCacheParams,
         return_logits: ReturnLogits = ReturnLogits.LAST_TOKEN,
+        kernels: bool = False,
     ) -> None:
         if return_logits not in (ReturnLogits.LAST_TOKEN, ReturnLogits.ALL):
             raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
         self.kv_params, self.return_logits = kv_params, return_logits
-        self.transformer = PagedGPT2Model(config, kv_params)
-        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+        linear = SkinnyLinear if kernels else Linear
+        self.transformer = PagedGPT2Model(config, kv_params, linear)
+        self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(
         self, tokens: Tensor, return_n_logits: Tensor, input_row_offsets: Tensor, *kv_inputs: Tensor

@@ -1,0 +1,129 @@
+"""What each weight format costs in accuracy: logits, next-token distributions, greedy tokens, perplexity.
+
+    python benchmarks/weight_accuracy.py       # trained-small (train_small.py) and GPT-2 small, random
+    python benchmarks/weight_accuracy.py --checkpoint DIR [--text FILE] [--json OUT]
+
+For each checkpoint, `--sequences` windows of `--length` tokens of text (the
+checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
+random tokens for a checkpoint without a tokenizer) go through
+the model in each format, as `generate` computes them (`lm.logits`: for packed
+weights the Mojo kernels, activations rounded to int8 blocks for q8_0 and q4_0),
+teacher-forced, and are compared with:
+
+    logit error   largest |logit - reference| over largest |reference logit|, the reference
+                  being `max_gpt2.reference` in float64 on the checkpoint's float32 weights
+    KL            mean over positions of KL(float32's next-token distribution || the format's), nats
+    agreement     share of positions whose most likely next token is float32's
+    perplexity    of the whole text (`lm.perplexity`, sliding window), and its change against float32
+
+Random weights give nearly flat distributions, so their KL and agreement say
+little; the trained model's are the ones to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from max_gpt2 import load_lm, reference
+from max_gpt2.bench.generation import demo_checkpoint_for
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
+from max_gpt2.testing import CORPUS
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, progress: Progress) -> list[dict]:
+    """One row per format (float32 first) for `checkpoint`, on the tokens `ids`."""
+    opened = Checkpoint(checkpoint)
+    config, weights = opened.config, opened.model_weights()
+    length = min(length, config.n_positions, len(ids))
+    starts = np.linspace(0, len(ids) - length, sequences).astype(int)
+    windows = np.stack([ids[start : start + length] for start in starts])  # [S, length]
+    with progress.step(f"{checkpoint.name}: the float64 reference"):
+        expected = reference.lm_logits_and_largest_score(windows, weights, config)[0]
+    rows, baseline = [], None
+    for format in FORMATS:
+        with progress.step(f"{checkpoint.name}: {format}"):
+            lm = load_lm(checkpoint, "cpu", weights=format)
+            logits = lm.logits(windows)  # [S, length, vocab]
+            result = lm.perplexity(ids)
+        logprobs = log_softmax(logits)
+        if baseline is None:
+            baseline = logprobs
+        kl = (np.exp(baseline) * (baseline - logprobs)).sum(axis=-1)
+        rows.append(
+            {
+                "checkpoint": checkpoint.name,
+                "weights": format,
+                "logit_error": float(np.abs(logits - expected).max() / np.abs(expected).max()),
+                "kl": float(kl.mean()),
+                "agreement": float((logprobs.argmax(-1) == baseline.argmax(-1)).mean()),
+                "perplexity": result.perplexity,
+                "tokens": result.tokens,
+            }
+        )
+    return rows
+
+
+def tokens(checkpoint: Path, text: Path | None) -> np.ndarray:
+    """The tokens to score: `text`, the checkpoint's held-out text or our corpus, else random ids."""
+    tokenizer = load_tokenizer(checkpoint)
+    if tokenizer is None:
+        vocab_size = Checkpoint(checkpoint).config.vocab_size
+        return np.random.default_rng(0).integers(0, vocab_size, 1024)
+    held_out = checkpoint / "held-out.txt"
+    source = text or (held_out if held_out.exists() else CORPUS)
+    return np.asarray(tokenizer.encode(source.read_text(encoding="utf-8")).ids)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| checkpoint | weights | logit error | KL from float32 | greedy agreement | perplexity "
+        "| vs float32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        base = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["weights"] == "float32")
+        change = row["perplexity"] / base["perplexity"] - 1
+        lines.append(
+            f"| {row['checkpoint']} | {row['weights']} | {row['logit_error']:.1e} | {row['kl']:.1e} "
+            f"| {row['agreement']:.1%} | {row['perplexity']:.2f} | {change:+.2%} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, action="append", help="repeatable (default: see above)")
+    parser.add_argument("--text", type=Path, help="text to score (default: held-out.txt, else the corpus)")
+    parser.add_argument("--sequences", type=int, default=4)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    progress = Progress(sys.stderr)
+    checkpoints = args.checkpoint
+    if not checkpoints:
+        trained = default_cache_dir() / "trained-small"
+        small = demo_checkpoint_for("small", default_cache_dir(), progress)
+        checkpoints = [trained, small] if (trained / "config.json").exists() else [small]
+    rows = []
+    for checkpoint in checkpoints:
+        rows += measure(checkpoint, tokens(checkpoint, args.text), args.sequences, args.length, progress)
+    print(table(rows))
+    if args.json:
+        write_atomically(args.json, lambda file: file.write_text(json.dumps(rows, indent=2) + "\n"))
+
+
+if __name__ == "__main__":
+    main()

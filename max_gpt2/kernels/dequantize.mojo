@@ -1,0 +1,100 @@
+# dequantize_q8_0 and dequantize_q4_0: q8_0 or q4_0 weights (packed_layout.mojo) back to
+# float32 [N, K], for the graphs that multiply them with MAX's matmul (attention maps).
+
+import extensibility
+from extensibility import InputTensor, OutputTensor
+from max.algorithm import sync_parallelize
+from max.gpu.host import DeviceContext
+from std.memory import UnsafePointer
+
+from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q8_0, TASKS, block_bytes, check_blocks, check_dense
+
+
+def dequantize[
+    FORMAT: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    result: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+):
+    """result [N, K] float32 = W's values times their scales, the padding rows and columns left out."""
+    comptime BYTES = block_bytes[FORMAT]()
+    var nb = (K + BLOCK - 1) // BLOCK
+    var groups = (N + GROUP - 1) // GROUP
+    var chunk = (groups + TASKS - 1) // TASKS
+
+    def work(task: Int) {imm w, imm d, imm result, imm K, imm N, imm nb, imm groups, imm chunk}:
+        for g in range(task * chunk, min((task + 1) * chunk, groups)):
+            for b in range(nb):
+                var block = w + (g * nb + b) * BYTES
+                for r in range(min(GROUP, N - g * GROUP)):
+                    var scale = d[(g * nb + b) * GROUP + r].cast[F32]()
+                    var row = result + (g * GROUP + r) * K
+                    for e in range(BLOCK):
+                        var column = b * BLOCK + e
+                        if column >= K:
+                            break
+                        var value: Float32
+                        comptime if FORMAT == Q8_0:
+                            value = Float32(block.bitcast[Int8]()[(e // 4) * 32 + r * 4 + e % 4])
+                        else:
+                            var half = e // 16
+                            var byte = block[((e % 16) // 4) * 32 + r * 4 + e % 4]
+                            value = Float32(Int((byte >> UInt8(4 * half)) & 0xF) - 8)
+                        row[column] = value * scale
+
+    sync_parallelize(work, TASKS)
+
+
+@always_inline
+def _execute_dequantize[
+    FORMAT: Int, name: StaticString
+](
+    result: OutputTensor[dtype=F32, rank=2, ...],
+    w: InputTensor[rank=2, ...],
+    d: InputTensor[dtype=DType.float16, rank=2, ...],
+) raises:
+    var N, K = result.dim_size(0), result.dim_size(1)
+    check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
+    check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
+    check_dense(name, d.dim_size(0), d.dim_size(1), d.stride_length(0), d.stride_length(1))
+    check_dense(name, N, K, result.stride_length(0), result.stride_length(1))
+    dequantize[FORMAT](
+        UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=Int(w.unsafe_ptr())),
+        UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=Int(d.unsafe_ptr())),
+        UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(result.unsafe_ptr())),
+        K,
+        N,
+    )
+
+
+@extensibility.register("dequantize_q8_0")
+struct DequantizeQ8:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.int8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q8_0 runs on the CPU"
+        _execute_dequantize[Q8_0, "dequantize_q8_0"](result, w, d)
+
+
+@extensibility.register("dequantize_q4_0")
+struct DequantizeQ4:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q4_0 runs on the CPU"
+        _execute_dequantize[Q4_0, "dequantize_q4_0"](result, w, d)

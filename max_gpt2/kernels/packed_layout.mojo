@@ -1,0 +1,41 @@
+# What the packed matmuls share: the formats, how q8_0 and q4_0 weights are laid out, and checks.
+#
+# q8_0 and q4_0 rows are stored 8 at a time, interleaved, so that one SIMD register holds
+# 4 consecutive values of each of 8 rows and a multiply-add produces 8 rows' partial dot
+# products side by side (`max_gpt2.model.weight_formats` lays them out; N is padded to
+# a multiple of 8 with zero rows, K to whole blocks with zeros):
+#
+#   q8_0 values  int8 [N / 8, Kb * 256]   group g, block b, chunk c (0..7), row r, element e (0..3):
+#                                          byte (b * 8 + c) * 32 + r * 4 + e = W[8g + r, 32b + 4c + e]
+#   q4_0 values  uint8 [N / 8, Kb * 128]  byte (b * 4 + c) * 32 + r * 4 + e holds element 32b + 4c + e
+#                                          (low nibble) and 32b + 16 + 4c + e (high nibble) of row 8g + r
+#   scales       float16 [N / 8, Kb * 8]  group g, block b, row r: at b * 8 + r
+
+comptime F32 = DType.float32
+comptime BLOCK = 32  # weights sharing a scale
+comptime GROUP = 8  # rows stored interleaved
+comptime PREFETCH_AHEAD = 8192  # bytes of W requested into L2 ahead of the loads (bfloat16: elements)
+comptime TASKS = 8  # chunks of W's rows, when the work is worth more than one thread
+comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
+
+comptime Q8_0 = 1
+comptime Q4_0 = 2
+
+
+@always_inline
+def block_bytes[FORMAT: Int]() -> Int:
+    """Bytes of one block of a group of 8 interleaved rows."""
+    return GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2
+
+
+def check_dense(name: StaticString, rows: Int, columns: Int, row_stride: Int, column_stride: Int) raises:
+    if column_stride != 1 or row_stride != columns:
+        raise Error(name, ": expects dense row-major tensors, got a [", rows, ", ", columns, "] one with strides (", row_stride, ", ", column_stride, ")")
+
+
+def check_blocks(name: StaticString, FORMAT: Int, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
+    var blocks = (K + BLOCK - 1) // BLOCK
+    var groups = (N + GROUP - 1) // GROUP
+    var columns = blocks * (GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2)
+    if w_rows != groups or w_columns != columns or d_rows != groups or d_columns != blocks * GROUP:
+        raise Error(name, ": for K = ", K, " and N = ", N, " the values need [", groups, ", ", columns, "] and the scales [", groups, ", ", blocks * GROUP, "]; got [", w_rows, ", ", w_columns, "] and [", d_rows, ", ", d_columns, "]")

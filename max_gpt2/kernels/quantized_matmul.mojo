@@ -1,0 +1,260 @@
+# packed_matmul_q8_0 and packed_matmul_q4_0: y[M, N] = x[M, K] @ W[N, K]^T on the CPU, W in
+# llama.cpp's 8-bit or 4-bit blocks (1.0625 or 0.5625 bytes a weight; layout in packed_layout.mojo):
+#
+#   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d)
+#   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d)
+#
+# Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
+# each), as llama.cpp does, so a block's dot products are integer multiply-adds. On
+# AVX2: vpmaddubsw takes an unsigned and a signed operand; q8_0 pairs |x| with w
+# carrying x's sign (|x|, |w| <= 127: a pair of products cannot saturate 16 bits);
+# q4_0's values are already unsigned (0..15), and the offset comes off as 8 * sum(x).
+
+import extensibility
+from extensibility import InputTensor, OutputTensor
+from max.algorithm import sync_parallelize
+from max.gpu.host import DeviceContext
+from std.collections import Array
+from std.math import round
+from std.memory import UnsafePointer, alloc, bitcast
+from std.sys.info import CompilationTarget
+from std.sys.intrinsics import PrefetchOptions, llvm_intrinsic, prefetch
+
+from .packed_layout import (
+    BLOCK,
+    F32,
+    GROUP,
+    PREFETCH_AHEAD,
+    Q4_0,
+    Q8_0,
+    SERIAL_BELOW,
+    TASKS,
+    block_bytes,
+    check_blocks,
+    check_dense,
+)
+
+
+@always_inline
+def _multiply_add(a: SIMD[DType.uint8, 32], b: SIMD[DType.int8, 32]) -> SIMD[DType.int32, 8]:
+    """Sums of 4 adjacent products a * b (unsigned x signed) into int32 lanes; no pair may pass 32767."""
+    comptime if CompilationTarget.has_avx2():
+        var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", SIMD[DType.int16, 16]](a, b)
+        return llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, 8]](pairs, SIMD[DType.int16, 16](1))
+    else:
+        var products = a.cast[DType.int32]() * b.cast[DType.int32]()
+        var lanes = SIMD[DType.int32, 8](0)
+        comptime for i in range(8):
+            lanes[i] = products.slice[4, offset = 4 * i]().reduce_add()
+        return lanes
+
+
+@always_inline
+def _with_sign_of(w: SIMD[DType.int8, 32], x: SIMD[DType.int8, 32]) -> SIMD[DType.int8, 32]:
+    """w negated where x < 0 and zeroed where x == 0 (vpsignb)."""
+    comptime if CompilationTarget.has_avx2():
+        return llvm_intrinsic["llvm.x86.avx2.psign.b", SIMD[DType.int8, 32]](w, x)
+    else:
+        var sign = max(min(x.cast[DType.int16](), 1), -1)
+        return (w.cast[DType.int16]() * sign).cast[DType.int8]()
+
+
+@always_inline
+def _repeat4[dtype: DType](at: UnsafePointer[Scalar[dtype], MutUntrackedOrigin]) -> SIMD[dtype, 32]:
+    """The 4 bytes at `at`, repeated 8 times (vpbroadcastd)."""
+    var word = at.bitcast[Int32]().load()
+    return bitcast[dtype, 32](SIMD[DType.int32, 8](word))
+
+
+struct QuantizedRows:
+    """Rows of x [M, K] as int8 blocks of 32 [M, Kp], their magnitudes, a scale and a quant sum a block."""
+
+    var quants: UnsafePointer[Int8, MutUntrackedOrigin]
+    var magnitudes: UnsafePointer[UInt8, MutUntrackedOrigin]
+    var scales: UnsafePointer[Float32, MutUntrackedOrigin]
+    var sums: UnsafePointer[Int32, MutUntrackedOrigin]
+    var blocks: Int
+
+    def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
+        self.blocks = (K + BLOCK - 1) // BLOCK
+        self.quants = alloc[Int8](M * self.blocks * BLOCK)
+        self.magnitudes = alloc[UInt8](M * self.blocks * BLOCK)
+        self.scales = alloc[Float32](M * self.blocks)
+        self.sums = alloc[Int32](M * self.blocks)
+        for m in range(M):
+            for b in range(self.blocks):
+                var block = SIMD[F32, BLOCK](0)
+                var start = b * BLOCK
+                if start + BLOCK <= K:
+                    block = (x + m * K + start).load[width=BLOCK]()
+                else:
+                    for i in range(K - start):
+                        block[i] = x[m * K + start + i]
+                var largest = abs(block).reduce_max()
+                var inverse = Float32(0) if largest == 0 else 127 / largest
+                var q = round(block * inverse).cast[DType.int32]()
+                var at = (m * self.blocks + b) * BLOCK
+                (self.quants + at).store(q.cast[DType.int8]())
+                (self.magnitudes + at).store(abs(q).cast[DType.uint8]())
+                self.scales[m * self.blocks + b] = largest / 127
+                self.sums[m * self.blocks + b] = q.reduce_add()
+
+    def free(self):
+        self.quants.free()
+        self.magnitudes.free()
+        self.scales.free()
+        self.sums.free()
+
+
+@always_inline
+def _group_blocks[
+    FORMAT: Int, MB: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows,
+    m0: Int,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    N: Int,
+    g: Int,
+):
+    """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x."""
+    comptime BYTES = block_bytes[FORMAT]()
+    var nb = xq.blocks
+    var acc = Array[SIMD[F32, 8], MB](fill=SIMD[F32, 8](0))
+    var group = w + g * nb * BYTES
+    for b in range(nb):
+        var block = group + b * BYTES
+        prefetch[PrefetchOptions().for_read().low_locality()](block + PREFETCH_AHEAD)
+        var scales = (d + (g * nb + b) * GROUP).load[width=GROUP]().cast[F32]()  # 8 rows' scales
+        comptime for m in range(MB):
+            var row = (m0 + m) * nb + b
+            var quants = xq.quants + row * BLOCK
+            var dots = SIMD[DType.int32, 8](0)  # the 8 rows' dot products with this block of x
+            comptime if FORMAT == Q8_0:
+                var magnitudes = xq.magnitudes + row * BLOCK
+                comptime for chunk in range(8):
+                    var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
+                    var signs = _repeat4[DType.int8](quants + 4 * chunk)
+                    dots += _multiply_add(_repeat4[DType.uint8](magnitudes + 4 * chunk), _with_sign_of(values, signs))
+                acc[m] = dots.cast[F32]().fma(scales * xq.scales[row], acc[m])
+            else:
+                comptime for chunk in range(4):
+                    var raw = (block + chunk * 32).load[width=32]()
+                    dots += _multiply_add(raw & 0xF, _repeat4[DType.int8](quants + 4 * chunk))
+                    dots += _multiply_add(raw >> 4, _repeat4[DType.int8](quants + 16 + 4 * chunk))
+                var dx = xq.scales[row]
+                var offset = Float32(8 * xq.sums[row]) * dx  # the -8 of every value, times sum(x)
+                acc[m] = dots.cast[F32]().fma(scales * dx, acc[m])
+                acc[m] = scales.fma(SIMD[F32, 8](-offset), acc[m])
+    comptime for m in range(MB):
+        var out = y + (m0 + m) * N + g * GROUP
+        if g * GROUP + GROUP <= N:
+            out.store(acc[m])
+        else:
+            for r in range(N - g * GROUP):
+                out[r] = acc[m][r]
+
+
+def packed_matmul_blocks[
+    FORMAT: Int
+](
+    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+):
+    """Y = x @ W^T for dense row-major x [M, K] and y [M, N], W q8_0 or q4_0 in groups of 8 rows."""
+    var xq = QuantizedRows(x, M, K)
+    var groups = (N + GROUP - 1) // GROUP
+    var chunk = (groups + TASKS - 1) // TASKS
+    var tasks = (groups + chunk - 1) // chunk
+
+    def work(task: Int) {imm w, imm d, imm y, imm xq, imm M, imm N, imm groups, imm chunk}:
+        for g in range(task * chunk, min((task + 1) * chunk, groups)):
+            var m = 0
+            while m < M:  # up to 8 rows of x against each group, while its blocks are in cache
+                var left = M - m
+                if left >= 8:
+                    _group_blocks[FORMAT, 8](w, d, xq, m, y, N, g)
+                    m += 8
+                elif left >= 4:
+                    _group_blocks[FORMAT, 4](w, d, xq, m, y, N, g)
+                    m += 4
+                elif left >= 2:
+                    _group_blocks[FORMAT, 2](w, d, xq, m, y, N, g)
+                    m += 2
+                else:
+                    _group_blocks[FORMAT, 1](w, d, xq, m, y, N, g)
+                    m += 1
+
+    # Waking the other threads costs more than a small product gains from them.
+    if tasks == 1 or groups * xq.blocks * block_bytes[FORMAT]() < SERIAL_BELOW:
+        for task in range(tasks):
+            work(task)
+    else:
+        sync_parallelize(work, tasks)
+    xq.free()
+
+
+@always_inline
+def _execute_blocks[
+    FORMAT: Int, name: StaticString
+](
+    y: OutputTensor[dtype=F32, rank=2, ...],
+    x: InputTensor[dtype=F32, rank=2, ...],
+    w: InputTensor[rank=2, ...],
+    d: InputTensor[dtype=DType.float16, rank=2, ...],
+) raises:
+    var M, K, N = x.dim_size(0), x.dim_size(1), y.dim_size(1)
+    if y.dim_size(0) != M:
+        raise Error(name, ": x has ", M, " rows and y ", y.dim_size(0))
+    check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
+    check_dense(name, M, K, x.stride_length(0), x.stride_length(1))
+    check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
+    check_dense(name, d.dim_size(0), d.dim_size(1), d.stride_length(0), d.stride_length(1))
+    check_dense(name, M, N, y.stride_length(0), y.stride_length(1))
+    packed_matmul_blocks[FORMAT](
+        UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr())),
+        UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=Int(w.unsafe_ptr())),
+        UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=Int(d.unsafe_ptr())),
+        UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr())),
+        M,
+        K,
+        N,
+    )
+
+
+@extensibility.register("packed_matmul_q8_0")
+struct PackedMatmulQ8:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.int8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q8_0 runs on the CPU"
+        _execute_blocks[Q8_0, "packed_matmul_q8_0"](y, x, w, d)
+
+
+@extensibility.register("packed_matmul_q4_0")
+struct PackedMatmulQ4:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q4_0 runs on the CPU"
+        _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d)

@@ -12,7 +12,7 @@ from std.collections import Array
 from std.memory import UnsafePointer
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
-from .packed_layout import F32, PREFETCH_AHEAD, SERIAL_BELOW, TASKS, check_dense
+from .packed_layout import F32, PREFETCH_AHEAD, SERIAL_BELOW, check_dense, row_chunks
 
 comptime LANES = 16  # float32 lanes
 
@@ -61,7 +61,7 @@ def packed_matmul_bf16(
 ):
     """Y = x @ W^T for dense row-major x [M, K], W bfloat16 [N, K], y [M, N]."""
     # Chunks a multiple of 24 rows, so every group size (8, 4, 3) tiles them.
-    var chunk = ((N + TASKS - 1) // TASKS + 23) // 24 * 24
+    var chunk = ((N + row_chunks() - 1) // row_chunks() + 23) // 24 * 24
     var tasks = (N + chunk - 1) // chunk
 
     def work(task: Int) {imm x, imm w, imm y, imm M, imm K, imm N, imm chunk}:

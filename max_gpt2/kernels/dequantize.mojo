@@ -7,7 +7,7 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
-from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q8_0, TASKS, block_bytes, check_blocks, check_dense
+from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q8_0, block_bytes, check_blocks, check_dense, row_chunks
 
 
 def dequantize[
@@ -23,7 +23,7 @@ def dequantize[
     comptime BYTES = block_bytes[FORMAT]()
     var nb = (K + BLOCK - 1) // BLOCK
     var groups = (N + GROUP - 1) // GROUP
-    var chunk = (groups + TASKS - 1) // TASKS
+    var chunk = (groups + row_chunks() - 1) // row_chunks()
 
     def work(task: Int) {imm w, imm d, imm result, imm K, imm N, imm nb, imm groups, imm chunk}:
         for g in range(task * chunk, min((task + 1) * chunk, groups)):
@@ -45,7 +45,7 @@ def dequantize[
                             value = Float32(Int((byte >> UInt8(4 * half)) & 0xF) - 8)
                         row[column] = value * scale
 
-    sync_parallelize(work, TASKS)
+    sync_parallelize(work, (groups + chunk - 1) // chunk)
 
 
 @always_inline

@@ -28,10 +28,10 @@ from .packed_layout import (
     Q4_0,
     Q8_0,
     SERIAL_BELOW,
-    TASKS,
     block_bytes,
     check_blocks,
     check_dense,
+    row_chunks,
 )
 
 
@@ -170,7 +170,7 @@ def packed_matmul_blocks[
     """Y = x @ W^T for dense row-major x [M, K] and y [M, N], W q8_0 or q4_0 in groups of 8 rows."""
     var xq = QuantizedRows(x, M, K)
     var groups = (N + GROUP - 1) // GROUP
-    var chunk = (groups + TASKS - 1) // TASKS
+    var chunk = (groups + row_chunks() - 1) // row_chunks()
     var tasks = (groups + chunk - 1) // chunk
 
     def work(task: Int) {imm w, imm d, imm y, imm xq, imm M, imm N, imm groups, imm chunk}:

@@ -41,13 +41,14 @@ def lm(config: GPT2Config, output_attentions: bool = False, weights: str = "floa
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM), test_heads, test_lm, test_runtime,
-# test_weight_formats.
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_heads,
+# test_lm, test_runtime, test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
+    lambda: lm(LM, weights="q8_0"),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),

@@ -36,7 +36,7 @@ import openai
 
 from max_gpt2 import load_lm
 from max_gpt2.bench.harness import machine_description
-from max_gpt2.bench.server import ServerProcess, free_port, stop_group
+from max_gpt2.bench.server import ServerProcess, free_port, stop_group, wait_for_health
 from max_gpt2.cli.console import demo_checkpoint
 from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.devices import resolve_device
@@ -133,23 +133,6 @@ def start_llama_server(args: argparse.Namespace, port: int, log: Path) -> subpro
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for(url: str, process: subprocess.Popen, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} did not answer /health in {timeout:.0f} s")
-
-
 def table(report: dict) -> str:
     lines = [
         "| clients | contender | tokens/s | vs in-process | requests/s "
@@ -225,7 +208,7 @@ def main() -> int:
         llama = start_llama_server(args, port, llama_log)
         try:
             with progress.step(f"starting llama-server (log: {llama_log})"):
-                wait_for(f"http://127.0.0.1:{port}", llama, timeout=300)
+                wait_for_health(f"http://127.0.0.1:{port}", llama, timeout=300)
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
             report["servers"]["llama-server"] = serve_and_measure(client, "gguf", args, prompt, progress)
         finally:

@@ -29,18 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from max_gpt2 import load_lm, reference
+from max_gpt2 import compile_lm, reference
 from max_gpt2.bench.generation import demo_checkpoint_for
+from max_gpt2.inference.scoring import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, progress: Progress) -> list[dict]:
@@ -55,7 +51,7 @@ def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, prog
     rows, baseline = [], None
     for format in FORMATS:
         with progress.step(f"{checkpoint.name}: {format}"):
-            lm = load_lm(checkpoint, "cpu", weights=format)
+            lm = compile_lm(config, weights, "cpu", weight_format=format)  # the weights read once
             logits = lm.logits(windows)  # [S, length, vocab]
             result = lm.perplexity(ids)
         logprobs = log_softmax(logits)

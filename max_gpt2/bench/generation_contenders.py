@@ -76,14 +76,13 @@ def max_generator(checkpoint: Path, device: str, dtype: str, weights: str = "flo
 def llama_cpp_generator(binary: Path, gguf: Path, weights: str, threads: int) -> Generator:
     """llama.cpp's `llama-bench` on a GGUF of the same weights in `weights` (`max_gpt2.bench.llama_cpp`)."""
 
-    def clocked(ids: np.ndarray, new: int) -> list[float]:
-        prompt = ids.shape[1]
-        prefill = prompt / float(llama_cpp.bench(binary, gguf, prompt, 0, threads)["avg_ts"])
-        rate = float(llama_cpp.bench(binary, gguf, prompt, new, threads)["avg_ts"])
-        return [0.0, *(prefill + step / rate for step in range(new))]
-
     def prefill_seconds(ids: np.ndarray) -> float:
         return ids.shape[1] / float(llama_cpp.bench(binary, gguf, ids.shape[1], 0, threads)["avg_ts"])
+
+    def clocked(ids: np.ndarray, new: int) -> list[float]:
+        prefill = prefill_seconds(ids)
+        rate = float(llama_cpp.bench(binary, gguf, ids.shape[1], new, threads)["avg_ts"])
+        return [0.0, *(prefill + step / rate for step in range(new))]
 
     return Generator(
         f"llama.cpp-{weights}",

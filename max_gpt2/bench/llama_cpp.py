@@ -8,7 +8,7 @@ its `convert_hf_to_gguf.py` (f32, bf16) and quantized by its `llama-quantize`
 `llama-bench` reports rates, not a clock: for a case `1xPROMPT+NEW` it runs twice,
 `-p PROMPT -n 0` (the prompt's rate, so its prefill time) and `-p 0 -n NEW -d
 PROMPT` (NEW tokens generated one at a time after a PROMPT-token context), one
-repetition each, with as many threads as the machine has cores. It generates
+repetition each, with `--threads` threads (default: every core). It generates
 one sequence at a time, so it joins batch-1 cases only.
 """
 

@@ -57,18 +57,10 @@ class ServerProcess:
 
     def wait_until_ready(self, timeout: float) -> float:
         """Seconds until `/health` answered; a `RuntimeError` with the log's tail if it died or timed out."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return time.monotonic() - start
-            except OSError:  # not listening yet
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"the server was not ready after {timeout:.0f} s:\n{self.tail()}")
+        try:
+            return wait_for_health(self.url, self.process, timeout)
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}:\n{self.tail()}") from None
 
     def stop(self) -> None:
         """SIGTERM to the whole group, then SIGKILL to whatever is left; the watchdog goes too."""
@@ -78,6 +70,23 @@ class ServerProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_for_health(url: str, process: subprocess.Popen, timeout: float) -> float:
+    """Seconds until `url/health` answered 200 (any OpenAI-style server: ours, llama-server);
+    a `RuntimeError` if `process` exited first or `timeout` seconds passed."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except OSError:  # not listening yet
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
 
 
 def free_port() -> int:

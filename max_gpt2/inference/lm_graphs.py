@@ -37,9 +37,14 @@ def check_weight_format(weight_format: str, device: Device, dtype: DType) -> str
     """`weight_format` if it names a format (`weight_formats.FORMATS`) that runs on `device` in `dtype`."""
     check_format(weight_format)
     if weight_format != "float32" and not kernels_run_on(device, dtype):
-        where = f"{device_name(device)} in {dtype.name}"
-        raise ValueError(f"weights={weight_format!r} is for decoding on the CPU in float32, not on {where}")
+        raise ValueError(
+            f"weights={weight_format!r} is for decoding on the CPU in float32, not on {_where(device, dtype)}"
+        )
     return weight_format
+
+
+def _where(device: Device, dtype: DType) -> str:
+    return f"{device_name(device)} in {dtype.name}"
 
 
 class LMGraphs(GraphVariants):
@@ -63,8 +68,9 @@ class LMGraphs(GraphVariants):
         self.weight_format = check_weight_format(weight_format, device, dtype)
         runs_here = kernels_run_on(device, dtype)
         if kernels and not runs_here:
-            where = f"{device_name(device)} in {dtype.name}"
-            raise ValueError(f"the decoding kernels run on the CPU in float32, not on {where}")
+            raise ValueError(
+                f"the decoding kernels run on the CPU in float32, not on {_where(device, dtype)}"
+            )
         self.step_variant = "decode" if runs_here and kernels is not False else "plain"
         self.prompt_variant = self.step_variant if weight_format != "float32" else "plain"
 

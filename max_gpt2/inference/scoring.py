@@ -81,12 +81,12 @@ def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int
         positions = np.flatnonzero(scored[row])
         if positions.size == 0:
             continue
-        log_softmax = _log_softmax(logits[row, positions])  # [P, V] float64
+        distribution = log_softmax(logits[row, positions])  # [P, V] float64, log p of each token
         targets = ids[row, positions + 1]
-        logprobs[row, positions + 1] = log_softmax[np.arange(positions.size), targets]
+        logprobs[row, positions + 1] = distribution[np.arange(positions.size), targets]
         if top_k:
-            best = np.argpartition(-log_softmax, top_k - 1, axis=-1)[:, :top_k]
-            best_values = np.take_along_axis(log_softmax, best, axis=-1)
+            best = np.argpartition(-distribution, top_k - 1, axis=-1)[:, :top_k]
+            best_values = np.take_along_axis(distribution, best, axis=-1)
             order = np.argsort(-best_values, axis=-1, kind="stable")
             top_ids[row, positions + 1] = np.take_along_axis(best, order, axis=-1)
             top_logprobs[row, positions + 1] = np.take_along_axis(best_values, order, axis=-1)
@@ -98,7 +98,7 @@ def logprobs(lm: CompiledLM, input_ids: Any, attention_mask: Any = None) -> np.n
     return score(lm, input_ids, attention_mask).logprobs
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     """log softmax over the last axis, float64: the largest logit is subtracted before exponentiating."""
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

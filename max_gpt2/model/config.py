@@ -80,10 +80,11 @@ class GPT2Config:
             raise ValueError(f"tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
         if isinstance(self.eos_token_id, list):  # config.json may hold several, as a list
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
-        eos = self.eos_token_id
-        ids = eos if isinstance(eos, tuple) else () if eos is None else (eos,)
+        ids = self._eos_ids()
         if not all(isinstance(id_, int) and not isinstance(id_, bool) and id_ >= 0 for id_ in ids):
-            raise ValueError(f"eos_token_id must be a token id, a list of them, or null; got {eos!r}")
+            raise ValueError(
+                f"eos_token_id must be a token id, a list of them, or null; got {self.eos_token_id!r}"
+            )
         if outside := [id_ for id_ in ids if id_ >= self.vocab_size]:
             # Hugging Face loads such configs (its GPT2Config defaults to 50256 whatever the vocabulary)
             # and generates with them: an id the model cannot produce never stops generation.
@@ -109,9 +110,12 @@ class GPT2Config:
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
         """The `eos_token_id`s the model can produce (those below `vocab_size`): where generation stops."""
+        return tuple(id_ for id_ in self._eos_ids() if id_ < self.vocab_size)
+
+    def _eos_ids(self) -> tuple:
+        """`eos_token_id` as a tuple, whether it holds one id, several or none."""
         eos = self.eos_token_id
-        ids = eos if isinstance(eos, tuple) else () if eos is None else (eos,)
-        return tuple(id_ for id_ in ids if id_ < self.vocab_size)
+        return eos if isinstance(eos, tuple) else () if eos is None else (eos,)
 
     @property
     def mlp_width(self) -> int:

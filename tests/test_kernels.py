@@ -42,6 +42,24 @@ def attention(session) -> Model:
     return session.load(graph)
 
 
+@pytest.fixture(scope="module")
+def paged_attention(session) -> Model:
+    types = [
+        BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF),
+        TensorType(DType.float32, ["T", "E"], CPU_REF),
+        TensorType(DType.uint32, ["R"], CPU_REF),
+        TensorType(DType.uint32, ["R", "P"], CPU_REF),
+        TensorType(DType.uint32, ["R1"], CPU_REF),
+        TensorType(DType.int64, [1], CPU_REF),
+        TensorType(DType.uint32, [1], CPU_REF),
+    ]
+    with Graph("paged_attention_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+        blocks, qkv, *rest = graph.inputs
+        out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
+        graph.output(*ops.inplace_custom("gpt2_paged_attention", CPU_REF, [blocks, qkv, *rest], [out]))
+    return session.load(graph)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11])
 @pytest.mark.parametrize(("k", "n"), [(60, 180), (17, 5), (768, 2304), (3072, 97), (100, 1001)])
 def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
@@ -183,3 +201,70 @@ def test_cached_attention_refuses_inconsistent_shapes(attention):
     too_long = Buffer.from_numpy(np.zeros((1, 5), np.float32))  # 5 positions, a cache of 4
     with pytest.raises(Exception, match="total <= cache length"):
         attention.execute(cache, qkv, too_long)
+
+
+def paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads):
+    """Each request's keys and values gathered from its pages, new ones stored, causal attention; float64."""
+    page_size, head_dim = blocks.shape[3], blocks.shape[5]
+    blocks = blocks.astype(np.float64)
+    out = np.zeros((qkv.shape[0], heads * head_dim))
+    for r, past in enumerate(cached):
+        rows = slice(offsets[r], offsets[r + 1])
+        parts = np.split(qkv[rows].astype(np.float64), 3, axis=-1)
+        q, k, v = (part.reshape(-1, heads, head_dim) for part in parts)
+        new, total = len(q), past + len(q)
+        for s in range(new):
+            page, slot = lookup[r, (past + s) // page_size], (past + s) % page_size
+            blocks[page, 0, layer, slot], blocks[page, 1, layer, slot] = k[s], v[s]
+        where = [(lookup[r, t // page_size], t % page_size) for t in range(total)]
+        keys = np.stack([blocks[page, 0, layer, slot] for page, slot in where], axis=1)  # [H, total, d]
+        values = np.stack([blocks[page, 1, layer, slot] for page, slot in where], axis=1)
+        scores = q.transpose(1, 0, 2) @ keys.transpose(0, 2, 1) / np.sqrt(head_dim)  # [H, new, total]
+        future = np.arange(total)[None, :] > past + np.arange(new)[:, None]
+        scores = np.where(future, -np.inf, scores)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out[rows] = (weights @ values).transpose(1, 0, 2).reshape(new, heads * head_dim)
+    return out, blocks
+
+
+@pytest.mark.parametrize(
+    ("cached", "new", "page_size", "heads", "head_dim", "stride"),
+    [
+        ([0], [1], 4, 2, 16, -1),  # the first token
+        ([0, 5], [7, 1], 4, 3, 20, -1),  # a prompt and a step, pages crossed, head_dim off a register
+        ([3, 0, 9], [1, 1, 1], 4, 2, 8, "packed"),  # decoding steps; an explicit page stride
+        ([150, 40, 0, 201], [1, 1, 30, 1], 128, 12, 64, -1),  # GPT-2 small's heads, MAX's pages, both threads
+    ],
+)
+def test_paged_attention_matches_numpy(paged_attention, cached, new, page_size, heads, head_dim, stride):
+    """Writes exactly the new tokens' slots of one layer on each request's own pages, attends causally."""
+    rng = np.random.default_rng(sum(cached) + len(new))
+    layers, layer = 3, 1
+    needed = [-(-(c + n) // page_size) for c, n in zip(cached, new, strict=True)]
+    total_pages = sum(needed) + 2  # a spare page the lookup table never names
+    order = rng.permutation(total_pages)  # requests' pages scattered through the blocks
+    lookup = np.zeros((len(cached), max(needed) + 3), np.uint32)  # padded, as MAX pads it
+    start = 0
+    for r, count in enumerate(needed):
+        lookup[r, :count] = order[start : start + count]
+        start += count
+    blocks = rng.standard_normal((total_pages, 2, layers, page_size, heads, head_dim), dtype=np.float32)
+    offsets = np.cumsum([0, *new]).astype(np.uint32)
+    qkv = rng.standard_normal((offsets[-1], 3 * heads * head_dim), dtype=np.float32)
+    cached = np.array(cached, np.uint32)
+    page_stride = blocks[0].size if stride == "packed" else stride
+    expected, expected_blocks = paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads)
+    written = Buffer.from_numpy(blocks.copy())
+    inputs = [qkv, cached, lookup, offsets, np.array([page_stride], np.int64), np.array([layer], np.uint32)]
+    (out,) = paged_attention.execute(written, *(Buffer.from_numpy(a) for a in inputs))
+    np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=2e-6)
+    np.testing.assert_array_equal(written.to_numpy(), expected_blocks.astype(np.float32))
+
+
+def test_paged_attention_refuses_a_layer_the_cache_lacks(paged_attention):
+    blocks = Buffer.from_numpy(np.zeros((1, 2, 2, 4, 2, 8), np.float32))
+    inputs = [np.zeros((1, 48), np.float32), np.zeros(1, np.uint32), np.zeros((1, 1), np.uint32)]
+    inputs += [np.array([0, 1], np.uint32), np.array([-1], np.int64), np.array([2], np.uint32)]
+    with pytest.raises(Exception, match="layer 2 of a cache of 2"):
+        paged_attention.execute(blocks, *(Buffer.from_numpy(a) for a in inputs))

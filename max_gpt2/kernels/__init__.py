@@ -17,6 +17,10 @@ heavy parts in one pass over memory each (CPU, float32 activations):
                            -> [B, S, D]: writes the S new keys and values at
                            T - S..T-1, then each query attends over the cache up
                            to its own position, heads merged (cached_attention.mojo)
+    gpt2_paged_attention   the same for a server's ragged batch over MAX's paged cache:
+                           qkv [T, 3D], kv_blocks [pages, 2, L, page_size, H, d] as
+                           MAX lays them out, each request's pages from its lookup table
+                           -> [T, D] (paged_attention.mojo)
 
 MAX compiles the Mojo package (this directory) with the graph that uses it, a
 few seconds, cached with the graph. The modules that put these behind GPT-2's
@@ -26,12 +30,17 @@ parameter names are in `max_gpt2.model.kernel_layers`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from max.driver import Device
+import numpy as np
+from max.driver import CPU, Device
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType
 from max.graph import BufferValue, DeviceRef, Graph, ops
+
+if TYPE_CHECKING:
+    from max.nn.kv_cache import PagedCacheValues
 
 MOJO_PACKAGE = Path(__file__).parent
 
@@ -81,6 +90,30 @@ def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
         "gpt2_cached_attention",
         qkv.device,
         [BufferValue(cache), qkv, key_bias],
+        [out_type],
+        custom_extensions=MOJO_PACKAGE,
+    )
+    return attended
+
+
+def paged_attention(
+    kv_collection: PagedCacheValues, qkv: Tensor, input_row_offsets: Tensor, layer: int
+) -> Tensor:
+    """`qkv` [T, 3D] stored into MAX's paged cache at `layer` and attended over it -> [T, D], heads merged.
+
+    Request r owns rows `input_row_offsets[r]:input_row_offsets[r + 1]` of `qkv`,
+    its tokens after the `kv_collection.cache_lengths[r]` it has cached; the
+    cache's blocks are written in place.
+    """
+    cache = kv_collection
+    where = [cache.cache_lengths, cache.lookup_table, input_row_offsets, cache.page_stride]
+    width = cache.kv_blocks.shape[4] * cache.kv_blocks.shape[5]
+    out_type = TensorType(qkv.dtype, [qkv.shape[0], width], device=qkv.device)
+    layer_index = F.constant(np.array([layer], np.uint32), DType.uint32, device=CPU())
+    (attended,) = F.inplace_custom(
+        "gpt2_paged_attention",
+        qkv.device,
+        [cache.kv_blocks, qkv, *where, layer_index],
         [out_type],
         custom_extensions=MOJO_PACKAGE,
     )

@@ -19,7 +19,8 @@ differs: it writes each token's key and value into the paged cache and attends
 with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
 decoding step reads the cache instead of recomputing the prompt. With `kernels`
 (the CPU in float32) the projections and the head run `skinny_matmul` on steps of
-up to `SKINNY_ROWS` tokens, MAX's matmul on bigger ones (prompts). Parameter names
+up to `SKINNY_ROWS` tokens, MAX's matmul on bigger ones (prompts), and decoding
+steps attend through `gpt2_paged_attention` (store and attend in one kernel). Parameter names
 are Hugging Face's, as in `max_gpt2.model.GPT2LMHeadModel`, so the same weights bind.
 """
 
@@ -33,13 +34,14 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.nn.common_layers.functional_kernels import flash_attention_ragged
-from max.experimental.tensor import Tensor
+from max.experimental.tensor import Tensor, TensorType
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
 from max.nn.transformer import ReturnLogits
 from max.pipelines.lib import ModuleV3Outputs
 
+from max_gpt2.kernels import paged_attention
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import Block, LinearFactory, layer_norm
@@ -50,25 +52,53 @@ _store_values = F.functional(store_v_cache_ragged)
 
 
 class PagedAttention(GPT2Attention):
-    """GPT-2 attention over ragged tokens and MAX's paged KV cache; same parameters as `GPT2Attention`."""
+    """GPT-2 attention over ragged tokens and MAX's paged KV cache; same parameters as `GPT2Attention`.
+
+    With `kernels`, a step whose requests each bring one token (decoding) runs
+    `gpt2_paged_attention`, which stores and attends in one pass over each
+    request's pages; steps with prompts keep MAX's store and flash attention.
+    """
 
     def __init__(
-        self, config: GPT2Config, kv_params: KVCacheParams, layer_idx: int, linear: LinearFactory = Linear
+        self,
+        config: GPT2Config,
+        kv_params: KVCacheParams,
+        layer_idx: int,
+        linear: LinearFactory = Linear,
+        kernels: bool = False,
     ) -> None:
         super().__init__(config, linear=linear)
         self.kv_params = kv_params
         self.layer_idx = layer_idx
+        self.kernels = kernels
 
     def forward(  # type: ignore[override]
         self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
     ) -> Tensor:
         """`x` [T, D] -> [T, D]; stores this layer's keys and values for the T tokens in the cache."""
+        qkv = self.c_attn(x)  # [T, 3D]
+        if not self.kernels:
+            return self.c_proj(self._flash_attention(qkv, kv_collection, input_row_offsets))
+        decoding = (F.cast(kv_collection.max_prompt_length, DType.int64) <= 1).reshape([])
+        out_type = TensorType(qkv.dtype, [qkv.shape[0], self.n_embd], device=qkv.device)
+        (attended,) = F.cond(
+            decoding,
+            [out_type],
+            lambda: paged_attention(kv_collection, qkv, input_row_offsets, self.layer_idx),
+            lambda: self._flash_attention(qkv, kv_collection, input_row_offsets),
+        )
+        return self.c_proj(attended)
+
+    def _flash_attention(
+        self, qkv: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
+    ) -> Tensor:
+        """MAX's ops: `qkv` [T, 3D] into the cache, each token attending over its request's past -> [T, D]."""
         heads = [-1, self.n_head, self.head_dim]
-        query, key, value = (t.reshape(heads) for t in F.split(self.c_attn(x), [self.n_embd] * 3, axis=-1))
+        query, key, value = (t.reshape(heads) for t in F.split(qkv, [self.n_embd] * 3, axis=-1))
         layer = F.constant(self.layer_idx, DType.uint32, device=CPU())
         _store_keys(kv_collection, key, input_row_offsets, layer)
         _store_values(kv_collection, value, input_row_offsets, layer)
-        attended = flash_attention_ragged(  # [T, H, d], each token over its own request's past
+        attended = flash_attention_ragged(  # [T, H, d]
             self.kv_params,
             input=query,
             input_row_offsets=input_row_offsets,
@@ -77,7 +107,7 @@ class PagedAttention(GPT2Attention):
             mask_variant=MHAMaskVariant.CAUSAL_MASK,
             scale=1 / math.sqrt(self.head_dim),
         )
-        return self.c_proj(attended.reshape([-1, self.n_embd]))
+        return attended.reshape([-1, self.n_embd])
 
 
 def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:
@@ -102,11 +132,17 @@ class PagedGPT2Model(Module[..., Tensor]):
     it to the rows whose logits it computes.
     """
 
-    def __init__(self, config: GPT2Config, kv_params: KVCacheParams, linear: LinearFactory = Linear) -> None:
+    def __init__(
+        self,
+        config: GPT2Config,
+        kv_params: KVCacheParams,
+        linear: LinearFactory = Linear,
+        kernels: bool = False,
+    ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(
-            Block(config, PagedAttention(config, kv_params, layer, linear), linear)
+            Block(config, PagedAttention(config, kv_params, layer, linear, kernels), linear)
             for layer in range(config.n_layer)
         )
         self.ln_f = layer_norm(config)
@@ -140,7 +176,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
             raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
         self.kv_params, self.return_logits = kv_params, return_logits
         linear = SkinnyLinear if kernels else Linear
-        self.transformer = PagedGPT2Model(config, kv_params, linear)
+        self.transformer = PagedGPT2Model(config, kv_params, linear, kernels)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(

@@ -24,6 +24,7 @@ comptime F32 = DType.float32
 comptime U32 = DType.uint32
 comptime LANES = 16  # float32 lanes of an AVX-512 register
 comptime ROW = 64  # GPT-2's head size at every scale: a key, value or query row kept in registers
+comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
 comptime SERIAL_BELOW = 1 << 18  # key-dimension products (sum over requests of H * new * seen * d) one thread does
 
 
@@ -98,57 +99,59 @@ def paged_attention[
         var seen = Int(cache_lengths[r]) + new
         work += H * new * seen * d
         longest = max(longest, seen)
+    var pairs = R * H
+    var chunks = 1 if work < SERIAL_BELOW else min(pairs, TASKS)
 
-    def attend(task: Int) {imm blocks, imm qkv, imm cache_lengths, imm lookup_table, imm offsets, imm y, imm P, imm page_size, imm H, imm d, imm page_stride, imm layer, imm D, imm slot_stride, imm value_offset, imm scale, imm longest}:
-        var r = task // H
-        var h = task % H
-        var first = Int(offsets[r])
-        var new = Int(offsets[r + 1]) - first
-        var past = Int(cache_lengths[r])
-        var pages = lookup_table + r * P  # this request's pages, in order
-        var head = blocks + layer * page_size * slot_stride + h * d  # (keys, layer, slot 0, head h) of page 0
-        for s in range(new):
-            var source = qkv + (first + s) * 3 * D + h * d
-            var position = past + s
-            var key = head + Int(pages[position // page_size]) * page_stride + (position % page_size) * slot_stride
-            for i in range(d):
-                key[i] = source[D + i]
-                key[value_offset + i] = source[2 * D + i]
+    def attend(chunk: Int) {imm blocks, imm qkv, imm cache_lengths, imm lookup_table, imm offsets, imm y, imm P, imm page_size, imm H, imm d, imm page_stride, imm layer, imm D, imm slot_stride, imm value_offset, imm scale, imm longest, imm pairs, imm chunks}:
         var scratch = alloc[Float32](longest + d)
         var scores = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(scratch))  # [seen]
         var out = scores + longest  # [d]
-        for s in range(new):
-            var query = qkv + (first + s) * 3 * D + h * d
-            var seen = past + s + 1
-            var top = Float32.MIN
-            var start = 0
-            while start < seen:  # a page at a time: its keys lie slot_stride apart
-                var key = head + Int(pages[start // page_size]) * page_stride
-                for t in range(start, min(seen, start + page_size)):
-                    scores[t] = _dot[W](query, key, d) * scale
-                    top = max(top, scores[t])
-                    key += slot_stride
-                start += page_size
-            var total = _softmax_weights(scores, seen, top)
-            for i in range(d):
-                out[i] = 0
-            start = 0
-            while start < seen:
-                var value = head + Int(pages[start // page_size]) * page_stride + value_offset
-                for t in range(start, min(seen, start + page_size)):
-                    _add_scaled[W](scores[t], value, out, d)
-                    value += slot_stride
-                start += page_size
-            for i in range(d):
-                y[(first + s) * D + h * d + i] = out[i] / total
+        for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (request, head) pairs
+            var r = task // H
+            var h = task % H
+            var first = Int(offsets[r])
+            var new = Int(offsets[r + 1]) - first
+            var past = Int(cache_lengths[r])
+            var pages = lookup_table + r * P  # this request's pages, in order
+            var head = blocks + layer * page_size * slot_stride + h * d  # (keys, layer, slot 0, head h) of page 0
+            for s in range(new):
+                var source = qkv + (first + s) * 3 * D + h * d
+                var position = past + s
+                var key = head + Int(pages[position // page_size]) * page_stride + (position % page_size) * slot_stride
+                for i in range(d):
+                    key[i] = source[D + i]
+                    key[value_offset + i] = source[2 * D + i]
+            for s in range(new):
+                var query = qkv + (first + s) * 3 * D + h * d
+                var seen = past + s + 1
+                var top = Float32.MIN
+                var start = 0
+                while start < seen:  # a page at a time: its keys lie slot_stride apart
+                    var key = head + Int(pages[start // page_size]) * page_stride
+                    for t in range(start, min(seen, start + page_size)):
+                        scores[t] = _dot[W](query, key, d) * scale
+                        top = max(top, scores[t])
+                        key += slot_stride
+                    start += page_size
+                var total = _softmax_weights(scores, seen, top)
+                for i in range(d):
+                    out[i] = 0
+                start = 0
+                while start < seen:
+                    var value = head + Int(pages[start // page_size]) * page_stride + value_offset
+                    for t in range(start, min(seen, start + page_size)):
+                        _add_scaled[W](scores[t], value, out, d)
+                        value += slot_stride
+                    start += page_size
+                for i in range(d):
+                    y[(first + s) * D + h * d + i] = out[i] / total
         scratch.free()
 
     # Waking the other threads costs more than a short cache gains from them.
-    if work < SERIAL_BELOW:
-        for task in range(R * H):
-            attend(task)
+    if chunks == 1:
+        attend(0)
     else:
-        sync_parallelize(attend, R * H)
+        sync_parallelize(attend, chunks)
 
 
 @extensibility.register("gpt2_paged_attention")

@@ -262,9 +262,20 @@ def test_paged_attention_matches_numpy(paged_attention, cached, new, page_size, 
     np.testing.assert_array_equal(written.to_numpy(), expected_blocks.astype(np.float32))
 
 
-def test_paged_attention_refuses_a_layer_the_cache_lacks(paged_attention):
-    blocks = Buffer.from_numpy(np.zeros((1, 2, 2, 4, 2, 8), np.float32))
-    inputs = [np.zeros((1, 48), np.float32), np.zeros(1, np.uint32), np.zeros((1, 1), np.uint32)]
-    inputs += [np.array([0, 1], np.uint32), np.array([-1], np.int64), np.array([2], np.uint32)]
-    with pytest.raises(Exception, match="layer 2 of a cache of 2"):
-        paged_attention.execute(blocks, *(Buffer.from_numpy(a) for a in inputs))
+@pytest.mark.parametrize(
+    ("cached", "lookup", "layer", "message"),
+    [
+        (0, [[0]], 2, "layer 2 of a cache of 2"),
+        (4, [[0]], 0, "request 0 needs 2 pages, its lookup table has 1"),  # 5 tokens, pages of 4
+        (4, [[0, 3]], 0, "request 0 names page 3 of 2"),
+    ],
+)
+def test_paged_attention_refuses_what_lies_outside_the_cache(paged_attention, cached, lookup, layer, message):
+    """Nothing is written through a layer, lookup table or page that the blocks do not have."""
+    blocks = np.zeros((2, 2, 2, 4, 2, 8), np.float32)  # 2 pages of 4 slots, 2 layers
+    written = Buffer.from_numpy(blocks.copy())
+    inputs = [np.ones((1, 48), np.float32), np.array([cached], np.uint32), np.array(lookup, np.uint32)]
+    inputs += [np.array([0, 1], np.uint32), np.array([-1], np.int64), np.array([layer], np.uint32)]
+    with pytest.raises(Exception, match=message):
+        paged_attention.execute(written, *(Buffer.from_numpy(a) for a in inputs))
+    np.testing.assert_array_equal(written.to_numpy(), blocks)

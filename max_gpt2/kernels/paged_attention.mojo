@@ -186,13 +186,22 @@ struct PagedAttention:
         var stride = Int(page_stride[0])
         if stride < 0:  # packed pages
             stride = 2 * L * page_size * H * d
+        var P = lookup_table.dim_size(1)
+        var total_pages = kv_blocks.dim_size(0)
+        for r in range(R):  # the pages written and read must lie inside the blocks
+            var seen = Int(cache_lengths[r]) + Int(input_row_offsets[r + 1]) - Int(input_row_offsets[r])
+            var needed = (seen + page_size - 1) // page_size
+            if needed > P:
+                raise Error("gpt2_paged_attention: request ", r, " needs ", needed, " pages, its lookup table has ", P)
+            for i in range(needed):
+                if Int(lookup_table[r, i]) >= total_pages:
+                    raise Error("gpt2_paged_attention: request ", r, " names page ", Int(lookup_table[r, i]), " of ", total_pages)
         var blocks = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(kv_blocks.unsafe_ptr()))
         var new = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(qkv.unsafe_ptr()))
         var cached = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(cache_lengths.unsafe_ptr()))
         var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(lookup_table.unsafe_ptr()))
         var rows = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(input_row_offsets.unsafe_ptr()))
         var out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
-        var P = lookup_table.dim_size(1)
         if d == ROW:
             paged_attention[ROW](blocks, new, cached, pages, rows, out, R, P, L, page_size, H, d, stride, layer_index)
         else:

@@ -22,7 +22,8 @@ comptime SERIAL_BELOW = 1 << 20  # key-dimension products (B * H * S * T * d) un
 
 
 @always_inline
-def _dot(a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
+def dot(a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
+    """A . b over n floats (also gpt2_paged_attention's, for head sizes other than 64)."""
     var acc = SIMD[F32, LANES](0)
     var i = 0
     while i + LANES <= n:
@@ -36,7 +37,7 @@ def _dot(a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, Mu
 
 
 @always_inline
-def _add_scaled(
+def add_scaled(
     weight: Float32, x: UnsafePointer[Float32, MutAnyOrigin], y: UnsafePointer[Float32, MutAnyOrigin], n: Int
 ):
     """Y += weight * x."""
@@ -84,7 +85,7 @@ def cached_attention(
             var seen = past + s + 1
             var top = Float32.MIN
             for t in range(seen):
-                scores[t] = _dot(query, keys + t * d, d) * scale + key_bias[b * T + t]
+                scores[t] = dot(query, keys + t * d, d) * scale + key_bias[b * T + t]
                 top = max(top, scores[t])
             var total = Float32(0)
             for i in range(d):
@@ -92,7 +93,7 @@ def cached_attention(
             for t in range(seen):
                 var weight = exp(scores[t] - top)
                 total += weight
-                _add_scaled(weight, values + t * d, out, d)
+                add_scaled(weight, values + t * d, out, d)
             for i in range(d):
                 y[(b * S + s) * D + h * d + i] = out[i] / total
         scratch.free()

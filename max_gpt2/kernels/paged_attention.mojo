@@ -20,9 +20,9 @@ from max.gpu.host import DeviceContext
 from std.math import exp, sqrt
 from std.memory import UnsafePointer, alloc
 
-comptime F32 = DType.float32
+from .cached_attention import F32, LANES, add_scaled, dot
+
 comptime U32 = DType.uint32
-comptime LANES = 16  # float32 lanes of an AVX-512 register
 comptime ROW = 64  # GPT-2's head size at every scale: a key, value or query row kept in registers
 comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
 comptime SERIAL_BELOW = 1 << 18  # key-dimension products (sum over requests of H * new * seen * d) one thread does
@@ -33,10 +33,7 @@ def _dot[W: Int](a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Flo
     """A . b over n floats; W > 0: n == W, in registers."""
     comptime if W > 0:
         return (a.load[width=W]() * b.load[width=W]()).reduce_add()
-    var total = Float32(0)
-    for i in range(n):
-        total += a[i] * b[i]
-    return total
+    return dot(a, b, n)
 
 
 @always_inline
@@ -47,8 +44,7 @@ def _add_scaled[
     comptime if W > 0:
         y.store(x.load[width=W]().fma(SIMD[F32, W](weight), y.load[width=W]()))
     else:
-        for i in range(n):
-            y[i] += weight * x[i]
+        add_scaled(weight, x, y, n)
 
 
 @always_inline

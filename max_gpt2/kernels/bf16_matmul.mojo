@@ -10,11 +10,15 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer
+from std.sys.info import simd_width_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
-from .packed_layout import F32, PREFETCH_AHEAD, SERIAL_BELOW, check_dense, row_chunks
+from .packed_layout import F32, SERIAL_BELOW, check_dense, row_chunks
+from .skinny_matmul import X_ROWS, w_rows
 
-comptime LANES = 16  # float32 lanes
+comptime LANES = simd_width_of[F32]()  # one register's float32 lanes (more spill the accumulators)
+# Elements of W requested into L2 ahead of the loads: 64 KB (16 KB left a step's products 10 % slower).
+comptime PREFETCH_AHEAD = 32768
 
 
 @always_inline
@@ -51,6 +55,29 @@ def _group_bf16[
             y[(m0 + m) * N + n + r] = total
 
 
+@always_inline
+def _rows_bf16[
+    MB: Int, RB: Int
+](
+    w: UnsafePointer[BFloat16, ImmutAnyOrigin],
+    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    m0: Int,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+    first: Int,
+    end: Int,
+):
+    """Rows first..end-1 of W against rows m0..m0+MB-1 of x."""
+    var n = first
+    while n + RB <= end:
+        _group_bf16[MB, RB](w, x, m0, y, K, N, n)
+        n += RB
+    while n < end:
+        _group_bf16[MB, 1](w, x, m0, y, K, N, n)
+        n += 1
+
+
 def packed_matmul_bf16(
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     w: UnsafePointer[BFloat16, ImmutAnyOrigin],
@@ -66,38 +93,30 @@ def packed_matmul_bf16(
 
     def work(task: Int) {imm x, imm w, imm y, imm M, imm K, imm N, imm chunk}:
         var first = task * chunk
-        var end = min(first + chunk, N)
-        var m = 0
-        while m < M:  # groups of up to 8 rows of x; fewer rows leave registers for more rows of W
-            var left = M - m
-            var rows = 8 if left >= 8 else (4 if left >= 4 else left)
-            var n = first
-            var group = 8 if rows == 1 else (4 if rows <= 4 else 1)
-            while n + group <= end:
-                if rows == 8:
-                    _group_bf16[8, 1](w, x, m, y, K, N, n)
+        var chunk_end = min(first + chunk, N)
+        while first < chunk_end:  # 24 rows of W against every row of x while they are in cache
+            var end = min(first + 24, chunk_end)
+            var m = 0
+            while m < M:
+                var rows = min(M - m, X_ROWS)
+                if rows >= 8:
+                    _rows_bf16[8, w_rows[8]()](w, x, m, y, K, N, first, end)
+                elif rows == 7:
+                    _rows_bf16[7, w_rows[7]()](w, x, m, y, K, N, first, end)
+                elif rows == 6:
+                    _rows_bf16[6, w_rows[6]()](w, x, m, y, K, N, first, end)
+                elif rows == 5:
+                    _rows_bf16[5, w_rows[5]()](w, x, m, y, K, N, first, end)
                 elif rows == 4:
-                    _group_bf16[4, 4](w, x, m, y, K, N, n)
+                    _rows_bf16[4, w_rows[4]()](w, x, m, y, K, N, first, end)
                 elif rows == 3:
-                    _group_bf16[3, 4](w, x, m, y, K, N, n)
+                    _rows_bf16[3, w_rows[3]()](w, x, m, y, K, N, first, end)
                 elif rows == 2:
-                    _group_bf16[2, 4](w, x, m, y, K, N, n)
+                    _rows_bf16[2, w_rows[2]()](w, x, m, y, K, N, first, end)
                 else:
-                    _group_bf16[1, 8](w, x, m, y, K, N, n)
-                n += group
-            while n < end:
-                if rows == 8:
-                    _group_bf16[8, 1](w, x, m, y, K, N, n)
-                elif rows == 4:
-                    _group_bf16[4, 1](w, x, m, y, K, N, n)
-                elif rows == 3:
-                    _group_bf16[3, 1](w, x, m, y, K, N, n)
-                elif rows == 2:
-                    _group_bf16[2, 1](w, x, m, y, K, N, n)
-                else:
-                    _group_bf16[1, 1](w, x, m, y, K, N, n)
-                n += 1
-            m += rows
+                    _rows_bf16[1, w_rows[1]()](w, x, m, y, K, N, first, end)
+                m += rows
+            first = end
 
     if tasks == 1 or N * K * 2 < SERIAL_BELOW:
         for task in range(tasks):

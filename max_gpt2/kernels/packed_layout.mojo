@@ -16,7 +16,7 @@ from std.sys.info import num_physical_cores
 comptime F32 = DType.float32
 comptime BLOCK = 32  # weights sharing a scale
 comptime GROUP = 8  # rows stored interleaved
-comptime PREFETCH_AHEAD = 8192  # bytes of W requested into L2 ahead of the loads (bfloat16: elements)
+comptime PREFETCH_AHEAD = 8192  # bytes of q8_0/q4_0 W requested into L2 ahead of the loads
 comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
 
 comptime Q8_0 = 1

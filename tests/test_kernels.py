@@ -63,7 +63,7 @@ def paged_attention(session) -> Model:
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 16])
 @pytest.mark.parametrize(("k", "n"), [(60, 180), (17, 5), (768, 2304), (3072, 97), (100, 1001)])
 def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
-    """Every block size (1 to 8 rows of x, more in passes), K with and without a 16-lane tail."""
+    """Every block size (1 to X_ROWS rows of x, more in passes), K with and without a lane tail (8 or 16)."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)

@@ -115,7 +115,7 @@ def skinny_matmul(
         while first < chunk_end:
             var end = min(first + 24, chunk_end)
             var m = 0
-            while m < M:  # groups of up to 8 rows of x; fewer rows leave registers for more rows of W
+            while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
                 var left = min(M - m, X_ROWS)
                 var xm = x + m * K
                 var ym = y + m * N

@@ -9,6 +9,8 @@
 # AVX2: vpmaddubsw takes an unsigned and a signed operand; q8_0 pairs |x| with w
 # carrying x's sign (|x|, |w| <= 127: a pair of products cannot saturate 16 bits);
 # q4_0's values are already unsigned (0..15), and the offset comes off as 8 * sum(x).
+# With VNNI (AVX-512 or AVX-VNNI), vpdpbusd sums 4 such products into int32 in one
+# instruction (batch 8 about 1.3x faster; batch 1 is bound by memory either way).
 # Streaming W is the work: every cache line of a block is prefetched ahead of its loads
 # (one prefetch a block left half of q4_0's lines and 3 in 4 of q8_0's to the hardware,
 # and the products ran at 17 and 19.5 GB/s instead of 22).
@@ -57,6 +59,16 @@ def _widen_pairs(pairs: SIMD[DType.int16, 16]) -> SIMD[DType.int32, 8]:
     else:
         var even, odd = pairs.cast[DType.int32]().deinterleave()
         return even + odd
+
+
+@always_inline
+def _dot4_add(acc: SIMD[DType.int32, 8], a: SIMD[DType.uint8, 32], b: SIMD[DType.int8, 32]) -> SIMD[DType.int32, 8]:
+    """acc plus the sums of 4 adjacent products a * b (unsigned x signed) in int32 lanes: one
+    vpdpbusd with VNNI, else two multiply-adds (no pair of products may pass 32767)."""
+    comptime if CompilationTarget.has_vnni():
+        return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.256", SIMD[DType.int32, 8]](acc, a, bitcast[DType.uint8, 32](b))
+    else:
+        return acc + _widen_pairs(_pair_products(a, b))
 
 
 @always_inline
@@ -146,9 +158,14 @@ def _group_blocks[
                 var magnitudes = xq.magnitudes + row * BLOCK
                 comptime for chunk in range(8):
                     var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
-                    var signs = _repeat4[DType.int8](quants + 4 * chunk)
-                    var pairs = _pair_products(_repeat4[DType.uint8](magnitudes + 4 * chunk), _with_sign_of(values, signs))
-                    dots += _widen_pairs(pairs)
+                    var signed = _with_sign_of(values, _repeat4[DType.int8](quants + 4 * chunk))
+                    dots = _dot4_add(dots, _repeat4[DType.uint8](magnitudes + 4 * chunk), signed)
+            elif CompilationTarget.has_vnni():
+                comptime for chunk in range(4):
+                    var raw = (block + chunk * 32).load[width=32]()
+                    dots = _dot4_add(dots, raw & 0xF, _repeat4[DType.int8](quants + 4 * chunk))
+                    dots = _dot4_add(dots, raw >> 4, _repeat4[DType.int8](quants + 16 + 4 * chunk))
+                dots -= 8 * xq.sums[row]  # the -8 of every value, times sum(x)
             else:
                 # A pair of products is at most 2 * 15 * 127 = 3810, so the 8 pairs a lane gathers
                 # over the block stay in int16; widening once per block halves the multiplies.

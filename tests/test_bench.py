@@ -21,6 +21,7 @@ import pytest
 from max_gpt2.bench import harness
 from max_gpt2.bench.attention import attention_flops
 from max_gpt2.cli import main
+from max_gpt2.kernels import MOJO_PACKAGE
 from max_gpt2.model.config import GPT2Config
 from tests.support import ODD
 
@@ -143,3 +144,26 @@ os.kill(os.getpid(), signal.SIGKILL)
     while not is_gone(server) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert is_gone(server)
+
+
+def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
+    """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
+    each of our ops under its own name (suffix `_b`) and change nothing else."""
+    path = Path(__file__).parent.parent / "benchmarks" / "kernel_ab.py"
+    spec = importlib.util.spec_from_file_location("kernel_ab", path)
+    kernel_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_ab)
+    kernel_ab.renamed_copy(MOJO_PACKAGE, tmp_path)
+    sources = sorted(MOJO_PACKAGE.glob("*.mojo"))
+    assert [copy.name for copy in sorted(tmp_path.glob("*.mojo"))] == [source.name for source in sources]
+    registered = []
+    for source in sources:
+        original, copy = source.read_text(), (tmp_path / source.name).read_text()
+        names = [line.split('"')[1] for line in original.splitlines() if "@extensibility.register(" in line]
+        registered += names
+        for name in names:
+            assert f'register("{name}_b")' in copy and f'register("{name}")' not in copy
+        assert copy.replace('_b")', '")') == original
+    assert {"skinny_matmul", "packed_matmul_bf16", "packed_matmul_q8_0", "packed_matmul_q4_0"} <= set(
+        registered
+    )

@@ -68,14 +68,15 @@ def step_shapes(config: GPT2Config) -> list[tuple[int, int]]:
     return layer * config.n_layer + [(config.vocab_size, width)]
 
 
-def stored(weight: np.ndarray, weights: str) -> list[np.ndarray]:
-    """`weight` [N, K] as the kernel for `weights` takes it: the matrix, or values and scales."""
+def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarray]:
+    """`weight` [N, K] as the kernel for `weights` takes it: the matrix, or values and scales, then
+    the bias the packed kernels add (empty: none)."""
     if weights == "float32":
         return [weight]
     if weights == "bfloat16":
-        return [float32_to_bfloat16_bits(weight)]
+        return [float32_to_bfloat16_bits(weight), bias]
     values, scales = (wf.quantize_q8_0 if weights == "q8_0" else wf.quantize_q4_0)(weight)
-    return list(wf.interleave(values, scales, weights))
+    return [*wf.interleave(values, scales, weights), bias]
 
 
 def as_buffer(array: np.ndarray) -> Buffer:
@@ -118,9 +119,14 @@ def main() -> int:
     shapes = step_shapes(config)
     op = OPS.get(args.weights, f"packed_matmul_{args.weights}")
     rng = np.random.default_rng(0)
-    # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K).
+    # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have
+    # biases (zeros here), the head none.
     arrays = [
-        stored(rng.standard_normal((n, k), np.float32) / np.float32(np.sqrt(k)), args.weights)
+        stored(
+            rng.standard_normal((n, k), np.float32) / np.float32(np.sqrt(k)),
+            args.weights,
+            np.zeros(0 if n == config.vocab_size else n, np.float32),
+        )
         for n, k in shapes
     ]
     streamed = sum(a.nbytes for product in arrays for a in product)

@@ -83,15 +83,16 @@ def packed(session) -> Model:
     q4 = TensorType(DType.uint8, ["G", "K4"], CPU_REF)
     scales = TensorType(DType.float16, ["G", "Kb8"], CPU_REF)
     rows = TensorType(DType.float32, ["N"], CPU_REF)  # only its length, N, is read
-    types = [x, bf16, q8, scales, q4, scales, rows]
+    bias = TensorType(DType.float32, ["NB"], CPU_REF)  # N values, or none
+    types = [x, bf16, q8, scales, q4, scales, rows, bias]
     with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
-        x, bf16, q8, q8_scales, q4, q4_scales, rows = (value.tensor for value in graph.inputs)
+        x, bf16, q8, q8_scales, q4, q4_scales, rows, bias = (value.tensor for value in graph.inputs)
         product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
         weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
         outputs = [
-            *ops.custom("packed_matmul_bf16", CPU_REF, [x, bf16], [product]),
-            *ops.custom("packed_matmul_q8_0", CPU_REF, [x, q8, q8_scales], [product]),
-            *ops.custom("packed_matmul_q4_0", CPU_REF, [x, q4, q4_scales], [product]),
+            *ops.custom("packed_matmul_bf16", CPU_REF, [x, bf16, bias], [product]),
+            *ops.custom("packed_matmul_q8_0", CPU_REF, [x, q8, q8_scales, bias], [product]),
+            *ops.custom("packed_matmul_q4_0", CPU_REF, [x, q4, q4_scales, bias], [product]),
             *ops.custom("dequantize_q8_0", CPU_REF, [q8, q8_scales], [weight]),
             *ops.custom("dequantize_q4_0", CPU_REF, [q4, q4_scales], [weight]),
         ]
@@ -111,27 +112,34 @@ def quantized_activations(x: np.ndarray) -> np.ndarray:
     return (steps * (largest.astype(np.float64) / 127)).reshape(x.shape[0], -1)[:, : x.shape[1]]
 
 
+def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer]:
+    """The `packed` graph's inputs: x, W in each format, N, the bias."""
+    return [
+        Buffer.from_numpy(x),
+        Buffer.from_numpy(float32_to_bfloat16_bits(w)).view(DType.bfloat16),
+        *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q8_0(w), "q8_0")),
+        *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q4_0(w), "q4_0")),
+        Buffer.from_numpy(np.zeros(w.shape[0], np.float32)),
+        Buffer.from_numpy(bias),
+    ]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])
 @pytest.mark.parametrize(
     ("k", "n"), [(32, 8), (17, 5), (33, 9), (60, 180), (100, 1001), (768, 2304), (3072, 97), (64, 50257)]
 )
 def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n):
     """Each format against float64 on the weights it stores: K with a block tail or none, N with
-    every remainder of a group of 8 rows, x's rows one to more than a register block."""
+    every remainder of a group of 8 rows, x's rows one to more than a register block; with a bias
+    added as y is written, or none (an empty one) on every other case."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
+    bias = rng.standard_normal(n if (rows + k + n) % 2 else 0, dtype=np.float32)
     bits = float32_to_bfloat16_bits(w)
     q8_values, q8_scales = wf.quantize_q8_0(w)
     q4_values, q4_scales = wf.quantize_q4_0(w)
-    inputs = [
-        Buffer.from_numpy(x),
-        Buffer.from_numpy(bits).view(DType.bfloat16),
-        *map(Buffer.from_numpy, wf.interleave(q8_values, q8_scales, "q8_0")),
-        *map(Buffer.from_numpy, wf.interleave(q4_values, q4_scales, "q4_0")),
-        Buffer.from_numpy(np.zeros(n, np.float32)),
-    ]
-    y_bf16, y_q8, y_q4, w_q8, w_q4 = (out.to_numpy() for out in packed.execute(*inputs))
+    y_bf16, y_q8, y_q4, w_q8, w_q4 = (out.to_numpy() for out in packed.execute(*packed_inputs(x, w, bias)))
     stored = {
         "q8_0": wf.dequantize(q8_values, q8_scales, "q8_0", k),
         "q4_0": wf.dequantize(q4_values, q4_scales, "q4_0", k),
@@ -145,8 +153,14 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
         (y_q4, x_steps, stored["q4_0"]),
     ]
     for got, activations, weight in cases:
-        expected = activations @ weight.astype(np.float64).T
+        expected = activations @ weight.astype(np.float64).T + (bias if bias.size else 0)
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
+
+
+def test_packed_matmuls_refuse_a_bias_of_the_wrong_length(packed):
+    x, w = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32)
+    with pytest.raises(Exception, match=r"the bias has 9 values .*the product has 10 outputs"):
+        packed.execute(*packed_inputs(x, w, np.ones(9, np.float32)))
 
 
 def attention_reference(cache, qkv, key_bias, heads):

@@ -8,7 +8,7 @@ heavy parts in one pass over memory each (CPU, float32 activations):
     skinny_matmul          x [M, K] @ W[N, K]^T -> [M, N]; each row of W is read once
                            for all M rows of x (M is batch x new tokens, a few at most)
                            (skinny_matmul.mojo)
-    packed_matmul_FORMAT   the same with W stored in fewer bytes (`max_gpt2.model.weight_formats`):
+    packed_matmul_FORMAT   the same, + bias [N], with W in fewer bytes (`max_gpt2.model.weight_formats`):
                            bf16 (bf16_matmul.mojo), q8_0 (int8 blocks of 32, a scale each) and
                            q4_0 (4-bit blocks) with x rounded to int8 blocks as llama.cpp does
                            (quantized_matmul.mojo; their layout: packed_layout.mojo)
@@ -57,15 +57,21 @@ def skinny_matmul(x: Tensor, weight: Tensor) -> Tensor:
     return y
 
 
-def packed_matmul(x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int) -> Tensor:
-    """`x` [M, K] @ W^T -> [M, out_dim] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
+def packed_matmul(
+    x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int, bias: Tensor | None = None
+) -> Tensor:
+    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
 
     `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and
-    `scales` its block scales (None for bfloat16).
+    `scales` its block scales (None for bfloat16). The kernel adds the float32
+    `bias` [out_dim] as it writes y (a separate add is an op of its own each
+    product: 7 % of a q4_0 decoding step of GPT-2 small).
     """
     out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
     name = "packed_matmul_bf16" if format == "bfloat16" else f"packed_matmul_{format}"
-    inputs = [x, weight] if scales is None else [x, weight, scales]
+    if bias is None:  # the kernels read an empty bias as none
+        bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
+    inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]
     (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=MOJO_PACKAGE)
     return y
 

@@ -41,6 +41,12 @@ def check_dense(name: StaticString, rows: Int, columns: Int, row_stride: Int, co
         raise Error(name, ": expects dense row-major tensors, got a [", rows, ", ", columns, "] one with strides (", row_stride, ", ", column_stride, ")")
 
 
+def check_bias(name: StaticString, N: Int, length: Int, stride: Int) raises:
+    """A bias is N floats, or none (length 0)."""
+    if (length != N and length != 0) or (length > 1 and stride != 1):
+        raise Error(name, ": the bias has ", length, " values (stride ", stride, "); the product has ", N, " outputs (or give an empty bias for none)")
+
+
 def check_blocks(name: StaticString, FORMAT: Int, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
     var blocks = (K + BLOCK - 1) // BLOCK
     var groups = (N + GROUP - 1) // GROUP

@@ -1,5 +1,6 @@
-# packed_matmul_q8_0 and packed_matmul_q4_0: y[M, N] = x[M, K] @ W[N, K]^T on the CPU, W in
-# llama.cpp's 8-bit or 4-bit blocks (1.0625 or 0.5625 bytes a weight; layout in packed_layout.mojo):
+# packed_matmul_q8_0 and packed_matmul_q4_0: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
+# (an empty bias: none), W in llama.cpp's 8-bit or 4-bit blocks (1.0625 or 0.5625 bytes a weight;
+# layout in packed_layout.mojo):
 #
 #   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d)
 #   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d)
@@ -34,6 +35,7 @@ from .packed_layout import (
     Q8_0,
     SERIAL_BELOW,
     block_bytes,
+    check_bias,
     check_blocks,
     check_dense,
     row_chunks,
@@ -136,11 +138,14 @@ def _group_blocks[
     d: UnsafePointer[Float16, ImmutAnyOrigin],
     xq: QuantizedRows,
     m0: Int,
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
     N: Int,
     g: Int,
 ):
-    """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x."""
+    """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x,
+    plus bias[8g + r] where there is a bias."""
     comptime BYTES = block_bytes[FORMAT]()
     var nb = xq.blocks
     var acc = Array[SIMD[F32, 8], MB](fill=SIMD[F32, 8](0))
@@ -176,13 +181,20 @@ def _group_blocks[
                     pairs += _pair_products(raw >> 4, _repeat4[DType.int8](quants + 16 + 4 * chunk))
                 dots = _widen_pairs(pairs) - 8 * xq.sums[row]  # the -8 of every value, times sum(x)
             acc[m] = dots.cast[F32]().fma(scales * xq.scales[row], acc[m])
+    var whole = g * GROUP + GROUP <= N
+    var offsets = SIMD[F32, GROUP](0)
+    if has_bias and whole:
+        offsets = (bias + g * GROUP).load[width=GROUP]()
+    elif has_bias:
+        for r in range(N - g * GROUP):
+            offsets[r] = bias[g * GROUP + r]
     comptime for m in range(MB):
         var out = y + (m0 + m) * N + g * GROUP
-        if g * GROUP + GROUP <= N:
-            out.store(acc[m])
+        if whole:
+            out.store(acc[m] + offsets)
         else:
             for r in range(N - g * GROUP):
-                out[r] = acc[m][r]
+                out[r] = acc[m][r] + offsets[r]
 
 
 def packed_matmul_blocks[
@@ -191,33 +203,35 @@ def packed_matmul_blocks[
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
     M: Int,
     K: Int,
     N: Int,
 ):
-    """Y = x @ W^T for dense row-major x [M, K] and y [M, N], W q8_0 or q4_0 in groups of 8 rows."""
+    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N], W q8_0 or q4_0 in groups of 8 rows."""
     var xq = QuantizedRows(x, M, K)
     var groups = (N + GROUP - 1) // GROUP
     var chunk = (groups + row_chunks() - 1) // row_chunks()
     var tasks = (groups + chunk - 1) // chunk
 
-    def work(task: Int) {imm w, imm d, imm y, imm xq, imm M, imm N, imm groups, imm chunk}:
+    def work(task: Int) {imm w, imm d, imm bias, imm has_bias, imm y, imm xq, imm M, imm N, imm groups, imm chunk}:
         for g in range(task * chunk, min((task + 1) * chunk, groups)):
             var m = 0
             while m < M:  # up to 8 rows of x against each group, while its blocks are in cache
                 var left = M - m
                 if left >= 8:
-                    _group_blocks[FORMAT, 8](w, d, xq, m, y, N, g)
+                    _group_blocks[FORMAT, 8](w, d, xq, m, bias, has_bias, y, N, g)
                     m += 8
                 elif left >= 4:
-                    _group_blocks[FORMAT, 4](w, d, xq, m, y, N, g)
+                    _group_blocks[FORMAT, 4](w, d, xq, m, bias, has_bias, y, N, g)
                     m += 4
                 elif left >= 2:
-                    _group_blocks[FORMAT, 2](w, d, xq, m, y, N, g)
+                    _group_blocks[FORMAT, 2](w, d, xq, m, bias, has_bias, y, N, g)
                     m += 2
                 else:
-                    _group_blocks[FORMAT, 1](w, d, xq, m, y, N, g)
+                    _group_blocks[FORMAT, 1](w, d, xq, m, bias, has_bias, y, N, g)
                     m += 1
 
     # Waking the other threads costs more than a small product gains from them.
@@ -237,10 +251,12 @@ def _execute_blocks[
     x: InputTensor[dtype=F32, rank=2, ...],
     w: InputTensor[rank=2, ...],
     d: InputTensor[dtype=DType.float16, rank=2, ...],
+    bias: InputTensor[dtype=F32, rank=1, ...],
 ) raises:
     var M, K, N = x.dim_size(0), x.dim_size(1), y.dim_size(1)
     if y.dim_size(0) != M:
         raise Error(name, ": x has ", M, " rows and y ", y.dim_size(0))
+    check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
     check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
     check_dense(name, M, K, x.stride_length(0), x.stride_length(1))
     check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
@@ -250,6 +266,8 @@ def _execute_blocks[
         UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr())),
         UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=Int(w.unsafe_ptr())),
         UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=Int(d.unsafe_ptr())),
+        UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(bias.unsafe_ptr())),
+        bias.dim_size(0) == N,
         UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr())),
         M,
         K,
@@ -267,10 +285,11 @@ struct PackedMatmulQ8:
         x: InputTensor[dtype=F32, rank=2, ...],
         w: InputTensor[dtype=DType.int8, rank=2, ...],
         d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "packed_matmul_q8_0 runs on the CPU"
-        _execute_blocks[Q8_0, "packed_matmul_q8_0"](y, x, w, d)
+        _execute_blocks[Q8_0, "packed_matmul_q8_0"](y, x, w, d, bias)
 
 
 @extensibility.register("packed_matmul_q4_0")
@@ -283,7 +302,8 @@ struct PackedMatmulQ4:
         x: InputTensor[dtype=F32, rank=2, ...],
         w: InputTensor[dtype=DType.uint8, rank=2, ...],
         d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "packed_matmul_q4_0 runs on the CPU"
-        _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d)
+        _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d, bias)

@@ -43,8 +43,10 @@ class PackedLinear(Module[[Tensor], Tensor]):
         scales = None if self.format == "bfloat16" else self.scales
         rows = x.reshape([-1, self.in_dim])  # [M, in]
         if self.kernels:
-            y = packed_matmul(rows, self.weight, scales, self.format, self.out_dim)
-        elif scales is None:
+            bias = self.bias if isinstance(self.bias, Tensor) else None
+            y = packed_matmul(rows, self.weight, scales, self.format, self.out_dim, bias)
+            return y.reshape([*x.shape[:-1], self.out_dim])
+        if scales is None:
             y = rows @ F.cast(self.weight, DType.float32).T
         else:
             y = rows @ dequantize(self.weight, scales, self.format, self.out_dim, self.in_dim).T

@@ -33,21 +33,14 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 
 from max_gpt2.bench.generation import MODELS
 from max_gpt2.bench.harness import machine_description
-from max_gpt2.kernels import MOJO_PACKAGE
+from max_gpt2.inference.devices import packed_buffer
+from max_gpt2.kernels import MOJO_PACKAGE, matmul_op_name
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import float32_to_bfloat16_bits
 
 CPU_REF = DeviceRef.CPU()
 SUFFIX = "_b"
-OPS = {"float32": "skinny_matmul", "bfloat16": "packed_matmul_bf16"}  # q8_0, q4_0: packed_matmul_FORMAT
-DTYPES = {
-    np.dtype(np.float32): DType.float32,
-    np.dtype(np.uint16): DType.bfloat16,  # bfloat16 bits
-    np.dtype(np.int8): DType.int8,
-    np.dtype(np.uint8): DType.uint8,
-    np.dtype(np.float16): DType.float16,
-}
 
 
 def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
@@ -79,27 +72,21 @@ def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarra
     return [*wf.interleave(values, scales, weights), bias]
 
 
-def as_buffer(array: np.ndarray) -> Buffer:
-    """`array` for MAX, bfloat16 bits viewed as bfloat16."""
-    buffer = Buffer.from_numpy(array)
-    return buffer.view(DType.bfloat16) if array.dtype == np.uint16 else buffer
-
-
 def step_graph(
     name: str,
     op: str,
     rows: int,
     width: int,
     shapes: list[tuple[int, int]],
-    arrays: list[list[np.ndarray]],
+    products: list[list[Buffer]],
     extensions: list[Path],
 ) -> Graph:
     """x [rows, width] through every product in turn -> the LM head's output."""
     types = [TensorType(DType.float32, [rows, width], CPU_REF)]
-    types += [TensorType(DTYPES[a.dtype], a.shape, CPU_REF) for product in arrays for a in product]
+    types += [TensorType(b.dtype, b.shape, CPU_REF) for product in products for b in product]
     with Graph(name, input_types=types, custom_extensions=extensions) as graph:
         hidden, *weights = (value.tensor for value in graph.inputs)
-        for (n, _), product in zip(shapes, arrays, strict=True):
+        for (n, _), product in zip(shapes, products, strict=True):
             taken, weights = weights[: len(product)], weights[len(product) :]
             (y,) = ops.custom(op, CPU_REF, [hidden, *taken], [TensorType(DType.float32, [rows, n], CPU_REF)])
             hidden = y[:, :width] if n == 3 * width else y  # c_attn's output: its queries feed c_proj
@@ -117,7 +104,7 @@ def main() -> int:
     args = parser.parse_args()
     config = MODELS[args.model]
     shapes = step_shapes(config)
-    op = OPS.get(args.weights, f"packed_matmul_{args.weights}")
+    op = matmul_op_name(args.weights)
     rng = np.random.default_rng(0)
     # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have
     # biases (zeros here), the head none.
@@ -130,7 +117,8 @@ def main() -> int:
         for n, k in shapes
     ]
     streamed = sum(a.nbytes for product in arrays for a in product)
-    weights = [as_buffer(a) for product in arrays for a in product]
+    products = [[packed_buffer(a) for a in product] for product in arrays]
+    weights = [buffer for product in products for buffer in product]
     session = InferenceSession(devices=[CPU()])
     print(machine_description(CPU()))
     print("| rows | ours ms | variant ms | ours GB/s | variant GB/s | variant / ours | max difference |")
@@ -147,7 +135,7 @@ def main() -> int:
                         rows,
                         config.n_embd,
                         shapes,
-                        arrays,
+                        products,
                         extensions,
                     )
                 )

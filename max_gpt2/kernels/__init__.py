@@ -57,6 +57,13 @@ def skinny_matmul(x: Tensor, weight: Tensor) -> Tensor:
     return y
 
 
+def matmul_op_name(format: str) -> str:
+    """The op that multiplies by weights stored in `format` (`max_gpt2.model.weight_formats`)."""
+    return {"float32": "skinny_matmul", "bfloat16": "packed_matmul_bf16"}.get(
+        format, f"packed_matmul_{format}"
+    )
+
+
 def packed_matmul(
     x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int, bias: Tensor | None = None
 ) -> Tensor:
@@ -68,7 +75,7 @@ def packed_matmul(
     product: 7 % of a q4_0 decoding step of GPT-2 small).
     """
     out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
-    name = "packed_matmul_bf16" if format == "bfloat16" else f"packed_matmul_{format}"
+    name = matmul_op_name(format)
     if bias is None:  # the kernels read an empty bias as none
         bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
     inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]

@@ -181,16 +181,13 @@ def _group_blocks[
                     pairs += _pair_products(raw >> 4, _repeat4[DType.int8](quants + 16 + 4 * chunk))
                 dots = _widen_pairs(pairs) - 8 * xq.sums[row]  # the -8 of every value, times sum(x)
             acc[m] = dots.cast[F32]().fma(scales * xq.scales[row], acc[m])
-    var whole = g * GROUP + GROUP <= N
     var offsets = SIMD[F32, GROUP](0)
-    if has_bias and whole:
-        offsets = (bias + g * GROUP).load[width=GROUP]()
-    elif has_bias:
-        for r in range(N - g * GROUP):
+    if has_bias:
+        for r in range(min(GROUP, N - g * GROUP)):
             offsets[r] = bias[g * GROUP + r]
     comptime for m in range(MB):
         var out = y + (m0 + m) * N + g * GROUP
-        if whole:
+        if g * GROUP + GROUP <= N:
             out.store(acc[m] + offsets)
         else:
             for r in range(N - g * GROUP):

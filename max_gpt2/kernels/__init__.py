@@ -20,7 +20,8 @@ heavy parts in one pass over memory each (CPU, float32 activations):
     gpt2_paged_attention   the same for a server's ragged batch over MAX's paged cache:
                            qkv [T, 3D], kv_blocks [pages, 2, L, page_size, H, d] as
                            MAX lays them out, each request's pages from its lookup table
-                           -> [T, D] (paged_attention.mojo)
+                           -> [T, D] (paged_attention.mojo); both attend one (request, head)
+                           at a time through the same code (attend.mojo)
 
 MAX compiles the Mojo package (this directory) with the graph that uses it, a
 few seconds, cached with the graph. The modules that put these behind GPT-2's

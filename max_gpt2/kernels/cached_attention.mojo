@@ -13,44 +13,14 @@ import extensibility
 from extensibility import IO, InputTensor, IOSpec, ManagedTensorSlice, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
-from std.math import exp, sqrt
 from std.memory import UnsafePointer, alloc
 
-comptime F32 = DType.float32
-comptime LANES = 16  # float32 lanes of an AVX-512 register
-comptime SERIAL_BELOW = 1 << 20  # key-dimension products (B * H * S * T * d) under which one thread does it all
+from .attend import F32, ROW, HeadCache, attend_head, attention_chunks
 
 
-@always_inline
-def dot(a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
-    """A . b over n floats (also gpt2_paged_attention's, for head sizes other than 64)."""
-    var acc = SIMD[F32, LANES](0)
-    var i = 0
-    while i + LANES <= n:
-        acc = (a + i).load[width=LANES]().fma((b + i).load[width=LANES](), acc)
-        i += LANES
-    var total = acc.reduce_add()
-    while i < n:
-        total += a[i] * b[i]
-        i += 1
-    return total
-
-
-@always_inline
-def add_scaled(
-    weight: Float32, x: UnsafePointer[Float32, MutAnyOrigin], y: UnsafePointer[Float32, MutAnyOrigin], n: Int
-):
-    """Y += weight * x."""
-    var i = 0
-    while i + LANES <= n:
-        (y + i).store((x + i).load[width=LANES]().fma(SIMD[F32, LANES](weight), (y + i).load[width=LANES]()))
-        i += LANES
-    while i < n:
-        y[i] += weight * x[i]
-        i += 1
-
-
-def cached_attention(
+def cached_attention[
+    W: Int
+](
     cache: UnsafePointer[Float32, MutAnyOrigin],
     qkv: UnsafePointer[Float32, ImmutAnyOrigin],
     key_bias: UnsafePointer[Float32, ImmutAnyOrigin],
@@ -62,48 +32,27 @@ def cached_attention(
     d: Int,
     T: Int,
 ):
-    """The op on dense row-major buffers (shapes above)."""
+    """The op on dense row-major buffers (shapes above); W = d when d is `ROW`, else 0."""
     var D = H * d
-    var past = T - S
-    var scale = 1 / sqrt(Float32(d))
+    var pairs = B * H
+    var chunks = attention_chunks(pairs * S * T * d, pairs)
+    var first_page = UInt32(0)  # each (row, head)'s M positions are one page
+    var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(UnsafePointer(to=first_page)))
 
-    def attend(task: Int) {imm cache, imm qkv, imm key_bias, imm y, imm B, imm S, imm H, imm M, imm d, imm T, imm D, imm past, imm scale}:
-        var b = task // H
-        var h = task % H
-        var keys = cache + (b * H + h) * M * d  # [M, d]
-        var values = cache + ((B + b) * H + h) * M * d  # [M, d]
-        for s in range(S):
-            var new = qkv + (b * S + s) * 3 * D + h * d
-            for i in range(d):
-                keys[(past + s) * d + i] = new[D + i]
-                values[(past + s) * d + i] = new[2 * D + i]
+    def attend(chunk: Int) {imm cache, imm qkv, imm key_bias, imm y, imm B, imm S, imm H, imm M, imm d, imm T, imm D, imm pairs, imm chunks, imm pages}:
         var scratch = alloc[Float32](T + d)
-        var scores = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(scratch))  # [T]
-        var out = scores + T  # [d]
-        for s in range(S):
-            var query = qkv + (b * S + s) * 3 * D + h * d
-            var seen = past + s + 1
-            var top = Float32.MIN
-            for t in range(seen):
-                scores[t] = dot(query, keys + t * d, d) * scale + key_bias[b * T + t]
-                top = max(top, scores[t])
-            var total = Float32(0)
-            for i in range(d):
-                out[i] = 0
-            for t in range(seen):
-                var weight = exp(scores[t] - top)
-                total += weight
-                add_scaled(weight, values + t * d, out, d)
-            for i in range(d):
-                y[(b * S + s) * D + h * d + i] = out[i] / total
+        for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (row, head) pairs
+            var b = task // H
+            var h = task % H
+            var head = HeadCache(cache + (b * H + h) * M * d, pages, M, 0, d, B * H * M * d)
+            var first = qkv + b * S * 3 * D + h * d
+            attend_head[W](head, first, y + b * S * D + h * d, key_bias + b * T, True, S, T - S, D, d, scratch)
         scratch.free()
 
-    # Waking the other threads costs more than a short cache gains from them.
-    if B * H * S * T * d < SERIAL_BELOW:
-        for task in range(B * H):
-            attend(task)
+    if chunks == 1:
+        attend(0)
     else:
-        sync_parallelize(attend, B * H)
+        sync_parallelize(attend, chunks)
 
 
 @extensibility.register("gpt2_cached_attention")
@@ -129,15 +78,11 @@ struct CachedAttention:
             raise Error("gpt2_cached_attention: qkv, cache and key_bias disagree on batch or width")
         if S > T or T > M:
             raise Error("gpt2_cached_attention: needs new tokens <= total <= cache length")
-        cached_attention(
-            UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr())),
-            UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(qkv.unsafe_ptr())),
-            UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(key_bias.unsafe_ptr())),
-            UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr())),
-            B,
-            S,
-            H,
-            M,
-            d,
-            T,
-        )
+        var cached = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
+        var new = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(qkv.unsafe_ptr()))
+        var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(key_bias.unsafe_ptr()))
+        var out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
+        if d == ROW:
+            cached_attention[ROW](cached, new, bias, out, B, S, H, M, d, T)
+        else:
+            cached_attention[0](cached, new, bias, out, B, S, H, M, d, T)

@@ -17,52 +17,11 @@ import extensibility
 from extensibility import IO, InputTensor, IOSpec, ManagedTensorSlice, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
-from std.math import exp, sqrt
 from std.memory import UnsafePointer, alloc
 
-from .cached_attention import F32, LANES, add_scaled, dot
+from .attend import F32, ROW, HeadCache, attend_head, attention_chunks
 
 comptime U32 = DType.uint32
-comptime ROW = 64  # GPT-2's head size at every scale: a key, value or query row kept in registers
-comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
-comptime SERIAL_BELOW = 1 << 18  # key-dimension products (sum over requests of H * new * seen * d) one thread does
-
-
-@always_inline
-def _dot[W: Int](a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
-    """A . b over n floats; W > 0: n == W, in registers."""
-    comptime if W > 0:
-        return (a.load[width=W]() * b.load[width=W]()).reduce_add()
-    return dot(a, b, n)
-
-
-@always_inline
-def _add_scaled[
-    W: Int
-](weight: Float32, x: UnsafePointer[Float32, MutAnyOrigin], y: UnsafePointer[Float32, MutAnyOrigin], n: Int):
-    """Y += weight * x over n floats; W > 0: n == W."""
-    comptime if W > 0:
-        y.store(x.load[width=W]().fma(SIMD[F32, W](weight), y.load[width=W]()))
-    else:
-        add_scaled(weight, x, y, n)
-
-
-@always_inline
-def _softmax_weights(scores: UnsafePointer[Float32, MutAnyOrigin], n: Int, top: Float32) -> Float32:
-    """Scores[i] <- exp(scores[i] - top) for i < n; returns their sum."""
-    var sums = SIMD[F32, LANES](0)
-    var i = 0
-    while i + LANES <= n:
-        var weights = exp((scores + i).load[width=LANES]() - top)
-        (scores + i).store(weights)
-        sums += weights
-        i += LANES
-    var total = sums.reduce_add()
-    while i < n:
-        scores[i] = exp(scores[i] - top)
-        total += scores[i]
-        i += 1
-    return total
 
 
 def paged_attention[
@@ -87,7 +46,6 @@ def paged_attention[
     var D = H * d
     var slot_stride = H * d  # from one token's (layer, head) to the next's on a page
     var value_offset = L * page_size * slot_stride  # from a page's keys to its values
-    var scale = 1 / sqrt(Float32(d))
     var work = 0
     var longest = 0
     for r in range(R):
@@ -96,51 +54,19 @@ def paged_attention[
         work += H * new * seen * d
         longest = max(longest, seen)
     var pairs = R * H
-    var chunks = 1 if work < SERIAL_BELOW else min(pairs, TASKS)
+    var chunks = attention_chunks(work, pairs)
 
-    def attend(chunk: Int) {imm blocks, imm qkv, imm cache_lengths, imm lookup_table, imm offsets, imm y, imm P, imm page_size, imm H, imm d, imm page_stride, imm layer, imm D, imm slot_stride, imm value_offset, imm scale, imm longest, imm pairs, imm chunks}:
+    def attend(chunk: Int) {imm blocks, imm qkv, imm cache_lengths, imm lookup_table, imm offsets, imm y, imm P, imm page_size, imm H, imm d, imm page_stride, imm layer, imm D, imm slot_stride, imm value_offset, imm longest, imm pairs, imm chunks}:
         var scratch = alloc[Float32](longest + d)
-        var scores = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(scratch))  # [seen]
-        var out = scores + longest  # [d]
         for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (request, head) pairs
             var r = task // H
             var h = task % H
             var first = Int(offsets[r])
-            var new = Int(offsets[r + 1]) - first
-            var past = Int(cache_lengths[r])
-            var pages = lookup_table + r * P  # this request's pages, in order
             var head = blocks + layer * page_size * slot_stride + h * d  # (keys, layer, slot 0, head h) of page 0
-            for s in range(new):
-                var source = qkv + (first + s) * 3 * D + h * d
-                var position = past + s
-                var key = head + Int(pages[position // page_size]) * page_stride + (position % page_size) * slot_stride
-                for i in range(d):
-                    key[i] = source[D + i]
-                    key[value_offset + i] = source[2 * D + i]
-            for s in range(new):
-                var query = qkv + (first + s) * 3 * D + h * d
-                var seen = past + s + 1
-                var top = Float32.MIN
-                var start = 0
-                while start < seen:  # a page at a time: its keys lie slot_stride apart
-                    var key = head + Int(pages[start // page_size]) * page_stride
-                    for t in range(start, min(seen, start + page_size)):
-                        scores[t] = _dot[W](query, key, d) * scale
-                        top = max(top, scores[t])
-                        key += slot_stride
-                    start += page_size
-                var total = _softmax_weights(scores, seen, top)
-                for i in range(d):
-                    out[i] = 0
-                start = 0
-                while start < seen:
-                    var value = head + Int(pages[start // page_size]) * page_stride + value_offset
-                    for t in range(start, min(seen, start + page_size)):
-                        _add_scaled[W](scores[t], value, out, d)
-                        value += slot_stride
-                    start += page_size
-                for i in range(d):
-                    y[(first + s) * D + h * d + i] = out[i] / total
+            var cache = HeadCache(head, lookup_table + r * P, page_size, page_stride, slot_stride, value_offset)
+            var new = Int(offsets[r + 1]) - first
+            var rows = qkv + first * 3 * D + h * d
+            attend_head[W](cache, rows, y + first * D + h * d, qkv, False, new, Int(cache_lengths[r]), D, d, scratch)
         scratch.free()
 
     # Waking the other threads costs more than a short cache gains from them.

@@ -1,0 +1,173 @@
+# What gpt2_cached_attention and gpt2_paged_attention share: one (request, head)'s causal
+# attention over its cached keys and values, wherever the cache keeps them, and how the
+# (request, head) pairs are split between threads.
+#
+# A request's positions lie page by page: position t on page pages[t // page_size], slot
+# t % page_size; its key at  head + pages[t // page_size] * page_stride + slot * slot_stride
+# and its value value_offset further on. MAX's paged cache has many pages; our own
+# [2, B, H, M, d] cache is one page of M slots, d apart.
+from std.math import exp, sqrt
+from std.memory import UnsafePointer
+
+comptime F32 = DType.float32
+comptime LANES = 16  # float32 lanes of an AVX-512 register
+comptime ROW = 64  # GPT-2's head size at every scale: a query and the output kept in registers
+comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
+# Key-dimension products (H * new * seen * d, summed) under which one thread does it all. GPT-2
+# small's decoding steps (q4_0, 2-core Zen 4) ran fastest at 1 << 15: at 1 << 20 a batch of 8 at
+# 100 positions attended on one thread while the other waited (a step 13.6 ms, now 9.3).
+comptime SERIAL_BELOW = 1 << 15
+
+
+def attention_chunks(work: Int, pairs: Int) -> Int:
+    """How many chunks `pairs` (request, head) pairs doing `work` key-dimension products are split into:
+    1 (this thread) when waking the others costs more than they save."""
+    return 1 if work < SERIAL_BELOW else min(pairs, TASKS)
+
+
+struct HeadCache(ImplicitlyCopyable):
+    """Where one (request, head)'s keys and values lie (see the top of this file)."""
+
+    var head: Int  # the address of slot 0 of page 0's key
+    var pages: UnsafePointer[UInt32, MutUntrackedOrigin]  # the request's pages, in order
+    var page_size: Int
+    var page_stride: Int
+    var slot_stride: Int
+    var value_offset: Int
+
+    def __init__(
+        out self,
+        head: UnsafePointer[Float32, MutAnyOrigin],
+        pages: UnsafePointer[UInt32, ImmutAnyOrigin],
+        page_size: Int,
+        page_stride: Int,
+        slot_stride: Int,
+        value_offset: Int,
+    ):
+        self.head = Int(head)
+        self.pages = UnsafePointer[UInt32, MutUntrackedOrigin](unsafe_from_address=Int(pages))
+        self.page_size, self.page_stride, self.slot_stride, self.value_offset = page_size, page_stride, slot_stride, value_offset
+
+    @always_inline
+    def key(self, position: Int) -> UnsafePointer[Float32, MutAnyOrigin]:
+        """Where the key of `position` lies (its value: `value_offset` on)."""
+        var page = Int(self.pages[position // self.page_size])
+        var slot = page * self.page_stride + (position % self.page_size) * self.slot_stride
+        return UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=self.head) + slot
+
+
+@always_inline
+def _dot[W: Int](a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
+    """A . b over n floats; W > 0: n == W, in registers."""
+    comptime if W > 0:
+        return (a.load[width=W]() * b.load[width=W]()).reduce_add()
+    var acc = SIMD[F32, LANES](0)
+    var i = 0
+    while i + LANES <= n:
+        acc = (a + i).load[width=LANES]().fma((b + i).load[width=LANES](), acc)
+        i += LANES
+    var total = acc.reduce_add()
+    while i < n:
+        total += a[i] * b[i]
+        i += 1
+    return total
+
+
+@always_inline
+def _add_scaled(weight: Float32, x: UnsafePointer[Float32, MutAnyOrigin], y: UnsafePointer[Float32, MutUntrackedOrigin], n: Int):
+    """Y += weight * x over n floats."""
+    var i = 0
+    while i + LANES <= n:
+        (y + i).store((x + i).load[width=LANES]().fma(SIMD[F32, LANES](weight), (y + i).load[width=LANES]()))
+        i += LANES
+    while i < n:
+        y[i] += weight * x[i]
+        i += 1
+
+
+@always_inline
+def _softmax_weights(scores: UnsafePointer[Float32, MutUntrackedOrigin], n: Int, top: Float32) -> Float32:
+    """Scores[i] <- exp(scores[i] - top) for i < n; returns their sum."""
+    var sums = SIMD[F32, LANES](0)
+    var i = 0
+    while i + LANES <= n:
+        var weights = exp((scores + i).load[width=LANES]() - top)
+        (scores + i).store(weights)
+        sums += weights
+        i += LANES
+    var total = sums.reduce_add()
+    while i < n:
+        scores[i] = exp(scores[i] - top)
+        total += scores[i]
+        i += 1
+    return total
+
+
+def attend_head[
+    W: Int
+](
+    cache: HeadCache,
+    qkv: UnsafePointer[Float32, ImmutAnyOrigin],
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    key_bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_key_bias: Bool,
+    new: Int,
+    past: Int,
+    D: Int,
+    d: Int,
+    scratch: UnsafePointer[Float32, MutUntrackedOrigin],
+):
+    """One (request, head): stores its `new` keys and values at positions past.., then attends each query.
+
+    qkv: this head's query in the request's first new row of [*, 3D] (its key D on, its value 2D on);
+    y: this head's output in the first row of [*, D]; key_bias [past + new] (when has_key_bias):
+    added to each key's score; scratch: past + new + d floats. W = d when d is `ROW`, else 0.
+    """
+    var scale = 1 / sqrt(Float32(d))
+    for s in range(new):
+        var source = qkv + s * 3 * D
+        var key = cache.key(past + s)
+        for i in range(d):
+            key[i] = source[D + i]
+            key[cache.value_offset + i] = source[2 * D + i]
+    var scores = scratch  # [seen]
+    var out = scratch + past + new  # [d], where W is 0
+    for s in range(new):
+        var query = qkv + s * 3 * D
+        var seen = past + s + 1
+        var top = Float32.MIN
+        var start = 0
+        while start < seen:  # a page at a time: its keys lie slot_stride apart
+            var key = cache.key(start)
+            for t in range(start, min(seen, start + cache.page_size)):
+                var score = _dot[W](query, key, d) * scale
+                if has_key_bias:
+                    score += key_bias[t]
+                scores[t] = score
+                top = max(top, score)
+                key += cache.slot_stride
+            start += cache.page_size
+        var total = _softmax_weights(scores, seen, top)
+        var row = y + s * D
+        comptime if W > 0:
+            var acc = SIMD[F32, W](0)  # in registers: no store and reload of the sum per key
+            start = 0
+            while start < seen:
+                var value = cache.key(start) + cache.value_offset
+                for t in range(start, min(seen, start + cache.page_size)):
+                    acc = value.load[width=W]().fma(SIMD[F32, W](scores[t]), acc)
+                    value += cache.slot_stride
+                start += cache.page_size
+            row.store(acc / total)
+        else:
+            for i in range(d):
+                out[i] = 0
+            start = 0
+            while start < seen:
+                var value = cache.key(start) + cache.value_offset
+                for t in range(start, min(seen, start + cache.page_size)):
+                    _add_scaled(scores[t], value, out, d)
+                    value += cache.slot_stride
+                start += cache.page_size
+            for i in range(d):
+                row[i] = out[i] / total

@@ -14,6 +14,15 @@ chosen format, each product taking the previous one's output as a step does:
 independent products in one graph run concurrently and overstate bandwidth.
 Prints each version's median milliseconds, the bytes of weights it streamed per
 second, the ratio, and the largest difference between their outputs.
+
+    python benchmarks/kernel_ab.py /tmp/try --weights q4_0 --steps 1x32,8x100
+
+times whole decoding steps instead (attention, MAX's ops and all): the
+benchmark checkpoint loaded twice with `load_lm`, the second time with every
+custom op the model stages taken from the copy, then for each BATCHxPOSITIONS
+a prompt of that length and 39 steps of each model in turn, 4 rounds; prints
+median step milliseconds and the largest difference between the logits of
+their first steps.
 """
 
 from __future__ import annotations
@@ -21,9 +30,12 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from max.driver import CPU, Buffer
@@ -31,16 +43,20 @@ from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import DeviceRef, Graph, TensorType, ops
 
-from max_gpt2.bench.generation import MODELS
+import max_gpt2.kernels
+from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import packed_buffer
+from max_gpt2.inference.lm import CompiledLM, load_lm
 from max_gpt2.kernels import MOJO_PACKAGE, matmul_op_name
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import float32_to_bfloat16_bits
+from max_gpt2.outputs import Progress, default_cache_dir
 
 CPU_REF = DeviceRef.CPU()
 SUFFIX = "_b"
+STEPS, STEP_ROUNDS = 39, 4
 
 
 def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
@@ -94,6 +110,78 @@ def step_graph(
     return graph
 
 
+class VariantOps:
+    """The functional API `max_gpt2.kernels` stages its ops with, every custom op taken from `package`
+    under its renamed name; everything else passes through."""
+
+    def __init__(self, functional: Any, package: Path) -> None:
+        self._functional, self._package = functional, package
+        self.custom, self.inplace_custom = (
+            self._renamed(functional.custom),
+            self._renamed(functional.inplace_custom),
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._functional, name)
+
+    def _renamed(self, stage: Callable[..., Any]) -> Callable[..., Any]:
+        def stage_variant(name: str, *args: Any, **options: Any) -> Any:
+            return stage(name + SUFFIX, *args, **{**options, "custom_extensions": self._package})
+
+        return stage_variant
+
+
+def load_variant_lm(checkpoint: Path, weights: str, package: Path) -> CompiledLM:
+    """`load_lm` with the kernels of `package` (a `renamed_copy`) in place of ours."""
+    functional = max_gpt2.kernels.F
+    max_gpt2.kernels.F = VariantOps(functional, package)
+    try:
+        return load_lm(checkpoint, device="cpu", weights=weights)
+    finally:
+        max_gpt2.kernels.F = functional
+
+
+def time_steps(
+    models: dict[str, CompiledLM], batch: int, prompt: int, rng: np.random.Generator
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Median ms of a decoding step of each model, alternated step by step; each one's first step's logits."""
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    first: dict[str, np.ndarray] = {}
+    for _ in range(STEP_ROUNDS):
+        ids = rng.integers(0, next(iter(models.values())).config.vocab_size, (batch, prompt))
+        caches = {name: lm.new_cache(batch, prompt + STEPS) for name, lm in models.items()}
+        for name, lm in models.items():
+            lm.prefill(ids, caches[name])
+        tokens = ids[:, -1]
+        for _ in range(STEPS):
+            for name, lm in models.items():
+                start = time.perf_counter()
+                logits = lm.decode_step(tokens, caches[name])
+                seconds[name].append(time.perf_counter() - start)
+                first.setdefault(name, logits)
+    return {name: statistics.median(times) * 1e3 for name, times in seconds.items()}, first
+
+
+def compare_steps(args: argparse.Namespace, package: Path) -> None:
+    """Prints whole decoding steps of the benchmark checkpoint, ours against the variant's kernels."""
+    checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
+    models = {"ours": load_lm(checkpoint, device="cpu", weights=args.weights)}
+    models["variant"] = load_variant_lm(checkpoint, args.weights, package)
+    rng = np.random.default_rng(0)
+    print("| batch x positions | ours ms | variant ms | variant / ours | max difference |")
+    print("|---|---:|---:|---:|---:|")
+    for case in args.steps.split(","):
+        batch, prompt = (int(v) for v in case.split("x"))
+        milliseconds, logits = time_steps(models, batch, prompt, rng)
+        difference = float(np.abs(logits["ours"] - logits["variant"]).max())
+        ours, theirs = milliseconds["ours"], milliseconds["variant"]
+        print(
+            f"| {batch} x {prompt}..{prompt + STEPS} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.3f} | "
+            f"{difference:.1e} |",
+            flush=True,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variant", type=Path, help="an edited copy of max_gpt2/kernels")
@@ -101,7 +189,13 @@ def main() -> int:
     parser.add_argument("--rows", default="1,8", help="rows of x (batch), comma-separated (default: 1,8)")
     parser.add_argument("--model", default="small", choices=sorted(MODELS))
     parser.add_argument("--rounds", type=int, default=30, help="timed calls of each (default: 30)")
+    parser.add_argument("--steps", help="whole decoding steps instead, BATCHxPOSITIONS,... (e.g. 1x32,8x100)")
     args = parser.parse_args()
+    if args.steps:
+        print(machine_description(CPU()))
+        with tempfile.TemporaryDirectory() as temporary:
+            compare_steps(args, renamed_copy(args.variant, Path(temporary)))
+        return 0
     config = MODELS[args.model]
     shapes = step_shapes(config)
     op = matmul_op_name(args.weights)

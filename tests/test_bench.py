@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import max_gpt2.kernels
 from max_gpt2.bench import harness
 from max_gpt2.bench.attention import attention_flops
 from max_gpt2.cli import main
@@ -146,13 +147,18 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert is_gone(server)
 
 
-def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
-    """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
-    each of our ops under its own name (suffix `_b`) and change nothing else."""
+def load_kernel_ab():
     path = Path(__file__).parent.parent / "benchmarks" / "kernel_ab.py"
     spec = importlib.util.spec_from_file_location("kernel_ab", path)
     kernel_ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernel_ab)
+    return kernel_ab
+
+
+def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
+    """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
+    each of our ops under its own name (suffix `_b`) and change nothing else."""
+    kernel_ab = load_kernel_ab()
     kernel_ab.renamed_copy(MOJO_PACKAGE, tmp_path)
     sources = sorted(MOJO_PACKAGE.glob("*.mojo"))
     assert [copy.name for copy in sorted(tmp_path.glob("*.mojo"))] == [source.name for source in sources]
@@ -167,3 +173,33 @@ def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
     assert {"skinny_matmul", "packed_matmul_bf16", "packed_matmul_q8_0", "packed_matmul_q4_0"} <= set(
         registered
     )
+
+
+def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
+    """`--steps` loads the model a second time staging every custom op from the copy, renamed, and
+    leaves the rest of the functional API (and `max_gpt2.kernels` afterwards) as it was."""
+    kernel_ab = load_kernel_ab()
+    staged = []
+
+    class Recording:
+        def custom(self, name, device, inputs, outputs, custom_extensions=None):
+            staged.append(("custom", name, custom_extensions))
+
+        def inplace_custom(self, name, device, inputs, outputs, custom_extensions=None):
+            staged.append(("inplace", name, custom_extensions))
+
+        def constant(self, value):
+            return value
+
+    ops = kernel_ab.VariantOps(Recording(), tmp_path)
+    ops.custom("skinny_matmul", "cpu", [], [], custom_extensions=MOJO_PACKAGE)
+    ops.inplace_custom("gpt2_cached_attention", "cpu", [], [], custom_extensions=MOJO_PACKAGE)
+    assert staged == [
+        ("custom", "skinny_matmul_b", tmp_path),
+        ("inplace", "gpt2_cached_attention_b", tmp_path),
+    ]
+    assert ops.constant(3) == 3
+    functional = max_gpt2.kernels.F
+    with pytest.raises(Exception, match="missing"):
+        kernel_ab.load_variant_lm(tmp_path / "missing", "float32", tmp_path)
+    assert max_gpt2.kernels.F is functional

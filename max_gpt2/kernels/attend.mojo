@@ -3,7 +3,7 @@
 # (request, head) pairs are split between threads.
 #
 # A request's positions lie page by page: position t on page pages[t // page_size], slot
-# t % page_size; its key at  head + pages[t // page_size] * page_stride + slot * slot_stride
+# t % page_size; its key at head + pages[t // page_size] * page_stride + slot * slot_stride
 # and its value value_offset further on. MAX's paged cache has many pages; our own
 # [2, B, H, M, d] cache is one page of M slots, d apart.
 from std.math import exp, sqrt
@@ -13,9 +13,10 @@ comptime F32 = DType.float32
 comptime LANES = 16  # float32 lanes of an AVX-512 register
 comptime ROW = 64  # GPT-2's head size at every scale: a query and the output kept in registers
 comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
-# Key-dimension products (H * new * seen * d, summed) under which one thread does it all. GPT-2
-# small's decoding steps (q4_0, 2-core Zen 4) ran fastest at 1 << 15: at 1 << 20 a batch of 8 at
-# 100 positions attended on one thread while the other waited (a step 13.6 ms, now 9.3).
+# Key-dimension products (H * new * seen * d, summed) under which one thread does it all. At
+# 1 << 20 a batch of 8 at 100 positions (614 K) attended on one thread while the other waited: GPT-2
+# small q4_0 steps 1.15x slower than at 1 << 18; 1 << 15 against 1 << 18, three runs: 0.90-0.94x
+# at 8 x 8..47 positions, 0.96x at 1 x 300, the same at 1 x 32 and 1 x 100 (`kernel_ab.py --steps`).
 comptime SERIAL_BELOW = 1 << 15
 
 

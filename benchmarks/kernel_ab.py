@@ -1,6 +1,6 @@
 """A/B of a kernel change: a GPT-2 step's products through our kernels and through an edited copy.
 
-    cp -r max_gpt2/kernels /tmp/try && $EDITOR /tmp/try/bf16_matmul.mojo
+    cp -r max_gpt2/kernels /tmp/try && $EDITOR /tmp/try/skinny_matmul.mojo
     python benchmarks/kernel_ab.py /tmp/try --weights bfloat16 --rows 1,8
 
 On 2 cores the machine's memory speed moves between runs by 10-30 %, so two
@@ -79,9 +79,9 @@ def step_shapes(config: GPT2Config) -> list[tuple[int, int]]:
 
 def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarray]:
     """`weight` [N, K] as the kernel for `weights` takes it: the matrix, or values and scales, then
-    the bias the packed kernels add (empty: none)."""
+    the bias the kernel adds (empty: none)."""
     if weights == "float32":
-        return [weight]
+        return [weight, bias]
     if weights == "bfloat16":
         return [float32_to_bfloat16_bits(weight), bias]
     values, scales = (wf.quantize_q8_0 if weights == "q8_0" else wf.quantize_q4_0)(weight)

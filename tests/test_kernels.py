@@ -63,12 +63,14 @@ def paged_attention(session) -> Model:
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 16])
 @pytest.mark.parametrize(("k", "n"), [(60, 180), (17, 5), (768, 2304), (3072, 97), (100, 1001)])
 def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
-    """Every block size (1 to X_ROWS rows of x, more in passes), K with and without a lane tail (8 or 16)."""
+    """Every block size (1 to X_ROWS rows of x, more in passes), K with and without a lane tail (8 or
+    16); a bias added as y is written, or none (an empty one) on every other case."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
-    (y,) = matmul.execute(Buffer.from_numpy(x), Buffer.from_numpy(w))
-    expected = x.astype(np.float64) @ w.astype(np.float64).T
+    bias = rng.standard_normal(n if (rows + k + n) % 2 else 0, dtype=np.float32)
+    (y,) = matmul.execute(*map(Buffer.from_numpy, (x, w, bias)))
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + (bias if bias.size else 0)
     np.testing.assert_allclose(
         y.to_numpy(), expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max()
     )
@@ -157,10 +159,13 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
 
 
-def test_packed_matmuls_refuse_a_bias_of_the_wrong_length(packed):
-    x, w = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32)
-    with pytest.raises(Exception, match=r"the bias has 9 values .*the product has 10 outputs"):
-        packed.execute(*packed_inputs(x, w, np.ones(9, np.float32)))
+def test_matmuls_refuse_a_bias_of_the_wrong_length(matmul, packed):
+    x, w, bias = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32), np.ones(9, np.float32)
+    message = r"the bias has 9 values .*the product has 10 outputs"
+    with pytest.raises(Exception, match="skinny_matmul: " + message):
+        matmul.execute(*map(Buffer.from_numpy, (x, w, bias)))
+    with pytest.raises(Exception, match=message):
+        packed.execute(*packed_inputs(x, w, bias))
 
 
 def attention_reference(cache, qkv, key_bias, heads):

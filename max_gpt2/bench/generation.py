@@ -95,7 +95,11 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
     vector = rng.standard_normal((1, config.n_embd), dtype=np.float32)
     kernel = InferenceSession(devices=[CPU()]).load(skinny_matmul_graph())
     weights, row = Buffer.from_numpy(matrix), Buffer.from_numpy(vector)
-    products = {"numpy": lambda: matrix @ vector[0], "skinny_matmul": lambda: kernel.execute(row, weights)}
+    no_bias = Buffer.from_numpy(np.zeros(0, np.float32))
+    products = {
+        "numpy": lambda: matrix @ vector[0],
+        "skinny_matmul": lambda: kernel.execute(row, weights, no_bias),
+    }
     bandwidth = {}
     for name, product in products.items():
         product(), product()  # the first passes fault pages and fill the TLB: not the steady state

@@ -5,12 +5,13 @@ the whole KV cache to do a few multiply-adds with each value: its speed is
 memory bandwidth. Custom ops, written in Mojo beside this file, do the step's
 heavy parts in one pass over memory each (CPU, float32 activations):
 
-    skinny_matmul          x [M, K] @ W[N, K]^T -> [M, N]; each row of W is read once
-                           for all M rows of x (M is batch x new tokens, a few at most)
+    skinny_matmul          x [M, K] @ W[N, K]^T + bias [N] -> [M, N]; each row of W is read
+                           once for all M rows of x (M is batch x new tokens, a few at most)
                            (skinny_matmul.mojo)
-    packed_matmul_FORMAT   the same, + bias [N], with W in fewer bytes (`max_gpt2.model.weight_formats`):
-                           bf16 (bf16_matmul.mojo), q8_0 (int8 blocks of 32, a scale each) and
-                           q4_0 (4-bit blocks) with x rounded to int8 blocks as llama.cpp does
+    packed_matmul_FORMAT   the same with W in fewer bytes (`max_gpt2.model.weight_formats`):
+                           bf16 (skinny_matmul.mojo's kernel, W widened in registers), q8_0
+                           (int8 blocks of 32, a scale each) and q4_0 (4-bit blocks) with x
+                           rounded to int8 blocks as llama.cpp does
                            (quantized_matmul.mojo; their layout: packed_layout.mojo)
     dequantize_FORMAT      q8_0 or q4_0 W back to float32 [N, K] (dequantize.mojo)
     gpt2_cached_attention  qkv [B, S, 3D], cache [2, B, H, M, d], key_bias [B, T]
@@ -51,11 +52,9 @@ def kernels_run_on(device: Device, dtype: DType) -> bool:
     return device.is_host and dtype == DType.float32
 
 
-def skinny_matmul(x: Tensor, weight: Tensor) -> Tensor:
-    """`x` [M, K] @ `weight` [N, K]^T -> [M, N], each row of `weight` read once."""
-    out_type = TensorType(x.dtype, [x.shape[0], weight.shape[0]], device=x.device)
-    (y,) = F.custom("skinny_matmul", x.device, [x, weight], [out_type], custom_extensions=MOJO_PACKAGE)
-    return y
+def skinny_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`x` [M, K] @ `weight` [N, K]^T + `bias` [N] -> [M, N], each row of `weight` read once."""
+    return packed_matmul(x, weight, None, "float32", int(weight.shape[0]), bias)
 
 
 def matmul_op_name(format: str) -> str:
@@ -68,11 +67,11 @@ def matmul_op_name(format: str) -> str:
 def packed_matmul(
     x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int, bias: Tensor | None = None
 ) -> Tensor:
-    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] with W packed in `format` ("bfloat16", "q8_0" or "q4_0").
+    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] with W stored in `format` (`weight_formats.FORMATS`).
 
     `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and
-    `scales` its block scales (None for bfloat16). The kernel adds the float32
-    `bias` [out_dim] as it writes y (a separate add is an op of its own each
+    `scales` its block scales (None for float32 and bfloat16). The kernel adds the
+    float32 `bias` [out_dim] as it writes y (a separate add is an op of its own each
     product: 7 % of a q4_0 decoding step of GPT-2 small).
     """
     out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
@@ -135,11 +134,12 @@ def paged_attention(
 
 
 def skinny_matmul_graph() -> Graph:
-    """`skinny_matmul` alone, for the CPU: x [M, K] and W [N, K] in, y [M, N] out (all symbolic)."""
+    """`skinny_matmul` alone, for the CPU: x [M, K], W [N, K] and a bias [N] (or [0]: none) in, y [M, N]
+    out (all symbolic)."""
     cpu = DeviceRef.CPU()
-    x, w = (TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"]))
-    with Graph("skinny_matmul_alone", input_types=[x, w], custom_extensions=[MOJO_PACKAGE]) as graph:
-        x, w = (value.tensor for value in graph.inputs)
+    types = [TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"], ["B"])]
+    with Graph("skinny_matmul_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+        x, w, bias = (value.tensor for value in graph.inputs)
         out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
-        graph.output(*ops.custom("skinny_matmul", cpu, [x, w], [out]))
+        graph.output(*ops.custom("skinny_matmul", cpu, [x, w, bias], [out]))
     return graph

@@ -1,38 +1,50 @@
-# skinny_matmul: y[M, N] = x[M, K] @ W[N, K]^T on the CPU, float32, for a few rows of x.
+# skinny_matmul and packed_matmul_bf16: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU, for a
+# few rows of x, W float32 or bfloat16 (an empty bias is none).
 #
-# What `Linear` computes without its bias (W stored [out, in]), shaped for decoding:
-# M (batch x new tokens) is small, so the product is memory bound and W should be
-# read from memory once, whatever M is. The N rows of W are split into equal
-# chunks, one per task; a task walks its chunk 24 rows at a time, and dots those
-# with every row of x (X_ROWS at once) while they are in cache, a block of RB rows
-# at a time, every partial sum in a register (MB x RB accumulators of a vector
-# register's lanes).
+# What `Linear` computes (W stored [out, in]), shaped for decoding: M (batch x new tokens) is
+# small, so the product is memory bound and W should be read from memory once, whatever M is.
+# The N rows of W are split into equal chunks, one per task; a task walks its chunk 24 rows at a
+# time, and dots those with every row of x (X_ROWS at once) while they are in cache, a block of RB
+# rows at a time, every partial sum in a register (MB x RB accumulators of a vector register's
+# lanes). bfloat16 W is widened to float32 in registers (exact: the top half of a float32), so
+# both multiply and add in float32; they differ only in the bytes a weight takes.
 import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer
-from std.sys.info import CompilationTarget, simd_width_of
+from std.sys.info import CompilationTarget, simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
-comptime F32 = DType.float32
+from .packed_layout import F32, SERIAL_BELOW, check_bias, check_dense, row_chunks
+
 # One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled the accumulators
 # (batch 8 ran 1.5x slower on a 2-core AVX2 EPYC).
 comptime LANES = simd_width_of[F32]()
-# Elements of W requested into L2 ahead of the loads (64 KB: 16 KB left the 49 products of a
-# GPT-2 small step 4 % slower, 128 KB as slow again).
-comptime PREFETCH_AHEAD = 16384
+# Bytes of W requested into L2 ahead of the loads (16 KB left the 49 products of a GPT-2 small
+# step 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again).
+comptime PREFETCH_BYTES = 65536
 # Rows of x a block of W dots at once: on AVX2, 4 x-rows by 3 W-rows fill the 16 registers
 # (8 by 1 were 3 % slower at batch 8).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
-comptime TASKS = 8  # chunks of W's rows, when the work is worth more than one thread
-comptime SERIAL_BELOW = 1 << 20  # multiply-adds (N * K * rows) under which one thread does it all
+comptime F32_TASKS = 8  # chunks of a float32 W's rows, when the work is worth more than one thread
+comptime F32_SERIAL_BELOW = 1 << 20  # multiply-adds (N * K * rows) under which one thread does float32
+
+
+def chunks_of[WT: DType](M: Int, K: Int, N: Int) -> Int:
+    """Chunks of W's rows a product is split into; 1: this thread does it all (waking the others
+    costs more than a small product gains). float32 in 8 chunks from 1 << 20 multiply-adds; bfloat16
+    one a core (8 were 2 % slower at batch 1 and 8 % at batch 8 on a Zen 4) from `SERIAL_BELOW` bytes."""
+    comptime if WT == F32:
+        return 1 if N * K * M < F32_SERIAL_BELOW else F32_TASKS
+    else:
+        return 1 if N * K * 2 < SERIAL_BELOW else row_chunks()
 
 
 def w_rows[MB: Int]() -> Int:
     """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
-    vector registers (32 on AVX-512, 16 on AVX2), RB dividing 24 (also packed_matmul_bf16's)."""
+    vector registers (32 on AVX-512, 16 on AVX2), RB dividing 24."""
     comptime if CompilationTarget.has_avx512f():
         return 3 if MB > 4 else (4 if MB > 2 else 8)
     else:
@@ -41,24 +53,27 @@ def w_rows[MB: Int]() -> Int:
 
 @always_inline
 def _block[
-    MB: Int, RB: Int
+    WT: DType, MB: Int, RB: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
-    w: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
     K: Int,
     N: Int,
     n: Int,
 ):
-    """Y[m, n + r] for m < MB, r < RB; x and y point at the group's first row."""
+    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row."""
+    comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
     var vector_end = K // LANES * LANES
     var k = 0
     while k < vector_end:
         var rows = Array[SIMD[F32, LANES], RB](uninitialized=True)
         comptime for r in range(RB):
-            rows[r] = (w + (n + r) * K + k).load[width=LANES]()
-            prefetch[PrefetchOptions().for_read().low_locality()](w + (n + r) * K + k + PREFETCH_AHEAD)
+            rows[r] = (w + (n + r) * K + k).load[width=LANES]().cast[F32]()
+            prefetch[PrefetchOptions().for_read().low_locality()](w + (n + r) * K + k + AHEAD)
         comptime for m in range(MB):
             var xv = (x + m * K + k).load[width=LANES]()
             comptime for r in range(RB):
@@ -68,16 +83,18 @@ def _block[
         comptime for r in range(RB):
             var total = acc[m * RB + r].reduce_add()
             for tail in range(vector_end, K):
-                total += w[(n + r) * K + tail] * x[m * K + tail]
-            y[m * N + n + r] = total
+                total += w[(n + r) * K + tail].cast[F32]() * x[m * K + tail]
+            y[m * N + n + r] = total + bias[n + r] if has_bias else total
 
 
 @always_inline
 def _rows[
-    MB: Int, RB: Int
+    WT: DType, MB: Int, RB: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
-    w: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
     K: Int,
     N: Int,
@@ -87,27 +104,32 @@ def _rows[
     """Rows first..end-1 of W against MB consecutive rows of x."""
     var n = first
     while n + RB <= end:
-        _block[MB, RB](x, w, y, K, N, n)
+        _block[WT, MB, RB](x, w, bias, has_bias, y, K, N, n)
         n += RB
     while n < end:
-        _block[MB, 1](x, w, y, K, N, n)
+        _block[WT, MB, 1](x, w, bias, has_bias, y, K, N, n)
         n += 1
 
 
-def skinny_matmul(
+def dense_matmul[
+    WT: DType
+](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
-    w: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
     M: Int,
     K: Int,
     N: Int,
 ):
-    """Y = x @ W^T for dense row-major x [M, K], W [N, K], y [M, N]."""
+    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K], W [N, K] (float32 or bfloat16), y [M, N]."""
+    var tasks = chunks_of[WT](M, K, N)
     # Chunks a multiple of 24 rows, so every block size (8, 4, 3) tiles them.
-    var chunk = ((N + TASKS - 1) // TASKS + 23) // 24 * 24
-    var tasks = (N + chunk - 1) // chunk
+    var chunk = ((N + tasks - 1) // tasks + 23) // 24 * 24
+    tasks = (N + chunk - 1) // chunk
 
-    def work(task: Int) {imm x, imm w, imm y, imm M, imm K, imm N, imm chunk}:
+    def work(task: Int) {imm x, imm w, imm bias, imm has_bias, imm y, imm M, imm K, imm N, imm chunk}:
         # 24 rows of W at a time, against every row of x while they are in cache (past 8 rows
         # of x a chunk no longer fits the cache by the second pass).
         var first = task * chunk
@@ -120,30 +142,56 @@ def skinny_matmul(
                 var xm = x + m * K
                 var ym = y + m * N
                 if left >= 8:
-                    _rows[8, w_rows[8]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 8, w_rows[8]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 7:
-                    _rows[7, w_rows[7]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 7, w_rows[7]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 6:
-                    _rows[6, w_rows[6]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 6, w_rows[6]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 5:
-                    _rows[5, w_rows[5]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 5, w_rows[5]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 4:
-                    _rows[4, w_rows[4]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 4, w_rows[4]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 3:
-                    _rows[3, w_rows[3]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 3, w_rows[3]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 elif left == 2:
-                    _rows[2, w_rows[2]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 2, w_rows[2]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 else:
-                    _rows[1, w_rows[1]()](xm, w, ym, K, N, first, end)
+                    _rows[WT, 1, w_rows[1]()](xm, w, bias, has_bias, ym, K, N, first, end)
                 m += left
             first = end
 
-    # Waking the other threads costs more than a small product gains from them.
-    if tasks == 1 or N * K * M < SERIAL_BELOW:
-        for task in range(tasks):
-            work(task)
+    if tasks == 1:
+        work(0)
     else:
         sync_parallelize(work, tasks)
+
+
+@always_inline
+def _execute[
+    WT: DType, name: StaticString
+](
+    y: OutputTensor[dtype=F32, rank=2, ...],
+    x: InputTensor[dtype=F32, rank=2, ...],
+    w: InputTensor[dtype=WT, rank=2, ...],
+    bias: InputTensor[dtype=F32, rank=1, ...],
+) raises:
+    var M, K, N = x.dim_size(0), x.dim_size(1), w.dim_size(0)
+    if w.dim_size(1) != K or y.dim_size(0) != M or y.dim_size(1) != N:
+        raise Error(name, ": x [", M, ", ", K, "], W [", N, ", ", w.dim_size(1), "] and y [", y.dim_size(0), ", ", y.dim_size(1), "] disagree")
+    check_dense(name, M, K, x.stride_length(0), x.stride_length(1))
+    check_dense(name, N, K, w.stride_length(0), w.stride_length(1))
+    check_dense(name, M, N, y.stride_length(0), y.stride_length(1))
+    check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
+    dense_matmul[WT](
+        UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr())),
+        UnsafePointer[Scalar[WT], ImmutAnyOrigin](unsafe_from_address=Int(w.unsafe_ptr())),
+        UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(bias.unsafe_ptr())),
+        bias.dim_size(0) == N,
+        UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr())),
+        M,
+        K,
+        N,
+    )
 
 
 @extensibility.register("skinny_matmul")
@@ -155,24 +203,24 @@ struct SkinnyMatmul:
         y: OutputTensor[dtype=F32, rank=2, ...],
         x: InputTensor[dtype=F32, rank=2, ...],
         w: InputTensor[dtype=F32, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "skinny_matmul runs on the CPU"
-        var M = x.dim_size(0)
-        var K = x.dim_size(1)
-        var N = w.dim_size(0)
-        if w.dim_size(1) != K or y.dim_size(0) != M or y.dim_size(1) != N:
-            raise Error("skinny_matmul: x [M, K], W [N, K] and y [M, N] disagree")
-        for t in [x.stride_length(1), w.stride_length(1), y.stride_length(1)]:
-            if t != 1:
-                raise Error("skinny_matmul: expects dense row-major tensors")
-        if x.stride_length(0) != K or w.stride_length(0) != K or y.stride_length(0) != N:
-            raise Error("skinny_matmul: expects dense row-major tensors")
-        skinny_matmul(
-            UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr())),
-            UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(w.unsafe_ptr())),
-            UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr())),
-            M,
-            K,
-            N,
-        )
+        _execute[F32, "skinny_matmul"](y, x, w, bias)
+
+
+@extensibility.register("packed_matmul_bf16")
+struct PackedMatmulBF16:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.bfloat16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_bf16 runs on the CPU"
+        _execute[DType.bfloat16, "packed_matmul_bf16"](y, x, w, bias)

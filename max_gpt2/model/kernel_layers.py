@@ -29,11 +29,18 @@ class SkinnyLinear(Linear):
         """[..., in] -> [..., out]; the row count may differ from call to call."""
         out_dim, in_dim = self.weight.shape
         rows = x.reshape([-1, in_dim])  # [M, K]
-        weight = self.weight.reshape([out_dim, in_dim])  # a value outside both branches, which share it
+        # Values outside both branches, which share them; the kernel adds the bias as it writes y.
+        weight = self.weight.reshape([out_dim, in_dim])
+        bias = self.bias.reshape([out_dim]) if isinstance(self.bias, Tensor) else None
         few = (F.shape_to_tensor([rows.shape[0]]) <= SKINNY_ROWS).reshape([])
         out_type = TensorType(x.dtype, [rows.shape[0], out_dim], device=x.device)
-        (y,) = F.cond(few, [out_type], lambda: skinny_matmul(rows, weight), lambda: rows @ weight.T)
-        return (y + self.bias).reshape([*x.shape[:-1], out_dim])  # the bias is 0 where there is none
+        (y,) = F.cond(
+            few,
+            [out_type],
+            lambda: skinny_matmul(rows, weight, bias),
+            lambda: rows @ weight.T if bias is None else rows @ weight.T + bias,
+        )
+        return y.reshape([*x.shape[:-1], out_dim])
 
 
 class KernelCachedAttention(CachedAttention):

@@ -66,6 +66,7 @@ def paged_attention[
             var cache = HeadCache(head, lookup_table + r * P, page_size, page_stride, slot_stride, value_offset)
             var new = Int(offsets[r + 1]) - first
             var rows = qkv + first * 3 * D + h * d
+            # No key bias here (a server's requests have no padding): qkv stands in, never read.
             attend_head[W](cache, rows, y + first * D + h * d, qkv, False, new, Int(cache_lengths[r]), D, d, scratch)
         scratch.free()
 

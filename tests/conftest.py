@@ -145,17 +145,22 @@ def lm_weights(lm_checkpoint) -> Callable[..., dict[str, np.ndarray]]:
 
 @pytest.fixture(scope="session")
 def compiled_lm(lm_weights) -> Callable[..., CompiledLM]:
-    """`compiled_lm(config, dtype="float32", device="cpu", weights="float32")`: a shared compiled
-    model, seed-0 weights, its projections and head stored in the `weights` format."""
+    """`compiled_lm(config, dtype="float32", device="cpu", weights="float32", kv_cache=None)`: a shared
+    compiled model, seed-0 weights, its projections and head stored in the `weights` format, its KV
+    cache in `kv_cache` (None: the compute dtype)."""
     build = functools.cache(
-        lambda config, dtype, device, weights: compile_lm(
-            config, lm_weights(config), device, dtype, weight_format=weights
+        lambda config, dtype, device, weights, kv_cache: compile_lm(
+            config, lm_weights(config), device, dtype, weight_format=weights, kv_cache=kv_cache
         )
     )
 
     def get(
-        config: GPT2Config, dtype: str = "float32", device: str = "cpu", weights: str = "float32"
+        config: GPT2Config,
+        dtype: str = "float32",
+        device: str = "cpu",
+        weights: str = "float32",
+        kv_cache: str | None = None,
     ) -> CompiledLM:
-        return build(config, dtype, device, weights)
+        return build(config, dtype, device, weights, kv_cache)
 
     return get

@@ -27,19 +27,30 @@ def matmul(session) -> Model:
     return session.load(skinny_matmul_graph())
 
 
-@pytest.fixture(scope="module")
-def attention(session) -> Model:
+def attention_graph(cache_dtype: DType) -> Graph:
+    """`gpt2_cached_attention` alone, its cache in `cache_dtype`."""
     types = [
-        BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF),
+        BufferType(cache_dtype, [2, "B", "H", "M", "d"], CPU_REF),
         TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
         TensorType(DType.float32, ["B", "T"], CPU_REF),
     ]
-    with Graph("cached_attention_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+    name = f"cached_attention_alone_{cache_dtype.name}"
+    with Graph(name, input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
         cache, qkv, key_bias = graph.inputs
         batch, seq_len, _ = qkv.tensor.shape
         out = TensorType(DType.float32, [batch, seq_len, cache.shape[2] * cache.shape[4]], CPU_REF)
         graph.output(*ops.inplace_custom("gpt2_cached_attention", CPU_REF, [cache, qkv, key_bias], [out]))
-    return session.load(graph)
+    return graph
+
+
+@pytest.fixture(scope="module")
+def attention(session) -> Model:
+    return session.load(attention_graph(DType.float32))
+
+
+@pytest.fixture(scope="module")
+def attention_float16(session) -> Model:
+    return session.load(attention_graph(DType.float16))
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +179,9 @@ def test_matmuls_refuse_a_bias_of_the_wrong_length(matmul, packed):
         packed.execute(*packed_inputs(x, w, bias))
 
 
-def attention_reference(cache, qkv, key_bias, heads):
-    """The new keys and values stored, and causal softmax attention over positions 0..T-1, float64."""
+def attention_reference(cache, qkv, key_bias, heads, stored=np.float64):
+    """The new keys and values stored (rounded to `stored`), and causal softmax attention over
+    positions 0..T-1, float64."""
     batch, seq_len, width = qkv.shape
     head_dim, total = width // 3 // heads, key_bias.shape[1]
     past = total - seq_len
@@ -178,7 +190,7 @@ def attention_reference(cache, qkv, key_bias, heads):
         part.reshape(batch, seq_len, heads, head_dim).transpose(0, 2, 1, 3)
         for part in np.split(qkv.astype(np.float64), 3, axis=-1)
     )
-    cache[0, :, :, past:total], cache[1, :, :, past:total] = k, v
+    cache[0, :, :, past:total], cache[1, :, :, past:total] = k.astype(stored), v.astype(stored)
     scores = q @ cache[0, :, :, :total].transpose(0, 1, 3, 2) / np.sqrt(head_dim) + key_bias[:, None, None]
     future = np.arange(total)[None, :] > past + np.arange(seq_len)[:, None]  # [S, T]
     scores = np.where(future, -np.inf, scores)
@@ -209,6 +221,33 @@ def test_cached_attention_matches_numpy(attention, batch, new, total, cache_len,
     expected, expected_cache = attention_reference(cache, qkv, key_bias, heads)
     written = Buffer.from_numpy(cache.copy())
     (out,) = attention.execute(written, Buffer.from_numpy(qkv), Buffer.from_numpy(key_bias))
+    np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=2e-6)
+    np.testing.assert_array_equal(written.to_numpy()[..., :total, :], expected_cache[..., :total, :])
+    np.testing.assert_array_equal(written.to_numpy()[..., total:, :], cache[..., total:, :])
+
+
+@pytest.mark.parametrize(
+    ("batch", "new", "total", "cache_len", "heads", "head_dim"),
+    [
+        (1, 1, 160, 200, 12, 64),  # a GPT-2 small decoding step
+        (3, 1, 9, 12, 5, 12),  # head_dim below one register
+        (2, 6, 6, 10, 4, 64),  # a whole prompt
+        (16, 1, 300, 300, 12, 64),  # enough work for both threads
+    ],
+)
+def test_cached_attention_on_a_float16_cache_matches_numpy(
+    attention_float16, batch, new, total, cache_len, heads, head_dim
+):
+    """New keys and values are stored rounded to float16; the attention is float32 arithmetic on
+    the float16 values (queries unrounded)."""
+    rng = np.random.default_rng(total * batch + new)
+    cache = rng.standard_normal((2, batch, heads, cache_len, head_dim)).astype(np.float16)
+    qkv = rng.standard_normal((batch, new, 3 * heads * head_dim), dtype=np.float32)
+    key_bias = np.where(rng.random((batch, total)) < 0.3, LOWEST, 0).astype(np.float32)
+    key_bias[:, total - new :] = 0  # the new tokens are real
+    expected, expected_cache = attention_reference(cache, qkv, key_bias, heads, stored=np.float16)
+    written = Buffer.from_numpy(cache.copy())
+    (out,) = attention_float16.execute(written, Buffer.from_numpy(qkv), Buffer.from_numpy(key_bias))
     np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=2e-6)
     np.testing.assert_array_equal(written.to_numpy()[..., :total, :], expected_cache[..., :total, :])
     np.testing.assert_array_equal(written.to_numpy()[..., total:, :], cache[..., total:, :])

@@ -2,7 +2,8 @@
 
 Contenders, all loading the same checkpoint (`max_gpt2.bench.generation_contenders`):
 `max` (our `CompiledLM`), with `--weights` also ours with packed weights
-(`max-bfloat16`, `max-q8_0`, `max-q4_0`), when PyTorch and `transformers` are
+(`max-bfloat16`, `max-q8_0`, `max-q4_0`), with `--kv-cache float32,float16` each
+of those also with a float16 KV cache (`-kv16`), when PyTorch and `transformers` are
 installed `hf-eager` and `hf-sdpa` (Hugging Face's `GPT2LMHeadModel.generate` with
 each attention implementation), and with `--llama-bench` and `--gguf` llama.cpp's
 `llama-bench` on GGUF files of the same weights (`max_gpt2.bench.llama_cpp`). The
@@ -199,7 +200,11 @@ def demo_checkpoint_for(name: str, cache_dir: Path, progress: Progress) -> Path:
 
 def contenders(path: Path, args: argparse.Namespace, skipped: dict[str, str]) -> list[Generator]:
     """Every contender on the checkpoint at `path`: ours per `--weights`, Hugging Face's, llama.cpp's."""
-    generators = [max_generator(path, args.device, args.dtype, weights) for weights in args.weights]
+    generators = [
+        max_generator(path, args.device, args.dtype, weights, kv_cache)
+        for weights in args.weights
+        for kv_cache in args.kv_cache
+    ]
     wanted = [c for c in args.contenders if c != "max" and c not in skipped]
     generators += hugging_face_generators(path, wanted, args.dtype) if wanted else []
     for weights, gguf in args.gguf.items():

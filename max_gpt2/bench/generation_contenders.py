@@ -52,9 +52,12 @@ def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
     return time.perf_counter() - start
 
 
-def max_generator(checkpoint: Path, device: str, dtype: str, weights: str = "float32") -> Generator:
-    """Our `CompiledLM`, its weights in `weights`: named `max`, or `max-<weights>` when packed."""
-    lm = load_lm(checkpoint, device, dtype, weights=weights)
+def max_generator(
+    checkpoint: Path, device: str, dtype: str, weights: str = "float32", kv_cache: str | None = None
+) -> Generator:
+    """Our `CompiledLM`, its weights in `weights`: named `max`, or `max-<weights>` when packed, and
+    `-kv16` after it with a float16 KV cache (`kv_cache`; None: the compute dtype's)."""
+    lm = load_lm(checkpoint, device, dtype, weights=weights, kv_cache=kv_cache)
     warm = np.zeros((1, 8), dtype=np.int64)
 
     def clocked(ids: np.ndarray, new: int) -> list[float]:
@@ -62,7 +65,7 @@ def max_generator(checkpoint: Path, device: str, dtype: str, weights: str = "flo
         times += [time.perf_counter() for _ in lm.stream(ids, new)]
         return times
 
-    name = "max" if weights == "float32" else f"max-{weights}"
+    name = ("max" if weights == "float32" else f"max-{weights}") + ("-kv16" if kv_cache == "float16" else "")
     return Generator(
         name,
         dtype if weights == "float32" else weights,  # float32 weights are bound in the compute dtype

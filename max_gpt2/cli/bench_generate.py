@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights", default="float32", help=f"ours in these, from {formats} (default: float32)"
     )
     parser.add_argument(
+        "--kv-cache",
+        default="",
+        help="ours with the KV cache in these, from float32, float16 (default: the compute dtype); "
+        "float16 runs are named with -kv16",
+    )
+    parser.add_argument(
         "--llama-bench", type=Path, help="a llama.cpp build's llama-bench, to time beside ours"
     )
     parser.add_argument(
@@ -88,6 +94,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
         )
     args.weights = list(dict.fromkeys(check_format(name.strip()) for name in args.weights.split(",")))
+    caches = [name.strip() for name in args.kv_cache.split(",") if name.strip()]
+    if unknown := [name for name in caches if name not in ("float32", "float16")]:
+        raise ValueError(f"--kv-cache takes float32 and float16; got {', '.join(unknown)}")
+    args.kv_cache = list(dict.fromkeys(caches)) or [None]
     if bool(args.gguf) != (args.llama_bench is not None):
         raise ValueError("--llama-bench and --gguf go together: the binary, and the GGUF files it times")
     args.gguf = parse_gguf(args.gguf) if args.gguf else {}

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.lm import CompiledLM, compile_lm
-from max_gpt2.inference.lm_graphs import check_weight_format
+from max_gpt2.inference.lm_graphs import check_kv_cache, check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
@@ -100,13 +100,18 @@ def open_prompt(
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
 
 
-def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """`--weights`: the format the projections and the LM head are stored in for decoding."""
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--weights` and `--kv-cache`: how the projections and the LM head, and the KV cache, are stored."""
     parser.add_argument(
         "--weights",
         default="float32",
         choices=FORMATS,
         help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
+    )
+    parser.add_argument(
+        "--kv-cache",
+        choices=["float16"],
+        help="keep the KV cache in float16, half the bytes (float32 compute; default: the compute dtype)",
     )
 
 
@@ -116,19 +121,29 @@ def load_model(
     progress: Progress,
     output_attentions: bool = False,
     weights: str = "float32",
+    kv_cache: str | None = None,
 ) -> CompiledLM:
     """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes.
 
-    `weights` is the format they are packed in (`max_gpt2.model.weight_formats`), checked first.
+    `weights` is the format they are packed in (`max_gpt2.model.weight_formats`) and `kv_cache`
+    the KV cache's dtype (None: the compute dtype), both checked first.
     """
     device = resolve_device(args.device)
     check_weight_format(weights, device, parse_dtype(args.dtype))
+    check_kv_cache(kv_cache, parse_dtype(args.dtype))
     with progress.step(f"reading the weights of {checkpoint.path}"):
         parameters = checkpoint.model_weights()
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
     stored = "" if weights == "float32" else f", weights in {weights}"
+    stored += "" if kv_cache is None else f", KV cache in {kv_cache}"
     with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
         return compile_lm(
-            checkpoint.config, parameters, device, args.dtype, output_attentions, weight_format=weights
+            checkpoint.config,
+            parameters,
+            device,
+            args.dtype,
+            output_attentions,
+            weight_format=weights,
+            kv_cache=kv_cache,
         )

@@ -21,7 +21,7 @@ import numpy as np
 
 from max_gpt2.cli.console import (
     add_prompt_arguments,
-    add_weights_argument,
+    add_storage_arguments,
     load_model,
     open_prompt,
     positive_int,
@@ -35,7 +35,7 @@ from max_gpt2.outputs import Progress
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     add_prompt_arguments(parser, "to continue")
-    add_weights_argument(parser)
+    add_storage_arguments(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="(default: 32)")
     parser.add_argument("--temperature", type=float, help="sample, dividing the logits by this first")
     parser.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
@@ -53,7 +53,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     temperature = 1.0 if args.temperature is None else args.temperature
     sampler = Sampler(do_sample, temperature, args.top_k, args.top_p, args.seed)
 
-    lm = load_model(checkpoint, args, progress, weights=args.weights)
+    lm = load_model(checkpoint, args, progress, weights=args.weights, kv_cache=args.kv_cache)
 
     steps = lm.stream(ids, args.max_new_tokens, sampler=sampler, eos_token_id=config.stop_token_ids)
     if tokenizer is not None:

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from max_gpt2.cli.console import add_weights_argument, demo_checkpoint, load_model, positive_int
+from max_gpt2.cli.console import add_storage_arguments, demo_checkpoint, load_model, positive_int
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.outputs import Progress, default_cache_dir
@@ -26,7 +26,7 @@ from max_gpt2.outputs import Progress, default_cache_dir
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument("files", nargs="+", type=Path, help="UTF-8 text files to score")
-    add_weights_argument(parser)
+    add_storage_arguments(parser)
     parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
     parser.add_argument(
         "--stride", type=positive_int, help="tokens between windows (default: n_positions / 2)"
@@ -60,7 +60,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     for file, text in texts.items():
         if len(tokenizer.encode(text).ids) < 2:
             raise ValueError(f"{file} has fewer than 2 tokens: there is nothing to score")
-    lm = load_model(checkpoint, args, progress, weights=args.weights)
+    lm = load_model(checkpoint, args, progress, weights=args.weights, kv_cache=args.kv_cache)
     results = {}
     for file, text in texts.items():
 

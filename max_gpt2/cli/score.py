@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from max_gpt2.cli.console import add_prompt_arguments, add_weights_argument, load_model, open_prompt
+from max_gpt2.cli.console import add_prompt_arguments, add_storage_arguments, load_model, open_prompt
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.outputs import Progress
 
@@ -24,7 +24,7 @@ from max_gpt2.outputs import Progress
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     add_prompt_arguments(parser, "to score")
-    add_weights_argument(parser)
+    add_storage_arguments(parser)
     parser.add_argument(
         "--top", type=int, default=0, help="also show the N likeliest tokens at each position"
     )
@@ -37,7 +37,9 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     ids, _ = check_prompt(checkpoint.config, np.array([prompt], dtype=np.int64))
     if not 0 <= args.top <= checkpoint.config.vocab_size:
         raise ValueError(f"--top must be in 0..{checkpoint.config.vocab_size}, got {args.top}")
-    scores = load_model(checkpoint, args, progress, weights=args.weights).score(ids, top_k=args.top)
+    scores = load_model(checkpoint, args, progress, weights=args.weights, kv_cache=args.kv_cache).score(
+        ids, top_k=args.top
+    )
 
     def shown(token: int) -> str:
         return repr(tokenizer.decode([token])) if tokenizer is not None else str(token)

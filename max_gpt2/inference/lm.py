@@ -45,7 +45,7 @@ from tokenizers import Tokenizer
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import packed_buffer, resolve_device
-from max_gpt2.inference.lm_graphs import LMGraphs, check_weight_format
+from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
@@ -59,7 +59,7 @@ class KVCache:
     """A batch's keys and values in every layer, written in place by the graphs, and what they hold.
 
     `buffers`: one `[2, batch, n_head, capacity, head_dim]` buffer per layer
-    (keys, then values), uninitialised until written. `attention_mask` `[batch,
+    (keys, then values, in the model's `kv_dtype`), uninitialised until written. `attention_mask` `[batch,
     length]` marks which of the positions written so far are tokens (1) and
     which padding (0).
     """
@@ -84,7 +84,8 @@ class CompiledLM(CompiledModel):
     `tokenizer` is the checkpoint's where `load_lm` found one (None otherwise,
     and after `with_weights`); `perplexity` reads text with it. `weight_format`
     is how the projections and the LM head are stored (`max_gpt2.model.weight_formats`):
-    the float32 weights bound are packed into it here.
+    the float32 weights bound are packed into it here. `kv_dtype` is the KV cache's
+    dtype: the compute dtype, or float16 (`kv_cache="float16"`).
     """
 
     graph: LMGraphs
@@ -95,11 +96,17 @@ class CompiledLM(CompiledModel):
     def weight_format(self) -> str:
         return self.graph.weight_format
 
+    @property
+    def kv_dtype(self) -> DType:
+        return self.graph.kv_dtype
+
     def describe(self) -> dict[str, Any]:
         c = self.config
         fields = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
         fields |= self.placement()
-        return fields if self.weight_format == "float32" else {**fields, "weights": self.weight_format}
+        if self.weight_format != "float32":
+            fields["weights"] = self.weight_format
+        return fields if self.kv_dtype == self.dtype else {**fields, "kv_cache": self.kv_dtype.name}
 
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
         """The float32 weights packed into `weight_format`; packed ones bound as they are stored."""
@@ -122,7 +129,7 @@ class CompiledLM(CompiledModel):
                 )
         c = self.config
         shape = (2, int(batch), c.n_head, int(capacity), c.head_dim)
-        return KVCache([Buffer(self.dtype, shape, self.device) for _ in range(c.n_layer)], batch, capacity)
+        return KVCache([Buffer(self.kv_dtype, shape, self.device) for _ in range(c.n_layer)], batch, capacity)
 
     def prefill(
         self, input_ids: Any, cache: KVCache, attention_mask: Any = None, all_logits: bool = False
@@ -226,6 +233,7 @@ def compile_lm(
     output_attentions: bool = False,
     kernels: bool | None = None,
     weight_format: str = "float32",
+    kv_cache: str | DType | None = None,
 ) -> CompiledLM:
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
 
@@ -238,10 +246,13 @@ def compile_lm(
     `weight_format` stores the projections and the LM head as "float32",
     "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`), packed from
     the float32 `weights` here; formats other than float32 are for the CPU in float32.
+    `kv_cache`: the KV cache's dtype, the compute dtype by default, or "float16"
+    with float32 compute (half the bytes a step's attention reads; keys and
+    values rounded to float16, attention computed in float32).
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
-    graph = LMGraphs(config, target, compute_dtype, kernels, weight_format)
+    graph = LMGraphs(config, target, compute_dtype, kernels, weight_format, kv_cache)
     for variant in ["attentions"] if output_attentions else {graph.prompt_variant, graph.step_variant}:
         graph.compiled(variant)
     return CompiledLM(config, target, compute_dtype, graph, checked)
@@ -253,18 +264,26 @@ def load_lm(
     dtype: str | DType = "float32",
     kernels: bool | None = None,
     weights: str = "float32",
+    kv_cache: str | DType | None = None,
 ) -> CompiledLM:
     """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights.
 
     `weights` is the format the projections and the LM head are stored in for
     decoding: "float32", "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`),
-    converted from the checkpoint here. The checkpoint's tokenizer, if it has one,
-    comes along as `lm.tokenizer`.
+    converted from the checkpoint here. `kv_cache` is the KV cache's dtype (`compile_lm`).
+    The checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
     """
     check_weight_format(weights, resolve_device(device), parse_dtype(dtype))  # before reading any tensor
+    check_kv_cache(kv_cache, parse_dtype(dtype))
     opened = Checkpoint(checkpoint)
     lm = compile_lm(
-        opened.config, opened.model_weights(), device, dtype, kernels=kernels, weight_format=weights
+        opened.config,
+        opened.model_weights(),
+        device,
+        dtype,
+        kernels=kernels,
+        weight_format=weights,
+        kv_cache=kv_cache,
     )
     lm.tokenizer = load_tokenizer(opened.path)
     return lm

@@ -14,7 +14,9 @@ weights, 3.3 s against 3.1 s for 1024 tokens.
 Every variant takes the same inputs, every length symbolic: input ids and
 position ids `[batch, seq]` int64, the attention mask `[batch, total]` int64, the
 positions whose logits are wanted `[logits]` int64, and one KV cache buffer per
-layer `[2, batch, n_head, max_len, head_dim]`, written in place.
+layer `[2, batch, n_head, max_len, head_dim]`, written in place, in the compute
+dtype or (`kv_cache="float16"`, float32 compute) float16: half the bytes a
+decoding step's attention reads, as llama.cpp keeps its cache by default.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from max_gpt2.inference.compiled import GraphVariants
 from max_gpt2.inference.devices import device_name
 from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.weight_formats import check_format
 
@@ -47,8 +50,21 @@ def _where(device: Device, dtype: DType) -> str:
     return f"{device_name(device)} in {dtype.name}"
 
 
+def check_kv_cache(kv_cache: str | DType | None, dtype: DType) -> DType:
+    """The KV cache's dtype: the compute dtype when `kv_cache` is None, or float16 for float32 compute."""
+    if kv_cache is None:
+        return dtype
+    cache_dtype = parse_dtype(kv_cache)
+    if cache_dtype != dtype and not (cache_dtype == DType.float16 and dtype == DType.float32):
+        raise ValueError(
+            f"kv_cache={cache_dtype.name!r} with {dtype.name} compute: the cache is kept in the "
+            "compute dtype, or in float16 for float32 compute"
+        )
+    return cache_dtype
+
+
 class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for one config, device and dtype: `"plain"`, `"attentions"`, `"decode"`.
+    """GPT-2's graph variants for a config, device, dtype and cache dtype: "plain", "attentions", "decode".
 
     `"decode"` is the plain graph with the Mojo decoding kernels, staged only
     where they run (`kernels_run_on`); `step_variant` and `prompt_variant` name
@@ -62,10 +78,12 @@ class LMGraphs(GraphVariants):
         dtype: DType,
         kernels: bool | None = None,
         weight_format: str = "float32",
+        kv_cache: str | DType | None = None,
     ) -> None:
         super().__init__(device, self._trace)
         self.config, self.device, self.dtype = config, device, dtype
         self.weight_format = check_weight_format(weight_format, device, dtype)
+        self.kv_dtype = check_kv_cache(kv_cache, dtype)
         runs_here = kernels_run_on(device, dtype)
         if kernels and not runs_here:
             raise ValueError(
@@ -85,6 +103,6 @@ class LMGraphs(GraphVariants):
         mask = TensorType(DType.int64, ["batch", "total"], device=device)
         logit_index = TensorType(DType.int64, ["logits"], device=device)
         device_ref = DeviceRef.from_device(device)
-        cache = BufferType(self.dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
+        cache = BufferType(self.kv_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
         inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
         return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph

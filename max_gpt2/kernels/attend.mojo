@@ -5,7 +5,8 @@
 # A request's positions lie page by page: position t on page pages[t // page_size], slot
 # t % page_size; its key at head + pages[t // page_size] * page_stride + slot * slot_stride
 # and its value value_offset further on. MAX's paged cache has many pages; our own
-# [2, B, H, M, d] cache is one page of M slots, d apart.
+# [2, B, H, M, d] cache is one page of M slots, d apart. The cache holds CT: float32, or float16
+# (half the bytes a step reads; widened to float32 as they are loaded, sums in float32).
 from std.math import exp, sqrt
 from std.memory import UnsafePointer
 
@@ -26,8 +27,8 @@ def attention_chunks(work: Int, pairs: Int) -> Int:
     return 1 if work < SERIAL_BELOW else min(pairs, TASKS)
 
 
-struct HeadCache(ImplicitlyCopyable):
-    """Where one (request, head)'s keys and values lie (see the top of this file)."""
+struct HeadCache[CT: DType](ImplicitlyCopyable):
+    """Where one (request, head)'s keys and values, of dtype CT, lie (see the top of this file)."""
 
     var head: Int  # the address of slot 0 of page 0's key
     var pages: UnsafePointer[UInt32, MutUntrackedOrigin]  # the request's pages, in order
@@ -38,7 +39,7 @@ struct HeadCache(ImplicitlyCopyable):
 
     def __init__(
         out self,
-        head: UnsafePointer[Float32, MutAnyOrigin],
+        head: UnsafePointer[Scalar[Self.CT], MutAnyOrigin],
         pages: UnsafePointer[UInt32, ImmutAnyOrigin],
         page_size: Int,
         page_stride: Int,
@@ -50,39 +51,39 @@ struct HeadCache(ImplicitlyCopyable):
         self.page_size, self.page_stride, self.slot_stride, self.value_offset = page_size, page_stride, slot_stride, value_offset
 
     @always_inline
-    def key(self, position: Int) -> UnsafePointer[Float32, MutAnyOrigin]:
+    def key(self, position: Int) -> UnsafePointer[Scalar[Self.CT], MutAnyOrigin]:
         """Where the key of `position` lies (its value: `value_offset` on)."""
         var page = Int(self.pages[position // self.page_size])
         var slot = page * self.page_stride + (position % self.page_size) * self.slot_stride
-        return UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=self.head) + slot
+        return UnsafePointer[Scalar[Self.CT], MutAnyOrigin](unsafe_from_address=self.head) + slot
 
 
 @always_inline
-def _dot[W: Int](a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Float32, MutAnyOrigin], n: Int) -> Float32:
-    """A . b over n floats; W > 0: n == W, in registers."""
+def _dot[W: Int, CT: DType](a: UnsafePointer[Float32, ImmutAnyOrigin], b: UnsafePointer[Scalar[CT], MutAnyOrigin], n: Int) -> Float32:
+    """A . b over n values; W > 0: n == W, in registers."""
     comptime if W > 0:
-        return (a.load[width=W]() * b.load[width=W]()).reduce_add()
+        return (a.load[width=W]() * b.load[width=W]().cast[F32]()).reduce_add()
     var acc = SIMD[F32, LANES](0)
     var i = 0
     while i + LANES <= n:
-        acc = (a + i).load[width=LANES]().fma((b + i).load[width=LANES](), acc)
+        acc = (a + i).load[width=LANES]().fma((b + i).load[width=LANES]().cast[F32](), acc)
         i += LANES
     var total = acc.reduce_add()
     while i < n:
-        total += a[i] * b[i]
+        total += a[i] * b[i].cast[F32]()
         i += 1
     return total
 
 
 @always_inline
-def _add_scaled(weight: Float32, x: UnsafePointer[Float32, MutAnyOrigin], y: UnsafePointer[Float32, MutUntrackedOrigin], n: Int):
-    """Y += weight * x over n floats."""
+def _add_scaled[CT: DType](weight: Float32, x: UnsafePointer[Scalar[CT], MutAnyOrigin], y: UnsafePointer[Float32, MutUntrackedOrigin], n: Int):
+    """Y += weight * x over n values."""
     var i = 0
     while i + LANES <= n:
-        (y + i).store((x + i).load[width=LANES]().fma(SIMD[F32, LANES](weight), (y + i).load[width=LANES]()))
+        (y + i).store((x + i).load[width=LANES]().cast[F32]().fma(SIMD[F32, LANES](weight), (y + i).load[width=LANES]()))
         i += LANES
     while i < n:
-        y[i] += weight * x[i]
+        y[i] += weight * x[i].cast[F32]()
         i += 1
 
 
@@ -105,9 +106,9 @@ def _softmax_weights(scores: UnsafePointer[Float32, MutUntrackedOrigin], n: Int,
 
 
 def attend_head[
-    W: Int
+    W: Int, CT: DType
 ](
-    cache: HeadCache,
+    cache: HeadCache[CT],
     qkv: UnsafePointer[Float32, ImmutAnyOrigin],
     y: UnsafePointer[Float32, MutAnyOrigin],
     key_bias: UnsafePointer[Float32, ImmutAnyOrigin],
@@ -129,8 +130,8 @@ def attend_head[
         var source = qkv + s * 3 * D
         var key = cache.key(past + s)
         for i in range(d):
-            key[i] = source[D + i]
-            key[cache.value_offset + i] = source[2 * D + i]
+            key[i] = source[D + i].cast[CT]()
+            key[cache.value_offset + i] = source[2 * D + i].cast[CT]()
     var scores = scratch  # [seen]
     var out = scratch + past + new  # [d], where W is 0
     for s in range(new):
@@ -141,7 +142,7 @@ def attend_head[
         while start < seen:  # a page at a time: its keys lie slot_stride apart
             var key = cache.key(start)
             for t in range(start, min(seen, start + cache.page_size)):
-                var score = _dot[W](query, key, d) * scale
+                var score = _dot[W, CT](query, key, d) * scale
                 if has_key_bias:
                     score += key_bias[t]
                 scores[t] = score
@@ -156,7 +157,7 @@ def attend_head[
             while start < seen:
                 var value = cache.key(start) + cache.value_offset
                 for t in range(start, min(seen, start + cache.page_size)):
-                    acc = value.load[width=W]().fma(SIMD[F32, W](scores[t]), acc)
+                    acc = value.load[width=W]().cast[F32]().fma(SIMD[F32, W](scores[t]), acc)
                     value += cache.slot_stride
                 start += cache.page_size
             row.store(acc / total)
@@ -167,7 +168,7 @@ def attend_head[
             while start < seen:
                 var value = cache.key(start) + cache.value_offset
                 for t in range(start, min(seen, start + cache.page_size)):
-                    _add_scaled(scores[t], value, out, d)
+                    _add_scaled[CT](scores[t], value, out, d)
                     value += cache.slot_stride
                 start += cache.page_size
             for i in range(d):

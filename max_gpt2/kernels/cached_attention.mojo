@@ -1,4 +1,5 @@
-# gpt2_cached_attention: causal attention over GPT-2's KV cache, on the CPU, float32.
+# gpt2_cached_attention: causal attention over GPT-2's KV cache, on the CPU, float32 (the cache
+# float32 or float16: stored rounded, read widened; scores and sums in float32).
 #
 #     qkv       [B, S, 3D]       this call's S new tokens: queries, keys, values (D = H * d)
 #     cache     [2, B, H, M, d]  keys, then values; positions 0..T-S-1 already written
@@ -19,9 +20,9 @@ from .attend import F32, ROW, HeadCache, attend_head, attention_chunks
 
 
 def cached_attention[
-    W: Int
+    W: Int, CT: DType
 ](
-    cache: UnsafePointer[Float32, MutAnyOrigin],
+    cache: UnsafePointer[Scalar[CT], MutAnyOrigin],
     qkv: UnsafePointer[Float32, ImmutAnyOrigin],
     key_bias: UnsafePointer[Float32, ImmutAnyOrigin],
     y: UnsafePointer[Float32, MutAnyOrigin],
@@ -44,9 +45,9 @@ def cached_attention[
         for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (row, head) pairs
             var b = task // H
             var h = task % H
-            var head = HeadCache(cache + (b * H + h) * M * d, pages, M, 0, d, B * H * M * d)
+            var head = HeadCache[CT](cache + (b * H + h) * M * d, pages, M, 0, d, B * H * M * d)
             var first = qkv + b * S * 3 * D + h * d
-            attend_head[W](head, first, y + b * S * D + h * d, key_bias + b * T, True, S, T - S, D, d, scratch)
+            attend_head[W, CT](head, first, y + b * S * D + h * d, key_bias + b * T, True, S, T - S, D, d, scratch)
         scratch.free()
 
     if chunks == 1:
@@ -60,14 +61,16 @@ struct CachedAttention:
     @staticmethod
     def execute[
         target: StaticString,
+        cache_dtype: DType,
     ](
         y: OutputTensor[dtype=F32, rank=3, ...],
-        cache: ManagedTensorSlice[io_spec=IOSpec[True, IO.Input](), dtype=F32, rank=5, ...],
+        cache: ManagedTensorSlice[io_spec=IOSpec[True, IO.Input](), dtype=cache_dtype, rank=5, ...],
         qkv: InputTensor[dtype=F32, rank=3, ...],
         key_bias: InputTensor[dtype=F32, rank=2, ...],
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "gpt2_cached_attention runs on the CPU"
+        comptime assert cache_dtype == F32 or cache_dtype == DType.float16, "gpt2_cached_attention keeps a float32 or float16 cache"
         var B = qkv.dim_size(0)
         var S = qkv.dim_size(1)
         var H = cache.dim_size(2)
@@ -78,11 +81,11 @@ struct CachedAttention:
             raise Error("gpt2_cached_attention: qkv, cache and key_bias disagree on batch or width")
         if S > T or T > M:
             raise Error("gpt2_cached_attention: needs new tokens <= total <= cache length")
-        var cached = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
+        var cached = UnsafePointer[Scalar[cache_dtype], MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
         var new = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(qkv.unsafe_ptr()))
         var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(key_bias.unsafe_ptr()))
         var out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
         if d == ROW:
-            cached_attention[ROW](cached, new, bias, out, B, S, H, M, d, T)
+            cached_attention[ROW, cache_dtype](cached, new, bias, out, B, S, H, M, d, T)
         else:
-            cached_attention[0](cached, new, bias, out, B, S, H, M, d, T)
+            cached_attention[0, cache_dtype](cached, new, bias, out, B, S, H, M, d, T)

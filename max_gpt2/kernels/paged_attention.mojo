@@ -63,11 +63,11 @@ def paged_attention[
             var h = task % H
             var first = Int(offsets[r])
             var head = blocks + layer * page_size * slot_stride + h * d  # (keys, layer, slot 0, head h) of page 0
-            var cache = HeadCache(head, lookup_table + r * P, page_size, page_stride, slot_stride, value_offset)
+            var cache = HeadCache[F32](head, lookup_table + r * P, page_size, page_stride, slot_stride, value_offset)
             var new = Int(offsets[r + 1]) - first
             var rows = qkv + first * 3 * D + h * d
             # No key bias here (a server's requests have no padding): qkv stands in, never read.
-            attend_head[W](cache, rows, y + first * D + h * d, qkv, False, new, Int(cache_lengths[r]), D, d, scratch)
+            attend_head[W, F32](cache, rows, y + first * D + h * d, qkv, False, new, Int(cache_lengths[r]), D, d, scratch)
         scratch.free()
 
     # Waking the other threads costs more than a short cache gains from them.

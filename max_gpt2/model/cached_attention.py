@@ -2,7 +2,9 @@
 
 Each layer owns one cache buffer, `[2, B, H, M, d]` (keys, then values), allocated
 once per generation for M = prompt + new tokens and written in place by the
-graph. A call with S new tokens, T = past + S positions in all:
+graph; its dtype may be narrower than the compute dtype (a float16 cache for
+float32 compute: keys and values are rounded as stored and widened as read). A
+call with S new tokens, T = past + S positions in all:
 
     x                      [B, S, D]
     c_attn, split heads    q, k, v [B, H, S, d]
@@ -63,8 +65,9 @@ class CachedAttention(GPT2Attention):
         lengths = _shape_to_tensor([seq_len, total])
         end = TensorValue(lengths[1])
         start = TensorValue(lengths[1] - lengths[0])
-        F.buffer_store_slice(cache, F.stack([key, value]), [..., (slice(start, end), "seq"), slice(None)])
-        keys, values = (cache[part, :, :, (slice(0, end), "total"), :] for part in (0, 1))
+        new = F.cast(F.stack([key, value]), cache.dtype)
+        F.buffer_store_slice(cache, new, [..., (slice(start, end), "seq"), slice(None)])
+        keys, values = (F.cast(cache[part, :, :, (slice(0, end), "total"), :], x.dtype) for part in (0, 1))
 
         scores = query @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, S, T]
         mask = F.rebind(causal_mask(seq_len, total - seq_len, x.dtype, x.device), [seq_len, total])

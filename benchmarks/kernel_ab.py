@@ -23,6 +23,10 @@ custom op the model stages taken from the copy, then for each BATCHxPOSITIONS
 a prompt of that length and 39 steps of each model in turn, 4 rounds; prints
 median step milliseconds and the largest difference between the logits of
 their first steps.
+
+    python benchmarks/kernel_ab.py --kv-cache float16 --weights q4_0 --steps 1x32,8x100
+
+the same, our kernels both times, the second model keeping its KV cache in float16.
 """
 
 from __future__ import annotations
@@ -162,21 +166,20 @@ def time_steps(
     return {name: statistics.median(times) * 1e3 for name, times in seconds.items()}, first
 
 
-def compare_steps(args: argparse.Namespace, package: Path) -> None:
-    """Prints whole decoding steps of the benchmark checkpoint, ours against the variant's kernels."""
-    checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
-    models = {"ours": load_lm(checkpoint, device="cpu", weights=args.weights)}
-    models["variant"] = load_variant_lm(checkpoint, args.weights, package)
+def compare_steps(cases: str, models: dict[str, CompiledLM]) -> None:
+    """Prints whole decoding steps of two models of the benchmark checkpoint, the second against the first."""
+    first, second = models
     rng = np.random.default_rng(0)
-    print("| batch x positions | ours ms | variant ms | variant / ours | max difference |")
+    print(f"| batch x positions | {first} ms | {second} ms | ratio | max difference |")
     print("|---|---:|---:|---:|---:|")
-    for case in args.steps.split(","):
+    for case in cases.split(","):
         batch, prompt = (int(v) for v in case.split("x"))
         milliseconds, logits = time_steps(models, batch, prompt, rng)
-        difference = float(np.abs(logits["ours"] - logits["variant"]).max())
-        ours, theirs = milliseconds["ours"], milliseconds["variant"]
+        difference = float(np.abs(logits[first] - logits[second]).max())
+        first_ms, second_ms = milliseconds[first], milliseconds[second]
         print(
-            f"| {batch} x {prompt}..{prompt + STEPS} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.3f} | "
+            f"| {batch} x {prompt}..{prompt + STEPS} | {first_ms:.2f} | {second_ms:.2f} | "
+            f"{second_ms / first_ms:.3f} | "
             f"{difference:.1e} |",
             flush=True,
         )
@@ -184,17 +187,29 @@ def compare_steps(args: argparse.Namespace, package: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variant", type=Path, help="an edited copy of max_gpt2/kernels")
+    parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
     parser.add_argument("--weights", default="float32", choices=wf.FORMATS)
     parser.add_argument("--rows", default="1,8", help="rows of x (batch), comma-separated (default: 1,8)")
     parser.add_argument("--model", default="small", choices=sorted(MODELS))
     parser.add_argument("--rounds", type=int, default=30, help="timed calls of each (default: 30)")
     parser.add_argument("--steps", help="whole decoding steps instead, BATCHxPOSITIONS,... (e.g. 1x32,8x100)")
+    parser.add_argument(
+        "--kv-cache", choices=["float16"], help="with --steps, no copy: against this KV cache"
+    )
     args = parser.parse_args()
+    if (args.variant is None) == (args.kv_cache is None) or (args.kv_cache and not args.steps):
+        parser.error("give an edited copy of the kernels, or --kv-cache with --steps")
     if args.steps:
         print(machine_description(CPU()))
+        checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
+        ours = load_lm(checkpoint, device="cpu", weights=args.weights)
+        if args.kv_cache:
+            other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
+            compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other})
+            return 0
         with tempfile.TemporaryDirectory() as temporary:
-            compare_steps(args, renamed_copy(args.variant, Path(temporary)))
+            variant = load_variant_lm(checkpoint, args.weights, renamed_copy(args.variant, Path(temporary)))
+            compare_steps(args.steps, {"ours": ours, "variant": variant})
         return 0
     config = MODELS[args.model]
     shapes = step_shapes(config)

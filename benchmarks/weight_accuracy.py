@@ -2,6 +2,7 @@
 
     python benchmarks/weight_accuracy.py       # trained-small (train_small.py) and GPT-2 small, random
     python benchmarks/weight_accuracy.py --checkpoint DIR [--text FILE] [--json OUT]
+    python benchmarks/weight_accuracy.py --kv-cache float16   # each format also with a float16 KV cache
 
 For each checkpoint, `--sequences` windows of `--length` tokens of text (the
 checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
@@ -39,8 +40,10 @@ from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
 
 
-def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, progress: Progress) -> list[dict]:
-    """One row per format (float32 first) for `checkpoint`, on the tokens `ids`."""
+def measure(
+    checkpoint: Path, ids: np.ndarray, sequences: int, length: int, caches: list[str], progress: Progress
+) -> list[dict]:
+    """One row per format and KV cache dtype of `caches` (float32 first) for `checkpoint`, on `ids`."""
     opened = Checkpoint(checkpoint)
     config, weights = opened.config, opened.model_weights()
     length = min(length, config.n_positions, len(ids))
@@ -49,9 +52,10 @@ def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, prog
     with progress.step(f"{checkpoint.name}: the float64 reference"):
         expected = reference.lm_logits_and_largest_score(windows, weights, config)[0]
     rows, baseline = [], None
-    for format in FORMATS:
-        with progress.step(f"{checkpoint.name}: {format}"):
-            lm = compile_lm(config, weights, "cpu", weight_format=format)  # the weights read once
+    for format, cache in ((format, cache) for format in FORMATS for cache in caches):
+        with progress.step(f"{checkpoint.name}: {format}, a {cache} KV cache"):
+            # the weights read once; the cache float32 or float16
+            lm = compile_lm(config, weights, "cpu", weight_format=format, kv_cache=cache)
             logits = lm.logits(windows)  # [S, length, vocab]
             result = lm.perplexity(ids)
         logprobs = log_softmax(logits)
@@ -62,6 +66,7 @@ def measure(checkpoint: Path, ids: np.ndarray, sequences: int, length: int, prog
             {
                 "checkpoint": checkpoint.name,
                 "weights": format,
+                "kv_cache": cache,
                 "logit_error": float(np.abs(logits - expected).max() / np.abs(expected).max()),
                 "kl": float(kl.mean()),
                 "agreement": float((logprobs.argmax(-1) == baseline.argmax(-1)).mean()),
@@ -85,15 +90,16 @@ def tokens(checkpoint: Path, text: Path | None) -> np.ndarray:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| checkpoint | weights | logit error | KL from float32 | greedy agreement | perplexity "
+        "| checkpoint | weights | KV cache | logit error | KL from float32 | greedy agreement | perplexity "
         "| vs float32 |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        base = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["weights"] == "float32")
+        base = next(r for r in rows if r["checkpoint"] == row["checkpoint"])  # float32, float32 cache
         change = row["perplexity"] / base["perplexity"] - 1
         lines.append(
-            f"| {row['checkpoint']} | {row['weights']} | {row['logit_error']:.1e} | {row['kl']:.1e} "
+            f"| {row['checkpoint']} | {row['weights']} | {row['kv_cache']} | {row['logit_error']:.1e} "
+            f"| {row['kl']:.1e} "
             f"| {row['agreement']:.1%} | {row['perplexity']:.2f} | {change:+.2%} |"
         )
     return "\n".join(lines)
@@ -106,6 +112,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=4)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--kv-cache", choices=["float16"], help="each format also with this KV cache")
     args = parser.parse_args()
     progress = Progress(sys.stderr)
     checkpoints = args.checkpoint
@@ -115,7 +122,10 @@ def main() -> None:
         checkpoints = [trained, small] if (trained / "config.json").exists() else [small]
     rows = []
     for checkpoint in checkpoints:
-        rows += measure(checkpoint, tokens(checkpoint, args.text), args.sequences, args.length, progress)
+        caches = ["float32", *([args.kv_cache] if args.kv_cache else [])]
+        rows += measure(
+            checkpoint, tokens(checkpoint, args.text), args.sequences, args.length, caches, progress
+        )
     print(table(rows))
     if args.json:
         write_atomically(args.json, lambda file: file.write_text(json.dumps(rows, indent=2) + "\n"))

@@ -17,7 +17,9 @@ through the Mojo decoding kernels (`max_gpt2.kernels`), which stream each weight
 and the cache once per step; elsewhere the prompt graph serves the steps too.
 A `KVCache` holds one buffer per layer, sized for prompt plus new tokens, and
 the graphs write each step's keys and values into it in place: a step computes
-one token per row and reads the cache, never copies it.
+one token per row and reads the cache, never copies it. The cache is in the
+compute dtype, or with `kv_cache="float16"` (float32 compute) in float16, as
+llama.cpp keeps its own: half the bytes a step's attention reads.
 
 Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
 is left-padded, `attention_mask` marks real tokens with 1, padding is never

@@ -57,7 +57,7 @@ def test_steps_through_the_kernel_round_as_the_prompt_graph_does(lm):
 @pytest.mark.parametrize(
     ("kv_cache", "dtype", "message"),
     [
-        ("int8", DType.float32, "dtype must be one of float32, bfloat16, float16; got 'int8'"),
+        ("int8", DType.float32, "kv_cache must be float32, bfloat16 or float16 .or None.; got 'int8'"),
         ("float16", DType.bfloat16, "kv_cache='float16' with bfloat16 compute"),
         ("bfloat16", DType.float32, "kv_cache='bfloat16' with float32 compute"),
     ],

@@ -54,7 +54,12 @@ def check_kv_cache(kv_cache: str | DType | None, dtype: DType) -> DType:
     """The KV cache's dtype: the compute dtype when `kv_cache` is None, or float16 for float32 compute."""
     if kv_cache is None:
         return dtype
-    cache_dtype = parse_dtype(kv_cache)
+    try:
+        cache_dtype = parse_dtype(kv_cache)
+    except ValueError:
+        raise ValueError(
+            f"kv_cache must be float32, bfloat16 or float16 (or None); got {kv_cache!r}"
+        ) from None
     if cache_dtype != dtype and not (cache_dtype == DType.float16 and dtype == DType.float32):
         raise ValueError(
             f"kv_cache={cache_dtype.name!r} with {dtype.name} compute: the cache is kept in the "

@@ -97,11 +97,9 @@ def table(rows: list[dict]) -> str:
     for row in rows:
         base = next(r for r in rows if r["checkpoint"] == row["checkpoint"])  # float32, float32 cache
         change = row["perplexity"] / base["perplexity"] - 1
-        lines.append(
-            f"| {row['checkpoint']} | {row['weights']} | {row['kv_cache']} | {row['logit_error']:.1e} "
-            f"| {row['kl']:.1e} "
-            f"| {row['agreement']:.1%} | {row['perplexity']:.2f} | {change:+.2%} |"
-        )
+        cells = [row["checkpoint"], row["weights"], row["kv_cache"], f"{row['logit_error']:.1e}"]
+        cells += [f"{row['kl']:.1e}", f"{row['agreement']:.1%}", f"{row['perplexity']:.2f}", f"{change:+.2%}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -179,8 +179,7 @@ def compare_steps(cases: str, models: dict[str, CompiledLM]) -> None:
         first_ms, second_ms = milliseconds[first], milliseconds[second]
         print(
             f"| {batch} x {prompt}..{prompt + STEPS} | {first_ms:.2f} | {second_ms:.2f} | "
-            f"{second_ms / first_ms:.3f} | "
-            f"{difference:.1e} |",
+            f"{second_ms / first_ms:.3f} | {difference:.1e} |",
             flush=True,
         )
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from max.driver import accelerator_count
 
-from max_gpt2 import GPT2Config
+from max_gpt2 import CompiledLM, GPT2Config
 from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
@@ -58,6 +58,15 @@ def layout_id(config: GPT2Config) -> str:
 def random_input(batch: int, seq_len: int, n_embd: int, seed: int = 1) -> np.ndarray:
     """Standard-normal float32 activations `[batch, seq_len, n_embd]`."""
     return np.random.default_rng(seed).standard_normal((batch, seq_len, n_embd)).astype(np.float32)
+
+
+def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray:
+    """Logits `[B, S, V]` of `ids` `[B, S]`: the first `prompt` positions in one `prefill`, then one
+    `decode_step` per position."""
+    cache = lm.new_cache(ids.shape[0], ids.shape[1])
+    got = [lm.prefill(ids[:, :prompt], cache, all_logits=True)]
+    got += [lm.decode_step(ids[:, step], cache)[:, None] for step in range(prompt, ids.shape[1])]
+    return np.concatenate(got, axis=1)
 
 
 def run_python(*args: str | Path) -> subprocess.CompletedProcess[str]:

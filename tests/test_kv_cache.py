@@ -8,7 +8,7 @@ from max.dtype import DType
 
 from max_gpt2 import load_lm, reference
 from max_gpt2.inference.lm_graphs import check_kv_cache
-from tests.support import LM_ONE_LAYER
+from tests.support import LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference (LM_ONE_LAYER's random
 # weights, float32 compute): keys and values rounded to float16 (relative 2^-11) move the
@@ -20,14 +20,6 @@ ON_THE_REFERENCE = 2e-3  # measured 3.9e-4 (a float32 cache: about 1e-6)
 def lm(compiled_lm):
     """Float32 weights and compute, a float16 cache: prompts through MAX's ops, steps through the kernel."""
     return compiled_lm(LM_ONE_LAYER, kv_cache="float16")
-
-
-def prompt_and_steps(lm, ids: np.ndarray, prompt: int) -> np.ndarray:
-    """Logits [B, S, V]: the first `prompt` positions in one call, then one decoding step per position."""
-    cache = lm.new_cache(ids.shape[0], ids.shape[1])
-    got = [lm.prefill(ids[:, :prompt], cache, all_logits=True)]
-    got += [lm.decode_step(ids[:, step], cache)[:, None] for step in range(prompt, ids.shape[1])]
-    return np.concatenate(got, axis=1)
 
 
 def test_the_cache_is_float16(lm):

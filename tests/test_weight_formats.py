@@ -10,7 +10,7 @@ from max_gpt2 import load_lm, reference
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32
 from max_gpt2.model.weight_adapters import model_parameter_shapes
-from tests.support import LM, LM_ONE_LAYER
+from tests.support import LM, LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference, for LM_ONE_LAYER's random
 # weights: on the weights the format stores (q8_0 and q4_0 also round activations to int8 blocks),
@@ -139,10 +139,7 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
     lm, weights = compiled_lm(config, weights=format), lm_weights(config)
     stored = wf.unpack(wf.pack(weights, format), format, model_parameter_shapes(config))
     ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))
-    cache = lm.new_cache(2, 9)
-    got = [lm.prefill(ids[:, :7], cache, all_logits=True)]
-    got += [lm.decode_step(ids[:, step], cache)[:, None] for step in (7, 8)]
-    got = np.concatenate(got, axis=1)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'
+    got = prompt_and_steps(lm, ids, 7)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'
     for parameters, tolerance in ((stored, ON_STORED_WEIGHTS), (weights, ON_CHECKPOINT_WEIGHTS)):
         expected = reference.lm_logits_and_largest_score(ids, parameters, config)[0]
         error = np.abs(got - expected).max() / np.abs(expected).max()

@@ -53,6 +53,7 @@ from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import packed_buffer
 from max_gpt2.inference.lm import CompiledLM, load_lm
 from max_gpt2.kernels import MOJO_PACKAGE, matmul_op_name
+from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import float32_to_bfloat16_bits
@@ -136,7 +137,7 @@ class VariantOps:
 
 
 def load_variant_lm(checkpoint: Path, weights: str, package: Path) -> CompiledLM:
-    """`load_lm` with the kernels of `package` (a `renamed_copy`) in place of ours."""
+    """`load_lm` with the kernels of `package` (a `renamed_copy`, compiled) in place of ours."""
     functional = max_gpt2.kernels.F
     max_gpt2.kernels.F = VariantOps(functional, package)
     try:
@@ -207,7 +208,8 @@ def main() -> int:
             compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other})
             return 0
         with tempfile.TemporaryDirectory() as temporary:
-            variant = load_variant_lm(checkpoint, args.weights, renamed_copy(args.variant, Path(temporary)))
+            package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))
+            variant = load_variant_lm(checkpoint, args.weights, package)
             compare_steps(args.steps, {"ours": ours, "variant": variant})
         return 0
     config = MODELS[args.model]
@@ -233,7 +235,7 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as temporary:
         variant = renamed_copy(args.variant, Path(temporary))
-        extensions = [MOJO_PACKAGE, variant]
+        extensions = [compiled_package(MOJO_PACKAGE), compiled_package(variant, cache=Path(temporary))]
         for rows in (int(r) for r in args.rows.split(",")):
             models: dict[str, Model] = {
                 name: session.load(

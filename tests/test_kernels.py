@@ -10,6 +10,7 @@ from max.engine import InferenceSession, Model
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
 from max_gpt2.kernels import MOJO_PACKAGE, skinny_matmul_graph
+from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
@@ -35,7 +36,7 @@ def attention_graph(cache_dtype: DType) -> Graph:
         TensorType(DType.float32, ["B", "T"], CPU_REF),
     ]
     name = f"cached_attention_alone_{cache_dtype.name}"
-    with Graph(name, input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+    with Graph(name, input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]) as graph:
         cache, qkv, key_bias = graph.inputs
         batch, seq_len, _ = qkv.tensor.shape
         out = TensorType(DType.float32, [batch, seq_len, cache.shape[2] * cache.shape[4]], CPU_REF)
@@ -64,7 +65,9 @@ def paged_attention(session) -> Model:
         TensorType(DType.int64, [1], CPU_REF),
         TensorType(DType.uint32, [1], CPU_REF),
     ]
-    with Graph("paged_attention_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+    with Graph(
+        "paged_attention_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
+    ) as graph:
         blocks, qkv, *rest = graph.inputs
         out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
         graph.output(*ops.inplace_custom("gpt2_paged_attention", CPU_REF, [blocks, qkv, *rest], [out]))
@@ -98,7 +101,9 @@ def packed(session) -> Model:
     rows = TensorType(DType.float32, ["N"], CPU_REF)  # only its length, N, is read
     bias = TensorType(DType.float32, ["NB"], CPU_REF)  # N values, or none
     types = [x, bf16, q8, scales, q4, scales, rows, bias]
-    with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+    with Graph(
+        "packed_matmuls_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
+    ) as graph:
         x, bf16, q8, q8_scales, q4, q4_scales, rows, bias = (value.tensor for value in graph.inputs)
         product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
         weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
@@ -337,3 +342,35 @@ def test_paged_attention_refuses_what_lies_outside_the_cache(paged_attention, ca
     with pytest.raises(Exception, match=message):
         paged_attention.execute(written, *(Buffer.from_numpy(a) for a in inputs))
     np.testing.assert_array_equal(written.to_numpy(), blocks)
+
+
+def write_package(directory, body: str):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "__init__.mojo").write_text(body)
+    return directory
+
+
+def test_the_kernels_compile_once_and_again_after_an_edit(tmp_path):
+    """A graph stages some 60 of our ops: each must load the package compiled once, not compile it again,
+    and an edited source must not be served by the old build."""
+    sources, cache = (
+        write_package(tmp_path / "kernels", "def answer() -> Int:\n    return 42\n"),
+        tmp_path / "cache",
+    )
+    package = compiled_package(sources, cache)
+    assert package.suffix == ".mojoc" and package.parent == cache and package.stat().st_size > 0
+    built = package.stat().st_mtime_ns
+    assert compiled_package(sources, cache) == package and package.stat().st_mtime_ns == built
+    (sources / "__init__.mojo").write_text("def answer() -> Int:\n    return 43\n")
+    edited = compiled_package(sources, cache)
+    assert edited != package and edited.is_file()
+    assert sorted(p.name for p in cache.iterdir()) == sorted([package.name, edited.name])  # no staging left
+
+
+def test_a_kernel_that_does_not_compile_gives_the_compilers_message(tmp_path):
+    sources = write_package(tmp_path / "broken", "def answer() -> Int:\n    return undefined_name\n")
+    with pytest.raises(RuntimeError, match=r"(?s)mojo precompile .*broken failed:.*undefined_name"):
+        compiled_package(sources, tmp_path / "cache")
+    assert not any((tmp_path / "cache").iterdir())
+    with pytest.raises(FileNotFoundError, match=r"no __init__\.mojo"):
+        compiled_package(tmp_path, tmp_path / "cache")

@@ -24,9 +24,9 @@ heavy parts in one pass over memory each (CPU, float32 activations):
                            -> [T, D] (paged_attention.mojo); both attend one (request, head)
                            at a time through the same code (attend.mojo)
 
-MAX compiles the Mojo package (this directory) with the graph that uses it, a
-few seconds, cached with the graph. The modules that put these behind GPT-2's
-parameter names are in `max_gpt2.model.kernel_layers`.
+Graphs load this directory compiled once into a `.mojoc` (`max_gpt2.kernels.package`),
+and MAX caches the graphs compiled with it. The modules that put these behind
+GPT-2's parameter names are in `max_gpt2.model.kernel_layers`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType
 from max.graph import BufferValue, DeviceRef, Graph, ops
+
+from max_gpt2.kernels.package import compiled_package
 
 if TYPE_CHECKING:
     from max.nn.kv_cache import PagedCacheValues
@@ -79,7 +81,7 @@ def packed_matmul(
     if bias is None:  # the kernels read an empty bias as none
         bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
     inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]
-    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=MOJO_PACKAGE)
+    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=compiled_package(MOJO_PACKAGE))
     return y
 
 
@@ -87,7 +89,11 @@ def dequantize(weight: Tensor, scales: Tensor, format: str, rows: int, columns: 
     """q8_0 or q4_0 `weight` and `scales` as stored -> the float32 W they stand for, [rows, columns]."""
     out_type = TensorType(DType.float32, [rows, columns], device=weight.device)
     (w,) = F.custom(
-        f"dequantize_{format}", weight.device, [weight, scales], [out_type], custom_extensions=MOJO_PACKAGE
+        f"dequantize_{format}",
+        weight.device,
+        [weight, scales],
+        [out_type],
+        custom_extensions=compiled_package(MOJO_PACKAGE),
     )
     return w
 
@@ -104,7 +110,7 @@ def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
         qkv.device,
         [BufferValue(cache), qkv, key_bias],
         [out_type],
-        custom_extensions=MOJO_PACKAGE,
+        custom_extensions=compiled_package(MOJO_PACKAGE),
     )
     return attended
 
@@ -128,7 +134,7 @@ def paged_attention(
         qkv.device,
         [cache.kv_blocks, qkv, *where, layer_index],
         [out_type],
-        custom_extensions=MOJO_PACKAGE,
+        custom_extensions=compiled_package(MOJO_PACKAGE),
     )
     return attended
 
@@ -138,7 +144,9 @@ def skinny_matmul_graph() -> Graph:
     out (all symbolic)."""
     cpu = DeviceRef.CPU()
     types = [TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"], ["B"])]
-    with Graph("skinny_matmul_alone", input_types=types, custom_extensions=[MOJO_PACKAGE]) as graph:
+    with Graph(
+        "skinny_matmul_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
+    ) as graph:
         x, w, bias = (value.tensor for value in graph.inputs)
         out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
         graph.output(*ops.custom("skinny_matmul", cpu, [x, w, bias], [out]))

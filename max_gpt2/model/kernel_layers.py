@@ -1,10 +1,12 @@
 """GPT-2's layers through the Mojo decoding kernels (`max_gpt2.kernels`): same parameters, few tokens.
 
-`SkinnyLinear` is `Linear` through `skinny_matmul` where a call has few rows, and
-`KernelCachedAttention` is `CachedAttention` through `gpt2_cached_attention`; the
-step graph of the language model swaps them in on the CPU in float32, where a
-decoding step is bound by memory bandwidth, and the server's graph takes
-`SkinnyLinear` for its batches of decoding steps and prompts.
+`KernelLinear` is `Linear` through `skinny_matmul`, `SkinnyLinear` the same where a
+call has few rows (MAX's matmul past them), and `KernelCachedAttention` is
+`CachedAttention` through `gpt2_cached_attention`; the step graph of the language
+model swaps them in on the CPU in float32, where a decoding step is bound by
+memory bandwidth. The server's decoding graph takes `KernelLinear` (its steps
+have a token a request, `SKINNY_ROWS` requests at most) and its graph for prompts
+`SkinnyLinear`.
 """
 
 from __future__ import annotations
@@ -22,18 +24,32 @@ step alone on a 2-core AVX2 EPYC, MAX's matmul time over `skinny_matmul`'s: 1.58
 8, 1.20 at 16, 0.90 at 32 (many rows are bound by arithmetic, where MAX's matmul is the better)."""
 
 
-class SkinnyLinear(Linear):
+class KernelLinear(Linear):
+    """`Linear` (same parameters) through `skinny_matmul` whatever the rows: for graphs that see few."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """[..., in] -> [..., out]."""
+        out_dim, in_dim = self.weight.shape
+        y = skinny_matmul(x.reshape([-1, in_dim]), *self._weight_and_bias())  # [M, out], bias added
+        return y.reshape([*x.shape[:-1], out_dim])
+
+    def _weight_and_bias(self) -> tuple[Tensor, Tensor | None]:
+        """W [out, in] and the bias [out], or None."""
+        out_dim, in_dim = self.weight.shape
+        bias = self.bias.reshape([out_dim]) if isinstance(self.bias, Tensor) else None
+        return self.weight.reshape([out_dim, in_dim]), bias
+
+
+class SkinnyLinear(KernelLinear):
     """`Linear` (same parameters): `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul past them."""
 
     def forward(self, x: Tensor) -> Tensor:
         """[..., in] -> [..., out]; the row count may differ from call to call."""
         out_dim, in_dim = self.weight.shape
         rows = x.reshape([-1, in_dim])  # [M, K]
-        # Values outside both branches, which share them; the kernel adds the bias as it writes y.
-        weight = self.weight.reshape([out_dim, in_dim])
-        bias = self.bias.reshape([out_dim]) if isinstance(self.bias, Tensor) else None
         few = (F.shape_to_tensor([rows.shape[0]]) <= SKINNY_ROWS).reshape([])
         out_type = TensorType(x.dtype, [rows.shape[0], out_dim], device=x.device)
+        weight, bias = self._weight_and_bias()  # values outside both branches, which share them
         (y,) = F.cond(
             few,
             [out_type],

@@ -1,9 +1,15 @@
 """The pipeline model `max serve` drives: reads our checkpoint, compiles `PagedGPT2LMHeadModel`.
 
+On the CPU in float32 it compiles two graphs over the same weights, as
+`CompiledLM` keeps a prefill and a step graph: a decoding one (every projection
+through `skinny_matmul`, attention through `gpt2_paged_attention`) for steps
+where each of at most `SKINNY_ROWS` requests brings one token, and the general
+one (MAX's flash attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul
+past them) for the rest; elsewhere only the general one, with MAX's ops.
 MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
-flattened cache), runs the graph once per step and samples. MAX's
+flattened cache), runs a graph once per step and samples. MAX's
 `LogProbabilitiesMixin` answers OpenAI's `logprobs` (up to 7 alternatives) from
 the graph's logits, and with `echo` the prompt's too, from every token's logits
 (a server started with `--enable-echo`; `max-gpt2 serve` starts it so).
@@ -16,22 +22,29 @@ checkpoint unties it, every shape checked against `config.json`, the same errors
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 from max import tree
 from max.driver import CPU, Buffer
 from max.engine import InferenceSession
+from max.experimental import functional as F
+from max.experimental.nn import Linear
+from max.experimental.tensor import default_dtype
 from max.nn.kv_cache import KVCacheInputsPerDevice
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
 from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import LogProbabilities, TextContext
-from max.pipelines.lib import ModelOutputs, ModuleV3PipelineModelWithKVCache
+from max.pipelines.lib import ModelInputs, ModelOutputs, ModuleV3Outputs, ModuleV3PipelineModelWithKVCache
 from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
+from max.profiler import traced
 
 from max_gpt2.inference.devices import to_buffer
 from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.gpt2 import LinearFactory
+from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear, SkinnyLinear
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -53,11 +66,33 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     ) -> dict[str, Any]:
         return {name: to_buffer(array, model_config.dtype, CPU()) for name, array in state_dict.items()}
 
-    def _instantiate_module(self, model_config: GPT2ServingConfig) -> PagedGPT2LMHeadModel:
-        kernels = kernels_run_on(self.devices[0], model_config.dtype)  # the CPU in float32
-        module = PagedGPT2LMHeadModel(model_config.model, self.kv_params, self.return_logits, kernels)
-        module.to(self.devices[0])
-        return module
+    @traced
+    def load_model(self) -> Callable[..., ModuleV3Outputs]:
+        """Compiles the general graph (returned: MAX keeps it as `self.model`) and the decoding one."""
+        state_dict = self._load_state_dict()
+        config = self._create_model_config(state_dict)
+        weights = self._prepare_state_dict(state_dict, config)
+        self._init_distributed_runtime(config)
+        kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
+        self.decoder = self._compile(config, weights, KernelLinear, decoding=True) if kernels else None
+        return self._compile(config, weights, SkinnyLinear if kernels else Linear, decoding=False)
+
+    def _compile(
+        self, config: GPT2ServingConfig, weights: dict[str, Any], linear: LinearFactory, decoding: bool
+    ) -> Callable[..., ModuleV3Outputs]:
+        with F.lazy(), default_dtype(config.dtype):
+            module = PagedGPT2LMHeadModel(config.model, self.kv_params, self.return_logits, linear, decoding)
+            module.to(self.devices[0])
+        self._wire_batch_processor(module, config)
+        return module.compile(*self._get_compile_input_types(config), weights=weights)
+
+    def execute(self, model_inputs: ModelInputs) -> ModelOutputs:
+        """One step through the decoding graph when each request brings one token, else the general one."""
+        assert isinstance(model_inputs, Llama3Inputs)
+        tokens, requests = model_inputs.tokens.shape[0], model_inputs.input_row_offsets.shape[0] - 1
+        decoding = self.decoder is not None and tokens == requests <= SKINNY_ROWS
+        model = self.decoder if decoding else self.model
+        return self._to_model_outputs(model(*model_inputs.buffers))
 
     def compute_log_probabilities(
         self,

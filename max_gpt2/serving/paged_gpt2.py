@@ -17,11 +17,14 @@ the batch, R = requests, D = n_embd, H = n_head, d = D / H:
 The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
 with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
-decoding step reads the cache instead of recomputing the prompt. With `kernels`
-(the CPU in float32) the projections and the head run `skinny_matmul` on steps of
-up to `SKINNY_ROWS` tokens, MAX's matmul on bigger ones (prompts), and decoding
-steps attend through `gpt2_paged_attention` (store and attend in one kernel). Parameter names
-are Hugging Face's, as in `max_gpt2.model.GPT2LMHeadModel`, so the same weights bind.
+decoding step reads the cache instead of recomputing the prompt. Built with
+`decoding=True`, for steps where every request brings one token, it attends
+through `gpt2_paged_attention` instead (store and attend in one kernel); the
+pipeline model (`max_gpt2.serving.model`) compiles that graph beside the general
+one on the CPU in float32, with every projection through `skinny_matmul`, and
+runs whichever fits the step: a choice made once a step, not one graph branch a
+layer. Parameter names are Hugging Face's, as in `max_gpt2.model.GPT2LMHeadModel`,
+so the same weights bind.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.nn.common_layers.functional_kernels import flash_attention_ragged
-from max.experimental.tensor import Tensor, TensorType
+from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
@@ -45,7 +48,6 @@ from max_gpt2.kernels import paged_attention
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import Block, LinearFactory, layer_norm
-from max_gpt2.model.kernel_layers import SkinnyLinear
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -54,9 +56,9 @@ _store_values = F.functional(store_v_cache_ragged)
 class PagedAttention(GPT2Attention):
     """GPT-2 attention over ragged tokens and MAX's paged KV cache; same parameters as `GPT2Attention`.
 
-    With `kernels`, a step whose requests each bring one token (decoding) runs
-    `gpt2_paged_attention`, which stores and attends in one pass over each
-    request's pages; steps with prompts keep MAX's store and flash attention.
+    Built with `decoding` (only for steps whose requests each bring one token) it
+    runs `gpt2_paged_attention`, which stores and attends in one pass over each
+    request's pages; otherwise MAX's store and flash attention.
     """
 
     def __init__(
@@ -65,29 +67,21 @@ class PagedAttention(GPT2Attention):
         kv_params: KVCacheParams,
         layer_idx: int,
         linear: LinearFactory = Linear,
-        kernels: bool = False,
+        decoding: bool = False,
     ) -> None:
         super().__init__(config, linear=linear)
         self.kv_params = kv_params
         self.layer_idx = layer_idx
-        self.kernels = kernels
+        self.decoding = decoding
 
     def forward(  # type: ignore[override]
         self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
     ) -> Tensor:
         """`x` [T, D] -> [T, D]; stores this layer's keys and values for the T tokens in the cache."""
         qkv = self.c_attn(x)  # [T, 3D]
-        if not self.kernels:
-            return self.c_proj(self._flash_attention(qkv, kv_collection, input_row_offsets))
-        decoding = (F.cast(kv_collection.max_prompt_length, DType.int64) <= 1).reshape([])
-        out_type = TensorType(qkv.dtype, [qkv.shape[0], self.n_embd], device=qkv.device)
-        (attended,) = F.cond(
-            decoding,
-            [out_type],
-            lambda: paged_attention(kv_collection, qkv, input_row_offsets, self.layer_idx),
-            lambda: self._flash_attention(qkv, kv_collection, input_row_offsets),
-        )
-        return self.c_proj(attended)
+        if self.decoding:
+            return self.c_proj(paged_attention(kv_collection, qkv, input_row_offsets, self.layer_idx))
+        return self.c_proj(self._flash_attention(qkv, kv_collection, input_row_offsets))
 
     def _flash_attention(
         self, qkv: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
@@ -137,12 +131,12 @@ class PagedGPT2Model(Module[..., Tensor]):
         config: GPT2Config,
         kv_params: KVCacheParams,
         linear: LinearFactory = Linear,
-        kernels: bool = False,
+        decoding: bool = False,
     ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(
-            Block(config, PagedAttention(config, kv_params, layer, linear, kernels), linear)
+            Block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
             for layer in range(config.n_layer)
         )
         self.ln_f = layer_norm(config)
@@ -163,6 +157,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     `ReturnLogits.ALL` (a server started with `--enable-echo`) every token's logits
     come out too, for the prompt's log-probabilities; the last of each request's
     are the next-token logits, so a decoding step (one token a request) costs the same.
+    `linear` makes the projections and the head; `decoding` is `PagedAttention`'s.
     """
 
     def __init__(
@@ -170,13 +165,13 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         config: GPT2Config,
         kv_params: KVCacheParams,
         return_logits: ReturnLogits = ReturnLogits.LAST_TOKEN,
-        kernels: bool = False,
+        linear: LinearFactory = Linear,
+        decoding: bool = False,
     ) -> None:
         if return_logits not in (ReturnLogits.LAST_TOKEN, ReturnLogits.ALL):
             raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
         self.kv_params, self.return_logits = kv_params, return_logits
-        linear = SkinnyLinear if kernels else Linear
-        self.transformer = PagedGPT2Model(config, kv_params, linear, kernels)
+        self.transformer = PagedGPT2Model(config, kv_params, linear, decoding)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(

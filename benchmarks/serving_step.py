@@ -1,0 +1,109 @@
+"""A serving step without the server: MAX's pipeline for our architecture beside `CompiledLM`, in one process.
+
+    python benchmarks/serving_step.py --checkpoint DIR [--batches 1,8] [--steps 60]
+
+Builds the text-generation pipeline `max serve` runs (our architecture, MAX's
+paged KV cache, scheduler left out) and, on the same checkpoint, `load_lm`'s
+`CompiledLM`; then, for each batch size, decodes greedily step by step,
+alternating one pipeline step (`TextGenerationPipeline.execute`: batch inputs,
+the graph, MAX's sampler) with one `CompiledLM.decode_step` at the same context.
+Prints the median ms of each, and of the pipeline's graph call alone, so what a
+served token costs beyond the model splits into the graph and the rest of
+`execute`; what the server adds beyond that (scheduler, HTTP, processes) is the
+difference with `benchmarks/serving.py`'s inter-token latency. CPU, float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from max.driver import CPU, DeviceSpec
+from max.pipelines import PIPELINE_REGISTRY, PipelineArgs, PipelineConfig
+from max.pipelines.context.sampling_params import SamplingParams
+from max.pipelines.modeling.types import TextGenerationInputs, TextGenerationRequest
+from max.pipelines.request.base import RequestID
+
+from max_gpt2.bench.harness import machine_description
+from max_gpt2.cli.serve import require_serve_extra
+from max_gpt2.inference.lm import load_lm
+from max_gpt2.serving import ARCHITECTURES
+from max_gpt2.testing import CORPUS
+
+
+def timed(call: Callable[..., Any], times: list[float]) -> Callable[..., Any]:
+    """`call`, appending the seconds each call takes to `times`."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = call(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+        return result
+
+    return wrapper
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", type=Path, required=True, help="GPT-2 checkpoint with a tokenizer")
+    parser.add_argument("--batches", default="1,8", help="requests decoded together (default: 1,8)")
+    parser.add_argument("--steps", type=int, default=60, help="decoding steps per batch (default: 60)")
+    args = parser.parse_args()
+    require_serve_extra()
+    for arch in ARCHITECTURES:
+        PIPELINE_REGISTRY.register(arch)
+    settings = PipelineArgs.from_flat_kwargs(
+        model_path=str(args.checkpoint),
+        device_specs=[DeviceSpec.cpu()],
+        quantization_encoding="float32",
+        enable_echo=True,  # as `max-gpt2 serve` starts it
+        enable_prefix_caching=False,
+        max_batch_size=max(int(b) for b in args.batches.split(",")),
+    )
+    tokenizer, pipeline = PIPELINE_REGISTRY.retrieve(PipelineConfig.from_args(settings))
+    model, kv = pipeline._pipeline_model, pipeline._kv_manager
+    lm = load_lm(args.checkpoint, "cpu", "float32")
+    prompt = " ".join(CORPUS.read_text().split()[:24])
+    print(machine_description(CPU()))
+    print("| batch | pipeline execute ms | its graph ms | rest of execute ms | CompiledLM decode_step ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch in (int(b) for b in args.batches.split(",")):
+        contexts = []
+        for _ in range(batch):
+            request = TextGenerationRequest(
+                request_id=RequestID(),
+                model_name="gpt2",
+                prompt=prompt,
+                sampling_params=SamplingParams(temperature=0, max_new_tokens=args.steps + 1, ignore_eos=True),
+            )
+            context = asyncio.run(tokenizer.new_context(request))
+            kv.claim(context, replica_idx=0)
+            contexts.append(context)
+        prompt_ids = np.tile(contexts[0].tokens.all, (batch, 1))
+        cache = lm.new_cache(batch, prompt_ids.shape[1] + args.steps)
+        lm.prefill(prompt_ids, cache)
+        steps, graphs, lm_steps = [], [], []
+        model.execute = timed(type(model).execute.__get__(model), graphs)
+        for _ in range(args.steps):
+            for context in contexts:
+                kv.alloc(context)
+            timed(pipeline.execute, steps)(TextGenerationInputs(batches=[contexts]))
+            timed(lm.decode_step, lm_steps)(np.full(batch, 5), cache)
+        del model.execute
+        for context in contexts:
+            kv.release(context)
+        step, graph, alone = (1e3 * statistics.median(t[2:]) for t in (steps, graphs, lm_steps))
+        print(f"| {batch} | {step:.1f} | {graph:.1f} | {step - graph:.1f} | {alone:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from mojo.run import subprocess_run_mojo
@@ -44,8 +45,8 @@ def compiled_package(sources: Path, cache: Path | None = None) -> Path:
     if package.is_file():
         return package
     # The compiler names the module after the output file, so the staged copy carries the final name.
-    staging = package.parent / f".staging-{os.getpid()}"
-    staging.mkdir(parents=True, exist_ok=True)
+    package.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=package.parent))
     try:
         subprocess_run_mojo(
             ["precompile", str(sources), "-o", str(staging / package.name)], capture_output=True, check=True

@@ -52,7 +52,7 @@ from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import packed_buffer
 from max_gpt2.inference.lm import CompiledLM, load_lm
-from max_gpt2.kernels import MOJO_PACKAGE, matmul_op_name
+from max_gpt2.kernels import kernel_library, matmul_op_name
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.config import GPT2Config
@@ -235,7 +235,7 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as temporary:
         variant = renamed_copy(args.variant, Path(temporary))
-        extensions = [compiled_package(MOJO_PACKAGE), compiled_package(variant, cache=Path(temporary))]
+        extensions = [kernel_library(), compiled_package(variant, cache=Path(temporary))]
         for rows in (int(r) for r in args.rows.split(",")):
             models: dict[str, Model] = {
                 name: session.load(

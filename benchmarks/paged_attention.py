@@ -32,8 +32,7 @@ from max.pipelines.context.tokens import TokenBuffer
 from max.pipelines.kv_cache import KVCacheConfig, load_kv_manager
 
 from max_gpt2.bench.harness import machine_description
-from max_gpt2.kernels import MOJO_PACKAGE
-from max_gpt2.kernels.package import compiled_package
+from max_gpt2.kernels import kernel_library
 
 CPU_REF = DeviceRef.CPU()
 HEAD_DIM = 64
@@ -47,7 +46,7 @@ def attention_graph(params: KVCacheParams, layers: int, heads: int, ours: bool) 
     with Graph(
         f"paged_attention_{name}",
         input_types=[*inputs, *params.flattened_kv_inputs()],
-        custom_extensions=[compiled_package(MOJO_PACKAGE)],
+        custom_extensions=[kernel_library()],
     ) as graph:
         qkv, offsets, *kv = (value.tensor if i < 2 else value for i, value in enumerate(graph.inputs))
         (cache,) = params.unflatten_kv_inputs(iter(kv))

@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8", help="requests decoded together (default: 1,8)")
     parser.add_argument("--steps", type=int, default=60, help="decoding steps per batch (default: 60)")
     args = parser.parse_args()
+    batches = [int(batch) for batch in args.batches.split(",")]
     require_serve_extra()
     for arch in ARCHITECTURES:
         PIPELINE_REGISTRY.register(arch)
@@ -66,7 +67,7 @@ def main() -> int:
         quantization_encoding="float32",
         enable_echo=True,  # as `max-gpt2 serve` starts it
         enable_prefix_caching=False,
-        max_batch_size=max(int(b) for b in args.batches.split(",")),
+        max_batch_size=max(batches),
     )
     tokenizer, pipeline = PIPELINE_REGISTRY.retrieve(PipelineConfig.from_args(settings))
     model, kv = pipeline._pipeline_model, pipeline._kv_manager
@@ -75,7 +76,7 @@ def main() -> int:
     print(machine_description(CPU()))
     print("| batch | pipeline execute ms | its graph ms | rest of execute ms | CompiledLM decode_step ms |")
     print("|---:|---:|---:|---:|---:|")
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in batches:
         contexts = []
         for _ in range(batch):
             request = TextGenerationRequest(

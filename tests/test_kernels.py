@@ -9,7 +9,7 @@ from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
-from max_gpt2.kernels import MOJO_PACKAGE, skinny_matmul_graph
+from max_gpt2.kernels import kernel_library, skinny_matmul_graph
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
@@ -36,7 +36,7 @@ def attention_graph(cache_dtype: DType) -> Graph:
         TensorType(DType.float32, ["B", "T"], CPU_REF),
     ]
     name = f"cached_attention_alone_{cache_dtype.name}"
-    with Graph(name, input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]) as graph:
+    with Graph(name, input_types=types, custom_extensions=[kernel_library()]) as graph:
         cache, qkv, key_bias = graph.inputs
         batch, seq_len, _ = qkv.tensor.shape
         out = TensorType(DType.float32, [batch, seq_len, cache.shape[2] * cache.shape[4]], CPU_REF)
@@ -65,9 +65,7 @@ def paged_attention(session) -> Model:
         TensorType(DType.int64, [1], CPU_REF),
         TensorType(DType.uint32, [1], CPU_REF),
     ]
-    with Graph(
-        "paged_attention_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
-    ) as graph:
+    with Graph("paged_attention_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         blocks, qkv, *rest = graph.inputs
         out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
         graph.output(*ops.inplace_custom("gpt2_paged_attention", CPU_REF, [blocks, qkv, *rest], [out]))
@@ -101,9 +99,7 @@ def packed(session) -> Model:
     rows = TensorType(DType.float32, ["N"], CPU_REF)  # only its length, N, is read
     bias = TensorType(DType.float32, ["NB"], CPU_REF)  # N values, or none
     types = [x, bf16, q8, scales, q4, scales, rows, bias]
-    with Graph(
-        "packed_matmuls_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
-    ) as graph:
+    with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         x, bf16, q8, q8_scales, q4, q4_scales, rows, bias = (value.tensor for value in graph.inputs)
         product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
         weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)

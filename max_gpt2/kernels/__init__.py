@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 MOJO_PACKAGE = Path(__file__).parent
 
 
+def kernel_library() -> Path:
+    """This directory's kernels compiled (`compiled_package`): what graphs pass as `custom_extensions`."""
+    return compiled_package(MOJO_PACKAGE)
+
+
 def kernels_run_on(device: Device, dtype: DType) -> bool:
     """Whether the decoding kernels serve this device and dtype: the CPU, float32."""
     return device.is_host and dtype == DType.float32
@@ -81,7 +86,7 @@ def packed_matmul(
     if bias is None:  # the kernels read an empty bias as none
         bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
     inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]
-    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=compiled_package(MOJO_PACKAGE))
+    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=kernel_library())
     return y
 
 
@@ -93,7 +98,7 @@ def dequantize(weight: Tensor, scales: Tensor, format: str, rows: int, columns: 
         weight.device,
         [weight, scales],
         [out_type],
-        custom_extensions=compiled_package(MOJO_PACKAGE),
+        custom_extensions=kernel_library(),
     )
     return w
 
@@ -110,7 +115,7 @@ def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
         qkv.device,
         [BufferValue(cache), qkv, key_bias],
         [out_type],
-        custom_extensions=compiled_package(MOJO_PACKAGE),
+        custom_extensions=kernel_library(),
     )
     return attended
 
@@ -134,7 +139,7 @@ def paged_attention(
         qkv.device,
         [cache.kv_blocks, qkv, *where, layer_index],
         [out_type],
-        custom_extensions=compiled_package(MOJO_PACKAGE),
+        custom_extensions=kernel_library(),
     )
     return attended
 
@@ -144,9 +149,7 @@ def skinny_matmul_graph() -> Graph:
     out (all symbolic)."""
     cpu = DeviceRef.CPU()
     types = [TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"], ["B"])]
-    with Graph(
-        "skinny_matmul_alone", input_types=types, custom_extensions=[compiled_package(MOJO_PACKAGE)]
-    ) as graph:
+    with Graph("skinny_matmul_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         x, w, bias = (value.tensor for value in graph.inputs)
         out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
         graph.output(*ops.custom("skinny_matmul", cpu, [x, w, bias], [out]))

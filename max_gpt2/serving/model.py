@@ -22,7 +22,6 @@ checkpoint unties it, every shape checked against `config.json`, the same errors
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,6 +29,7 @@ from max import tree
 from max.driver import CPU, Buffer
 from max.engine import InferenceSession
 from max.experimental import functional as F
+from max.experimental.compilation import CompiledCallable
 from max.experimental.nn import Linear
 from max.experimental.tensor import default_dtype
 from max.nn.kv_cache import KVCacheInputsPerDevice
@@ -67,7 +67,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         return {name: to_buffer(array, model_config.dtype, CPU()) for name, array in state_dict.items()}
 
     @traced
-    def load_model(self) -> Callable[..., ModuleV3Outputs]:
+    def load_model(self) -> CompiledCallable[..., ModuleV3Outputs]:
         """Compiles the general graph (returned: MAX keeps it as `self.model`) and the decoding one."""
         state_dict = self._load_state_dict()
         config = self._create_model_config(state_dict)
@@ -79,7 +79,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
 
     def _compile(
         self, config: GPT2ServingConfig, weights: dict[str, Any], linear: LinearFactory, decoding: bool
-    ) -> Callable[..., ModuleV3Outputs]:
+    ) -> CompiledCallable[..., ModuleV3Outputs]:
         with F.lazy(), default_dtype(config.dtype):
             module = PagedGPT2LMHeadModel(config.model, self.kv_params, self.return_logits, linear, decoding)
             module.to(self.devices[0])
@@ -92,7 +92,15 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         tokens, requests = model_inputs.tokens.shape[0], model_inputs.input_row_offsets.shape[0] - 1
         decoding = self.decoder is not None and tokens == requests <= SKINNY_ROWS
         model = self.decoder if decoding else self.model
-        return self._to_model_outputs(model(*model_inputs.buffers))
+        # MAX's batch processor made these buffers for this graph's inputs: the callable's own
+        # call would check and wrap each again as a tensor, 0.6 ms a step on a 2-core EPYC.
+        outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))
+        return ModelOutputs(
+            logits=outputs.next_token_logits if outputs.logits is None else outputs.logits,
+            next_token_logits=outputs.next_token_logits,
+            # Decoding, every token is its request's last: the row offsets are the logits' too.
+            logit_offsets=model_inputs.input_row_offsets if decoding else outputs.logit_offsets,
+        )
 
     def compute_log_probabilities(
         self,

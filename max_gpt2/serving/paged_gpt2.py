@@ -156,8 +156,11 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     cache arrives flattened, as MAX's batch processor lays it out. With
     `ReturnLogits.ALL` (a server started with `--enable-echo`) every token's logits
     come out too, for the prompt's log-probabilities; the last of each request's
-    are the next-token logits, so a decoding step (one token a request) costs the same.
-    `linear` makes the projections and the head; `decoding` is `PagedAttention`'s.
+    are the next-token logits. `linear` makes the projections and the head. Built with
+    `decoding` (for steps where each request brings one token) every token is its request's
+    last: the graph returns their logits once, gathered from neither the hidden states nor the
+    logits (MAX's gather of a [R, V] copy took 1.6 ms at batch 1 and 5 ms at batch 8), and
+    `PagedAttention` takes its decoding kernel.
     """
 
     def __init__(
@@ -170,7 +173,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     ) -> None:
         if return_logits not in (ReturnLogits.LAST_TOKEN, ReturnLogits.ALL):
             raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
-        self.kv_params, self.return_logits = kv_params, return_logits
+        self.kv_params, self.return_logits, self.decoding = kv_params, return_logits, decoding
         self.transformer = PagedGPT2Model(config, kv_params, linear, decoding)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
@@ -181,6 +184,10 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
+        if self.decoding:  # T == R
+            return ModuleV3Outputs(
+                next_token_logits=F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)
+            )
         last_rows = input_row_offsets[1:] - 1  # [R]
         if self.return_logits == ReturnLogits.ALL:
             logits = F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)  # [T, V]

@@ -65,14 +65,19 @@ STEPS, STEP_ROUNDS = 39, 4
 
 
 def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
-    """The `*.mojo` files of `kernels` in `into`, every registered op's name ending in `suffix`."""
+    """The `*.mojo` files of `kernels` in `into/variant`, every registered op's name ending in `suffix`.
+
+    A package directory of its own: compiled from `into` itself (a temporary directory that then
+    also held the `.mojoc`), the package built but graphs failed with "unable to locate module"."""
     sources = sorted(kernels.glob("*.mojo"))
     if not sources:
         raise SystemExit(f"kernel_ab: {kernels} holds no .mojo files")
+    package = into / "variant"
+    package.mkdir()
     for source in sources:
         text = re.sub(r'register\("(\w+)"\)', rf'register("\1{suffix}")', source.read_text())
-        (into / source.name).write_text(text)
-    return into
+        (package / source.name).write_text(text)
+    return package
 
 
 def step_shapes(config: GPT2Config) -> list[tuple[int, int]]:

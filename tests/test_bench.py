@@ -159,12 +159,13 @@ def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
     """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
     each of our ops under its own name (suffix `_b`) and change nothing else."""
     kernel_ab = load_kernel_ab()
-    kernel_ab.renamed_copy(MOJO_PACKAGE, tmp_path)
+    package = kernel_ab.renamed_copy(MOJO_PACKAGE, tmp_path)
+    assert package.parent == tmp_path  # its compiled package goes beside it, not inside
     sources = sorted(MOJO_PACKAGE.glob("*.mojo"))
-    assert [copy.name for copy in sorted(tmp_path.glob("*.mojo"))] == [source.name for source in sources]
+    assert [copy.name for copy in sorted(package.glob("*.mojo"))] == [source.name for source in sources]
     registered = []
     for source in sources:
-        original, copy = source.read_text(), (tmp_path / source.name).read_text()
+        original, copy = source.read_text(), (package / source.name).read_text()
         names = [line.split('"')[1] for line in original.splitlines() if "@extensibility.register(" in line]
         registered += names
         for name in names:

@@ -10,13 +10,14 @@ the text we ship). Reported per C: generated tokens/s and requests/s over the
 wall time; time to first token (TTFT) and inter-token latency (ITL: the gaps
 between a request's streamed tokens), median and p95.
 
-Beside it, in the same run, one after the other on a quiet machine: our
-in-process `lm.generate` on a batch of min(C, the server's batch) copies of the
-prompt (tokens/s over its wall time, prefill included, as the server's is), and,
-given `--llama-server` and `--gguf` (the same weights, converted by
+Beside it, in the same run, one after the other on a quiet machine: given
+`--llama-server` and `--gguf` (the same weights, converted by
 `benchmarks/llama_cpp_gguf.py`), llama.cpp's server with as many slots as the
-most clients (`-np`), 2 threads, prompt cache off, the same requests. JSON goes
-to `--output`. Needs the serving extra (`pip install -e '.[serve]'`).
+most clients (`-np`), 2 threads, prompt cache off, the same requests; then, once
+no server runs, our in-process `lm.generate` on a batch of min(C, the server's
+batch) copies of the prompt (tokens/s over its wall time, prefill included, as
+the server's is). JSON goes to `--output`. Needs the serving extra (`pip install
+-e '.[serve]'`).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def served_lm(request) -> ServerProcess:
     """The server started at collection, ready: LM's seed-0 checkpoint with its tokenizer, on CPU."""
     server = request.config.stash[SERVER]
-    server.wait_until_ready(timeout=1800)  # two fresh compiles on a busy 2-core machine
+    server.wait_until_ready(timeout=1800)  # three fresh compiles on a busy 2-core machine
     return server
 
 

@@ -180,19 +180,19 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     def forward(
         self, tokens: Tensor, return_n_logits: Tensor, input_row_offsets: Tensor, *kv_inputs: Tensor
     ) -> ModuleV3Outputs:
-        del return_n_logits  # only the last token's logits are returned
+        del return_n_logits  # the pipeline model picks a graph by it; each graph returns what it was built to
         caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
         if self.decoding:  # T == R
-            return ModuleV3Outputs(
-                next_token_logits=F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)
-            )
+            return ModuleV3Outputs(next_token_logits=self.logits(hidden))
         last_rows = input_row_offsets[1:] - 1  # [R]
         if self.return_logits == ReturnLogits.ALL:
-            logits = F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)  # [T, V]
+            logits = self.logits(hidden)  # [T, V]
             last = F.gather(logits, last_rows, axis=0)  # [R, V]
             return ModuleV3Outputs(next_token_logits=last, logits=logits, logit_offsets=input_row_offsets)
-        last = F.gather(hidden, last_rows, axis=0)  # [R, D]
-        logits = F.cast(self.lm_head(self.transformer.ln_f(last)), DType.float32)  # [R, V]
-        return ModuleV3Outputs(next_token_logits=logits)
+        return ModuleV3Outputs(next_token_logits=self.logits(F.gather(hidden, last_rows, axis=0)))  # [R, V]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[rows, D] hidden states -> [rows, V] float32 logits (ln_f, then the head)."""
+        return F.cast(self.lm_head(self.transformer.ln_f(hidden)), DType.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from max_gpt2.verify import SCORE_SCALE, TOLERANCES, compare
+from max_gpt2.verify import SCORE_SCALE, TOLERANCES, compare, precision
 
 
 def test_relative_to_the_reference_scale():
@@ -31,3 +31,12 @@ def test_nan_and_shape_mismatch_fail():
     assert not compare(np.full((1, 2, 3), np.nan), expected, "bfloat16").passed
     with pytest.raises(ValueError, match=r"result shape \(1, 3, 2\) differs"):
         compare(np.ones((1, 3, 2)), expected, "float32")
+
+
+def test_float32_on_a_gpu_is_held_to_the_tf32_tolerance():
+    """An error of 1e-3, what TF32 matmuls leave, passes float32 on a GPU and fails it on the CPU."""
+    expected = np.linspace(-1.0, 1.0, 11)
+    result = expected + 1e-3
+    assert compare(result, expected, precision("float32", on_accelerator=True)).passed
+    assert not compare(result, expected, precision("float32", on_accelerator=False)).passed
+    assert [precision(dtype, True) for dtype in ("bfloat16", "float16")] == ["bfloat16", "float16"]

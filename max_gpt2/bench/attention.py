@@ -54,7 +54,7 @@ from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.outputs import Progress, require_matplotlib
 from max_gpt2.testing import random_attention_weights
-from max_gpt2.verify import compare
+from max_gpt2.verify import compare, precision
 
 MODELS = {
     "small": GPT2Config(n_embd=768, n_head=12),
@@ -123,7 +123,9 @@ def time_shape(
         except Exception as error:  # out of memory, most often: recorded, the others go on
             results[contender.name] = {"error": f"{type(error).__name__}: {error}"[:300]}
             continue
-        comparison = compare(output[:, : expected.shape[1]], expected, args.dtype)
+        comparison = compare(
+            output[:, : expected.shape[1]], expected, precision(args.dtype, not device.is_host)
+        )
         results[contender.name] = {"matches_reference": comparison.passed}
         live.append((contender, prepared))
     times: dict[str, list[float]] = {contender.name: [] for contender, _ in live}

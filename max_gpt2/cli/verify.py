@@ -27,7 +27,7 @@ from max_gpt2.inference.attention import IMPLEMENTATIONS, compile_attention
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.outputs import Progress, default_cache_dir
-from max_gpt2.verify import check
+from max_gpt2.verify import check, precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +85,7 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
         result = bound(x)
         run_seconds += time.perf_counter() - start
         start = time.perf_counter()
-        comparison = check(result, x, weights, config.n_head, args.dtype)
+        comparison = check(result, x, weights, config.n_head, precision(args.dtype, not device.is_host))
         reference_seconds += time.perf_counter() - start
         rows.append({"layer": layer, **dataclasses.asdict(comparison), "passed": comparison.passed})
         progress.note(f"layer {layer}: relative error {comparison.relative_error:.2e}")

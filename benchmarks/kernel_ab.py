@@ -93,7 +93,7 @@ def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarra
     if weights == "float32":
         return [weight, bias]
     if weights == "bfloat16":
-        return [float32_to_bfloat16_bits(weight), bias]
+        return [wf.interleave_bfloat16(float32_to_bfloat16_bits(weight)), bias]
     values, scales = (wf.quantize_q8_0 if weights == "q8_0" else wf.quantize_q4_0)(weight)
     return [*wf.interleave(values, scales, weights), bias]
 

@@ -92,7 +92,7 @@ def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
 def packed(session) -> Model:
     """The three packed matmuls and the two dequantize ops in one graph (one compile)."""
     x = TensorType(DType.float32, ["M", "K"], CPU_REF)
-    bf16 = TensorType(DType.bfloat16, ["N", "K"], CPU_REF)
+    bf16 = TensorType(DType.bfloat16, ["GB", "KC"], CPU_REF)
     q8 = TensorType(DType.int8, ["G", "K8"], CPU_REF)
     q4 = TensorType(DType.uint8, ["G", "K4"], CPU_REF)
     scales = TensorType(DType.float16, ["G", "Kb8"], CPU_REF)
@@ -130,7 +130,7 @@ def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer
     """The `packed` graph's inputs: x, W in each format, N, the bias."""
     return [
         Buffer.from_numpy(x),
-        Buffer.from_numpy(float32_to_bfloat16_bits(w)).view(DType.bfloat16),
+        Buffer.from_numpy(wf.interleave_bfloat16(float32_to_bfloat16_bits(w))).view(DType.bfloat16),
         *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q8_0(w), "q8_0")),
         *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q4_0(w), "q4_0")),
         Buffer.from_numpy(np.zeros(w.shape[0], np.float32)),
@@ -178,6 +178,18 @@ def test_matmuls_refuse_a_bias_of_the_wrong_length(matmul, packed):
         matmul.execute(*map(Buffer.from_numpy, (x, w, bias)))
     with pytest.raises(Exception, match=message):
         packed.execute(*packed_inputs(x, w, bias))
+
+
+def test_packed_bfloat16_refuses_a_row_major_weight(packed):
+    """bfloat16 W must be in its groups of 8 rows; a plain [N, K] matrix is refused with both shapes."""
+    x, w = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32)
+    inputs = packed_inputs(x, w, np.zeros(0, np.float32))
+    inputs[1] = Buffer.from_numpy(float32_to_bfloat16_bits(w)).view(DType.bfloat16)
+    message = (
+        r"packed_matmul_bf16: for K = 64 and N = 10 the bfloat16 weight needs \[2, 512\]; got \[10, 64\]"
+    )
+    with pytest.raises(Exception, match=message):
+        packed.execute(*inputs)
 
 
 def attention_reference(cache, qkv, key_bias, heads, stored=np.float64):

@@ -8,7 +8,7 @@ import pytest
 
 from max_gpt2 import load_lm, reference
 from max_gpt2.model import weight_formats as wf
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.weight_adapters import model_parameter_shapes
 from tests.support import LM, LM_ONE_LAYER, prompt_and_steps
 
@@ -97,6 +97,22 @@ def test_interleaving_puts_each_value_where_the_kernel_reads_it(format, rows):
     np.testing.assert_array_equal(back_scales, scales)
 
 
+@pytest.mark.parametrize(("rows", "columns"), [(1, 32), (7, 33), (8, 96), (9, 5), (17, 40)])
+def test_bfloat16_interleaving_puts_each_value_where_the_kernel_reads_it(rows, columns):
+    """bfloat16's layout in `weight_formats`' docstring, element by element (padding zero), and back."""
+    bits = np.random.default_rng(rows).integers(1, 1 << 16, (rows, columns)).astype(np.uint16)
+    stored = wf.interleave_bfloat16(bits)
+    groups, chunks = -(-rows // wf.GROUP), -(-columns // 32)
+    assert stored.shape == (groups, chunks * 256) and stored.dtype == np.uint16
+    for row in range(groups * wf.GROUP):
+        g, r = divmod(row, wf.GROUP)
+        for column in range(chunks * 32):
+            c, e = divmod(column, 32)
+            want = bits[row, column] if row < rows and column < columns else 0
+            assert stored[g, c * 256 + r * 32 + e] == want, (row, column)
+    np.testing.assert_array_equal(wf.deinterleave_bfloat16(stored, rows, columns), bits)
+
+
 def test_a_block_of_zeros_stays_zero():
     for quantize, name in ((wf.quantize_q8_0, "q8_0"), (wf.quantize_q4_0, "q4_0")):
         values, scales = quantize(np.zeros((2, 40), np.float32))
@@ -119,7 +135,8 @@ def test_packing_a_model_packs_the_projections_and_the_head_only(format):
         assert error <= {"float32": 0, "bfloat16": 2**-8, "q8_0": 1 / 127, "q4_0": 1 / 8}[format], name
     if format == "bfloat16":
         np.testing.assert_array_equal(
-            restored["lm_head.weight"], bfloat16_bits_to_float32(packed["lm_head.weight"])
+            restored["lm_head.weight"],
+            bfloat16_bits_to_float32(float32_to_bfloat16_bits(weights["lm_head.weight"])),
         )
     extra = set(packed) - set(weights)
     assert extra == (

@@ -1,10 +1,13 @@
-# What the packed matmuls share: the formats, how q8_0 and q4_0 weights are laid out, and checks.
+# What the packed matmuls share: the formats, how their weights are laid out, and checks.
 #
-# q8_0 and q4_0 rows are stored 8 at a time, interleaved, so that one SIMD register holds
-# 4 consecutive values of each of 8 rows and a multiply-add produces 8 rows' partial dot
-# products side by side (`max_gpt2.model.weight_formats` lays them out; N is padded to
-# a multiple of 8 with zero rows, K to whole blocks with zeros):
+# Rows are stored 8 at a time, interleaved, so that a group of 8 rows is one stream of memory
+# (`max_gpt2.model.weight_formats` lays them out; N is padded to a multiple of 8 with zero rows).
+# bfloat16 keeps 32 consecutive values of a row together (K padded to a multiple of 32); q8_0 and
+# q4_0 keep 4, so that one SIMD register holds 4 values of each of 8 rows and a multiply-add
+# produces 8 rows' partial dot products side by side (K padded to whole blocks):
 #
+#   bfloat16     bfloat16 [N / 8, Kp * 8]  group g, chunk c, row r, element e (0..31):
+#                                          at c * 256 + r * 32 + e = W[8g + r, 32c + e]
 #   q8_0 values  int8 [N / 8, Kb * 256]   group g, block b, chunk c (0..7), row r, element e (0..3):
 #                                          byte (b * 8 + c) * 32 + r * 4 + e = W[8g + r, 32b + 4c + e]
 #   q4_0 values  uint8 [N / 8, Kb * 128]  byte (b * 4 + c) * 32 + r * 4 + e holds element 32b + 4c + e
@@ -16,6 +19,7 @@ from std.sys.info import num_physical_cores
 comptime F32 = DType.float32
 comptime BLOCK = 32  # weights sharing a scale
 comptime GROUP = 8  # rows stored interleaved
+comptime CHUNK = 32  # consecutive bfloat16 values of a row stored together: one cache line
 comptime PREFETCH_AHEAD = 8192  # bytes of q8_0/q4_0 W requested into L2 ahead of the loads
 comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
 
@@ -53,3 +57,11 @@ def check_blocks(name: StaticString, FORMAT: Int, K: Int, N: Int, w_rows: Int, w
     var columns = blocks * (GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2)
     if w_rows != groups or w_columns != columns or d_rows != groups or d_columns != blocks * GROUP:
         raise Error(name, ": for K = ", K, " and N = ", N, " the values need [", groups, ", ", columns, "] and the scales [", groups, ", ", blocks * GROUP, "]; got [", w_rows, ", ", w_columns, "] and [", d_rows, ", ", d_columns, "]")
+
+
+def check_chunks(name: StaticString, K: Int, N: Int, w_rows: Int, w_columns: Int) raises:
+    """An interleaved bfloat16 W for K inputs and N outputs is [N / 8, Kp * 8]."""
+    var groups = (N + GROUP - 1) // GROUP
+    var columns = (K + CHUNK - 1) // CHUNK * CHUNK * GROUP
+    if w_rows != groups or w_columns != columns:
+        raise Error(name, ": for K = ", K, " and N = ", N, " the bfloat16 weight needs [", groups, ", ", columns, "]; got [", w_rows, ", ", w_columns, "]")

@@ -7,7 +7,9 @@
 # time, and dots those with every row of x (X_ROWS at once) while they are in cache, a block of RB
 # rows at a time, every partial sum in a register (MB x RB accumulators of a vector register's
 # lanes). bfloat16 W is widened to float32 in registers (exact: the top half of a float32), so
-# both multiply and add in float32; they differ only in the bytes a weight takes.
+# both multiply and add in float32; they differ in the bytes a weight takes, and in where it is:
+# float32 W is row-major [N, K] (any Linear's weight), bfloat16 W is stored in interleaved groups
+# of 8 rows (packed_layout.mojo), so that the rows a block reads together are one stream.
 import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.algorithm import sync_parallelize
@@ -17,7 +19,7 @@ from std.memory import UnsafePointer
 from std.sys.info import CompilationTarget, simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
-from .packed_layout import F32, SERIAL_BELOW, check_bias, check_dense, row_chunks
+from .packed_layout import CHUNK, F32, GROUP, SERIAL_BELOW, check_bias, check_chunks, check_dense, row_chunks
 
 # One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled the accumulators
 # (batch 8 ran 1.5x slower on a 2-core AVX2 EPYC).
@@ -52,6 +54,24 @@ def w_rows[MB: Int]() -> Int:
 
 
 @always_inline
+def _start[WT: DType](n: Int, K: Int) -> Int:
+    """Where row n of W starts: row-major float32, or bfloat16 in groups of 8 rows."""
+    comptime if WT == F32:
+        return n * K
+    else:
+        return (n // GROUP) * GROUP * ((K + CHUNK - 1) // CHUNK * CHUNK) + (n % GROUP) * CHUNK
+
+
+@always_inline
+def _offset[WT: DType](k: Int) -> Int:
+    """Where value k of a row is, from the row's start (a vector of LANES values never straddles)."""
+    comptime if WT == F32:
+        return k
+    else:
+        return (k // CHUNK) * (GROUP * CHUNK) + k % CHUNK
+
+
+@always_inline
 def _block[
     WT: DType, MB: Int, RB: Int
 ](
@@ -67,23 +87,32 @@ def _block[
     """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row."""
     comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
+    var starts = Array[Int, RB](uninitialized=True)
+    comptime for r in range(RB):
+        starts[r] = _start[WT](n + r, K)
     var vector_end = K // LANES * LANES
     var k = 0
+    var at = 0  # where value k of a row is, from the row's start (`_offset`, kept up as k moves)
     while k < vector_end:
         var rows = Array[SIMD[F32, LANES], RB](uninitialized=True)
         comptime for r in range(RB):
-            rows[r] = (w + (n + r) * K + k).load[width=LANES]().cast[F32]()
-            prefetch[PrefetchOptions().for_read().low_locality()](w + (n + r) * K + k + AHEAD)
+            var row = w + starts[r] + at
+            rows[r] = row.load[width=LANES]().cast[F32]()
+            prefetch[PrefetchOptions().for_read().low_locality()](row + AHEAD)
         comptime for m in range(MB):
             var xv = (x + m * K + k).load[width=LANES]()
             comptime for r in range(RB):
                 acc[m * RB + r] = rows[r].fma(xv, acc[m * RB + r])
         k += LANES
+        at += LANES
+        comptime if WT != F32:
+            if k % CHUNK == 0:  # on to the row's next chunk, past the group's other rows
+                at += (GROUP - 1) * CHUNK
     comptime for m in range(MB):
         comptime for r in range(RB):
             var total = acc[m * RB + r].reduce_add()
             for tail in range(vector_end, K):
-                total += w[(n + r) * K + tail].cast[F32]() * x[m * K + tail]
+                total += w[starts[r] + _offset[WT](tail)].cast[F32]() * x[m * K + tail]
             y[m * N + n + r] = total + bias[n + r] if has_bias else total
 
 
@@ -123,7 +152,8 @@ def dense_matmul[
     K: Int,
     N: Int,
 ):
-    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K], W [N, K] (float32 or bfloat16), y [M, N]."""
+    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N]; W float32 [N, K] or
+    bfloat16 in groups (packed_layout.mojo)."""
     var tasks = chunks_of[WT](M, K, N)
     # Chunks a multiple of 24 rows, so every block size (8, 4, 3) tiles them.
     var chunk = ((N + tasks - 1) // tasks + 23) // 24 * 24
@@ -175,11 +205,16 @@ def _execute[
     w: InputTensor[dtype=WT, rank=2, ...],
     bias: InputTensor[dtype=F32, rank=1, ...],
 ) raises:
-    var M, K, N = x.dim_size(0), x.dim_size(1), w.dim_size(0)
-    if w.dim_size(1) != K or y.dim_size(0) != M or y.dim_size(1) != N:
-        raise Error(name, ": x [", M, ", ", K, "], W [", N, ", ", w.dim_size(1), "] and y [", y.dim_size(0), ", ", y.dim_size(1), "] disagree")
+    var M, K, N = x.dim_size(0), x.dim_size(1), y.dim_size(1)
+    comptime if WT == F32:
+        if w.dim_size(0) != N or w.dim_size(1) != K or y.dim_size(0) != M:
+            raise Error(name, ": x [", M, ", ", K, "], W [", w.dim_size(0), ", ", w.dim_size(1), "] and y [", y.dim_size(0), ", ", N, "] disagree")
+    else:
+        if y.dim_size(0) != M:
+            raise Error(name, ": x has ", M, " rows and y ", y.dim_size(0))
+        check_chunks(name, K, N, w.dim_size(0), w.dim_size(1))
     check_dense(name, M, K, x.stride_length(0), x.stride_length(1))
-    check_dense(name, N, K, w.stride_length(0), w.stride_length(1))
+    check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
     check_dense(name, M, N, y.stride_length(0), y.stride_length(1))
     check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
     dense_matmul[WT](

@@ -3,7 +3,7 @@
 Parameters, for `out` outputs and `in` inputs (Kb blocks of 32 inputs, G groups of 8
 outputs; the layouts are `max_gpt2.model.weight_formats`'):
 
-    bfloat16  weight bfloat16 [out, in]
+    bfloat16  weight bfloat16 [G, Kb * 256]
     q8_0      weight int8 [G, Kb * 256], scales float16 [G, Kb * 8]
     q4_0      weight uint8 [G, Kb * 128] (two 4-bit values a byte), scales float16 [G, Kb * 8]
     bias      float32 [out], as `Linear`'s
@@ -21,7 +21,7 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
 from max_gpt2.kernels import dequantize, packed_matmul
-from max_gpt2.model.weight_formats import BLOCK, GROUP
+from max_gpt2.model.weight_formats import BLOCK, CHUNK, GROUP
 
 
 class PackedLinear(Module[[Tensor], Tensor]):
@@ -31,7 +31,7 @@ class PackedLinear(Module[[Tensor], Tensor]):
         self.format, self.kernels, self.in_dim, self.out_dim = format, kernels, in_dim, out_dim
         blocks, groups = -(-in_dim // BLOCK), -(-out_dim // GROUP)
         if format == "bfloat16":
-            self.weight = Tensor.zeros([out_dim, in_dim], dtype=DType.bfloat16)
+            self.weight = Tensor.zeros([groups, -(-in_dim // CHUNK) * GROUP * CHUNK], dtype=DType.bfloat16)
         else:
             per_block = GROUP * BLOCK if format == "q8_0" else GROUP * BLOCK // 2
             dtype = DType.int8 if format == "q8_0" else DType.uint8
@@ -47,7 +47,13 @@ class PackedLinear(Module[[Tensor], Tensor]):
             y = packed_matmul(rows, self.weight, scales, self.format, self.out_dim, bias)
             return y.reshape([*x.shape[:-1], self.out_dim])
         if scales is None:
-            y = rows @ F.cast(self.weight, DType.float32).T
+            y = rows @ F.cast(self._deinterleaved(), DType.float32).T
         else:
             y = rows @ dequantize(self.weight, scales, self.format, self.out_dim, self.in_dim).T
         return (y + self.bias).reshape([*x.shape[:-1], self.out_dim])
+
+    def _deinterleaved(self) -> Tensor:
+        """The bfloat16 weight back in rows, [out, in]."""
+        groups, chunks = int(self.weight.shape[0]), int(self.weight.shape[1]) // (GROUP * CHUNK)
+        grouped = self.weight.reshape([groups, chunks, GROUP, CHUNK]).permute([0, 2, 1, 3])  # [G, r, c, e]
+        return grouped.reshape([groups * GROUP, chunks * CHUNK])[: self.out_dim, : self.in_dim]

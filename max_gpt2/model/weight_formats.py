@@ -11,11 +11,15 @@ as (activations and sums stay float32):
               d = (the block's weight of largest magnitude) / -8; 0.5625 bytes a weight
 
 q8_0 and q4_0 are llama.cpp's values and rounding rules (`quantize_q8_0`,
-`quantize_q4_0`, row by row, K padded with zeros to whole blocks). They are
-stored for our kernels (`max_gpt2/kernels/quantized_matmul.mojo`) with 8 rows
-interleaved, so that one register holds 4 consecutive values of each of 8 rows
-(`interleave`; N padded with zero rows to a multiple of 8):
+`quantize_q4_0`, row by row, K padded with zeros to whole blocks). Every format
+but float32 is stored for our kernels (`max_gpt2/kernels/`) with 8 rows
+interleaved, N padded with zero rows to a multiple of 8: a decoding step then
+reads each group of 8 rows as one stream of memory, not 8 (benchmarks/README.md
+has what that gained and cost). q8_0 and q4_0 (`interleave`) also put 4
+consecutive values of each of the 8 rows in one register:
 
+    bfloat16     uint16 [N8 / 8, Kp * 8]   group g, chunk c, row r, element e (0..31), K padded to
+                                           a multiple of 32: at c * 256 + r * 32 + e: W[8g + r, 32c + e]
     q8_0 values  int8 [N8 / 8, Kb * 256]   group g, block b, chunk c, row r, element e:
                                            at (b * 8 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
     q4_0 values  uint8 [N8 / 8, Kb * 128]  at (b * 4 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
@@ -39,6 +43,7 @@ from max_gpt2.model.weight_adapters import CONV1D_WEIGHTS
 FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
 BLOCK = 32  # weights sharing a scale
 GROUP = 8  # rows stored interleaved
+CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -111,6 +116,23 @@ def interleave(values: np.ndarray, scales: np.ndarray, format: str) -> tuple[np.
     )
 
 
+def interleave_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns [N, K] -> the kernel's layout, uint16 [N8 / 8, Kp * 8] (module docstring)."""
+    rows, columns = bits.shape
+    groups, chunks = -(-rows // GROUP), -(-columns // CHUNK)
+    padded = np.zeros((groups * GROUP, chunks * CHUNK), np.uint16)
+    padded[:rows, :columns] = bits
+    stored = padded.reshape(groups, GROUP, chunks, CHUNK).transpose(0, 2, 1, 3)  # [g, c, r, e]
+    return np.ascontiguousarray(stored.reshape(groups, -1))
+
+
+def deinterleave_bfloat16(stored: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """The inverse of `interleave_bfloat16`: bit patterns [rows, columns]."""
+    groups, chunks = stored.shape[0], stored.shape[1] // (GROUP * CHUNK)
+    bits = stored.reshape(groups, chunks, GROUP, CHUNK).transpose(0, 2, 1, 3)  # [g, r, c, e]
+    return bits.reshape(groups * GROUP, chunks * CHUNK)[:rows, :columns]
+
+
 def deinterleave(
     stored: np.ndarray, stored_scales: np.ndarray, format: str, rows: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +150,8 @@ def deinterleave(
 def pack(weights: Mapping[str, np.ndarray], format: str) -> dict[str, np.ndarray]:
     """float32 parameters (MAX layout) -> the same with each projection and the LM head in `format`.
 
-    bfloat16 weights come back as their uint16 bit patterns; q8_0 and q4_0 as their
-    interleaved values under the weight's name and their scales under `scales_name`. Arrays
+    bfloat16 weights come back as their interleaved uint16 bit patterns; q8_0 and q4_0 as
+    their interleaved values under the weight's name and their scales under `scales_name`. Arrays
     shared under several names (a tied head) are converted once per name they are
     packed under.
     """
@@ -139,7 +161,7 @@ def pack(weights: Mapping[str, np.ndarray], format: str) -> dict[str, np.ndarray
         if format == "float32" or not is_packed(name):
             packed[name] = array
         elif format == "bfloat16":
-            packed[name] = float32_to_bfloat16_bits(array)
+            packed[name] = interleave_bfloat16(float32_to_bfloat16_bits(array))
         else:
             quantize = quantize_q8_0 if format == "q8_0" else quantize_q4_0
             packed[name], packed[scales_name(name)] = interleave(*quantize(array), format)
@@ -155,7 +177,7 @@ def unpack(
         if format == "float32" or not is_packed(name):
             weights[name] = packed[name]
         elif format == "bfloat16":
-            weights[name] = bfloat16_bits_to_float32(packed[name])
+            weights[name] = bfloat16_bits_to_float32(deinterleave_bfloat16(packed[name], *shape))
         else:
             values, scales = deinterleave(packed[name], packed[scales_name(name)], format, shape[0])
             weights[name] = dequantize(values, scales, format, shape[1])

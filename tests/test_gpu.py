@@ -127,7 +127,9 @@ def test_lm_logits_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype):
     mask = (np.arange(11)[None, :] >= np.array([[0], [2], [5]])).astype(np.int64)
     expected, largest_score = reference.lm_logits_and_largest_score(ids, weights, LM, mask)
     real = mask.astype(bool)
-    comparison = compare(lm.logits(ids, mask)[real], expected[real], precision(dtype, True), largest_score)
+    comparison = compare(
+        lm.logits(ids, mask)[real], expected[real], precision(dtype, on_accelerator=True), largest_score
+    )
     assert comparison.passed, comparison
 
 

@@ -9,7 +9,7 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import compile_attention, from_pretrained, load_attention_weights
-from max_gpt2.inference.devices import resolve_device
+from max_gpt2.inference.devices import check_compiles_on, hopper_refusal, resolve_device
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import check
 from tests.support import HAS_GPU, ODD
@@ -129,6 +129,15 @@ def test_device_names():
     if not HAS_GPU:
         with pytest.raises(ValueError, match=r"device 'gpu:0' asked for, but MAX sees 0 accelerator"):
             resolve_device("gpu:0")
+
+
+def test_what_hopper_cannot_compile_is_refused_by_name():
+    assert "use bfloat16" in hopper_refusal("sm_90a", DType.float16, 768)
+    assert "got n_embd=60" in hopper_refusal("sm_90a", DType.bfloat16, 60)
+    assert hopper_refusal("sm_90a", DType.bfloat16, 768) is None
+    assert hopper_refusal("sm_90a", DType.float32, 60) is None
+    assert hopper_refusal("sm_80", DType.float16, 60) is None  # only Hopper was measured
+    check_compiles_on(CPU(), DType.float16, 60)  # the CPU compiles every dtype at every width
 
 
 def test_dtype_of_numpy_results(compiled, x):

@@ -36,6 +36,7 @@ from max.graph import Graph
 from max_gpt2.inference.compiled import CompiledModel, GraphVariants
 from max_gpt2.inference.devices import (
     NUMPY_DTYPES,
+    check_compiles_on,
     host_array,
     host_buffer,
     resolve_device,
@@ -222,6 +223,7 @@ def compile_attention(
     input shape.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    check_compiles_on(target, compute_dtype, config.n_embd)
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
     graph = AttentionGraphs(config, target, compute_dtype, chosen)

@@ -40,6 +40,36 @@ def device_name(device: Device) -> str:
     return "cpu" if device.is_host else f"gpu:{device.id}"
 
 
+def hopper_refusal(architecture: str, dtype: DType, n_embd: int) -> str | None:
+    """Why MAX 26.7 cannot compile GPT-2 of width `n_embd` in `dtype` on an NVIDIA GPU of
+    `architecture` (`Device.architecture_name`), or None where it can.
+
+    Measured on an H200 (`tests/test_gpu.py`): on Hopper (sm_90) float16 attention fails to
+    compile, graph and flash alike (a constraint in MAX's sm_90 attention kernel's tensor-core
+    MMA), and bfloat16 matmuls fail where a row of `n_embd` values is not a whole number of 16
+    bytes (MAX's sm_90 tile loader: widths 40, 56, 64, 72, 768 and 1600 compile, 60 does not).
+    """
+    if not architecture.startswith("sm_90"):
+        return None
+    if dtype == DType.float16:
+        return "float16 attention does not compile on NVIDIA Hopper (sm_90) in MAX 26.7; use bfloat16"
+    if dtype == DType.bfloat16 and n_embd % 8:
+        return (
+            f"bfloat16 on NVIDIA Hopper (sm_90) needs n_embd divisible by 8 in MAX 26.7 (its matmul "
+            f"loads rows in 16-byte tiles); got n_embd={n_embd}"
+        )
+    return None
+
+
+def check_compiles_on(device: Device, dtype: DType, n_embd: int) -> None:
+    """Refuses, before a compile that would fail minutes later, what `hopper_refusal` names."""
+    if device.is_host or device.api != "cuda":
+        return
+    reason = hopper_refusal(device.architecture_name, dtype, n_embd)
+    if reason:
+        raise ValueError(f"{device_name(device)} ({device.architecture_name}): {reason}")
+
+
 def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
     """A NumPy array converted to `dtype` and placed on `device`."""
     if dtype == DType.bfloat16:

@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
-from max_gpt2.inference.devices import packed_buffer, resolve_device
+from max_gpt2.inference.devices import check_compiles_on, packed_buffer, resolve_device
 from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
@@ -253,6 +253,7 @@ def compile_lm(
     values rounded to float16, attention computed in float32).
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    check_compiles_on(target, compute_dtype, config.n_embd)
     checked = check_model_weights(weights, config)  # before spending time compiling
     graph = LMGraphs(config, target, compute_dtype, kernels, weight_format, kv_cache)
     for variant in ["attentions"] if output_attentions else {graph.prompt_variant, graph.step_variant}:

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import max_gpt2
 from max_gpt2.cli.console import demo_checkpoint, positive_int
-from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -102,6 +103,7 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     if not checkpoint.path.is_dir():
         raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
     check_servable(checkpoint)
+    check_compiles_on(device, parse_dtype(args.dtype), checkpoint.config.n_embd)
     command = [
         sys.executable,
         "-m",

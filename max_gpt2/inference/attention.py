@@ -220,7 +220,8 @@ def compile_attention(
     `c_proj.bias` in MAX `Linear` layout, as `load_attention_weights` returns
     them. `impl` is one of `IMPLEMENTATIONS` (module docstring). The graph has
     symbolic batch and sequence dimensions, so this one compile serves every
-    input shape.
+    input shape. What MAX cannot compile on the device (`devices.hopper_refusal`)
+    is refused before compiling.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     check_compiles_on(target, compute_dtype, config.n_embd)

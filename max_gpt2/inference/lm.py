@@ -250,7 +250,8 @@ def compile_lm(
     the float32 `weights` here; formats other than float32 are for the CPU in float32.
     `kv_cache`: the KV cache's dtype, the compute dtype by default, or "float16"
     with float32 compute (half the bytes a step's attention reads; keys and
-    values rounded to float16, attention computed in float32).
+    values rounded to float16, attention computed in float32). What MAX cannot
+    compile on the device (`devices.hopper_refusal`) is refused before compiling.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     check_compiles_on(target, compute_dtype, config.n_embd)

@@ -277,9 +277,11 @@ def load_lm(
     converted from the checkpoint here. `kv_cache` is the KV cache's dtype (`compile_lm`).
     The checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
     """
-    check_weight_format(weights, resolve_device(device), parse_dtype(dtype))  # before reading any tensor
-    check_kv_cache(kv_cache, parse_dtype(dtype))
-    opened = Checkpoint(checkpoint)
+    target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+    check_weight_format(weights, target, compute_dtype)  # before reading any tensor
+    check_kv_cache(kv_cache, compute_dtype)
+    opened = Checkpoint(checkpoint)  # its config and keys; the tensors are read below
+    check_compiles_on(target, compute_dtype, opened.config.n_embd)
     lm = compile_lm(
         opened.config,
         opened.model_weights(),

@@ -2,7 +2,8 @@
 
     python benchmarks/step_floor.py [--weights float32,bfloat16,q8_0,q4_0] [--rounds 3]
 
-For each format, in alternated rounds: the median `decode_step` of GPT-2 small's
+For each format, in alternated rounds: the median batch-1 `decode_step` after a
+32-token prompt (`decode_breakdown.step_ms`) of GPT-2 small's
 shapes (the bench checkpoint) and of a model with the same ops at width 64
 (12 layers, one head, vocabulary 320: a step that reads almost no bytes, so its
 time is what the ops cost to run at all: MAX's runtime, our kernels' set-up,
@@ -20,33 +21,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import numpy as np
+from decode_breakdown import step_ms  # this folder's; run as `python benchmarks/step_floor.py`
 
 from max_gpt2.bench.generation import MODELS, demo_checkpoint_for, matvec_bandwidth, weight_bytes_per_step
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import resolve_device
-from max_gpt2.inference.lm import CompiledLM, load_lm
+from max_gpt2.inference.lm import load_lm
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
 
 SAME_OPS = GPT2Config(n_embd=64, n_head=1, n_layer=12, n_positions=256, vocab_size=320)
-PROMPT, STEPS = 32, 40
-
-
-def step_ms(lm: CompiledLM) -> float:
-    """Median ms of a batch-1 decoding step after a `PROMPT`-token prompt."""
-    ids = np.random.default_rng(0).integers(0, lm.config.vocab_size, (1, PROMPT))
-    cache = lm.new_cache(1, PROMPT + STEPS + 1)
-    logits = lm.prefill(ids, cache)
-    times = []
-    for _ in range(STEPS):
-        start = time.perf_counter()
-        logits = lm.decode_step(logits.argmax(-1), cache)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+PROMPT = 32
 
 
 def main() -> None:
@@ -66,10 +54,11 @@ def main() -> None:
             models[weights] = (load_lm(small, "cpu", weights=weights), load_lm(tiny, "cpu", weights=weights))
     bandwidth = max(matvec_bandwidth().values())
     times: dict[str, tuple[list[float], list[float]]] = {weights: ([], []) for weights in formats}
+    rng = np.random.default_rng(0)
     for _ in range(args.rounds):
         for weights, (full, floor) in models.items():
-            times[weights][0].append(step_ms(full))
-            times[weights][1].append(step_ms(floor))
+            times[weights][0].append(step_ms(full, 1, PROMPT, rng))
+            times[weights][1].append(step_ms(floor, 1, PROMPT, rng))
     print(machine_description(resolve_device("cpu")), f"matrix-vector bandwidth {bandwidth / 1e9:.1f} GB/s")
     print("| weights | step ms | same ops at width 64 ms | weights at bandwidth ms | rest ms |")
     print("|---|---:|---:|---:|---:|")

@@ -5,18 +5,21 @@
 Builds the text-generation pipeline `max serve` runs (our architecture, MAX's
 paged KV cache, scheduler left out) and, on the same checkpoint, `load_lm`'s
 `CompiledLM`; then, for each batch size, decodes greedily step by step,
-alternating one pipeline step (`TextGenerationPipeline.execute`: batch inputs,
-the graph, MAX's sampler) with one `CompiledLM.decode_step` at the same context.
-Prints the median ms of each, and of the pipeline's graph call alone, so what a
-served token costs beyond the model splits into the graph and the rest of
-`execute`; what the server adds beyond that (scheduler, HTTP, processes) is the
-difference with `benchmarks/serving.py`'s inter-token latency. CPU, float32.
+alternating three things at the same context: a pipeline step as served
+(`GPT2TextGenerationPipeline`: batch inputs, the graph, the argmax on the host),
+the same step through MAX's stock `TextGenerationPipeline._execute` (its sampler
+graph instead of the argmax), and one `CompiledLM.decode_step`. Prints the median
+ms of each, and of the pipeline's graph call alone, so what a served token costs
+beyond the model splits into the graph and the rest of `execute`; what the
+server adds beyond that (scheduler, HTTP, processes) is the difference with
+`benchmarks/serving.py`'s inter-token latency. CPU, float32.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ import numpy as np
 from max.driver import CPU, DeviceSpec
 from max.pipelines import PIPELINE_REGISTRY, PipelineArgs, PipelineConfig
 from max.pipelines.context.sampling_params import SamplingParams
+from max.pipelines.lib import TextGenerationPipeline
 from max.pipelines.modeling.types import TextGenerationInputs, TextGenerationRequest
 from max.pipelines.request.base import RequestID
 
@@ -74,8 +78,13 @@ def main() -> int:
     lm = load_lm(args.checkpoint, "cpu", "float32")
     prompt = " ".join(CORPUS.read_text().split()[:24])
     print(machine_description(CPU()))
-    print("| batch | pipeline execute ms | its graph ms | rest of execute ms | CompiledLM decode_step ms |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| batch | execute ms, as served | its graph ms | rest of execute ms"
+        " | execute ms, MAX's sampler | CompiledLM decode_step ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    served = pipeline.execute
+    with_sampler = functools.partial(TextGenerationPipeline._execute, pipeline)  # MAX's own step
     for batch in batches:
         contexts = []
         for _ in range(batch):
@@ -83,26 +92,34 @@ def main() -> int:
                 request_id=RequestID(),
                 model_name="gpt2",
                 prompt=prompt,
-                sampling_params=SamplingParams(temperature=0, max_new_tokens=args.steps + 1, ignore_eos=True),
+                sampling_params=SamplingParams(
+                    temperature=0, max_new_tokens=2 * args.steps + 1, ignore_eos=True
+                ),
             )
             context = asyncio.run(tokenizer.new_context(request))
             kv.claim(context, replica_idx=0)
             contexts.append(context)
         prompt_ids = np.tile(contexts[0].tokens.all, (batch, 1))
-        cache = lm.new_cache(batch, prompt_ids.shape[1] + args.steps)
+        cache = lm.new_cache(batch, prompt_ids.shape[1] + 2 * args.steps)
         lm.prefill(prompt_ids, cache)
-        steps, graphs, lm_steps = [], [], []
+        steps, graphs, sampled_steps, lm_steps = [], [], [], []
         model.execute = timed(type(model).execute.__get__(model), graphs)
         for _ in range(args.steps):
-            for context in contexts:
-                kv.alloc(context)
-            timed(pipeline.execute, steps)(TextGenerationInputs(batches=[contexts]))
+            for execute, times in ((served, steps), (with_sampler, sampled_steps)):
+                for context in contexts:
+                    kv.alloc(context)
+                timed(execute, times)(TextGenerationInputs(batches=[contexts]))
             timed(lm.decode_step, lm_steps)(np.full(batch, 5), cache)
         del model.execute
         for context in contexts:
             kv.release(context)
-        step, graph, alone = (1e3 * statistics.median(t[2:]) for t in (steps, graphs, lm_steps))
-        print(f"| {batch} | {step:.1f} | {graph:.1f} | {step - graph:.1f} | {alone:.1f} |", flush=True)
+        step, graph, sampled, alone = (
+            1e3 * statistics.median(t[2:]) for t in (steps, graphs[0::2], sampled_steps, lm_steps)
+        )
+        print(
+            f"| {batch} | {step:.1f} | {graph:.1f} | {step - graph:.1f} | {sampled:.1f} | {alone:.1f} |",
+            flush=True,
+        )
     return 0
 
 

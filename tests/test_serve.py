@@ -39,13 +39,14 @@ NEW_TOKENS = 12
 
 
 def complete(server: ServerProcess, prompt: str, **options: Any) -> Any:
-    """A greedy completion through the OpenAI client, with the token ids (MAX's and vLLM's extension)."""
+    """A completion (greedy unless `options` say otherwise) through the OpenAI client, with the token
+    ids (MAX's and vLLM's extension)."""
     import openai
 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-    options = {"max_tokens": NEW_TOKENS, **options}
+    options = {"max_tokens": NEW_TOKENS, "temperature": 0, **options}
     return client.completions.create(
-        model="gpt2", prompt=prompt, temperature=0, extra_body={"return_token_ids": True}, **options
+        model="gpt2", prompt=prompt, extra_body={"return_token_ids": True}, **options
     )
 
 
@@ -128,6 +129,53 @@ def test_requests_arriving_while_others_decode_get_the_tokens_they_get_alone(ser
     with ThreadPoolExecutor(len(cases)) as pool:
         got = list(pool.map(late_request, range(len(cases))))
     assert got == [expected[prompt].ids[:max_tokens] for prompt, max_tokens in cases]
+
+
+def test_sampled_requests_beside_greedy_ones_leave_them_their_tokens(server, expected, lm):
+    """A step with a sampled request runs MAX's sampler; an all-greedy one takes the argmax on the host
+    (`GPT2TextGenerationPipeline`). Mixed in one batch, the greedy requests still get `lm.generate`'s
+    tokens and the sampled ones tokens of the vocabulary, not all the greedy ones."""
+    with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
+        greedy = pool.map(lambda prompt: served(complete(server, prompt).choices[0]), PROMPTS)
+        sampled = pool.map(
+            lambda prompt: served(complete(server, prompt, temperature=1.0, top_p=0.9).choices[0]), PROMPTS
+        )
+        assert list(greedy) == [expected[prompt] for prompt in PROMPTS]
+        sampled = list(sampled)
+    for completion in sampled:
+        assert 0 < len(completion.ids) <= NEW_TOKENS
+        assert all(0 <= token < lm.config.vocab_size for token in completion.ids)
+    # Random weights spread the next token's probability thin: 48 draws are not all the argmax.
+    assert [completion.ids for completion in sampled] != [expected[prompt].ids for prompt in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    ("params", "asks", "argmax"),
+    [
+        ({"temperature": 0}, {}, True),
+        ({"top_k": 1, "temperature": 0.7}, {}, True),
+        ({"temperature": 0, "top_p": 0.5, "min_p": 0.1}, {}, True),
+        ({"temperature": 0.7}, {}, False),
+        ({"temperature": 0, "frequency_penalty": 0.5}, {}, False),
+        ({"temperature": 0, "repetition_penalty": 1.2}, {}, False),
+        ({"temperature": 0, "min_new_tokens": 3}, {}, False),
+        ({"temperature": 0, "logits_processors": [lambda inputs: None]}, {}, False),
+        ({"temperature": 0}, {"log_probabilities": 1}, False),
+        ({"temperature": 0}, {"json_schema": "{}"}, False),
+        ({"temperature": 0}, {"label_token_ids": [3, 5]}, False),
+    ],
+)
+def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks, argmax):
+    from max.pipelines.context import TextContext
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+
+    from max_gpt2.serving.pipeline import argmax_applies
+
+    context = TextContext(
+        max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**params), **asks
+    )
+    assert argmax_applies(context) is argmax
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):

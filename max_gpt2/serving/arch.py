@@ -14,6 +14,7 @@ from max.pipelines.modeling.types import PipelineTask
 
 from max_gpt2.serving.model import GPT2PipelineModel
 from max_gpt2.serving.model_config import GPT2ServingConfig
+from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
 from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
 CPU_BATCH_SIZE = 16  # requests decoded together on a CPU; see GPT2MemoryPlanner
@@ -42,6 +43,7 @@ gpt2_arch = SupportedArchitecture(
     default_encoding=GPT2ServingConfig.DEFAULT_ENCODING,
     supported_encodings=GPT2ServingConfig.SUPPORTED_ENCODINGS,
     pipeline_model=GPT2PipelineModel,
+    pipeline_cls=GPT2TextGenerationPipeline,
     tokenizer=GPT2TextTokenizer,
     context_type=TextContext,
     default_weights_format=WeightsFormat.safetensors,

@@ -9,7 +9,8 @@ past them) for the rest; elsewhere only the general one, with MAX's ops.
 MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
-flattened cache), runs a graph once per step and samples. MAX's
+flattened cache) and runs a graph once per step; `GPT2TextGenerationPipeline`
+picks the tokens (an argmax when every request is greedy, else MAX's sampler). MAX's
 `LogProbabilitiesMixin` answers OpenAI's `logprobs` (up to 7 alternatives) from
 the graph's logits, and with `echo` the prompt's too, from every token's logits
 (a server started with `--enable-echo`; `max-gpt2 serve` starts it so). Such a

@@ -103,6 +103,10 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
     }
     bandwidth = {}
     for name, product in products.items():
+        # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
+        # take a core from this one's: NumPy then our kernel back to back read 16.5 against 11.5 GB/s
+        # on a 2-core EPYC, 16.4 against 16.5 with a pause between.
+        time.sleep(0.5)
         product(), product()  # the first passes fault pages and fill the TLB: not the steady state
         best = float("inf")
         for _ in range(repeat):

@@ -104,8 +104,8 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
     bandwidth = {}
     for name, product in products.items():
         # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
-        # take a core from this one's: NumPy then our kernel back to back read 16.5 against 11.5 GB/s
-        # on a 2-core EPYC, 16.4 against 16.5 with a pause between.
+        # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
+        # without the pause and 16.9-19.4 with it (three runs of each, alternated).
         time.sleep(0.5)
         product(), product()  # the first passes fault pages and fill the TLB: not the steady state
         best = float("inf")

@@ -178,6 +178,50 @@ def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks,
     assert argmax_applies(context) is argmax
 
 
+@pytest.mark.parametrize(
+    ("second_request", "device", "argmax"),
+    [
+        ({"temperature": 0}, "cpu", True),
+        ({"temperature": 0.7}, "cpu", False),
+        ({"temperature": 0}, "gpu", False),
+    ],
+)
+def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
+    second_request, device, argmax, monkeypatch
+):
+    """The pipeline's routing, the model and MAX's step stubbed: an all-greedy step on a CPU gets each
+    row's argmax and steps the cache for each request; one sampled request, or an accelerator, sends
+    the whole step to MAX's `_execute`."""
+    from max.pipelines.context import TextContext
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+    from max.pipelines.lib import ModelOutputs, TextGenerationPipeline
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    logits = Buffer.from_numpy(np.array([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 3.5]], np.float32))
+    maxs_steps, cache_steps = [], []
+    monkeypatch.setattr(
+        TextGenerationPipeline, "_execute", lambda self, inputs: maxs_steps.append(inputs) or {}
+    )
+    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
+    pipeline._devices = [type("Device", (), {"is_host": device == "cpu"})()]
+    pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
+    pipeline._launch_forward_pass = lambda inputs, batch, step: ModelOutputs(logits, logits)
+    pipeline._kv_manager = type("Cache", (), {"step": lambda self, context: cache_steps.append(context)})()
+    contexts = [
+        TextContext(max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**params))
+        for params in ({"temperature": 0}, second_request)
+    ]
+    responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
+    if argmax:
+        assert [responses[context.request_id].tokens for context in contexts] == [[1], [3]]
+        assert cache_steps == contexts and not maxs_steps
+    else:
+        assert len(maxs_steps) == 1 and not cache_steps and not responses
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):
     """A streamed request dropped after two tokens is cancelled; the others finish right, and then
     as many requests as a batch holds are answered together."""

@@ -31,12 +31,14 @@ comptime PREFETCH_BYTES = 65536
 # (8 by 1 were 3 % slower at batch 8).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
 comptime F32_TASKS = 8  # chunks of a float32 W's rows, when the work is worth more than one thread
-comptime F32_SERIAL_BELOW = 1 << 20  # multiply-adds (N * K * rows) under which one thread does float32
+# Multiply-adds (N * K * rows) under which one thread does float32: 1 << 20 left GPT-2 small's
+# 768 x 768 c_proj on one thread at batch 1, and its step's products took 1.06x the time.
+comptime F32_SERIAL_BELOW = 1 << 19
 
 
 def chunks_of[WT: DType](M: Int, K: Int, N: Int) -> Int:
     """Chunks of W's rows a product is split into; 1: this thread does it all (waking the others
-    costs more than a small product gains). float32 in 8 chunks from 1 << 20 multiply-adds; bfloat16
+    costs more than a small product gains). float32 in 8 chunks from 1 << 19 multiply-adds; bfloat16
     one a core (8 were 2 % slower at batch 1 and 8 % at batch 8 on a Zen 4) from `SERIAL_BELOW` bytes."""
     comptime if WT == F32:
         return 1 if N * K * M < F32_SERIAL_BELOW else F32_TASKS

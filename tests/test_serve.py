@@ -149,6 +149,17 @@ def test_sampled_requests_beside_greedy_ones_leave_them_their_tokens(server, exp
     assert [completion.ids for completion in sampled] != [expected[prompt].ids for prompt in PROMPTS]
 
 
+def text_context(sampling: dict[str, Any], **asks: Any) -> Any:
+    """A request's context as MAX's tokenizer makes it: three prompt tokens, `sampling`'s parameters."""
+    from max.pipelines.context import TextContext
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+
+    return TextContext(
+        max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**sampling), **asks
+    )
+
+
 @pytest.mark.parametrize(
     ("params", "asks", "argmax"),
     [
@@ -166,16 +177,9 @@ def test_sampled_requests_beside_greedy_ones_leave_them_their_tokens(server, exp
     ],
 )
 def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks, argmax):
-    from max.pipelines.context import TextContext
-    from max.pipelines.context.sampling_params import SamplingParams
-    from max.pipelines.context.tokens import TokenBuffer
-
     from max_gpt2.serving.pipeline import argmax_applies
 
-    context = TextContext(
-        max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**params), **asks
-    )
-    assert argmax_applies(context) is argmax
+    assert argmax_applies(text_context(params, **asks)) is argmax
 
 
 @pytest.mark.parametrize(
@@ -192,9 +196,6 @@ def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
     """The pipeline's routing, the model and MAX's step stubbed: an all-greedy step on a CPU gets each
     row's argmax and steps the cache for each request; one sampled request, or an accelerator, sends
     the whole step to MAX's `_execute`."""
-    from max.pipelines.context import TextContext
-    from max.pipelines.context.sampling_params import SamplingParams
-    from max.pipelines.context.tokens import TokenBuffer
     from max.pipelines.lib import ModelOutputs, TextGenerationPipeline
     from max.pipelines.modeling.types import TextGenerationInputs
 
@@ -210,10 +211,7 @@ def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
     pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
     pipeline._launch_forward_pass = lambda inputs, batch, step: ModelOutputs(logits, logits)
     pipeline._kv_manager = type("Cache", (), {"step": lambda self, context: cache_steps.append(context)})()
-    contexts = [
-        TextContext(max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**params))
-        for params in ({"temperature": 0}, second_request)
-    ]
+    contexts = [text_context({"temperature": 0}), text_context(second_request)]
     responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
     if argmax:
         assert [responses[context.request_id].tokens for context in contexts] == [[1], [3]]

@@ -26,8 +26,8 @@ from max.experimental.tensor import Tensor, TensorType, default_device, default_
 
 from max_gpt2 import GPT2Attention, compile_attention
 from max_gpt2.bench.attention import MODELS, parse_shapes
-from max_gpt2.bench.attention_contenders import torch_contenders, torch_skip_reason
-from max_gpt2.bench.harness import settle
+from max_gpt2.bench.attention_contenders import torch_contenders
+from max_gpt2.bench.harness import settle, torch_skip_reason
 from max_gpt2.inference.devices import to_buffer, to_numpy
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.testing import random_attention_weights

@@ -25,7 +25,8 @@ import sys
 import numpy as np
 from decode_breakdown import step_ms  # this folder's; run as `python benchmarks/step_floor.py`
 
-from max_gpt2.bench.generation import MODELS, demo_checkpoint_for, matvec_bandwidth, weight_bytes_per_step
+from max_gpt2.bench.bandwidth import matvec_bandwidth, weight_bytes_per_step
+from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.lm import load_lm

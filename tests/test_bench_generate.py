@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from max_gpt2.bench.generation import weight_bytes_per_step
+from max_gpt2.bench.bandwidth import weight_bytes_per_step
 from max_gpt2.cli import main
 from max_gpt2.cli.bench_generate import parse_cases
 from max_gpt2.model.checkpoint import Checkpoint

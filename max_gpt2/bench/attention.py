@@ -39,7 +39,6 @@ from max_gpt2.bench.attention_contenders import (
     max_contenders,
     numpy_contender,
     torch_contenders,
-    torch_skip_reason,
 )
 from max_gpt2.bench.harness import (
     cold_compile_seconds,
@@ -48,6 +47,7 @@ from max_gpt2.bench.harness import (
     peak_dtype,
     peak_extra_memory_mib,
     settle,
+    torch_skip_reason,
 )
 from max_gpt2.bench.report import cell, save_figure
 from max_gpt2.inference.devices import device_name, resolve_device

@@ -129,13 +129,3 @@ def torch_contenders(
     for sdpa in (False, True):
         if ("torch-sdpa" if sdpa else "torch-eager") in args.impls:
             yield make(sdpa)
-
-
-def torch_skip_reason(device: Device) -> str | None:
-    """Why the PyTorch peers cannot run here, or None."""
-    torch = harness.optional_torch()
-    if torch is None:
-        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
-    if not device.is_host and not torch.cuda.is_available():
-        return "this PyTorch build has no CUDA"
-    return None

@@ -11,9 +11,11 @@ checkpoints are GPT-2 small and medium shapes written by `write_checkpoint` into
 the cache directory (random weights take as long as trained ones), or yours
 with `--checkpoint`. For each model:
 
-1. Hugging Face's greedy tokens must equal ours (`max`), case by case, before any
-   timing (in float32; in bfloat16 and float16 rounding may tip a token, which the
-   report records); packed weights' tokens are compared and recorded, not required.
+1. Hugging Face's greedy tokens (on the same device as ours) must equal ours
+   (`max`), case by case, before any timing (in float32 on the host; in bfloat16
+   and float16, and on an accelerator, whose float32 products MAX rounds to TF32,
+   a near-tie may tip a token, which the report records); packed weights' tokens
+   are compared and recorded, not required.
 2. Cases `BATCHxPROMPT+NEW` (default 1x32+128 and 8x32+128): interleaved rounds,
    each contender in a rotating order after `measure.settle`; a round records the
    time of every new token. Prefill is the call to the first token; decode rate is
@@ -28,24 +30,23 @@ blocks, the final norm and the LM head, i.e. `wte`; one row each of `wte` and
 `wpe`), so its rate cannot pass bandwidth / bytes. Each contender's bytes are
 those of the format it reads its weights in (projections and head packed, the
 rest float32). The bandwidth is a float32 matrix-vector product of GPT-2's LM
-head (154 MB) measured in the same run (the faster of NumPy's and our
-`skinny_matmul` kernel's, best of several). A batch of B shares those reads: its
-limit is B times that.
+head (154 MB) measured in the same run (on the host the faster of NumPy's and our
+`skinny_matmul` kernel's, on an accelerator a MAX graph's there; best of several).
+A batch of B shares those reads: its limit is B times that.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from max.driver import CPU, Buffer
-from max.engine import InferenceSession
+from max.driver import Device
 
+from max_gpt2.bench.bandwidth import accelerator_matvec_bandwidth, matvec_bandwidth, weight_bytes_per_step
 from max_gpt2.bench.generation_contenders import (
     Generator,
     hugging_face_generators,
@@ -56,10 +57,8 @@ from max_gpt2.bench.generation_contenders import (
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.report import save_figure
 from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.kernels import skinny_matmul_graph
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import BYTES_PER_WEIGHT
 from max_gpt2.outputs import Progress, default_cache_dir, require_matplotlib
 from max_gpt2.testing import write_checkpoint
 
@@ -69,52 +68,6 @@ MODELS = {
 }
 CURVE_WINDOW = 32  # tokens per point of the curve
 CURVE_PROMPT = 16
-
-
-def weight_bytes_per_step(config: GPT2Config, weights: str = "float32") -> int:
-    """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
-    and the LM head in `weights` (a format of `max_gpt2.model.weight_formats`, or float16)."""
-    width, inner = config.n_embd, config.mlp_width
-    packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
-    plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
-    head = config.vocab_size * width  # the tied LM head reads all of wte
-    per_weight = BYTES_PER_WEIGHT.get(weights, 2.0)  # float16 (Hugging Face's) is 2 too
-    float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
-    return round((config.n_layer * packed + head) * per_weight) + float32
-
-
-def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
-    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product, best of `repeat` each.
-
-    Two ways, NumPy's and our `skinny_matmul` (`max_gpt2.kernels`), so the limit
-    comes from the fastest stream of weights this machine gives, not only ours.
-    The matrix (50257 x 768, 154 MB) is far larger than any cache, whatever model is timed.
-    """
-    config = MODELS["small"]
-    rng = np.random.default_rng(0)
-    matrix = rng.standard_normal((config.vocab_size, config.n_embd), dtype=np.float32)
-    vector = rng.standard_normal((1, config.n_embd), dtype=np.float32)
-    kernel = InferenceSession(devices=[CPU()]).load(skinny_matmul_graph())
-    weights, row = Buffer.from_numpy(matrix), Buffer.from_numpy(vector)
-    no_bias = Buffer.from_numpy(np.zeros(0, np.float32))
-    products = {
-        "numpy": lambda: matrix @ vector[0],
-        "skinny_matmul": lambda: kernel.execute(row, weights, no_bias),
-    }
-    bandwidth = {}
-    for name, product in products.items():
-        # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
-        # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
-        # without the pause and 16.9-19.4 with it (three runs of each, alternated).
-        time.sleep(0.5)
-        product(), product()  # the first passes fault pages and fill the TLB: not the steady state
-        best = float("inf")
-        for _ in range(repeat):
-            start = time.perf_counter()
-            product()
-            best = min(best, time.perf_counter() - start)
-        bandwidth[name] = matrix.nbytes / best
-    return bandwidth
 
 
 def rates(times: list[float], batch: int) -> tuple[float, float]:
@@ -150,7 +103,9 @@ def bench_model(
             expected = timed[0].generate(ids, new)
             same = {g.name: bool(np.array_equal(g.generate(ids, new), expected)) for g in timed if g.generate}
         differ = [g for g, alike in same.items() if not alike and g.startswith("hf-")]
-        if differ and args.dtype == "float32":
+        # On an accelerator MAX multiplies float32 on TF32 tensor cores (`verify.precision`) and
+        # PyTorch does not: a near-tie may tip a token there as in half precision.
+        if differ and args.dtype == "float32" and args.on_host:
             raise ValueError(f"{name} {case}: {', '.join(differ)} generated other tokens than max")
         with progress.step(f"{name} {case}: {args.rounds} rounds"):
             clocks = interleaved(timed, args.rounds, lambda g, i=ids, n=new: g.clocked(i, n))
@@ -202,15 +157,18 @@ def demo_checkpoint_for(name: str, cache_dir: Path, progress: Progress) -> Path:
     return path
 
 
-def contenders(path: Path, args: argparse.Namespace, skipped: dict[str, str]) -> list[Generator]:
-    """Every contender on the checkpoint at `path`: ours per `--weights`, Hugging Face's, llama.cpp's."""
+def contenders(
+    path: Path, args: argparse.Namespace, skipped: dict[str, str], device: Device
+) -> list[Generator]:
+    """Every contender on the checkpoint at `path`: ours per `--weights` and Hugging Face's on
+    `device`, llama.cpp's on the host."""
     generators = [
         max_generator(path, args.device, args.dtype, weights, kv_cache)
         for weights in args.weights
         for kv_cache in args.kv_cache
     ]
     wanted = [c for c in args.contenders if c != "max" and c not in skipped]
-    generators += hugging_face_generators(path, wanted, args.dtype) if wanted else []
+    generators += hugging_face_generators(path, wanted, args.dtype, device) if wanted else []
     for weights, gguf in args.gguf.items():
         generators.append(llama_cpp_generator(args.llama_bench, gguf, weights, args.threads))
     return generators
@@ -219,12 +177,14 @@ def contenders(path: Path, args: argparse.Namespace, skipped: dict[str, str]) ->
 def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     device = resolve_device(args.device)
     skipped = {}
-    if (reason := hugging_face_skip_reason()) is not None:
+    if (reason := hugging_face_skip_reason(device)) is not None:
         skipped = {name: reason for name in args.contenders if name != "max"}
     for name, reason in skipped.items():
         progress.note(f"skipping {name}: {reason}")
-    with progress.step("measuring float32 matrix-vector bandwidth (NumPy and skinny_matmul)"):
-        bandwidths = matvec_bandwidth()
+    args.on_host = device.is_host
+    ways = "NumPy and skinny_matmul" if device.is_host else f"a MAX graph on {device_name(device)}"
+    with progress.step(f"measuring float32 matrix-vector bandwidth ({ways})"):
+        bandwidths = matvec_bandwidth() if device.is_host else accelerator_matvec_bandwidth(device)
         args.bandwidth = max(bandwidths.values())
     report: dict[str, Any] = {
         "device": device_name(device),
@@ -246,7 +206,7 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
         with progress.step(
             f"{name}: loading every contender (ours compiles: a minute or two the first time)"
         ):
-            generators = contenders(path, args, skipped)
+            generators = contenders(path, args, skipped, device)
         report["models"][name] = bench_model(name, path, generators, args, progress)
     return report
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from max.driver import Device
 
 from max_gpt2.bench import harness, llama_cpp
 from max_gpt2.inference.lm import load_lm
@@ -98,14 +99,18 @@ def llama_cpp_generator(binary: Path, gguf: Path, weights: str, threads: int) ->
     )
 
 
-def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> list[Generator]:
-    """`hf-eager` and `hf-sdpa` as asked: GPT2LMHeadModel from the same files, greedy, no early stop."""
+def hugging_face_generators(
+    checkpoint: Path, names: list[str], dtype: str, device: Device
+) -> list[Generator]:
+    """`hf-eager` and `hf-sdpa` as asked: GPT2LMHeadModel from the same files on `device` (as PyTorch
+    names it), greedy, no early stop."""
     torch = harness.optional_torch()
     import transformers
     from transformers.generation.streamers import BaseStreamer
 
     transformers.logging.set_verbosity_error()
     torch.set_grad_enabled(False)
+    torch_device = "cpu" if device.is_host else f"cuda:{device.id}"
 
     class Clock(BaseStreamer):
         def __init__(self) -> None:
@@ -118,14 +123,19 @@ def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> l
             pass
 
     def make(name: str) -> Generator:
-        model = transformers.GPT2LMHeadModel.from_pretrained(
-            checkpoint, attn_implementation=name.removeprefix("hf-"), dtype=getattr(torch, dtype)
-        ).eval()
+        model = (
+            transformers.GPT2LMHeadModel.from_pretrained(
+                checkpoint, attn_implementation=name.removeprefix("hf-"), dtype=getattr(torch, dtype)
+            )
+            .to(torch_device)
+            .eval()
+        )
 
         def generate(ids: np.ndarray, new: int, streamer: Any = None) -> np.ndarray:
-            tokens = torch.from_numpy(ids)
+            # The streamer is handed each token on the host, so its clock waits for the device.
+            tokens = torch.from_numpy(ids).to(torch_device)
             options = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "streamer": streamer}
-            return model.generate(tokens, max_new_tokens=new, min_new_tokens=new, **options).numpy()
+            return model.generate(tokens, max_new_tokens=new, min_new_tokens=new, **options).cpu().numpy()
 
         def clocked(ids: np.ndarray, new: int) -> list[float]:
             clock = Clock()
@@ -133,7 +143,10 @@ def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> l
             return clock.times
 
         def forward(ids: np.ndarray) -> Any:
-            return model(torch.from_numpy(ids))
+            logits = model(torch.from_numpy(ids).to(torch_device)).logits
+            if not device.is_host:
+                torch.cuda.synchronize(torch_device)  # the call returns before the GPU is done
+            return logits
 
         warm = np.zeros((1, 8), dtype=np.int64)
         return Generator(
@@ -148,10 +161,10 @@ def hugging_face_generators(checkpoint: Path, names: list[str], dtype: str) -> l
     return [make(name) for name in names]
 
 
-def hugging_face_skip_reason() -> str | None:
-    """Why Hugging Face cannot run here, or None."""
-    if harness.optional_torch() is None:
-        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
+def hugging_face_skip_reason(device: Device) -> str | None:
+    """Why Hugging Face cannot run on `device` here, or None."""
+    if reason := harness.torch_skip_reason(device):
+        return reason
     try:
         import transformers  # noqa: F401
     except ImportError:

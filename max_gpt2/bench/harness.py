@@ -63,6 +63,16 @@ def optional_torch() -> Any:
     return torch
 
 
+def torch_skip_reason(device: Device) -> str | None:
+    """Why the PyTorch peers cannot run here, or None."""
+    torch = optional_torch()
+    if torch is None:
+        return "PyTorch is not installed (pip install 'max-gpt2[peers]')"
+    if not device.is_host and not torch.cuda.is_available():
+        return "this PyTorch build has no CUDA"
+    return None
+
+
 def peak_dtype(device: Device, dtype: str) -> str:
     """The dtype the peak is measured in: float32 on CPU (where half precision is for testing, not
     speed), the compute dtype on GPU (whose tensor cores make half precision far faster)."""

@@ -1,0 +1,99 @@
+"""How fast this machine streams weights, and how many a decoding step streams: the two halves of
+`max-gpt2 bench-generate`'s limit (tokens/s = bandwidth / bytes per step; see
+`max_gpt2.bench.generation`).
+
+The bandwidth is a float32 matrix-vector product with GPT-2 small's LM head (50257 x 768, 154 MB,
+far larger than any cache), best of several calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from max.driver import CPU, Buffer, Device
+from max.dtype import DType
+from max.engine import InferenceSession
+from max.graph import DeviceRef, Graph, TensorType
+
+from max_gpt2.kernels import skinny_matmul_graph
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.weight_formats import BYTES_PER_WEIGHT
+
+
+def weight_bytes_per_step(config: GPT2Config, weights: str = "float32") -> int:
+    """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
+    and the LM head in `weights` (a format of `max_gpt2.model.weight_formats`, or float16)."""
+    width, inner = config.n_embd, config.mlp_width
+    packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
+    plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
+    head = config.vocab_size * width  # the tied LM head reads all of wte
+    per_weight = BYTES_PER_WEIGHT.get(weights, 2.0)  # float16 (Hugging Face's) is 2 too
+    float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
+    return round((config.n_layer * packed + head) * per_weight) + float32
+
+
+def lm_head_operands() -> tuple[np.ndarray, np.ndarray]:
+    """GPT-2 small's LM head [50257, 768] (154 MB, far larger than any cache) and one row [1, 768]."""
+    config = GPT2Config()
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((config.vocab_size, config.n_embd), dtype=np.float32)
+    return matrix, rng.standard_normal((1, config.n_embd), dtype=np.float32)
+
+
+def best_seconds(product: Callable[[], Any], repeat: int) -> float:
+    """The fastest of `repeat` calls of `product`, after two untimed ones (they fault pages in and
+    fill the TLB: not the steady state)."""
+    product(), product()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        product()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
+    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product on the host, best of
+    `repeat` each.
+
+    Two ways, NumPy's and our `skinny_matmul` (`max_gpt2.kernels`), so the limit
+    comes from the fastest stream of weights this machine gives, not only ours.
+    """
+    matrix, vector = lm_head_operands()
+    kernel = InferenceSession(devices=[CPU()]).load(skinny_matmul_graph())
+    weights, row = Buffer.from_numpy(matrix), Buffer.from_numpy(vector)
+    no_bias = Buffer.from_numpy(np.zeros(0, np.float32))
+    products = {
+        "numpy": lambda: matrix @ vector[0],
+        "skinny_matmul": lambda: kernel.execute(row, weights, no_bias),
+    }
+    bandwidth = {}
+    for name, product in products.items():
+        # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
+        # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
+        # without the pause and 16.9-19.4 with it (three runs of each, alternated).
+        time.sleep(0.5)
+        bandwidth[name] = matrix.nbytes / best_seconds(product, repeat)
+    return bandwidth
+
+
+def accelerator_matvec_bandwidth(device: Device, repeat: int = 20) -> dict[str, float]:
+    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product in a MAX graph on
+    `device` (an accelerator), best of `repeat`: the host's bandwidth says nothing of its memory."""
+    matrix, vector = lm_head_operands()
+    where = DeviceRef.from_device(device)
+    types = [TensorType(DType.float32, array.shape, where) for array in (vector, matrix)]
+    with Graph("lm_head_matvec", input_types=types) as graph:
+        row, weights = (value.tensor for value in graph.inputs)
+        graph.output(row @ weights.T)  # [1, 768] @ [768, 50257]
+    model = InferenceSession(devices=[device]).load(graph)
+    operands = [Buffer.from_numpy(array).to(device) for array in (vector, matrix)]
+
+    def product() -> None:
+        model.execute(*operands)
+        device.synchronize()  # the call returns before the accelerator is done
+
+    return {"max-matmul": matrix.nbytes / best_seconds(product, repeat)}

@@ -49,6 +49,7 @@ from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import check_compiles_on, packed_buffer, resolve_device
 from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
+from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
@@ -93,6 +94,7 @@ class CompiledLM(CompiledModel):
     graph: LMGraphs
     check_weights = staticmethod(check_model_weights)
     tokenizer: Tokenizer | None = None
+    _restless_threads_quieted = False  # `max_gpt2.inference.threads`, before the first decoding
 
     @property
     def weight_format(self) -> str:
@@ -156,6 +158,9 @@ class CompiledLM(CompiledModel):
         cache.attention_mask = mask
         logit_index = np.arange(seq_len) if all_logits else np.array([seq_len - 1])
         logits = self._run(self.graph.prompt_variant, ids, position_ids(mask), mask, logit_index, cache)
+        if self.device.is_host and not self._restless_threads_quieted:  # MAX starts one at a first run
+            quiet_restless_threads()
+            self._restless_threads_quieted = True
         return logits if all_logits else logits[:, 0]
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:

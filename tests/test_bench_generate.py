@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 
+import numpy as np
 import pytest
 
 from max_gpt2.bench.bandwidth import weight_bytes_per_step
+from max_gpt2.bench.generation import bench_model
+from max_gpt2.bench.generation_contenders import Generator
 from max_gpt2.cli import main
 from max_gpt2.cli.bench_generate import parse_cases
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.weight_formats import is_packed
+from max_gpt2.outputs import Progress
 from tests.support import LM
 
 
@@ -86,3 +92,47 @@ def test_cases_are_parsed():
     assert parse_cases("1x32+128, 8x4+2") == [(1, 32, 128), (8, 4, 2)]
     with pytest.raises(ValueError, match=r"--cases wants a list such as"):
         parse_cases("1x0+5")
+
+
+def stand_in(name: str, tokens: np.ndarray) -> Generator:
+    """A contender that 'generates' `tokens` whatever it is asked, one millisecond a token."""
+    return Generator(
+        name,
+        "float32",
+        lambda ids, new: [0.001 * step for step in range(new + 1)],
+        lambda ids: 0.001,
+        lambda: None,
+        lambda ids, new: tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "on_host", "refused"),
+    [("float32", True, True), ("float32", False, False), ("bfloat16", True, False)],
+)
+def test_other_tokens_from_hugging_face_stop_the_run_only_in_float32_on_the_host(
+    lm_checkpoint, dtype, on_host, refused
+):
+    # On an accelerator our float32 products run on TF32 tensor cores; in half precision rounding may
+    # tip a near-tie: there the difference is recorded, not refused.
+    ours, theirs = np.zeros((1, 3), np.int64), np.ones((1, 3), np.int64)
+    args = argparse.Namespace(
+        cases=[(1, 2, 3)],
+        rounds=1,
+        bandwidth=1e9,
+        seed=0,
+        prefill=0,
+        curve=False,
+        dtype=dtype,
+        on_host=on_host,
+    )
+    generators = [stand_in("max", ours), stand_in("hf-sdpa", theirs)]
+    if refused:
+        with pytest.raises(ValueError, match="hf-sdpa generated other tokens than max"):
+            bench_model("lm", lm_checkpoint(LM), generators, args, Progress(io.StringIO()))
+        return
+    report = bench_model("lm", lm_checkpoint(LM), generators, args, Progress(io.StringIO()))
+    assert {row["contender"]: row["same_tokens_as_max"] for row in report["cases"]} == {
+        "max": True,
+        "hf-sdpa": False,
+    }

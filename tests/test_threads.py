@@ -1,5 +1,5 @@
 """Restless helper threads (`max_gpt2.inference.threads`): found by how often they wake, moved to
-SCHED_BATCH, and MAX's own one moved before a decoding loop on the CPU."""
+SCHED_BATCH, and MAX's own one moved after a compiled model's first run on the CPU."""
 
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ def test_a_thread_waking_thousands_of_times_a_second_is_moved_and_a_sleeping_one
             worker.join()
 
 
-def test_decoding_on_the_cpu_first_moves_maxs_restless_thread(compiled_lm, lm_weights):
+def test_a_models_first_run_on_the_cpu_moves_maxs_restless_thread(compiled_lm, lm_weights):
     reset_every_thread()
     lm = compiled_lm(LM).with_weights(lm_weights(LM))  # a fresh instance: it has not moved any yet
-    lm.generate(np.zeros((1, 4), np.int64), 2)
+    lm.logits(np.zeros((1, 4), np.int64))
     found = restless_threads()
     assert found, "MAX no longer keeps a restless thread: max_gpt2.inference.threads has no work"
     assert all(policy(tid) == os.SCHED_BATCH for tid in found)

@@ -179,12 +179,12 @@ class CompiledAttention(CompiledModel):
 
     def _execute(self, x: Buffer) -> Buffer:
         """Runs the graph on `x` [batch, seq, n_embd], already on the device in the compute dtype."""
-        tiles, model = self.graph.tiles, self._bound.model()
+        tiles = self.graph.tiles
         if tiles == 1:
-            (result,) = model.execute(x)
+            (result,) = self._bound.execute("plain", x)
             return result
         # Only CPU graphs are tiled, so padding and reshaping happen in host memory.
-        (result,) = model.execute(host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
+        (result,) = self._bound.execute("plain", host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
         return host_buffer(_untile(host_array(result), x.shape[1]), self.dtype)
 
     def attentions(self, x: np.ndarray) -> np.ndarray:
@@ -203,7 +203,7 @@ class CompiledAttention(CompiledModel):
         batch, seq_len, _ = x.shape
         if x.size == 0:
             return np.zeros((batch, self.config.n_head, seq_len, seq_len), dtype=np.float32)
-        _, weights = self._bound.model("attentions").execute(to_buffer(x, self.dtype, self.device))
+        _, weights = self._bound.execute("attentions", to_buffer(x, self.dtype, self.device))
         return to_numpy(weights).astype(np.float32)
 
 

@@ -9,7 +9,7 @@ never carries the extra output.
 
     variants = GraphVariants(device, stage)      # stage(variant name) -> Graph
     bound = BoundVariants(variants, weights)     # one set of weights, bound per variant on demand
-    bound.model("attentions").execute(...)
+    bound.execute("attentions", ...)
 
 Every `BoundVariants` made from one `GraphVariants` shares its compiled graphs,
 which is how `with_weights` swaps checkpoints without compiling again.
@@ -32,6 +32,7 @@ from max.engine import InferenceSession, Model
 from max.graph import Graph
 
 from max_gpt2.inference.devices import device_name, to_buffer
+from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.model.config import GPT2Config
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class GraphVariants:
 
     def __init__(self, device: Device, stage: Callable[[str], Graph]) -> None:
         """`stage(variant)` traces that variant's graph; it runs at most once per variant."""
+        self.device = device
         self.session = InferenceSession(devices=[device])
         self._stage = stage
         self._compiled: dict[str, engine.CompiledModel] = {}
@@ -65,6 +67,7 @@ class BoundVariants:
         self.variants = variants
         self._weights = dict(weights)  # a bound model reads these buffers: keep them alive with it
         self._models: dict[str, Model] = {}
+        self._restless_threads_quieted = not variants.device.is_host  # `execute`
         for variant in variants.compiled_variants():  # a bad registry fails here, not later
             self.model(variant)
 
@@ -74,6 +77,15 @@ class BoundVariants:
             compiled = self.variants.compiled(variant)
             self._models[variant] = self.variants.session.init(compiled, weights_registry=self._weights)
         return self._models[variant]
+
+    def execute(self, variant: str, *inputs: Buffer) -> list[Any]:
+        """The variant's outputs for `inputs`. After the first run on the host, MAX's restless
+        helper thread no longer preempts its workers (`max_gpt2.inference.threads`)."""
+        outputs = self.model(variant).execute(*inputs)
+        if not self._restless_threads_quieted:  # MAX starts that thread at a process's first run
+            quiet_restless_threads()
+            self._restless_threads_quieted = True
+        return outputs
 
 
 class CompiledModel(ABC):

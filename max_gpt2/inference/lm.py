@@ -49,7 +49,6 @@ from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import check_compiles_on, packed_buffer, resolve_device
 from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
-from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
@@ -94,7 +93,6 @@ class CompiledLM(CompiledModel):
     graph: LMGraphs
     check_weights = staticmethod(check_model_weights)
     tokenizer: Tokenizer | None = None
-    _restless_threads_quieted = False  # `max_gpt2.inference.threads`, before the first decoding
 
     @property
     def weight_format(self) -> str:
@@ -158,9 +156,6 @@ class CompiledLM(CompiledModel):
         cache.attention_mask = mask
         logit_index = np.arange(seq_len) if all_logits else np.array([seq_len - 1])
         logits = self._run(self.graph.prompt_variant, ids, position_ids(mask), mask, logit_index, cache)
-        if self.device.is_host and not self._restless_threads_quieted:  # MAX starts one at a first run
-            quiet_restless_threads()
-            self._restless_threads_quieted = True
         return logits if all_logits else logits[:, 0]
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
@@ -200,7 +195,7 @@ class CompiledLM(CompiledModel):
         batch, seq_len = ids.shape
         cache = self.new_cache(batch, seq_len)
         inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
-        _, weights = self._bound.model("attentions").execute(*inputs, *cache.buffers)
+        _, weights = self._bound.execute("attentions", *inputs, *cache.buffers)
         real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
         return np.from_dlpack(weights.to(CPU())) * real_queries
 
@@ -224,7 +219,7 @@ class CompiledLM(CompiledModel):
     ) -> np.ndarray:
         """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for the new tokens."""
         inputs = self._inputs(ids, positions, mask, logit_index)
-        (logits,) = self._bound.model(variant).execute(*inputs, *cache.buffers)
+        (logits,) = self._bound.execute(variant, *inputs, *cache.buffers)
         return np.from_dlpack(logits.to(CPU()))
 
     def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:

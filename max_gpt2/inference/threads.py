@@ -12,7 +12,9 @@ MAX names no such thread and offers no setting for it, so it is found by what it
 thread of this process, other than the caller, that woke at least `WAKES_PER_SECOND` times in
 a `SAMPLE_SECONDS` window. MAX's workers sleep when no graph runs, so they are not picked
 (and nothing is picked while a graph runs on another thread, which is why the caller should
-be the one that runs graphs). Lowering one's own threads' policy needs no privilege.
+be the one that runs graphs). Lowering one's own threads' policy needs no privilege. Called once
+per bound model after its first run on the host (`compiled.BoundVariants.execute`), and once per
+serving model after its first step.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
     weights, row = Buffer.from_numpy(matrix), Buffer.from_numpy(vector)
     no_bias = Buffer.from_numpy(np.zeros(0, np.float32))
     kernel.execute(row, weights, no_bias)  # MAX starts its restless thread at a first execution:
-    quiet_restless_threads()  # out of the way, as a CompiledLM has it before decoding
+    quiet_restless_threads()  # out of the way, as a compiled model has it after its first run
     products = {
         "numpy": lambda: matrix @ vector[0],
         "skinny_matmul": lambda: kernel.execute(row, weights, no_bias),

@@ -6,7 +6,7 @@ Where MAX has a worker on every core (its default), each wake-up preempts a work
 middle of a product: on a 2-core EPYC a GPT-2 small decoding step took about 270 involuntary
 context switches, one per wake-up. Under `SCHED_BATCH` the thread still runs, at its fair share,
 but no longer preempts on waking: 9 in 10 of those switches went, and the median step took
-0.93x the time (37.6 against 40.5 ms, ten alternated rounds in one process).
+0.92-0.95x the time (37.6 against 40.5 ms, ten alternated rounds in one process).
 
 MAX names no such thread and offers no setting for it, so it is found by what it does: a
 thread of this process, other than the caller, that woke at least `WAKES_PER_SECOND` times in

@@ -259,7 +259,7 @@ def main() -> int:
             }
             x = Buffer.from_numpy(rng.standard_normal((rows, config.n_embd), dtype=np.float32))
             outputs = {name: model.execute(x, *weights)[0].to_numpy() for name, model in models.items()}
-            quiet_restless_threads()  # as a CompiledLM does before decoding
+            quiet_restless_threads()  # as a compiled model does after its first run
             seconds: dict[str, list[float]] = {name: [] for name in models}
             for _ in range(args.rounds):
                 for name, model in models.items():

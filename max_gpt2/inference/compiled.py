@@ -32,7 +32,7 @@ from max.engine import InferenceSession, Model
 from max.graph import Graph
 
 from max_gpt2.inference.devices import device_name, to_buffer
-from max_gpt2.inference.threads import quiet_restless_threads
+from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class BoundVariants:
         self.variants = variants
         self._weights = dict(weights)  # a bound model reads these buffers: keep them alive with it
         self._models: dict[str, Model] = {}
-        self._restless_threads_quieted = not variants.device.is_host  # `execute`
+        self._after_first_run = AfterFirstRun(variants.device.is_host)
         for variant in variants.compiled_variants():  # a bad registry fails here, not later
             self.model(variant)
 
@@ -82,9 +82,7 @@ class BoundVariants:
         """The variant's outputs for `inputs`. After the first run on the host, MAX's restless
         helper thread no longer preempts its workers (`max_gpt2.inference.threads`)."""
         outputs = self.model(variant).execute(*inputs)
-        if not self._restless_threads_quieted:  # MAX starts that thread at a process's first run
-            quiet_restless_threads()
-            self._restless_threads_quieted = True
+        self._after_first_run.ran()
         return outputs
 
 

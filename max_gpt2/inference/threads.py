@@ -12,9 +12,9 @@ MAX names no such thread and offers no setting for it, so it is found by what it
 thread of this process, other than the caller, that woke at least `WAKES_PER_SECOND` times in
 a `SAMPLE_SECONDS` window. MAX's workers sleep when no graph runs, so they are not picked
 (and nothing is picked while a graph runs on another thread, which is why the caller should
-be the one that runs graphs). Lowering one's own threads' policy needs no privilege. Called once
-per bound model after its first run on the host (`compiled.BoundVariants.execute`), and once per
-serving model after its first step.
+be the one that runs graphs). Lowering one's own threads' policy needs no privilege. Models call it
+through `AfterFirstRun`: each bound model (`compiled.BoundVariants.execute`) and serving model
+after its first run on the host.
 """
 
 from __future__ import annotations
@@ -66,3 +66,16 @@ def quiet_restless_threads() -> list[int]:
             continue
         moved.append(tid)
     return moved
+
+
+class AfterFirstRun:
+    """`ran()` after each graph run of one model: the first on the host moves the restless threads,
+    later ones and an accelerator's do nothing (MAX starts its thread at a process's first run)."""
+
+    def __init__(self, on_host: bool) -> None:
+        self._pending = on_host
+
+    def ran(self) -> None:
+        if self._pending:
+            quiet_restless_threads()
+            self._pending = False

@@ -48,7 +48,7 @@ from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
 from max.profiler import traced
 
 from max_gpt2.inference.devices import to_buffer
-from max_gpt2.inference.threads import quiet_restless_threads
+from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.gpt2 import LinearFactory
@@ -62,7 +62,6 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
 
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
-    _restless_threads_quieted = False  # `max_gpt2.inference.threads`, after the first step
 
     def _load_state_dict(self) -> dict[str, np.ndarray]:
         return Checkpoint(self.pipeline_config.model.model_path).model_weights()  # float32, MAX layout
@@ -83,6 +82,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         weights = self._prepare_state_dict(state_dict, config)
         self._init_distributed_runtime(config)
         kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
+        self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
         linear = SkinnyLinear if kernels else Linear
         self.decoder = (
             self._compile(config, weights, KernelLinear, ReturnLogits.LAST_TOKEN, True) if kernels else None
@@ -135,9 +135,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         # MAX's batch processor made these buffers for this graph's inputs: the callable's own
         # call would check and wrap each again as a tensor, 0.6 ms a step on a 2-core EPYC.
         outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))
-        if self.devices[0].is_host and not self._restless_threads_quieted:  # MAX starts one at a first run
-            quiet_restless_threads()
-            self._restless_threads_quieted = True
+        self._after_first_run.ran()
         if outputs.logits is not None:
             return ModelOutputs(
                 logits=outputs.logits,

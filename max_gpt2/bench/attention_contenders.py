@@ -85,7 +85,7 @@ def torch_contenders(
     """PyTorch eager (explicit scores) and SDPA, the same math in the same dtype."""
     torch = harness.optional_torch()
     functional = torch.nn.functional
-    torch_device = "cpu" if device.is_host else f"cuda:{device.id}"
+    torch_device = harness.torch_device(device)
     dtype = getattr(torch, args.dtype)
     c_attn_w, c_attn_b, c_proj_w, c_proj_b = (
         torch.from_numpy(weights[name]).to(torch_device, dtype)

@@ -110,7 +110,7 @@ def hugging_face_generators(
 
     transformers.logging.set_verbosity_error()
     torch.set_grad_enabled(False)
-    torch_device = "cpu" if device.is_host else f"cuda:{device.id}"
+    torch_device = harness.torch_device(device)
 
     class Clock(BaseStreamer):
         def __init__(self) -> None:

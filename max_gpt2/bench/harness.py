@@ -63,6 +63,11 @@ def optional_torch() -> Any:
     return torch
 
 
+def torch_device(device: Device) -> str:
+    """MAX's `device` as PyTorch names it: "cpu" or "cuda:N"."""
+    return "cpu" if device.is_host else f"cuda:{device.id}"
+
+
 def torch_skip_reason(device: Device) -> str | None:
     """Why the PyTorch peers cannot run here, or None."""
     torch = optional_torch()
@@ -91,7 +96,7 @@ def measure_peak_gflops(device: Device, dtype: str) -> float | None:
         if torch is None or not torch.cuda.is_available():
             return None
         size = 8192
-        a = torch.randn(size, size, device=f"cuda:{device.id}", dtype=getattr(torch, dtype))
+        a = torch.randn(size, size, device=torch_device(device), dtype=getattr(torch, dtype))
         multiply, sync = (lambda: a @ a), torch.cuda.synchronize
     best = float("inf")
     for _ in range(5):

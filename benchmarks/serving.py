@@ -16,8 +16,11 @@ Beside it, in the same run, one after the other on a quiet machine: given
 most clients (`-np`), 2 threads, prompt cache off, the same requests; then, once
 no server runs, our in-process `lm.generate` on a batch of min(C, the server's
 batch) copies of the prompt (tokens/s over its wall time, prefill included, as
-the server's is). JSON goes to `--output`. Needs the serving extra (`pip install
--e '.[serve]'`).
+the server's is), in a child process that ends with it. The VM's memory speed
+moves by 10-30 % within minutes, so `--rounds N` repeats the three in turn, each
+server started afresh: the table gives each contender's median over the rounds
+and each ratio as the median of the same round's ratios (with their range).
+JSON goes to `--output`. Needs the serving extra (`pip install -e '.[serve]'`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -127,6 +132,18 @@ def in_process(
     return rates
 
 
+def in_child_process(
+    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int
+) -> dict[int, float]:
+    """`in_process` in a child process: a model loaded keeps a MAX runtime thread waking in its
+    process (~7 % of a core on 2 cores), CPU it would take from the next round's servers."""
+    # MAX's Mojo runtime sets PYTHONEXECUTABLE in the C environment (os.environ never shows it):
+    # a spawned child would start outside this virtual environment, without max_gpt2.
+    os.unsetenv("PYTHONEXECUTABLE")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(in_process, checkpoint, prompt_ids, batches, max_tokens).result()
+
+
 def serve_and_measure(
     url: str, model: str, args: argparse.Namespace, prompt: str, progress: Progress
 ) -> list[dict]:
@@ -147,24 +164,80 @@ def start_llama_server(args: argparse.Namespace, port: int, log: Path) -> subpro
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def median_run(runs: list[dict]) -> dict:
+    """One contender's runs at one number of clients, over the rounds: the median of each figure."""
+    return {
+        "tokens_per_second": statistics.median(run["tokens_per_second"] for run in runs),
+        "requests_per_second": statistics.median(run["requests_per_second"] for run in runs),
+        **{
+            latency: {q: statistics.median(run[latency][q] for run in runs) for q in ("median", "p95")}
+            for latency in ("ttft_ms", "itl_ms")
+        },
+    }
+
+
+def ratio(numerators: list[float], denominators: list[float]) -> str:
+    """The median of the rounds' ratios, with their range when there are several."""
+    ratios = sorted(a / b for a, b in zip(numerators, denominators, strict=True))
+    spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+    return f"{statistics.median(ratios):.2f}{spread}"
+
+
 def table(report: dict) -> str:
     lines = [
-        "| clients | contender | tokens/s | vs in-process | requests/s "
+        "| clients | contender | tokens/s | vs in-process generate | vs llama-server | requests/s "
         "| TTFT median / p95 ms | ITL median / p95 ms |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for contender, runs in report["servers"].items():
-        for run in runs:
-            batch = min(run["clients"], report["server_batch"])
-            reference = report["in_process_tokens_per_second"][str(batch)]
+    rounds = report["rounds"]
+    for contender in rounds[0]["servers"]:
+        for i, clients in enumerate(report["clients"]):
+            rates = [round_["servers"][contender][i]["tokens_per_second"] for round_ in rounds]
+            batch = min(clients, report["server_batch"])
+            generate = [round_["in_process_tokens_per_second"][str(batch)] for round_ in rounds]
+            against_llama = "-"
+            if contender != "llama-server" and "llama-server" in rounds[0]["servers"]:
+                llama = [round_["servers"]["llama-server"][i]["tokens_per_second"] for round_ in rounds]
+                against_llama = ratio(rates, llama)
+            run = median_run([round_["servers"][contender][i] for round_ in rounds])
             lines.append(
-                f"| {run['clients']} | {contender} | {run['tokens_per_second']:.1f} "
-                f"| {run['tokens_per_second'] / reference:.2f} (generate x{batch}: {reference:.1f}) "
-                f"| {run['requests_per_second']:.2f} "
+                f"| {clients} | {contender} | {run['tokens_per_second']:.1f} "
+                f"| {ratio(rates, generate)} (x{batch}: {statistics.median(generate):.1f} tok/s) "
+                f"| {against_llama} | {run['requests_per_second']:.2f} "
                 f"| {run['ttft_ms']['median']:.0f} / {run['ttft_ms']['p95']:.0f} "
                 f"| {run['itl_ms']['median']:.1f} / {run['itl_ms']['p95']:.1f} |"
             )
     return "\n".join(lines)
+
+
+def measure_round(
+    checkpoint: Path, args: argparse.Namespace, prompt_ids: list[int], prompt: str, progress: Progress
+) -> dict[str, Any]:
+    """Our server, then llama-server (if given), then in-process `generate`, one after the other."""
+    servers = {}
+    log = args.output.with_suffix(".server.log")
+    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size))
+    server = ServerProcess(checkpoint, log, free_port(), *options)
+    try:
+        with progress.step(f"starting max-gpt2 serve (compiles on first use; log: {log})"):
+            server.wait_until_ready(timeout=1800)
+        servers["max-gpt2 serve"] = serve_and_measure(server.url, "gpt2", args, prompt, progress)
+    finally:
+        server.stop()
+    if args.llama_server:
+        port, llama_log = free_port(), args.output.with_suffix(".llama-server.log")
+        llama = start_llama_server(args, port, llama_log)
+        try:
+            with progress.step(f"starting llama-server (log: {llama_log})"):
+                wait_for_health(f"http://127.0.0.1:{port}", llama, timeout=300)
+            url = f"http://127.0.0.1:{port}"
+            servers["llama-server"] = serve_and_measure(url, "gguf", args, prompt, progress)
+        finally:
+            stop_group(llama.pid, llama.poll)
+    batches = sorted({min(clients, args.max_batch_size) for clients in args.clients})
+    with progress.step(f"in-process generate at batch {', '.join(map(str, batches))}"):
+        rates = in_child_process(checkpoint, prompt_ids, batches, args.max_tokens)
+    return {"servers": servers, "in_process_tokens_per_second": {str(b): rate for b, rate in rates.items()}}
 
 
 def main() -> int:
@@ -182,11 +255,14 @@ def main() -> int:
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
     parser.add_argument("--gguf", type=Path, help="the same checkpoint in GGUF, for --llama-server")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's threads (default: 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the contenders in turn (default: 1)")
     parser.add_argument("--output", type=Path, default=Path("bench-results/serving.json"))
     args = parser.parse_args()
     args.clients = [int(n) for n in args.clients.split(",")]
     if (args.llama_server is None) != (args.gguf is None):
         parser.error("--llama-server and --gguf go together")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     require_serve_extra()
     progress = Progress(sys.stderr)
     checkpoint = args.checkpoint or demo_checkpoint(default_cache_dir(), 0, progress)
@@ -194,39 +270,18 @@ def main() -> int:
     prompt_ids = tokenizer.encode(CORPUS.read_text()).ids[: args.prompt_tokens]
     prompt = tokenizer.decode(prompt_ids)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    batches = sorted({min(clients, args.max_batch_size) for clients in args.clients})
     report: dict[str, Any] = {
         "machine": machine_description(resolve_device("cpu")),
         "checkpoint": str(checkpoint),
         "server_batch": args.max_batch_size,
         "prompt_tokens": len(prompt_ids),
         "max_tokens": args.max_tokens,
-        "servers": {},
+        "clients": args.clients,
+        "rounds": [],
     }
-    log = args.output.with_suffix(".server.log")
-    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size))
-    server = ServerProcess(checkpoint, log, free_port(), *options)
-    try:
-        with progress.step(f"starting max-gpt2 serve (compiles on first use; log: {log})"):
-            server.wait_until_ready(timeout=1800)
-        report["servers"]["max-gpt2 serve"] = serve_and_measure(server.url, "gpt2", args, prompt, progress)
-    finally:
-        server.stop()
-    if args.llama_server:
-        port, llama_log = free_port(), args.output.with_suffix(".llama-server.log")
-        llama = start_llama_server(args, port, llama_log)
-        try:
-            with progress.step(f"starting llama-server (log: {llama_log})"):
-                wait_for_health(f"http://127.0.0.1:{port}", llama, timeout=300)
-            url = f"http://127.0.0.1:{port}"
-            report["servers"]["llama-server"] = serve_and_measure(url, "gguf", args, prompt, progress)
-        finally:
-            stop_group(llama.pid, llama.poll)
-    with progress.step(f"in-process generate at batch {', '.join(map(str, batches))}"):
-        # After the servers: a model loaded here keeps a MAX runtime thread waking in this
-        # process (~7 % of a core on 2 cores), CPU the clients would take from the servers.
-        rates = in_process(checkpoint, prompt_ids, batches, args.max_tokens)
-    report["in_process_tokens_per_second"] = {str(batch): rate for batch, rate in rates.items()}
+    for number in range(1, args.rounds + 1):
+        progress.note(f"round {number} of {args.rounds}")
+        report["rounds"].append(measure_round(checkpoint, args, prompt_ids, prompt, progress))
     print(table(report))
     write_atomically(args.output, lambda file: file.write_text(json.dumps(report, indent=2) + "\n"))
     progress.note(f"wrote {args.output}")

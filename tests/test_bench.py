@@ -147,12 +147,50 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert is_gone(server)
 
 
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the folder is not a package)."""
+    path = Path(__file__).parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_kernel_ab():
-    path = Path(__file__).parent.parent / "benchmarks" / "kernel_ab.py"
-    spec = importlib.util.spec_from_file_location("kernel_ab", path)
-    kernel_ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_ab)
-    return kernel_ab
+    return load_benchmark("kernel_ab")
+
+
+def test_serving_table_takes_each_ratio_within_a_round():
+    """benchmarks/serving.py's rounds run the contenders in turn because the machine's speed moves
+    between rounds: a ratio is the median of the same round's ratios, not a ratio of medians."""
+    serving = load_benchmark("serving")
+
+    def run(clients: int, rate: float) -> dict:
+        latencies = {"median": 1000 / rate, "p95": 2000 / rate}
+        return {"clients": clients, "tokens_per_second": rate, "requests_per_second": rate / 64} | {
+            "ttft_ms": latencies,
+            "itl_ms": latencies,
+        }
+
+    # Our server against llama-server per round: 30/20 = 1.5, 10/20 = 0.5, 22/20 = 1.1 (median 1.1);
+    # the medians alone would give 22/20 as well, so the rounds' generate rates differ from theirs:
+    # ours against generate per round 30/40 = 0.75, 10/10 = 1.0, 22/44 = 0.5 (median 0.75, while the
+    # ratio of the medians, 22/40, is 0.55).
+    rounds = [
+        {
+            "servers": {"max-gpt2 serve": [run(1, ours)], "llama-server": [run(1, 20.0)]},
+            "in_process_tokens_per_second": {"1": generate},
+        }
+        for ours, generate in ((30.0, 40.0), (10.0, 10.0), (22.0, 44.0))
+    ]
+    lines = serving.table({"rounds": rounds, "clients": [1], "server_batch": 16}).splitlines()
+    ours = next(line for line in lines if "| max-gpt2 serve |" in line)
+    cells = [cell.strip() for cell in ours.split("|")[1:-1]]
+    assert cells[2] == "22.0"  # the median tokens/s
+    assert cells[3] == "0.75 (0.50-1.00) (x1: 40.0 tok/s)"
+    assert cells[4] == "1.10 (0.50-1.50)"
+    llama = next(line for line in lines if "| llama-server |" in line)
+    assert [cell.strip() for cell in llama.split("|")[1:-1]][4] == "-"
 
 
 def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):

@@ -137,8 +137,8 @@ def in_child_process(
 ) -> dict[int, float]:
     """`in_process` in a child process: a model loaded keeps a MAX runtime thread waking in its
     process (~7 % of a core on 2 cores), CPU it would take from the next round's servers."""
-    # MAX's Mojo runtime sets PYTHONEXECUTABLE in the C environment (os.environ never shows it):
-    # a spawned child would start outside this virtual environment, without max_gpt2.
+    # Importing max.pipelines sets PYTHONEXECUTABLE in the C environment (os.environ never shows
+    # it): a spawned child would start outside this virtual environment, without max_gpt2.
     os.unsetenv("PYTHONEXECUTABLE")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(in_process, checkpoint, prompt_ids, batches, max_tokens).result()

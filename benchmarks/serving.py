@@ -192,14 +192,15 @@ def table(report: dict) -> str:
     rounds = report["rounds"]
     for contender in rounds[0]["servers"]:
         for i, clients in enumerate(report["clients"]):
-            rates = [round_["servers"][contender][i]["tokens_per_second"] for round_ in rounds]
+            runs = [round_["servers"][contender][i] for round_ in rounds]
+            rates = [run["tokens_per_second"] for run in runs]
             batch = min(clients, report["server_batch"])
             generate = [round_["in_process_tokens_per_second"][str(batch)] for round_ in rounds]
             against_llama = "-"
             if contender != "llama-server" and "llama-server" in rounds[0]["servers"]:
                 llama = [round_["servers"]["llama-server"][i]["tokens_per_second"] for round_ in rounds]
                 against_llama = ratio(rates, llama)
-            run = median_run([round_["servers"][contender][i] for round_ in rounds])
+            run = median_run(runs)
             lines.append(
                 f"| {clients} | {contender} | {run['tokens_per_second']:.1f} "
                 f"| {ratio(rates, generate)} (x{batch}: {statistics.median(generate):.1f} tok/s) "

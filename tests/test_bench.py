@@ -167,15 +167,17 @@ def test_serving_table_takes_each_ratio_within_a_round():
 
     def run(clients: int, rate: float) -> dict:
         latencies = {"median": 1000 / rate, "p95": 2000 / rate}
-        return {"clients": clients, "tokens_per_second": rate, "requests_per_second": rate / 64} | {
+        return {
+            "clients": clients,
+            "tokens_per_second": rate,
+            "requests_per_second": rate / 64,
             "ttft_ms": latencies,
             "itl_ms": latencies,
         }
 
-    # Our server against llama-server per round: 30/20 = 1.5, 10/20 = 0.5, 22/20 = 1.1 (median 1.1);
-    # the medians alone would give 22/20 as well, so the rounds' generate rates differ from theirs:
-    # ours against generate per round 30/40 = 0.75, 10/10 = 1.0, 22/44 = 0.5 (median 0.75, while the
-    # ratio of the medians, 22/40, is 0.55).
+    # Ours against llama-server per round: 30/20 = 1.5, 10/20 = 0.5, 22/20 = 1.1 (median 1.1, the
+    # range shown). Ours against generate per round: 30/40 = 0.75, 10/10 = 1.0, 22/44 = 0.5: median
+    # 0.75, where the ratio of the medians, 22/40, would be 0.55.
     rounds = [
         {
             "servers": {"max-gpt2 serve": [run(1, ours)], "llama-server": [run(1, 20.0)]},

@@ -173,8 +173,8 @@ def _group_blocks[
             comptime for chunk in range(8):
                 var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
                 w_sums = _dot4_add(w_sums, SIMD[DType.uint8, 32](128), values)
-        # Every row of x's dot products with this block, chunk by chunk across the rows: the MB
-        # chains of multiply-adds are independent and run side by side, and q4_0's chains start
+        # With VNNI, every row of x's dot products with this block, chunk by chunk across the rows:
+        # the MB chains of multiply-adds are independent and run side by side, and q4_0's chains start
         # from the -8 offset loaded from memory instead of subtracting it from a register made
         # for it (a q4_0 batch of 8's products 1.11x faster on a Zen 4; one row the same).
         var dots = Array[SIMD[DType.int32, 8], MB](fill=SIMD[DType.int32, 8](0))

@@ -15,6 +15,7 @@ from max.driver import accelerator_count
 
 from max_gpt2 import CompiledLM, GPT2Config
 from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
+from max_gpt2.model import weight_formats as wf
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
@@ -40,6 +41,8 @@ LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
 LM_ONE_LAYER = GPT2Config(
     n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=72, activation_function="gelu"
 )
+
+LOWEST = -1.7e38  # what `padding_bias` gives padding
 
 HAS_GPU = accelerator_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
@@ -90,3 +93,36 @@ def die_with_parent() -> None:
     """In a child between fork and exec: have Linux SIGKILL it when its parent dies (elsewhere: nothing)."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def attention_reference(cache, qkv, key_bias, heads, stored=np.float64):
+    """The new keys and values stored (rounded to `stored`), and causal softmax attention over
+    positions 0..T-1, float64."""
+    batch, seq_len, width = qkv.shape
+    head_dim, total = width // 3 // heads, key_bias.shape[1]
+    past = total - seq_len
+    cache = cache.astype(np.float64)
+    q, k, v = (
+        part.reshape(batch, seq_len, heads, head_dim).transpose(0, 2, 1, 3)
+        for part in np.split(qkv.astype(np.float64), 3, axis=-1)
+    )
+    cache[0, :, :, past:total], cache[1, :, :, past:total] = k.astype(stored), v.astype(stored)
+    scores = q @ cache[0, :, :, :total].transpose(0, 1, 3, 2) / np.sqrt(head_dim) + key_bias[:, None, None]
+    future = np.arange(total)[None, :] > past + np.arange(seq_len)[:, None]  # [S, T]
+    scores = np.where(future, -np.inf, scores)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = (weights @ cache[1, :, :, :total]).transpose(0, 2, 1, 3).reshape(batch, seq_len, heads * head_dim)
+    return out, cache
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    """What the q8_0 and q4_0 kernels multiply by: x in blocks of 32, each rounded to int8 steps of
+    its largest magnitude / 127 (llama.cpp's q8_0 for activations), float64 [M, K]."""
+    blocks = np.zeros((x.shape[0], -(-x.shape[1] // wf.BLOCK) * wf.BLOCK), np.float32)
+    blocks[:, : x.shape[1]] = x
+    blocks = blocks.reshape(x.shape[0], -1, wf.BLOCK)
+    largest = np.abs(blocks).max(axis=-1, keepdims=True)
+    inverse = np.divide(np.float32(127), largest, out=np.zeros_like(largest), where=largest != 0)
+    steps = np.rint(blocks * inverse).astype(np.float64)
+    return (steps * (largest.astype(np.float64) / 127)).reshape(x.shape[0], -1)[:, : x.shape[1]]

@@ -13,9 +13,9 @@ from max_gpt2.kernels import kernel_library, skinny_matmul_graph
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from tests.support import LOWEST, attention_reference, quantized_activations
 
 CPU_REF = DeviceRef.CPU()
-LOWEST = -1.7e38  # what `padding_bias` gives padding
 
 
 @pytest.fixture(scope="module")
@@ -114,18 +114,6 @@ def packed(session) -> Model:
     return session.load(graph)
 
 
-def quantized_activations(x: np.ndarray) -> np.ndarray:
-    """What the q8_0 and q4_0 kernels multiply by: x in blocks of 32, each rounded to int8 steps of
-    its largest magnitude / 127 (llama.cpp's q8_0 for activations), float64 [M, K]."""
-    blocks = np.zeros((x.shape[0], -(-x.shape[1] // wf.BLOCK) * wf.BLOCK), np.float32)
-    blocks[:, : x.shape[1]] = x
-    blocks = blocks.reshape(x.shape[0], -1, wf.BLOCK)
-    largest = np.abs(blocks).max(axis=-1, keepdims=True)
-    inverse = np.divide(np.float32(127), largest, out=np.zeros_like(largest), where=largest != 0)
-    steps = np.rint(blocks * inverse).astype(np.float64)
-    return (steps * (largest.astype(np.float64) / 127)).reshape(x.shape[0], -1)[:, : x.shape[1]]
-
-
 def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer]:
     """The `packed` graph's inputs: x, W in each format, N, the bias."""
     return [
@@ -190,27 +178,6 @@ def test_packed_bfloat16_refuses_a_row_major_weight(packed):
     )
     with pytest.raises(Exception, match=message):
         packed.execute(*inputs)
-
-
-def attention_reference(cache, qkv, key_bias, heads, stored=np.float64):
-    """The new keys and values stored (rounded to `stored`), and causal softmax attention over
-    positions 0..T-1, float64."""
-    batch, seq_len, width = qkv.shape
-    head_dim, total = width // 3 // heads, key_bias.shape[1]
-    past = total - seq_len
-    cache = cache.astype(np.float64)
-    q, k, v = (
-        part.reshape(batch, seq_len, heads, head_dim).transpose(0, 2, 1, 3)
-        for part in np.split(qkv.astype(np.float64), 3, axis=-1)
-    )
-    cache[0, :, :, past:total], cache[1, :, :, past:total] = k.astype(stored), v.astype(stored)
-    scores = q @ cache[0, :, :, :total].transpose(0, 1, 3, 2) / np.sqrt(head_dim) + key_bias[:, None, None]
-    future = np.arange(total)[None, :] > past + np.arange(seq_len)[:, None]  # [S, T]
-    scores = np.where(future, -np.inf, scores)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    out = (weights @ cache[1, :, :, :total]).transpose(0, 2, 1, 3).reshape(batch, seq_len, heads * head_dim)
-    return out, cache
 
 
 @pytest.mark.parametrize(

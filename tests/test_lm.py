@@ -11,8 +11,8 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor, TensorType
 
 from max_gpt2 import GPT2Config, Sampler, load_lm, reference
+from max_gpt2.model.block import activation
 from max_gpt2.model.config import ACTIVATIONS
-from max_gpt2.model.gpt2 import activation
 from max_gpt2.verify import compare
 from tests.support import LM, LM_ONE_LAYER
 

@@ -149,10 +149,11 @@ def test_unknown_formats_are_refused_with_the_list():
         wf.check_format("int4")
 
 
+@pytest.mark.parametrize("config", [LM_ONE_LAYER, LM], ids=["one-layer-gelu", "three-layers-gelu-tanh"])
 @pytest.mark.parametrize("format", ["bfloat16", "q8_0", "q4_0"])
-def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, format):
-    """A prompt's logits and two decoding steps' against the float64 reference."""
-    config = LM_ONE_LAYER
+def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, config, format):
+    """A prompt's logits and two decoding steps' against the float64 reference: op by op (exact GELU),
+    and one op a block (`gpt2_decode_layer`, GELU's tanh form)."""
     lm, weights = compiled_lm(config, weights=format), lm_weights(config)
     stored = wf.unpack(wf.pack(weights, format), format, model_parameter_shapes(config))
     ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))

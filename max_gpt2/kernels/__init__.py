@@ -18,6 +18,10 @@ heavy parts in one pass over memory each (CPU, float32 activations):
                            -> [B, S, D]: writes the S new keys and values at
                            T - S..T-1, then each query attends over the cache up
                            to its own position, heads merged (cached_attention.mojo)
+    gpt2_decode_layer      a whole GPT-2 block for a few new tokens, x [B, S, D] -> [B, S, D]: the
+                           layer norms, the four products (any format above, GELU and the residual
+                           adds as they write) and the cached attention in one op whose threads
+                           share each phase's chunks (decode_layer.mojo; epilogue.mojo)
     gpt2_paged_attention   the same for a server's ragged batch over MAX's paged cache:
                            qkv [T, 3D], kv_blocks [pages, 2, L, page_size, H, d] as
                            MAX lays them out, each request's pages from its lookup table
@@ -118,6 +122,43 @@ def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
         custom_extensions=kernel_library(),
     )
     return attended
+
+
+StoredProduct = tuple[Tensor, Tensor | None, Tensor | None]
+"""A product as the kernels take it: its weight as stored, its block scales (or None), its bias (or None)."""
+
+
+def decode_layer(
+    x: Tensor,
+    cache: Tensor,
+    key_bias: Tensor,
+    norms: tuple[Tensor, Tensor, Tensor, Tensor],
+    epsilon: float,
+    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+) -> Tensor:
+    """A GPT-2 block for `x` [B, S, D]'s S new tokens over `cache` [2, B, H, M, d] -> [B, S, D], one op.
+
+    `key_bias` [B, T]; `norms` ln_1's and ln_2's weight and bias [D], `epsilon` theirs;
+    `products` c_attn, attn c_proj, c_fc and mlp c_proj, all in one format (GELU between
+    the MLP's two, in its tanh form). The cache is written in place.
+    """
+    device = x.device
+    no_scales = F.constant(np.zeros((0, 0), np.float16), DType.float16, device=device)
+    no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
+    stored = [
+        value if value is not None else empty
+        for product in products
+        for value, empty in zip(product, (None, no_scales, no_bias), strict=True)
+    ]
+    eps = F.constant(np.array([epsilon], np.float32), DType.float32, device=device)
+    (y,) = F.inplace_custom(
+        "gpt2_decode_layer",
+        device,
+        [BufferValue(cache), x, key_bias, *norms, eps, *stored],
+        [TensorType(x.dtype, x.shape, device=device)],
+        custom_extensions=kernel_library(),
+    )
+    return y
 
 
 def paged_attention(

@@ -30,6 +30,7 @@ from std.memory import UnsafePointer, alloc, bitcast
 from std.sys.info import CompilationTarget
 from std.sys.intrinsics import PrefetchOptions, llvm_intrinsic, prefetch
 
+from .epilogue import STORE, finish
 from .packed_layout import (
     BLOCK,
     F32,
@@ -105,7 +106,11 @@ struct QuantizedRows[FORMAT: Int]:
     var q4_offsets: UnsafePointer[Int32, MutUntrackedOrigin]  # -8 * sum(q) (q4_0: values 0..15 stand for -8..7)
     var blocks: Int
 
-    def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
+    var K: Int
+
+    def __init__(out self, M: Int, K: Int):
+        """Room for M rows of K values; `quantize` fills it."""
+        self.K = K
         self.blocks = (K + BLOCK - 1) // BLOCK
         var values = M * self.blocks * BLOCK
         self.quants = alloc[Int8](values)
@@ -113,6 +118,15 @@ struct QuantizedRows[FORMAT: Int]:
         self.offset = alloc[UInt8](values if Self.FORMAT == Q8_0 else 0)
         self.scales = alloc[Float32](M * self.blocks)
         self.q4_offsets = alloc[Int32](M * self.blocks if Self.FORMAT == Q4_0 else 0)
+
+    def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
+        """x's M rows of K values, quantized."""
+        self = Self(M, K)
+        self.quantize(x, M)
+
+    def quantize(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
+        """Quantizes x's M rows (of K values) into this room."""
+        var K = self.K
         for m in range(M):
             for b in range(self.blocks):
                 var block = SIMD[F32, BLOCK](0)
@@ -144,7 +158,7 @@ struct QuantizedRows[FORMAT: Int]:
 
 @always_inline
 def _group_blocks[
-    FORMAT: Int, MB: Int
+    FORMAT: Int, MB: Int, EPILOGUE: Int
 ](
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
@@ -228,10 +242,44 @@ def _group_blocks[
     comptime for m in range(MB):
         var out = y + (m0 + m) * N + g * GROUP
         if g * GROUP + GROUP <= N:
-            out.store(acc[m] + offsets)
+            finish[EPILOGUE, GROUP](out, acc[m] + offsets)
         else:
             for r in range(N - g * GROUP):
-                out[r] = acc[m][r] + offsets[r]
+                finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])
+
+
+def block_groups[
+    FORMAT: Int, EPILOGUE: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows[FORMAT],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
+    y [M, N] as EPILOGUE says (epilogue.mojo): up to 8 rows of x a group, while its blocks are in cache."""
+    for g in range(first, last):
+        var m = 0
+        while m < M:
+            var left = M - m
+            if left >= 8:
+                _group_blocks[FORMAT, 8, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+                m += 8
+            elif left >= 4:
+                _group_blocks[FORMAT, 4, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+                m += 4
+            elif left >= 2:
+                _group_blocks[FORMAT, 2, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+                m += 2
+            else:
+                _group_blocks[FORMAT, 1, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+                m += 1
 
 
 def packed_matmul_blocks[
@@ -254,22 +302,7 @@ def packed_matmul_blocks[
     var tasks = (groups + chunk - 1) // chunk
 
     def work(task: Int) {imm w, imm d, imm bias, imm has_bias, imm y, imm xq, imm M, imm N, imm groups, imm chunk}:
-        for g in range(task * chunk, min((task + 1) * chunk, groups)):
-            var m = 0
-            while m < M:  # up to 8 rows of x against each group, while its blocks are in cache
-                var left = M - m
-                if left >= 8:
-                    _group_blocks[FORMAT, 8](w, d, xq, m, bias, has_bias, y, N, g)
-                    m += 8
-                elif left >= 4:
-                    _group_blocks[FORMAT, 4](w, d, xq, m, bias, has_bias, y, N, g)
-                    m += 4
-                elif left >= 2:
-                    _group_blocks[FORMAT, 2](w, d, xq, m, bias, has_bias, y, N, g)
-                    m += 2
-                else:
-                    _group_blocks[FORMAT, 1](w, d, xq, m, bias, has_bias, y, N, g)
-                    m += 1
+        block_groups[FORMAT, STORE](w, d, xq, bias, has_bias, y, M, N, task * chunk, min((task + 1) * chunk, groups))
 
     # Waking the other threads costs more than a small product gains from them.
     if tasks == 1 or groups * xq.blocks * block_bytes[FORMAT]() < SERIAL_BELOW:

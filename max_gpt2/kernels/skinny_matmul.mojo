@@ -19,6 +19,7 @@ from std.memory import UnsafePointer
 from std.sys.info import CompilationTarget, simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
+from .epilogue import STORE, finish
 from .packed_layout import CHUNK, F32, GROUP, SERIAL_BELOW, check_bias, check_chunks, check_dense, row_chunks
 
 # One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled the accumulators
@@ -75,7 +76,7 @@ def _offset[WT: DType](k: Int) -> Int:
 
 @always_inline
 def _block[
-    WT: DType, MB: Int, RB: Int
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
@@ -115,12 +116,12 @@ def _block[
             var total = acc[m * RB + r].reduce_add()
             for tail in range(vector_end, K):
                 total += w[starts[r] + _offset[WT](tail)].cast[F32]() * x[m * K + tail]
-            y[m * N + n + r] = total + bias[n + r] if has_bias else total
+            finish[EPILOGUE, 1](y + m * N + n + r, total + bias[n + r] if has_bias else total)
 
 
 @always_inline
 def _rows[
-    WT: DType, MB: Int, RB: Int
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
@@ -135,11 +136,57 @@ def _rows[
     """Rows first..end-1 of W against MB consecutive rows of x."""
     var n = first
     while n + RB <= end:
-        _block[WT, MB, RB](x, w, bias, has_bias, y, K, N, n)
+        _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n)
         n += RB
     while n < end:
-        _block[WT, MB, 1](x, w, bias, has_bias, y, K, N, n)
+        _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n)
         n += 1
+
+
+def dense_rows[
+    WT: DType, EPILOGUE: Int
+](
+    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
+
+    24 rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
+    chunk no longer fits the cache by the second pass)."""
+    var start = first
+    while start < last:
+        var end = min(start + 24, last)
+        var m = 0
+        while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
+            var left = min(M - m, X_ROWS)
+            var xm = x + m * K
+            var ym = y + m * N
+            if left >= 8:
+                _rows[WT, 8, w_rows[8](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 7:
+                _rows[WT, 7, w_rows[7](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 6:
+                _rows[WT, 6, w_rows[6](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 5:
+                _rows[WT, 5, w_rows[5](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 4:
+                _rows[WT, 4, w_rows[4](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 3:
+                _rows[WT, 3, w_rows[3](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            elif left == 2:
+                _rows[WT, 2, w_rows[2](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            else:
+                _rows[WT, 1, w_rows[1](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            m += left
+        start = end
 
 
 def dense_matmul[
@@ -162,35 +209,7 @@ def dense_matmul[
     tasks = (N + chunk - 1) // chunk
 
     def work(task: Int) {imm x, imm w, imm bias, imm has_bias, imm y, imm M, imm K, imm N, imm chunk}:
-        # 24 rows of W at a time, against every row of x while they are in cache (past 8 rows
-        # of x a chunk no longer fits the cache by the second pass).
-        var first = task * chunk
-        var chunk_end = min(first + chunk, N)
-        while first < chunk_end:
-            var end = min(first + 24, chunk_end)
-            var m = 0
-            while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
-                var left = min(M - m, X_ROWS)
-                var xm = x + m * K
-                var ym = y + m * N
-                if left >= 8:
-                    _rows[WT, 8, w_rows[8]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 7:
-                    _rows[WT, 7, w_rows[7]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 6:
-                    _rows[WT, 6, w_rows[6]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 5:
-                    _rows[WT, 5, w_rows[5]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 4:
-                    _rows[WT, 4, w_rows[4]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 3:
-                    _rows[WT, 3, w_rows[3]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                elif left == 2:
-                    _rows[WT, 2, w_rows[2]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                else:
-                    _rows[WT, 1, w_rows[1]()](xm, w, bias, has_bias, ym, K, N, first, end)
-                m += left
-            first = end
+        dense_rows[WT, STORE](x, w, bias, has_bias, y, M, K, N, task * chunk, min((task + 1) * chunk, N))
 
     if tasks == 1:
         work(0)

@@ -11,14 +11,17 @@ No sessions and no compiling here (that is `max_gpt2.inference`), only definitio
     flash.py            impl "flash": GPU flash kernel; CPU tiled causal graph
     wrapper.py          impl "wrapper": one head at a time, the benchmark baseline
     cached_attention.py CachedAttention: attention over a KV cache written in place
-    kernel_layers.py    SkinnyLinear, KernelCachedAttention: the same layers through Mojo kernels
-    gpt2.py             GPT2LMHeadModel: embeddings, blocks, MLP, ln_f, LM head
+    kernel_layers.py    SkinnyLinear, KernelCachedAttention, KernelBlock: the same layers through Mojo kernels
+    packed_linear.py    PackedLinear: a projection with its weight in a packed format
+    block.py            Block: ln_1, the attention it is given, ln_2, MLP
+    gpt2.py             GPT2LMHeadModel: embeddings, blocks, ln_f, LM head
 """
 
 from max_gpt2.model.attention import GPT2Attention, causal_mask
+from max_gpt2.model.block import Block
 from max_gpt2.model.checkpoint import Checkpoint, load_attention_weights
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gpt2 import Block, GPT2LMHeadModel, GPT2Model
+from max_gpt2.model.gpt2 import GPT2LMHeadModel, GPT2Model
 from max_gpt2.model.weight_adapters import CheckpointError
 
 __all__ = [

@@ -39,17 +39,15 @@ from functools import partial
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.compilation import as_subgraph
-from max.experimental.nn import Embedding, LayerNorm, Linear, Module, ModuleList
+from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.tensor import Tensor
 
 from max_gpt2.model.attention import GPT2Attention
+from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
-from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear
+from max_gpt2.model.kernel_layers import KernelBlock, KernelCachedAttention, SkinnyLinear
 from max_gpt2.model.packed_linear import PackedLinear
-
-LinearFactory = Callable[..., Module[[Tensor], Tensor]]
-"""Makes a projection: `(in_dim, out_dim, bias=...)`, as `Linear` is called."""
 
 
 def linear_for(weights: str, kernels: bool) -> LinearFactory:
@@ -59,72 +57,23 @@ def linear_for(weights: str, kernels: bool) -> LinearFactory:
     return SkinnyLinear if kernels else Linear
 
 
-def activation(kind: str, x: Tensor) -> Tensor:
-    """The MLP's activation `kind` (a value of `ACTIVATIONS`) applied to `x`."""
-    if kind == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if kind == "gelu":
-        return F.gelu(x, approximate="none")
-    if kind == "quick_gelu":  # x * sigmoid(1.702 x)
-        return F.gelu(x, approximate="quick")
-    functions = {"relu": F.relu, "silu": F.silu, "sigmoid": F.sigmoid, "tanh": F.tanh}
-    return x if kind == "linear" else functions[kind](x)
-
-
-class MLP(Module[[Tensor], Tensor]):
-    """`c_fc` [D -> 4D], the activation (GELU in GPT-2), `c_proj` [4D -> D]."""
-
-    def __init__(self, config: GPT2Config, linear: LinearFactory = Linear) -> None:
-        self.c_fc = linear(config.n_embd, config.mlp_width, bias=True)
-        self.c_proj = linear(config.mlp_width, config.n_embd, bias=True)
-        self.activation = ACTIVATIONS[config.activation_function]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(activation(self.activation, self.c_fc(x)))
-
-
-def layer_norm(config: GPT2Config) -> LayerNorm:
-    # keep_dtype=False: mean and variance in float32 whatever the compute dtype.
-    return LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, keep_dtype=False)
-
-
-class Block(Module[..., Tensor | tuple[Tensor, Tensor]]):
-    """One transformer layer: pre-norm attention and MLP, each added to the residual stream.
-
-    The attention is given, so the same block serves our own KV cache
-    (`CachedAttention`, or `KernelCachedAttention` for decoding steps) and MAX's
-    paged one (`max_gpt2.serving.paged_gpt2.PagedAttention`): whatever follows `x`
-    in `forward` goes to it unchanged. `linear` makes the MLP's projections.
-    """
-
-    def __init__(self, config: GPT2Config, attn: GPT2Attention, linear: LinearFactory = Linear) -> None:
-        self.ln_1 = layer_norm(config)
-        self.attn = attn
-        self.ln_2 = layer_norm(config)
-        self.mlp = MLP(config, linear)
-
-    def forward(self, x: Tensor, *attention_inputs: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        """[..., D] -> [..., D], and the attention weights if the attention outputs them."""
-        attended = self.attn(self.ln_1(x), *attention_inputs)
-        output, weights = attended if self.attn.output_attentions else (attended, None)
-        x = x + output
-        x = x + self.mlp(self.ln_2(x))
-        return (x, weights) if self.attn.output_attentions else x
-
-
 class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D].
 
-    `attention()` makes each block's attention and `linear` its MLP's projections
-    (what `GPT2LMHeadModel` chooses for the graph variant).
+    `attention()` makes each block's attention, `linear` its MLP's projections and
+    `block` the block (what `GPT2LMHeadModel` chooses for the graph variant).
     """
 
     def __init__(
-        self, config: GPT2Config, attention: Callable[[], GPT2Attention], linear: LinearFactory = Linear
+        self,
+        config: GPT2Config,
+        attention: Callable[[], GPT2Attention],
+        linear: LinearFactory = Linear,
+        block: type[Block] = Block,
     ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        self.h = ModuleList(Block(config, attention(), linear) for _ in range(config.n_layer))
+        self.h = ModuleList(block(config, attention(), linear) for _ in range(config.n_layer))
         self.ln_f = layer_norm(config)
         self.output_attentions = self.h[0].attn.output_attentions
 
@@ -162,7 +111,12 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         self.output_attentions = output_attentions
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weights, kernels)
-        self.transformer = GPT2Model(config, lambda: attention(config, output_attentions, linear), linear)
+        # One op a block where its kernel has the activation: GPT-2's own, GELU's tanh form.
+        fused = kernels and ACTIVATIONS[config.activation_function] == "gelu_tanh"
+        block = KernelBlock if fused else Block
+        self.transformer = GPT2Model(
+            config, lambda: attention(config, output_attentions, linear), linear, block
+        )
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(

@@ -1,12 +1,13 @@
 """GPT-2's layers through the Mojo decoding kernels (`max_gpt2.kernels`): same parameters, few tokens.
 
 `KernelLinear` is `Linear` through `skinny_matmul`, `SkinnyLinear` the same where a
-call has few rows (MAX's matmul past them), and `KernelCachedAttention` is
-`CachedAttention` through `gpt2_cached_attention`; the step graph of the language
-model swaps them in on the CPU in float32, where a decoding step is bound by
-memory bandwidth. The server's decoding graph takes `KernelLinear` (its steps
-have a token a request, `SKINNY_ROWS` requests at most) and its graph for prompts
-`SkinnyLinear`.
+call has few rows (MAX's matmul past them), `KernelCachedAttention` is
+`CachedAttention` through `gpt2_cached_attention`, and `KernelBlock` is a whole
+`Block` as one `gpt2_decode_layer` op; the step graph of the language model swaps
+them in on the CPU in float32, where a decoding step is bound by memory bandwidth
+(`KernelBlock` where the MLP's activation is GELU's tanh form, the kernel's). The
+server's decoding graph takes `KernelLinear` (its steps have a token a request,
+`SKINNY_ROWS` requests at most) and its graph for prompts `SkinnyLinear`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from max.experimental import functional as F
 from max.experimental.nn import Linear
 from max.experimental.tensor import Tensor, TensorType
 
-from max_gpt2.kernels import cached_attention, skinny_matmul
+from max_gpt2.kernels import StoredProduct, cached_attention, decode_layer, skinny_matmul
+from max_gpt2.model.block import Block
 from max_gpt2.model.cached_attention import CachedAttention
 
 SKINNY_ROWS = 16
@@ -32,6 +34,11 @@ class KernelLinear(Linear):
         out_dim, in_dim = self.weight.shape
         y = skinny_matmul(x.reshape([-1, in_dim]), *self._weight_and_bias())  # [M, out], bias added
         return y.reshape([*x.shape[:-1], out_dim])
+
+    def stored(self) -> StoredProduct:
+        """The product as `gpt2_decode_layer` takes it: W [out, in], no scales, the bias."""
+        weight, bias = self._weight_and_bias()
+        return weight, None, bias
 
     def _weight_and_bias(self) -> tuple[Tensor, Tensor | None]:
         """W [out, in] and the bias [out], or None."""
@@ -66,3 +73,20 @@ class KernelCachedAttention(CachedAttention):
         """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D]."""
         batch, total = key_bias.shape[0], key_bias.shape[-1]
         return self.c_proj(cached_attention(cache, self.c_attn(x), key_bias.reshape([batch, total])))
+
+
+class KernelBlock(Block):
+    """`Block` (same parameters) as one `gpt2_decode_layer` op: for decoding steps, GELU in its tanh form.
+
+    Its attention is a `KernelCachedAttention` and its projections `KernelLinear`s or
+    `PackedLinear`s (anything with `stored()`); the op reads their parameters as they are.
+    """
+
+    def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:  # type: ignore[override]
+        """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D]."""
+        batch, total = key_bias.shape[0], key_bias.shape[-1]
+        norms = (self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
+        linears = (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
+        stored = tuple(linear.stored() for linear in linears)
+        bias = key_bias.reshape([batch, total])
+        return decode_layer(x, cache, bias, norms, self.ln_1.eps, stored)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from max.experimental import functional as F
 from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
-from max_gpt2.kernels import dequantize, packed_matmul
+from max_gpt2.kernels import StoredProduct, dequantize, packed_matmul
 from max_gpt2.model.weight_formats import BLOCK, CHUNK, GROUP
 
 
@@ -51,6 +51,12 @@ class PackedLinear(Module[[Tensor], Tensor]):
         else:
             y = rows @ dequantize(self.weight, scales, self.format, self.out_dim, self.in_dim).T
         return (y + self.bias).reshape([*x.shape[:-1], self.out_dim])
+
+    def stored(self) -> StoredProduct:
+        """The product as `gpt2_decode_layer` takes it: the packed weight, its scales (None for
+        bfloat16), the bias (None without)."""
+        scales = None if self.format == "bfloat16" else self.scales
+        return self.weight, scales, self.bias if isinstance(self.bias, Tensor) else None
 
     def _deinterleaved(self) -> Tensor:
         """The bfloat16 weight back in rows, [out, in]."""

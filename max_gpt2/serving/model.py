@@ -50,8 +50,8 @@ from max.profiler import traced
 from max_gpt2.inference.devices import to_buffer
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.kernels import kernels_run_on
+from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.gpt2 import LinearFactory
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear, SkinnyLinear
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel

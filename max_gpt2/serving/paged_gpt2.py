@@ -46,8 +46,8 @@ from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.kernels import paged_attention
 from max_gpt2.model.attention import GPT2Attention
+from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gpt2 import Block, LinearFactory, layer_norm
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)

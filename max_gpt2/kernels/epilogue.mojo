@@ -1,0 +1,28 @@
+# How a product's kernels write y: as it is, added to what y holds (a residual connection), or
+# through GPT-2's GELU (its tanh approximation, Hugging Face's "gelu_new"). The products that stand
+# alone store; gpt2_decode_layer adds and applies GELU as it writes, instead of an op each.
+from std.math import tanh
+from std.memory import UnsafePointer
+
+comptime STORE = 0
+comptime ADD = 1
+comptime GELU = 2
+
+comptime _SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@always_inline
+def gelu_tanh[width: Int](x: SIMD[DType.float32, width]) -> SIMD[DType.float32, width]:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1 + tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+
+
+@always_inline
+def finish[EPILOGUE: Int, width: Int](y: UnsafePointer[Float32, MutAnyOrigin], value: SIMD[DType.float32, width]):
+    """Writes `value` (bias included) at y as EPILOGUE says: STORE, ADD to y, or GELU of it."""
+    comptime if EPILOGUE == ADD:
+        y.store(y.load[width=width]() + value)
+    elif EPILOGUE == GELU:
+        y.store(gelu_tanh[width](value))
+    else:
+        y.store(value)

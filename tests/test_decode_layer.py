@@ -1,0 +1,141 @@
+"""`gpt2_decode_layer`, a whole GPT-2 block as one Mojo op, against a float64 NumPy block, in each format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from max.driver import CPU, Buffer
+from max.dtype import DType
+from max.engine import InferenceSession, Model
+from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
+
+from max_gpt2 import reference
+from max_gpt2.kernels import kernel_library
+from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from tests.support import LOWEST, attention_reference, quantized_activations
+
+CPU_REF = DeviceRef.CPU()
+FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
+WEIGHT_DTYPES = {
+    "float32": DType.float32,
+    "bfloat16": DType.bfloat16,
+    "q8_0": DType.int8,
+    "q4_0": DType.uint8,
+}
+EPSILON = 1e-5
+
+
+@pytest.fixture(scope="module")
+def layer() -> Model:
+    """The op once per format, each on a cache of its own; every size symbolic, so one compile serves all."""
+    caches = [BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF) for _ in FORMATS]
+    shared = [
+        TensorType(DType.float32, ["B", "S", "E"], CPU_REF),  # x
+        TensorType(DType.float32, ["B", "T"], CPU_REF),  # key_bias
+        *[TensorType(DType.float32, [f"norm{i}"], CPU_REF) for i in range(4)],
+        TensorType(DType.float32, [1], CPU_REF),  # epsilon
+        *[TensorType(DType.float32, [f"bias{i}"], CPU_REF) for i in range(4)],
+        TensorType(DType.float16, ["none0", "none1"], CPU_REF),  # the float formats' (empty) scales
+    ]
+    weights = [  # each product's weight, then its scales where the format has them
+        TensorType(dtype, [f"{format}_{i}_{part}_rows", f"{format}_{i}_{part}_columns"], CPU_REF)
+        for format, weight_dtype in WEIGHT_DTYPES.items()
+        for i in range(4)
+        for part, dtype in (("weight", weight_dtype), ("scales", DType.float16))
+        if part == "weight" or format.startswith("q")
+    ]
+    types = [*caches, *shared, *weights]
+    with Graph("decode_layer_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
+        inputs = list(graph.inputs)
+        caches, rest = inputs[: len(FORMATS)], inputs[len(FORMATS) :]
+        x, key_bias, *norms_and_more = (value.tensor for value in rest)
+        norms, epsilon = norms_and_more[:4], norms_and_more[4]
+        biases, no_scales = norms_and_more[5:9], norms_and_more[9]
+        stored = iter(norms_and_more[10:])
+        outputs = []
+        for format, cache in zip(FORMATS, caches, strict=True):
+            products = []
+            for bias in biases:
+                weight = next(stored)
+                products += [weight, next(stored) if format.startswith("q") else no_scales, bias]
+            out = TensorType(DType.float32, x.shape, CPU_REF)
+            values = [cache, x, key_bias, *norms, epsilon, *products]
+            outputs += ops.inplace_custom("gpt2_decode_layer", CPU_REF, values, [out])
+        graph.output(*outputs)
+    return InferenceSession(devices=[CPU()]).load(graph)
+
+
+def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
+    """W [N, K] as each format stores it (what the op takes) and the float64 weights it stands for."""
+    bits = float32_to_bfloat16_bits(w)
+    q8, q4 = wf.quantize_q8_0(w), wf.quantize_q4_0(w)
+    k = w.shape[1]
+    bfloat16 = Buffer.from_numpy(wf.interleave_bfloat16(bits)).view(DType.bfloat16)
+    return {
+        "float32": ([Buffer.from_numpy(w)], w.astype(np.float64)),
+        "bfloat16": ([bfloat16], bfloat16_bits_to_float32(bits).astype(np.float64)),
+        "q8_0": ([*map(Buffer.from_numpy, wf.interleave(*q8, "q8_0"))], wf.dequantize(*q8, "q8_0", k)),
+        "q4_0": ([*map(Buffer.from_numpy, wf.interleave(*q4, "q4_0"))], wf.dequantize(*q4, "q4_0", k)),
+    }
+
+
+def block_reference(x, cache, key_bias, norms, weights, biases, heads, quantized):
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights a format stores; `quantized`:
+    each product's input rounded to int8 blocks first, as the q8_0 and q4_0 kernels do."""
+    rows = x.shape[0] * x.shape[1]
+
+    def product(a, i):
+        flat = a.reshape(rows, -1)
+        flat = quantized_activations(flat.astype(np.float32)) if quantized else flat
+        return (flat @ weights[i].T + biases[i]).reshape(*a.shape[:-1], -1)
+
+    x = x.astype(np.float64)
+    qkv = product(reference.layer_norm(x, norms[0], norms[1], EPSILON), 0)
+    attended, cache = attention_reference(cache, qkv, key_bias, heads)
+    x = x + product(attended, 1)
+    hidden = reference.activation(product(reference.layer_norm(x, norms[2], norms[3], EPSILON), 2))
+    return x + product(hidden, 3), cache
+
+
+@pytest.mark.parametrize(
+    ("batch", "new", "total", "cache_len", "heads", "head_dim", "wide"),
+    [
+        (1, 1, 9, 12, 2, 64, 512),  # a decoding step, GPT-2's head size (kept in registers)
+        (3, 1, 7, 8, 5, 12, 240),  # a batch of steps with padding, a block tail in every product
+        (2, 4, 6, 10, 3, 20, 100),  # several new tokens after a past; the MLP's width a ragged group
+    ],
+)
+def test_the_layer_matches_a_float64_block_in_every_format(
+    layer, batch, new, total, cache_len, heads, head_dim, wide
+):
+    """Each format's y and the keys and values it writes, on the weights it stores."""
+    width = heads * head_dim
+    rng = np.random.default_rng(total * batch + new)
+    x = rng.standard_normal((batch, new, width), dtype=np.float32)
+    cache = rng.standard_normal((2, batch, heads, cache_len, head_dim), dtype=np.float32)
+    key_bias = np.where(rng.random((batch, total)) < 0.3, LOWEST, 0).astype(np.float32)
+    key_bias[:, total - new :] = 0  # the new tokens are real
+    norms = [1 + 0.1 * rng.standard_normal(width, dtype=np.float32) for _ in range(2)]
+    norms = [norms[0], rng.standard_normal(width, dtype=np.float32), norms[1], np.zeros(width, np.float32)]
+    shapes = [(3 * width, width), (width, width), (wide, width), (width, wide)]
+    ws = [(rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32) for shape in shapes]
+    biases = [rng.standard_normal(shape[0], dtype=np.float32) for shape in shapes]
+    forms = [stored_forms(w) for w in ws]
+    written = [Buffer.from_numpy(cache.copy()) for _ in FORMATS]
+    inputs = [x, key_bias, *norms, np.array([EPSILON], np.float32), *biases, np.zeros((0, 0), np.float16)]
+    stored = [buffer for format in FORMATS for form in forms for buffer in form[format][0]]
+    outputs = layer.execute(*written, *map(Buffer.from_numpy, inputs), *stored)
+    for format, out, cache_out in zip(FORMATS, outputs, written, strict=True):
+        weights = [form[format][1].astype(np.float64) for form in forms]
+        quantized = format.startswith("q")
+        expected, expected_cache = block_reference(
+            x, cache, key_bias, norms, weights, biases, heads, quantized
+        )
+        tolerance = 1e-3 if quantized else 2e-6  # float32 against float64 may round x to the other int8 step
+        got = out.to_numpy()
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
+        np.testing.assert_allclose(
+            cache_out.to_numpy()[..., :total, :], expected_cache[..., :total, :], atol=1e-5
+        )
+        np.testing.assert_array_equal(cache_out.to_numpy()[..., total:, :], cache[..., total:, :])

@@ -27,6 +27,11 @@ their first steps.
     python benchmarks/kernel_ab.py --kv-cache float16 --weights q4_0 --steps 1x32,8x100
 
 the same, our kernels both times, the second model keeping its KV cache in float16.
+
+    python benchmarks/kernel_ab.py --op-by-op --weights q4_0 --steps 1x32,8x32
+
+the same, the first model's blocks one `gpt2_decode_layer` op each (as shipped), the
+second's op by op (layer norms, products, attention, GELU and adds, each an op).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from max.driver import CPU, Buffer
@@ -55,7 +61,9 @@ from max_gpt2.inference.lm import CompiledLM, load_lm
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library, matmul_op_name
 from max_gpt2.kernels.package import compiled_package
+from max_gpt2.model import gpt2
 from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.block import Block
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import float32_to_bfloat16_bits
 from max_gpt2.outputs import Progress, default_cache_dir
@@ -152,6 +160,12 @@ def load_variant_lm(checkpoint: Path, weights: str, package: Path) -> CompiledLM
         max_gpt2.kernels.F = functional
 
 
+def load_op_by_op_lm(checkpoint: Path, weights: str) -> CompiledLM:
+    """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
+    with mock.patch.object(gpt2, "KernelBlock", Block):
+        return load_lm(checkpoint, device="cpu", weights=weights)
+
+
 def time_steps(
     models: dict[str, CompiledLM], batch: int, prompt: int, rng: np.random.Generator
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
@@ -202,9 +216,11 @@ def main() -> int:
     parser.add_argument(
         "--kv-cache", choices=["float16"], help="with --steps, no copy: against this KV cache"
     )
+    parser.add_argument("--op-by-op", action="store_true", help="with --steps, no copy: against op by op")
     args = parser.parse_args()
-    if (args.variant is None) == (args.kv_cache is None) or (args.kv_cache and not args.steps):
-        parser.error("give an edited copy of the kernels, or --kv-cache with --steps")
+    others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
+    if others != 1 or (args.variant is None and not args.steps):
+        parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")
     if args.steps:
         print(machine_description(CPU()))
         checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
@@ -212,6 +228,10 @@ def main() -> int:
         if args.kv_cache:
             other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
             compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other})
+            return 0
+        if args.op_by_op:
+            other = load_op_by_op_lm(checkpoint, args.weights)
+            compare_steps(args.steps, {"one op a block": ours, "op by op": other})
             return 0
         with tempfile.TemporaryDirectory() as temporary:
             package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))

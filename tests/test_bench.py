@@ -23,7 +23,9 @@ from max_gpt2.bench import harness
 from max_gpt2.bench.attention import attention_flops
 from max_gpt2.cli import main
 from max_gpt2.kernels import MOJO_PACKAGE
+from max_gpt2.model import gpt2
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.kernel_layers import KernelBlock
 from tests.support import ODD
 
 MODEL = f"{ODD.n_embd}x{ODD.n_head}"
@@ -244,3 +246,11 @@ def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
     with pytest.raises(Exception, match="missing"):
         kernel_ab.load_variant_lm(tmp_path / "missing", "float32", tmp_path)
     assert max_gpt2.kernels.F is functional
+
+
+def test_kernel_ab_op_by_op_leaves_the_model_as_it_was(tmp_path):
+    """`--op-by-op` builds its second model with `Block` in place of `KernelBlock`, and only it."""
+    kernel_ab = load_kernel_ab()
+    with pytest.raises(Exception, match="missing"):
+        kernel_ab.load_op_by_op_lm(tmp_path / "missing", "q4_0")
+    assert gpt2.KernelBlock is KernelBlock

@@ -7,12 +7,16 @@ import pytest
 from max.driver import CPU, Buffer
 from max.dtype import DType
 from max.engine import InferenceSession, Model
+from max.experimental import functional as F
+from max.experimental.tensor import default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
-from max_gpt2 import reference
+from max_gpt2 import GPT2Config, reference
 from max_gpt2.kernels import kernel_library
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.gpt2 import GPT2LMHeadModel
+from max_gpt2.model.kernel_layers import KernelBlock
 from tests.support import LOWEST, attention_reference, quantized_activations
 
 CPU_REF = DeviceRef.CPU()
@@ -139,3 +143,15 @@ def test_the_layer_matches_a_float64_block_in_every_format(
             cache_out.to_numpy()[..., :total, :], expected_cache[..., :total, :], atol=1e-5
         )
         np.testing.assert_array_equal(cache_out.to_numpy()[..., total:, :], cache[..., total:, :])
+
+
+@pytest.mark.parametrize(("activation", "fused"), [("gelu_new", True), ("gelu_fast", True), ("gelu", False)])
+def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused):
+    """The step graph (kernels) makes `KernelBlock`s where the MLP's activation is GELU's tanh form,
+    which `gpt2_decode_layer` computes; other activations and the plain graph keep `Block`."""
+    config = GPT2Config(n_embd=8, n_head=2, n_layer=2, activation_function=activation)
+    with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
+        step = GPT2LMHeadModel(config, kernels=True, weights="q8_0")
+        plain = GPT2LMHeadModel(config)
+    assert [isinstance(block, KernelBlock) for block in step.transformer.h] == [fused] * 2
+    assert not any(isinstance(block, KernelBlock) for block in plain.transformer.h)

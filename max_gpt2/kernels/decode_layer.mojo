@@ -12,122 +12,27 @@
 # Op by op, a layer of a decoding step is some ten ops, five of them split across the threads, and at
 # packed sizes the product's weights stream in a few hundred microseconds while each op costs its
 # launch and each split its wake of the other threads. Here the threads are woken once a layer and
-# go through the layer's phases together: every phase is cut into chunks that any thread claims
-# with an atomic counter, and a thread moves on once every chunk of the phase is done. A thread
-# that starts late finds the chunks taken and the work done, and one alone does it all, so no
-# thread ever waits for another to arrive. Layer norms, the quantizing of x, GELU and the residual
-# adds happen on the way into and out of the products (epilogue.mojo) instead of as ops of their own.
+# go through its phases together (phases.mojo). Layer norms, the quantizing of x, GELU and the
+# residual adds happen on the way into and out of the products (epilogue.mojo) instead of as ops
+# of their own.
 import extensibility
 from extensibility import IO, InputTensor, IOSpec, ManagedTensorSlice, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
-from std.atomic import Atomic
 from std.collections import Array
-from std.math import sqrt
 from std.memory import UnsafePointer, alloc
 from std.sys.info import num_physical_cores
-from std.sys.intrinsics import llvm_intrinsic
 
 from .attend import ROW, HeadCache, attend_head
 from .epilogue import ADD, GELU, STORE
-from .packed_layout import F32, GROUP, Q4_0, Q8_0, check_bias, check_blocks, check_chunks, check_dense, row_chunks
-from .quantized_matmul import QuantizedRows, block_groups
-from .skinny_matmul import dense_rows
-
-# Chunks a product's outputs are cut into; claimed one at a time, so a thread that is busy
-# elsewhere leaves its share to the others. Whole steps of GPT-2 small on a 2-core Zen 3 against 8:
-# 4 and 16 chunks 1.00-1.04x the time in float32, q8_0 and q4_0, 2 chunks 1.01-1.04x in q8_0 and
-# q4_0; bfloat16 alone runs best at one a core (2: 0.96x at batch 1, 0.95x at batch 8).
-comptime PRODUCT_CHUNKS = 8
-comptime PHASES = 9
-comptime LINE = 8  # Int64 counters a cache line: each counter on a line of its own
+from .layer_norm import layer_norm
+from .layer_products import Product, checked_product, format_of
+from .packed_layout import F32
+from .phases import Phases
+from .quantized_rows import QuantizedRows
 
 
-def format_of[WT: DType]() -> Int:
-    """The block format a weight dtype stands for (Q8_0: int8, Q4_0: uint8), 0 for float32 and bfloat16."""
-    comptime if WT == DType.int8:
-        return Q8_0
-    elif WT == DType.uint8:
-        return Q4_0
-    else:
-        return 0
-
-
-struct Phases(ImplicitlyCopyable):
-    """Per phase, two counters shared by the threads: the chunks claimed and the chunks done."""
-
-    var counters: UnsafePointer[Int64, MutUntrackedOrigin]
-
-    def __init__(out self):
-        self.counters = alloc[Int64](2 * PHASES * LINE)
-        for i in range(2 * PHASES * LINE):
-            (self.counters + i).store(0)
-
-    def share[body: def(Int) capturing -> None](self, phase: Int, chunks: Int):
-        """Runs `body(c)` for each chunk c < `chunks` no other thread has claimed, then waits until every
-        chunk of the phase is done (by whichever thread): what it wrote is then there for all."""
-        var claimed = self.counters + 2 * phase * LINE
-        var done = claimed + LINE
-        while True:
-            var chunk = Int(Atomic[Int64].fetch_add(claimed, 1))
-            if chunk >= chunks:
-                break
-            body(chunk)
-            _ = Atomic[Int64].fetch_add(done, 1)
-        while Int(Atomic[Int64].load(done)) < chunks:
-            llvm_intrinsic["llvm.x86.sse2.pause", NoneType]()
-
-    def free(self):
-        self.counters.free()
-
-
-struct Product[WT: DType](ImplicitlyCopyable):
-    """One of the layer's products, y [rows, N] = x [rows, K] @ W^T + bias, W stored as WT says."""
-
-    var w: Int  # addresses: the weight, its block scales (q8_0, q4_0) and the bias
-    var scales: Int
-    var bias: Int
-    var has_bias: Bool
-    var K: Int
-    var N: Int
-
-    def __init__(out self, w: Int, scales: Int, bias: Int, has_bias: Bool, K: Int, N: Int):
-        self.w, self.scales, self.bias, self.has_bias, self.K, self.N = w, scales, bias, has_bias, K, N
-
-    def units(self) -> Int:
-        """What a chunk is made of: groups of 8 outputs (packed blocks) or 24 outputs (float rows)."""
-        comptime if format_of[Self.WT]() != 0:
-            return (self.N + GROUP - 1) // GROUP
-        return (self.N + 23) // 24
-
-    def chunks(self) -> Int:
-        comptime if Self.WT == DType.bfloat16:
-            return min(self.units(), row_chunks())
-        return min(self.units(), PRODUCT_CHUNKS)
-
-    def run[
-        EPILOGUE: Int
-    ](
-        self,
-        x: UnsafePointer[Float32, ImmutAnyOrigin],
-        xq: QuantizedRows[format_of[Self.WT]()],
-        y: UnsafePointer[Float32, MutAnyOrigin],
-        rows: Int,
-        chunk: Int,
-    ):
-        """Chunk `chunk` of `chunks()` of the outputs, from x (float formats) or xq (block formats)."""
-        var units = self.units()
-        var first = chunk * units // self.chunks()
-        var last = (chunk + 1) * units // self.chunks()
-        var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=self.bias)
-        comptime FORMAT = format_of[Self.WT]()
-        comptime if FORMAT != 0:
-            var w = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=self.w)
-            var d = UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=self.scales)
-            block_groups[FORMAT, EPILOGUE](w, d, xq, bias, self.has_bias, y, rows, self.N, first, last)
-        else:
-            var w = UnsafePointer[Scalar[Self.WT], ImmutAnyOrigin](unsafe_from_address=self.w)
-            dense_rows[Self.WT, EPILOGUE](x, w, bias, self.has_bias, y, rows, self.K, self.N, first * 24, min(last * 24, self.N))
+comptime PHASES = 9  # norm, qkv, attention, quantize, out, norm, fc, quantize, down
 
 
 @always_inline
@@ -138,30 +43,6 @@ def _reads(buffer: UnsafePointer[Float32, _]) -> UnsafePointer[Float32, ImmutAny
 @always_inline
 def _writes(buffer: UnsafePointer[Float32, _]) -> UnsafePointer[Float32, MutAnyOrigin]:
     return UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(buffer))
-
-
-def layer_norm(
-    x: UnsafePointer[Float32, ImmutAnyOrigin],
-    weight: UnsafePointer[Float32, ImmutAnyOrigin],
-    bias: UnsafePointer[Float32, ImmutAnyOrigin],
-    epsilon: Float32,
-    y: UnsafePointer[Float32, MutAnyOrigin],
-    rows: Int,
-    D: Int,
-):
-    """y [rows, D] = (x - mean) / sqrt(variance + epsilon) * weight + bias, row by row (variance over D)."""
-    for m in range(rows):
-        var row = x + m * D
-        var total = Float32(0)
-        for i in range(D):
-            total += row[i]
-        var mean = total / Float32(D)
-        var squares = Float32(0)
-        for i in range(D):
-            squares += (row[i] - mean) * (row[i] - mean)
-        var inverse = 1 / sqrt(squares / Float32(D) + epsilon)
-        for i in range(D):
-            y[m * D + i] = (row[i] - mean) * inverse * weight[i] + bias[i]
 
 
 def decode_layer[
@@ -197,7 +78,7 @@ def decode_layer[
     var normed_q = QuantizedRows[FORMAT](quantized, D)
     var attended_q = QuantizedRows[FORMAT](quantized, D)
     var hidden_q = QuantizedRows[FORMAT](quantized, wide)
-    var phases = Phases()
+    var phases = Phases[PHASES]()
     var first_page = UInt32(0)  # each (row, head)'s M positions are one page
     var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(UnsafePointer(to=first_page)))
     var pairs = B * H
@@ -273,29 +154,6 @@ def decode_layer[
     hidden.free()
 
 
-def _product[
-    WT: DType
-](
-    name: StaticString,
-    w: InputTensor[dtype=WT, rank=2, ...],
-    scales: InputTensor[dtype=DType.float16, rank=2, ...],
-    bias: InputTensor[dtype=F32, rank=1, ...],
-    K: Int,
-    N: Int,
-) raises -> Product[WT]:
-    """A product's tensors checked against its K inputs and N outputs."""
-    comptime FORMAT = format_of[WT]()
-    comptime if FORMAT != 0:
-        check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), scales.dim_size(0), scales.dim_size(1))
-        check_dense(name, scales.dim_size(0), scales.dim_size(1), scales.stride_length(0), scales.stride_length(1))
-    elif WT == F32:
-        if w.dim_size(0) != N or w.dim_size(1) != K:
-            raise Error(name, ": the weight is [", w.dim_size(0), ", ", w.dim_size(1), "]; the layer needs [", N, ", ", K, "]")
-    else:
-        check_chunks(name, K, N, w.dim_size(0), w.dim_size(1))
-    check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
-    check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
-    return Product[WT](Int(w.unsafe_ptr()), Int(scales.unsafe_ptr()), Int(bias.unsafe_ptr()), bias.dim_size(0) == N, K, N)
 
 
 @extensibility.register("gpt2_decode_layer")
@@ -345,10 +203,10 @@ struct DecodeLayer:
             raise Error("gpt2_decode_layer: y is [", y.dim_size(0), ", ", y.dim_size(1), ", ", y.dim_size(2), "], x [", B, ", ", S, ", ", D, "]")
         if wide == 0:
             raise Error("gpt2_decode_layer: c_fc needs its bias, whose length gives the MLP's width")
-        var qkv_product = _product[weight_dtype]("gpt2_decode_layer c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D)
-        var out_product = _product[weight_dtype]("gpt2_decode_layer attn c_proj", out_w, out_scales, out_bias, D, D)
-        var fc_product = _product[weight_dtype]("gpt2_decode_layer c_fc", fc_w, fc_scales, fc_bias, D, wide)
-        var down_product = _product[weight_dtype]("gpt2_decode_layer mlp c_proj", down_w, down_scales, down_bias, wide, D)
+        var qkv_product = checked_product[weight_dtype]("gpt2_decode_layer c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D)
+        var out_product = checked_product[weight_dtype]("gpt2_decode_layer attn c_proj", out_w, out_scales, out_bias, D, D)
+        var fc_product = checked_product[weight_dtype]("gpt2_decode_layer c_fc", fc_w, fc_scales, fc_bias, D, wide)
+        var down_product = checked_product[weight_dtype]("gpt2_decode_layer mlp c_proj", down_w, down_scales, down_bias, wide, D)
         var cached = UnsafePointer[Scalar[cache_dtype], MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))

@@ -1,0 +1,100 @@
+# The four products of a GPT-2 block as gpt2_decode_layer runs them: each a weight in float32,
+# bfloat16, q8_0 or q4_0 (packed_layout.mojo), its bias, and the chunks its outputs are cut into,
+# run through the standalone products' own loops with an epilogue (epilogue.mojo).
+from extensibility import InputTensor
+from std.memory import UnsafePointer
+
+from .packed_layout import F32, GROUP, Q4_0, Q8_0, check_bias, check_blocks, check_chunks, check_dense, row_chunks
+from .quantized_matmul import block_groups
+from .quantized_rows import QuantizedRows
+from .skinny_matmul import dense_rows
+
+# Chunks a product's outputs are cut into; claimed one at a time, so a thread that is busy
+# elsewhere leaves its share to the others. Whole steps of GPT-2 small on a 2-core Zen 3 against 8:
+# 4 and 16 chunks 1.00-1.04x the time in float32, q8_0 and q4_0, 2 chunks 1.01-1.04x in q8_0 and
+# q4_0; bfloat16 alone runs best at one a core (2: 0.96x at batch 1, 0.95x at batch 8).
+comptime PRODUCT_CHUNKS = 8
+
+
+def format_of[WT: DType]() -> Int:
+    """The block format a weight dtype stands for (Q8_0: int8, Q4_0: uint8), 0 for float32 and bfloat16."""
+    comptime if WT == DType.int8:
+        return Q8_0
+    elif WT == DType.uint8:
+        return Q4_0
+    else:
+        return 0
+
+
+struct Product[WT: DType](ImplicitlyCopyable):
+    """One of the layer's products, y [rows, N] = x [rows, K] @ W^T + bias, W stored as WT says."""
+
+    var w: Int  # addresses: the weight, its block scales (q8_0, q4_0) and the bias
+    var scales: Int
+    var bias: Int
+    var has_bias: Bool
+    var K: Int
+    var N: Int
+
+    def __init__(out self, w: Int, scales: Int, bias: Int, has_bias: Bool, K: Int, N: Int):
+        self.w, self.scales, self.bias, self.has_bias, self.K, self.N = w, scales, bias, has_bias, K, N
+
+    def units(self) -> Int:
+        """What a chunk is made of: groups of 8 outputs (packed blocks) or 24 outputs (float rows)."""
+        comptime if format_of[Self.WT]() != 0:
+            return (self.N + GROUP - 1) // GROUP
+        return (self.N + 23) // 24
+
+    def chunks(self) -> Int:
+        comptime if Self.WT == DType.bfloat16:
+            return min(self.units(), row_chunks())
+        return min(self.units(), PRODUCT_CHUNKS)
+
+    def run[
+        EPILOGUE: Int
+    ](
+        self,
+        x: UnsafePointer[Float32, ImmutAnyOrigin],
+        xq: QuantizedRows[format_of[Self.WT]()],
+        y: UnsafePointer[Float32, MutAnyOrigin],
+        rows: Int,
+        chunk: Int,
+    ):
+        """Chunk `chunk` of `chunks()` of the outputs, from x (float formats) or xq (block formats)."""
+        var units = self.units()
+        var first = chunk * units // self.chunks()
+        var last = (chunk + 1) * units // self.chunks()
+        var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=self.bias)
+        comptime FORMAT = format_of[Self.WT]()
+        comptime if FORMAT != 0:
+            var w = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=self.w)
+            var d = UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=self.scales)
+            block_groups[FORMAT, EPILOGUE](w, d, xq, bias, self.has_bias, y, rows, self.N, first, last)
+        else:
+            var w = UnsafePointer[Scalar[Self.WT], ImmutAnyOrigin](unsafe_from_address=self.w)
+            dense_rows[Self.WT, EPILOGUE](x, w, bias, self.has_bias, y, rows, self.K, self.N, first * 24, min(last * 24, self.N))
+
+
+def checked_product[
+    WT: DType
+](
+    name: StaticString,
+    w: InputTensor[dtype=WT, rank=2, ...],
+    scales: InputTensor[dtype=DType.float16, rank=2, ...],
+    bias: InputTensor[dtype=F32, rank=1, ...],
+    K: Int,
+    N: Int,
+) raises -> Product[WT]:
+    """A product's tensors checked against its K inputs and N outputs."""
+    comptime FORMAT = format_of[WT]()
+    comptime if FORMAT != 0:
+        check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), scales.dim_size(0), scales.dim_size(1))
+        check_dense(name, scales.dim_size(0), scales.dim_size(1), scales.stride_length(0), scales.stride_length(1))
+    elif WT == F32:
+        if w.dim_size(0) != N or w.dim_size(1) != K:
+            raise Error(name, ": the weight is [", w.dim_size(0), ", ", w.dim_size(1), "]; the layer needs [", N, ", ", K, "]")
+    else:
+        check_chunks(name, K, N, w.dim_size(0), w.dim_size(1))
+    check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
+    check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
+    return Product[WT](Int(w.unsafe_ptr()), Int(scales.unsafe_ptr()), Int(bias.unsafe_ptr()), bias.dim_size(0) == N, K, N)

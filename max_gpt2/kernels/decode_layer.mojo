@@ -154,8 +154,6 @@ def decode_layer[
     hidden.free()
 
 
-
-
 @extensibility.register("gpt2_decode_layer")
 struct DecodeLayer:
     @staticmethod

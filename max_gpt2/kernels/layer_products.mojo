@@ -7,7 +7,7 @@ from std.memory import UnsafePointer
 from .packed_layout import F32, GROUP, Q4_0, Q8_0, check_bias, check_blocks, check_chunks, check_dense, row_chunks
 from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
-from .skinny_matmul import dense_rows
+from .skinny_matmul import PASS_ROWS, dense_rows
 
 # Chunks a product's outputs are cut into; claimed one at a time, so a thread that is busy
 # elsewhere leaves its share to the others. Whole steps of GPT-2 small on a 2-core Zen 3 against 8:
@@ -40,10 +40,10 @@ struct Product[WT: DType](ImplicitlyCopyable):
         self.w, self.scales, self.bias, self.has_bias, self.K, self.N = w, scales, bias, has_bias, K, N
 
     def units(self) -> Int:
-        """What a chunk is made of: groups of 8 outputs (packed blocks) or 24 outputs (float rows)."""
+        """What a chunk is made of: groups of 8 outputs (packed blocks) or `PASS_ROWS` outputs (float rows)."""
         comptime if format_of[Self.WT]() != 0:
             return (self.N + GROUP - 1) // GROUP
-        return (self.N + 23) // 24
+        return (self.N + PASS_ROWS - 1) // PASS_ROWS
 
     def chunks(self) -> Int:
         comptime if Self.WT == DType.bfloat16:
@@ -72,7 +72,7 @@ struct Product[WT: DType](ImplicitlyCopyable):
             block_groups[FORMAT, EPILOGUE](w, d, xq, bias, self.has_bias, y, rows, self.N, first, last)
         else:
             var w = UnsafePointer[Scalar[Self.WT], ImmutAnyOrigin](unsafe_from_address=self.w)
-            dense_rows[Self.WT, EPILOGUE](x, w, bias, self.has_bias, y, rows, self.K, self.N, first * 24, min(last * 24, self.N))
+            dense_rows[Self.WT, EPILOGUE](x, w, bias, self.has_bias, y, rows, self.K, self.N, first * PASS_ROWS, min(last * PASS_ROWS, self.N))
 
 
 def checked_product[

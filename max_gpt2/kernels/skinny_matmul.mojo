@@ -31,6 +31,7 @@ comptime PREFETCH_BYTES = 65536
 # Rows of x a block of W dots at once: on AVX2, 4 x-rows by 3 W-rows fill the 16 registers
 # (8 by 1 were 3 % slower at batch 8).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
+comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, while they are in cache
 comptime F32_TASKS = 8  # chunks of a float32 W's rows, when the work is worth more than one thread
 # Multiply-adds (N * K * rows) under which one thread does float32: 1 << 20 left GPT-2 small's
 # 768 x 768 c_proj on one thread at batch 1, and its step's products took 1.06x the time.
@@ -49,7 +50,7 @@ def chunks_of[WT: DType](M: Int, K: Int, N: Int) -> Int:
 
 def w_rows[WT: DType, MB: Int]() -> Int:
     """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
-    vector registers (32 on AVX-512, 16 on AVX2), RB dividing 24. Float32 W against one row of x on
+    vector registers (32 on AVX-512, 16 on AVX2), RB dividing `PASS_ROWS`. Float32 W against one row of x on
     AVX-512 a row at a time: one stream of memory a thread, which a 2-core Zen 5 read 8 % faster
     than 8 rows side by side (a decoding step 0.87-0.91x the time); bfloat16's interleaved groups
     read a row at a time were 1.2x slower."""
@@ -164,11 +165,11 @@ def dense_rows[
 ):
     """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
 
-    24 rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
+    `PASS_ROWS` rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
     chunk no longer fits the cache by the second pass)."""
     var start = first
     while start < last:
-        var end = min(start + 24, last)
+        var end = min(start + PASS_ROWS, last)
         var m = 0
         while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
             var left = min(M - m, X_ROWS)
@@ -209,8 +210,8 @@ def dense_matmul[
     """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N]; W float32 [N, K] or
     bfloat16 in groups (packed_layout.mojo)."""
     var tasks = chunks_of[WT](M, K, N)
-    # Chunks a multiple of 24 rows, so every block size (8, 4, 3) tiles them.
-    var chunk = ((N + tasks - 1) // tasks + 23) // 24 * 24
+    # Chunks a multiple of `PASS_ROWS`, so every block size (8, 4, 3, 1) tiles them.
+    var chunk = ((N + tasks - 1) // tasks + PASS_ROWS - 1) // PASS_ROWS * PASS_ROWS
     tasks = (N + chunk - 1) // chunk
 
     def work(task: Int) {imm x, imm w, imm bias, imm has_bias, imm y, imm M, imm K, imm N, imm chunk}:

@@ -6,13 +6,8 @@
 #   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d)
 #
 # Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
-# each), as llama.cpp does, so a block's dot products are integer multiply-adds. On
-# AVX2: vpmaddubsw takes an unsigned and a signed operand; q8_0 pairs |x| with w
-# carrying x's sign (|x|, |w| <= 127: a pair of products cannot saturate 16 bits);
-# q4_0's values are already unsigned (0..15), and the offset comes off as 8 * sum(x).
-# With VNNI (AVX-512 or AVX-VNNI), vpdpbusd sums 4 such products into int32 in one
-# instruction (batch 8 about 1.3x faster; batch 1 is bound by memory either way), with no
-# 16-bit pair to saturate: for several rows of x, q8_0 then takes x + 128 (1..255) as the
+# each), as llama.cpp does, so a block's dot products are integer multiply-adds
+# (byte_products.mojo). With VNNI, for several rows of x, q8_0 takes x + 128 (1..255) as the
 # unsigned operand and w as stored, and 128 * sum(w) comes off once a block for all of them
 # (no sign flip of w per row of x: a batch of 8's products 1.43x faster; for one row, summing
 # w is the extra work, 2-4 % slower, so one row keeps the sign flip).
@@ -27,8 +22,9 @@ from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer, bitcast
 from std.sys.info import CompilationTarget
-from std.sys.intrinsics import PrefetchOptions, llvm_intrinsic, prefetch
+from std.sys.intrinsics import PrefetchOptions, prefetch
 
+from .byte_products import dot4_add, pair_products, repeat4, side_by_side, widen_pairs, with_sign_of
 from .epilogue import STORE, finish
 from .packed_layout import (
     BLOCK,
@@ -48,56 +44,8 @@ from .quantized_rows import QuantizedRows
 
 
 @always_inline
-def _pair_products(a: SIMD[DType.uint8, 32], b: SIMD[DType.int8, 32]) -> SIMD[DType.int16, 16]:
-    """Sums of 2 adjacent products a * b (unsigned x signed) into int16 lanes; no pair may pass 32767."""
-    comptime if CompilationTarget.has_avx2():
-        return llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", SIMD[DType.int16, 16]](a, b)
-    else:
-        var products = a.cast[DType.int16]() * b.cast[DType.int16]()
-        var even, odd = products.deinterleave()
-        return even + odd
-
-
-@always_inline
-def _widen_pairs(pairs: SIMD[DType.int16, 16]) -> SIMD[DType.int32, 8]:
-    """Sums of 2 adjacent int16 lanes into int32 lanes (vpmaddwd by ones)."""
-    comptime if CompilationTarget.has_avx2():
-        return llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, 8]](pairs, SIMD[DType.int16, 16](1))
-    else:
-        var even, odd = pairs.cast[DType.int32]().deinterleave()
-        return even + odd
-
-
-@always_inline
-def _dot4_add(acc: SIMD[DType.int32, 8], a: SIMD[DType.uint8, 32], b: SIMD[DType.int8, 32]) -> SIMD[DType.int32, 8]:
-    """acc plus the sums of 4 adjacent products a * b (unsigned x signed) in int32 lanes: one
-    vpdpbusd with VNNI, else two multiply-adds (no pair of products may pass 32767)."""
-    comptime if CompilationTarget.has_vnni():
-        return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.256", SIMD[DType.int32, 8]](acc, a, bitcast[DType.uint8, 32](b))
-    else:
-        return acc + _widen_pairs(_pair_products(a, b))
-
-
-@always_inline
-def _with_sign_of(w: SIMD[DType.int8, 32], x: SIMD[DType.int8, 32]) -> SIMD[DType.int8, 32]:
-    """w negated where x < 0 and zeroed where x == 0 (vpsignb)."""
-    comptime if CompilationTarget.has_avx2():
-        return llvm_intrinsic["llvm.x86.avx2.psign.b", SIMD[DType.int8, 32]](w, x)
-    else:
-        var sign = max(min(x.cast[DType.int16](), 1), -1)
-        return (w.cast[DType.int16]() * sign).cast[DType.int8]()
-
-
-@always_inline
-def _repeat4[dtype: DType](at: UnsafePointer[Scalar[dtype], MutUntrackedOrigin]) -> SIMD[dtype, 32]:
-    """The 4 bytes at `at`, repeated 8 times (vpbroadcastd)."""
-    var word = at.bitcast[Int32]().load()
-    return bitcast[dtype, 32](SIMD[DType.int32, 8](word))
-
-
-@always_inline
 def _group_blocks[
-    FORMAT: Int, MB: Int, EPILOGUE: Int
+    FORMAT: Int, GROUPS: Int, MB: Int, EPILOGUE: Int
 ](
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
@@ -109,58 +57,70 @@ def _group_blocks[
     N: Int,
     g: Int,
 ):
-    """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x,
-    plus bias[8g + r] where there is a bias."""
+    """y[m0 + m, 8g + r] for m < MB, r < 8 * GROUPS (those below N): groups g.. g + GROUPS - 1 of W's
+    rows against MB rows of x, plus bias[8g + r] where there is a bias."""
     comptime BYTES = block_bytes[FORMAT]()
+    comptime L = GROUP * GROUPS  # lanes: one a row of W
     var nb = xq.blocks
-    var acc = Array[SIMD[F32, 8], MB](fill=SIMD[F32, 8](0))
-    var group = w + g * nb * BYTES
+    var next_group = nb * BYTES  # bytes from a group's block to the next group's
+    var acc = Array[SIMD[F32, L], MB](fill=SIMD[F32, L](0))
+    var group = w + g * next_group
     for b in range(nb):
         var block = group + b * BYTES
-        comptime for line in range(BYTES // 64):  # every cache line of the block
-            prefetch[PrefetchOptions().for_read().low_locality()](block + PREFETCH_AHEAD + 64 * line)
-        var scales = (d + (g * nb + b) * GROUP).load[width=GROUP]().cast[F32]()  # 8 rows' scales
-        comptime OFFSET_X = FORMAT == Q8_0 and CompilationTarget.has_vnni() and MB > 1
-        var w_sums = SIMD[DType.int32, 8](0)  # with OFFSET_X: 128 * sum(w) of each row over the block
+        comptime if GROUPS == 1:
+            comptime for line in range(BYTES // 64):  # every cache line of the block
+                prefetch[PrefetchOptions().for_read().low_locality()](block + PREFETCH_AHEAD + 64 * line)
+        else:
+            comptime for line in range(GROUPS * BYTES // 64):  # the same blocks of the next two groups
+                prefetch[PrefetchOptions().for_read().low_locality()](
+                    block + (GROUPS + line // (BYTES // 64)) * next_group + 64 * (line % (BYTES // 64))
+                )
+        var scales = side_by_side[DType.float16, GROUP, GROUPS](d + (g * nb + b) * GROUP, nb * GROUP).cast[F32]()
+        # A zmm register has no vpsignb: two groups at a time take q8_0's offset x for one row too.
+        comptime OFFSET_X = FORMAT == Q8_0 and CompilationTarget.has_vnni() and (MB > 1 or GROUPS == 2)
+        var w_sums = SIMD[DType.int32, L](0)  # with OFFSET_X: 128 * sum(w) of each row over the block
         comptime if OFFSET_X:
             comptime for chunk in range(8):
-                var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
-                w_sums = _dot4_add(w_sums, SIMD[DType.uint8, 32](128), values)
+                var values = bitcast[DType.int8, 4 * L](side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group))
+                w_sums = dot4_add(w_sums, SIMD[DType.uint8, 4 * L](128), values)
         # With VNNI, every row of x's dot products with this block, chunk by chunk across the rows:
         # the MB chains of multiply-adds are independent and run side by side, and q4_0's chains start
         # from the -8 offset loaded from memory instead of subtracting it from a register made
         # for it (a q4_0 batch of 8's products 1.11x faster on a Zen 4; one row the same).
-        var dots = Array[SIMD[DType.int32, 8], MB](fill=SIMD[DType.int32, 8](0))
+        var dots = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
         comptime if OFFSET_X:
             comptime for chunk in range(8):
-                var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
+                var values = bitcast[DType.int8, 4 * L](side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group))
                 comptime for m in range(MB):
                     var offset = xq.offset + ((m0 + m) * nb + b) * BLOCK
-                    dots[m] = _dot4_add(dots[m], _repeat4[DType.uint8](offset + 4 * chunk), values)
+                    dots[m] = dot4_add(dots[m], repeat4[DType.uint8, L](offset + 4 * chunk), values)
             comptime for m in range(MB):
                 dots[m] -= w_sums  # the + 128 of every x, times sum(w)
         elif FORMAT == Q8_0:
             # Row by row, each chunk reloaded from L1: with 16 vector registers (AVX2), 8 rows' sums
             # side by side beside their 8 accumulators spilled to memory, and a batch of 8's products
             # took 1.14x the time (2-core Zen 3; whole steps 1.12x).
+            comptime assert GROUPS == 1, "vpsignb takes 32 bytes"
             comptime for m in range(MB):
                 var row = (m0 + m) * nb + b
                 comptime for chunk in range(8):
                     var values = (block + chunk * 32).bitcast[Int8]().load[width=32]()
-                    var signed = _with_sign_of(values, _repeat4[DType.int8](xq.quants + row * BLOCK + 4 * chunk))
-                    dots[m] = _dot4_add(dots[m], _repeat4[DType.uint8](xq.magnitudes + row * BLOCK + 4 * chunk), signed)
+                    var signed = with_sign_of(values, repeat4[DType.int8, 8](xq.quants + row * BLOCK + 4 * chunk))
+                    var magnitudes = repeat4[DType.uint8, 8](xq.magnitudes + row * BLOCK + 4 * chunk)
+                    dots[m] = rebind[SIMD[DType.int32, L]](dot4_add[8](rebind[SIMD[DType.int32, 8]](dots[m]), magnitudes, signed))
         elif CompilationTarget.has_vnni():
             comptime for m in range(MB):
-                dots[m] = SIMD[DType.int32, 8](xq.q4_offsets[(m0 + m) * nb + b])  # the -8 of every value, times sum(x)
+                dots[m] = SIMD[DType.int32, L](xq.q4_offsets[(m0 + m) * nb + b])  # the -8 of every value, times sum(x)
             comptime for chunk in range(4):
-                var raw = (block + chunk * 32).load[width=32]()
+                var raw = side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group)
                 var low = raw & 0xF
                 var high = raw >> 4
                 comptime for m in range(MB):
                     var quants = xq.quants + ((m0 + m) * nb + b) * BLOCK
-                    dots[m] = _dot4_add(dots[m], low, _repeat4[DType.int8](quants + 4 * chunk))
-                    dots[m] = _dot4_add(dots[m], high, _repeat4[DType.int8](quants + 16 + 4 * chunk))
+                    dots[m] = dot4_add(dots[m], low, repeat4[DType.int8, L](quants + 4 * chunk))
+                    dots[m] = dot4_add(dots[m], high, repeat4[DType.int8, L](quants + 16 + 4 * chunk))
         else:
+            comptime assert GROUPS == 1, "two groups at a time need AVX-512 VNNI"
             comptime for m in range(MB):
                 var row = (m0 + m) * nb + b
                 var quants = xq.quants + row * BLOCK
@@ -169,22 +129,56 @@ def _group_blocks[
                 var pairs = SIMD[DType.int16, 16](0)
                 comptime for chunk in range(4):
                     var raw = (block + chunk * 32).load[width=32]()
-                    pairs += _pair_products(raw & 0xF, _repeat4[DType.int8](quants + 4 * chunk))
-                    pairs += _pair_products(raw >> 4, _repeat4[DType.int8](quants + 16 + 4 * chunk))
-                dots[m] = _widen_pairs(pairs) + xq.q4_offsets[row]  # the -8 of every value, times sum(x)
+                    pairs += pair_products(raw & 0xF, repeat4[DType.int8, 8](quants + 4 * chunk))
+                    pairs += pair_products(raw >> 4, repeat4[DType.int8, 8](quants + 16 + 4 * chunk))
+                dots[m] = rebind[SIMD[DType.int32, L]](widen_pairs(pairs) + xq.q4_offsets[row])  # the -8 of every value, times sum(x)
         comptime for m in range(MB):
             acc[m] = dots[m].cast[F32]().fma(scales * xq.scales[(m0 + m) * nb + b], acc[m])
-    var offsets = SIMD[F32, GROUP](0)
+    var rows = min(L, N - g * GROUP)
+    var offsets = SIMD[F32, L](0)
     if has_bias:
-        for r in range(min(GROUP, N - g * GROUP)):
+        for r in range(rows):
             offsets[r] = bias[g * GROUP + r]
     comptime for m in range(MB):
         var out = y + (m0 + m) * N + g * GROUP
-        if g * GROUP + GROUP <= N:
-            finish[EPILOGUE, GROUP](out, acc[m] + offsets)
+        if rows == L:
+            finish[EPILOGUE, L](out, acc[m] + offsets)
         else:
-            for r in range(N - g * GROUP):
+            for r in range(rows):
                 finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])
+
+
+@always_inline
+def _rows_of_x[
+    FORMAT: Int, GROUPS: Int, EPILOGUE: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows[FORMAT],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    N: Int,
+    g: Int,
+):
+    """Groups g.. g + GROUPS - 1 against the M rows of `xq`: up to 8 rows of x at a time, while the
+    groups' blocks are in cache."""
+    var m = 0
+    while m < M:
+        var left = M - m
+        if left >= 8:
+            _group_blocks[FORMAT, GROUPS, 8, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+            m += 8
+        elif left >= 4:
+            _group_blocks[FORMAT, GROUPS, 4, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+            m += 4
+        elif left >= 2:
+            _group_blocks[FORMAT, GROUPS, 2, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+            m += 2
+        else:
+            _group_blocks[FORMAT, GROUPS, 1, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+            m += 1
 
 
 def block_groups[
@@ -202,23 +196,21 @@ def block_groups[
     last: Int,
 ):
     """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
-    y [M, N] as EPILOGUE says (epilogue.mojo): up to 8 rows of x a group, while its blocks are in cache."""
-    for g in range(first, last):
-        var m = 0
-        while m < M:
-            var left = M - m
-            if left >= 8:
-                _group_blocks[FORMAT, 8, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-                m += 8
-            elif left >= 4:
-                _group_blocks[FORMAT, 4, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-                m += 4
-            elif left >= 2:
-                _group_blocks[FORMAT, 2, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-                m += 2
-            else:
-                _group_blocks[FORMAT, 1, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-                m += 1
+    y [M, N] as EPILOGUE says (epilogue.mojo)."""
+    # Two groups side by side halve the multiply-adds but read W as two streams, which costs at
+    # few rows of x, where memory bounds the product (2-core Zen 5, products of a GPT-2 small step:
+    # q8_0 1.06-1.20x the time at 2-4 rows, 0.86-0.88x at 8; q4_0 0.98-1.08x at 2-3, 0.82-0.89x
+    # at 4, 0.72-0.81x at 8).
+    comptime PAIRED = CompilationTarget.has_avx512f() and CompilationTarget.has_vnni()
+    comptime PAIRED_FROM = 8 if FORMAT == Q8_0 else 4  # rows of x
+    var g = first
+    comptime if PAIRED:
+        while g + 1 < last and M >= PAIRED_FROM:
+            _rows_of_x[FORMAT, 2, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
+            g += 2
+    while g < last:
+        _rows_of_x[FORMAT, 1, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
+        g += 1
 
 
 def packed_matmul_blocks[

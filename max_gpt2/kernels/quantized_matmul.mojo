@@ -165,20 +165,11 @@ def _rows_of_x[
     """Groups g.. g + GROUPS - 1 against the M rows of `xq`: up to 8 rows of x at a time, while the
     groups' blocks are in cache."""
     var m = 0
-    while m < M:
-        var left = M - m
-        if left >= 8:
-            _group_blocks[FORMAT, GROUPS, 8, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-            m += 8
-        elif left >= 4:
-            _group_blocks[FORMAT, GROUPS, 4, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-            m += 4
-        elif left >= 2:
-            _group_blocks[FORMAT, GROUPS, 2, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-            m += 2
-        else:
-            _group_blocks[FORMAT, GROUPS, 1, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-            m += 1
+    comptime for halving in range(4):  # 8 rows of x at a time, then 4, 2, 1
+        comptime MB = 8 >> halving
+        while M - m >= MB:
+            _group_blocks[FORMAT, GROUPS, MB, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+            m += MB
 
 
 def block_groups[

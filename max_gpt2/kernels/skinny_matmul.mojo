@@ -175,22 +175,9 @@ def dense_rows[
             var left = min(M - m, X_ROWS)
             var xm = x + m * K
             var ym = y + m * N
-            if left >= 8:
-                _rows[WT, 8, w_rows[WT, 8](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 7:
-                _rows[WT, 7, w_rows[WT, 7](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 6:
-                _rows[WT, 6, w_rows[WT, 6](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 5:
-                _rows[WT, 5, w_rows[WT, 5](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 4:
-                _rows[WT, 4, w_rows[WT, 4](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 3:
-                _rows[WT, 3, w_rows[WT, 3](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            elif left == 2:
-                _rows[WT, 2, w_rows[WT, 2](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
-            else:
-                _rows[WT, 1, w_rows[WT, 1](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+            comptime for MB in range(1, X_ROWS + 1):
+                if left == MB:
+                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
             m += left
         start = end
 

@@ -129,9 +129,15 @@ def attend_head[
     for s in range(new):
         var source = qkv + s * 3 * D
         var key = cache.key(past + s)
-        for i in range(d):
+        var i = 0
+        while i + LANES <= d:
+            (key + i).store((source + D + i).load[width=LANES]().cast[CT]())
+            (key + cache.value_offset + i).store((source + 2 * D + i).load[width=LANES]().cast[CT]())
+            i += LANES
+        while i < d:
             key[i] = source[D + i].cast[CT]()
             key[cache.value_offset + i] = source[2 * D + i].cast[CT]()
+            i += 1
     var scores = scratch  # [seen]
     var out = scratch + past + new  # [d], where W is 0
     for s in range(new):

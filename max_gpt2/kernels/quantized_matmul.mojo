@@ -71,26 +71,22 @@ def _group_blocks[
             comptime for line in range(BYTES // 64):  # every cache line of the block
                 prefetch[PrefetchOptions().for_read().low_locality()](block + PREFETCH_AHEAD + 64 * line)
         else:
-            comptime for line in range(GROUPS * BYTES // 64):  # the same blocks of the next two groups
-                prefetch[PrefetchOptions().for_read().low_locality()](
-                    block + (GROUPS + line // (BYTES // 64)) * next_group + 64 * (line % (BYTES // 64))
-                )
+            comptime for group in range(GROUPS, 2 * GROUPS):  # the same block of the next two groups
+                comptime for line in range(BYTES // 64):
+                    prefetch[PrefetchOptions().for_read().low_locality()](block + group * next_group + 64 * line)
         var scales = side_by_side[DType.float16, GROUP, GROUPS](d + (g * nb + b) * GROUP, nb * GROUP).cast[F32]()
         # A zmm register has no vpsignb: two groups at a time take q8_0's offset x for one row too.
         comptime OFFSET_X = FORMAT == Q8_0 and CompilationTarget.has_vnni() and (MB > 1 or GROUPS == 2)
-        var w_sums = SIMD[DType.int32, L](0)  # with OFFSET_X: 128 * sum(w) of each row over the block
-        comptime if OFFSET_X:
-            comptime for chunk in range(8):
-                var values = bitcast[DType.int8, 4 * L](side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group))
-                w_sums = dot4_add(w_sums, SIMD[DType.uint8, 4 * L](128), values)
         # With VNNI, every row of x's dot products with this block, chunk by chunk across the rows:
         # the MB chains of multiply-adds are independent and run side by side, and q4_0's chains start
         # from the -8 offset loaded from memory instead of subtracting it from a register made
         # for it (a q4_0 batch of 8's products 1.11x faster on a Zen 4; one row the same).
         var dots = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
         comptime if OFFSET_X:
+            var w_sums = SIMD[DType.int32, L](0)  # 128 * sum(w) of each row over the block
             comptime for chunk in range(8):
                 var values = bitcast[DType.int8, 4 * L](side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group))
+                w_sums = dot4_add(w_sums, SIMD[DType.uint8, 4 * L](128), values)
                 comptime for m in range(MB):
                     var offset = xq.offset + ((m0 + m) * nb + b) * BLOCK
                     dots[m] = dot4_add(dots[m], repeat4[DType.uint8, L](offset + 4 * chunk), values)

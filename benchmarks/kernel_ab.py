@@ -26,7 +26,8 @@ their first steps.
 
     python benchmarks/kernel_ab.py --kv-cache float16 --weights q4_0 --steps 1x32,8x100
 
-the same, our kernels both times, the second model keeping its KV cache in float16.
+the same, our kernels both times, the first model keeping its KV cache in float32, the second in
+float16 (elsewhere both keep the format's default: float16 beside packed weights).
 
     python benchmarks/kernel_ab.py --op-by-op --weights q4_0 --steps 1x32,8x32
 
@@ -224,7 +225,10 @@ def main() -> int:
     if args.steps:
         print(machine_description(CPU()))
         checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
-        ours = load_lm(checkpoint, device="cpu", weights=args.weights)
+        # The format's default cache (float16 beside packed weights), or float32 against --kv-cache.
+        ours = load_lm(
+            checkpoint, device="cpu", weights=args.weights, kv_cache="float32" if args.kv_cache else None
+        )
         if args.kv_cache:
             other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
             compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other})

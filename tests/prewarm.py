@@ -35,9 +35,18 @@ def attention_weights(config: GPT2Config) -> None:
     compiled.attentions(np.zeros((1, 2, config.n_embd), np.float32))
 
 
-def lm(config: GPT2Config, output_attentions: bool = False, weights: str = "float32") -> None:
+def lm(
+    config: GPT2Config, output_attentions: bool = False, weights: str = "float32", kv_cache: str | None = None
+) -> None:
     parameters = zeros(model_parameter_shapes(config))
-    compile_lm(config, parameters, "cpu", output_attentions=output_attentions, weight_format=weights)
+    compile_lm(
+        config,
+        parameters,
+        "cpu",
+        output_attentions=output_attentions,
+        weight_format=weights,
+        kv_cache=kv_cache,
+    )
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
@@ -53,7 +62,10 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
-    *(lambda weights=weights: lm(LM_ONE_LAYER, weights=weights) for weights in ("bfloat16", "q8_0", "q4_0")),
+    *(
+        lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
+        for weights in ("bfloat16", "q8_0", "q4_0")
+    ),
 ]
 if not serving_missing():
     from tests.test_serve import compile_positions

@@ -1,4 +1,5 @@
-"""A float16 KV cache (`kv_cache="float16"`): keys and values rounded as stored, attention in float32."""
+"""A float16 KV cache (`kv_cache="float16"`, packed weights' default): keys and values rounded as
+stored, attention in float32."""
 
 from __future__ import annotations
 
@@ -57,6 +58,22 @@ def test_steps_through_the_kernel_round_as_the_prompt_graph_does(lm):
 def test_unsupported_caches_are_refused(kv_cache, dtype, message):
     with pytest.raises(ValueError, match=message):
         check_kv_cache(kv_cache, dtype)
+
+
+@pytest.mark.parametrize(
+    ("weights", "dtype", "expected"),
+    [
+        ("float32", DType.float32, DType.float32),  # Hugging Face's numbers
+        ("bfloat16", DType.float32, DType.float16),  # beside a packed format, as llama.cpp keeps it
+        ("q8_0", DType.float32, DType.float16),
+        ("q4_0", DType.float32, DType.float16),
+        ("float32", DType.bfloat16, DType.bfloat16),
+        ("float32", DType.float16, DType.float16),
+    ],
+)
+def test_the_default_cache_is_float16_beside_packed_weights_only(weights, dtype, expected):
+    assert check_kv_cache(None, dtype, weights) == expected
+    assert check_kv_cache("float32", DType.float32, weights) == DType.float32  # asked for: kept
 
 
 def test_load_lm_refuses_a_bad_cache_before_reading(tmp_path):

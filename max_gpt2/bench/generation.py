@@ -2,8 +2,9 @@
 
 Contenders, all loading the same checkpoint (`max_gpt2.bench.generation_contenders`):
 `max` (our `CompiledLM`), with `--weights` also ours with packed weights
-(`max-bfloat16`, `max-q8_0`, `max-q4_0`), with `--kv-cache float32,float16` each
-of those also with a float16 KV cache (`-kv16`), when PyTorch and `transformers` are
+(`max-bfloat16`, `max-q8_0`, `max-q4_0`; their KV cache float16 by default, float32
+weights' float32), with `--kv-cache float32,float16` each of those also with the
+other cache (`-kv16`, `-kv32`), when PyTorch and `transformers` are
 installed `hf-eager` and `hf-sdpa` (Hugging Face's `GPT2LMHeadModel.generate` with
 each attention implementation), and with `--llama-bench` and `--gguf` llama.cpp's
 `llama-bench` on GGUF files of the same weights (`max_gpt2.bench.llama_cpp`). The

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 from max.driver import Device
+from max.dtype import DType
 
 from max_gpt2.bench import harness, llama_cpp
 from max_gpt2.inference.lm import load_lm
+from max_gpt2.inference.lm_graphs import default_kv_cache
 
 CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 
@@ -57,7 +59,8 @@ def max_generator(
     checkpoint: Path, device: str, dtype: str, weights: str = "float32", kv_cache: str | None = None
 ) -> Generator:
     """Our `CompiledLM`, its weights in `weights`: named `max`, or `max-<weights>` when packed, and
-    `-kv16` after it with a float16 KV cache (`kv_cache`; None: the compute dtype's)."""
+    `-kv16` or `-kv32` after it with a KV cache other than the format's default
+    (`kv_cache`; None: `lm_graphs.default_kv_cache`)."""
     lm = load_lm(checkpoint, device, dtype, weights=weights, kv_cache=kv_cache)
     warm = np.zeros((1, 8), dtype=np.int64)
 
@@ -66,7 +69,9 @@ def max_generator(
         times += [time.perf_counter() for _ in lm.stream(ids, new)]
         return times
 
-    name = ("max" if weights == "float32" else f"max-{weights}") + ("-kv16" if kv_cache == "float16" else "")
+    name = "max" if weights == "float32" else f"max-{weights}"
+    if lm.kv_dtype != default_kv_cache(weights, lm.dtype):
+        name += "-kv16" if lm.kv_dtype == DType.float16 else "-kv32"
     return Generator(
         name,
         dtype if weights == "float32" else weights,  # float32 weights are bound in the compute dtype

@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache",
         default="",
-        help="ours with the KV cache in these, from float32, float16 (default: the compute dtype); "
-        "float16 runs are named with -kv16",
+        help="ours with the KV cache in these, from float32, float16 (default: float16 beside packed "
+        "weights, else the compute dtype); runs off that default are named with -kv16 or -kv32",
     )
     parser.add_argument(
         "--llama-bench", type=Path, help="a llama.cpp build's llama-bench, to time beside ours"

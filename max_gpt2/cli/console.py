@@ -110,8 +110,9 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-cache",
-        choices=["float16"],
-        help="keep the KV cache in float16, half the bytes (float32 compute; default: the compute dtype)",
+        choices=["float32", "float16"],
+        help="the KV cache's dtype; float16 is half the bytes (float32 compute; default: float16 with "
+        "packed --weights, else the compute dtype)",
     )
 
 
@@ -126,17 +127,17 @@ def load_model(
     """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes.
 
     `weights` is the format they are packed in (`max_gpt2.model.weight_formats`) and `kv_cache`
-    the KV cache's dtype (None: the compute dtype), both checked first.
+    the KV cache's dtype (None: `lm_graphs.default_kv_cache`), both checked first.
     """
     device = resolve_device(args.device)
     check_weight_format(weights, device, parse_dtype(args.dtype))
-    check_kv_cache(kv_cache, parse_dtype(args.dtype))
+    cache = check_kv_cache(kv_cache, parse_dtype(args.dtype), weights)
     with progress.step(f"reading the weights of {checkpoint.path}"):
         parameters = checkpoint.model_weights()
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
     stored = "" if weights == "float32" else f", weights in {weights}"
-    stored += "" if kv_cache is None else f", KV cache in {kv_cache}"
+    stored += "" if cache == parse_dtype(args.dtype) else f", KV cache in {cache.name}"
     with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
         return compile_lm(
             checkpoint.config,

@@ -18,8 +18,9 @@ and the cache once per step; elsewhere the prompt graph serves the steps too.
 A `KVCache` holds one buffer per layer, sized for prompt plus new tokens, and
 the graphs write each step's keys and values into it in place: a step computes
 one token per row and reads the cache, never copies it. The cache is in the
-compute dtype, or with `kv_cache="float16"` (float32 compute) in float16, as
-llama.cpp keeps its own: half the bytes a step's attention reads.
+compute dtype, or in float16 (`kv_cache="float16"` with float32 compute, and by
+default beside packed weights), as llama.cpp keeps its own: half the bytes a
+step's attention reads.
 
 Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
 is left-padded, `attention_mask` marks real tokens with 1, padding is never
@@ -248,9 +249,10 @@ def compile_lm(
     `weight_format` stores the projections and the LM head as "float32",
     "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`), packed from
     the float32 `weights` here; formats other than float32 are for the CPU in float32.
-    `kv_cache`: the KV cache's dtype, the compute dtype by default, or "float16"
-    with float32 compute (half the bytes a step's attention reads; keys and
-    values rounded to float16, attention computed in float32). What MAX cannot
+    `kv_cache`: the KV cache's dtype, the compute dtype or "float16" with float32
+    compute (half the bytes a step's attention reads; keys and values rounded to
+    float16, attention computed in float32); by default float16 beside packed
+    weights, else the compute dtype (`lm_graphs.default_kv_cache`). What MAX cannot
     compile on the device (`devices.hopper_refusal`) is refused before compiling.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
@@ -279,7 +281,7 @@ def load_lm(
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     check_weight_format(weights, target, compute_dtype)  # before reading any tensor
-    check_kv_cache(kv_cache, compute_dtype)
+    check_kv_cache(kv_cache, compute_dtype, weights)
     opened = Checkpoint(checkpoint)  # its config and keys; the tensors are read below
     check_compiles_on(target, compute_dtype, opened.config.n_embd)
     lm = compile_lm(

@@ -10,6 +10,7 @@
 from std.math import exp, sqrt
 from std.collections import Array
 from std.memory import UnsafePointer
+from std.sys.info import CompilationTarget
 
 comptime F32 = DType.float32
 comptime LANES = 16  # float32 lanes of an AVX-512 register
@@ -185,7 +186,7 @@ def attend_head[
             var key = cache.key(start)
             var end = min(seen, start + cache.page_size)
             var t = start
-            comptime if W == ROW:
+            comptime if W == ROW and CompilationTarget.has_avx512f():  # AVX2's shuffles span two registers: not measured
                 var tops = SIMD[F32, KEYS](Float32.MIN)
                 while t + KEYS <= end:
                     var some = _key_dots[CT](query, key, cache.slot_stride) * scale

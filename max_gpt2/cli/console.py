@@ -137,7 +137,8 @@ def load_model(
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
     stored = "" if weights == "float32" else f", weights in {weights}"
-    stored += "" if cache == parse_dtype(args.dtype) else f", KV cache in {cache.name}"
+    if weights != "float32" or cache != parse_dtype(args.dtype):  # not what a plain GPT-2 keeps
+        stored += f", KV cache in {cache.name}"
     with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
         return compile_lm(
             checkpoint.config,

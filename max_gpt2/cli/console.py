@@ -129,15 +129,15 @@ def load_model(
     `weights` is the format they are packed in (`max_gpt2.model.weight_formats`) and `kv_cache`
     the KV cache's dtype (None: `lm_graphs.default_kv_cache`), both checked first.
     """
-    device = resolve_device(args.device)
-    check_weight_format(weights, device, parse_dtype(args.dtype))
-    cache = check_kv_cache(kv_cache, parse_dtype(args.dtype), weights)
+    device, dtype = resolve_device(args.device), parse_dtype(args.dtype)
+    check_weight_format(weights, device, dtype)
+    cache = check_kv_cache(kv_cache, dtype, weights)
     with progress.step(f"reading the weights of {checkpoint.path}"):
         parameters = checkpoint.model_weights()
     progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
     stored = "" if weights == "float32" else f", weights in {weights}"
-    if weights != "float32" or cache != parse_dtype(args.dtype):  # not what a plain GPT-2 keeps
+    if weights != "float32" or cache != dtype:  # not what a plain GPT-2 keeps
         stored += f", KV cache in {cache.name}"
     with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
         return compile_lm(

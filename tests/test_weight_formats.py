@@ -164,6 +164,7 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
     packed formats' default cache, float16."""
     lm, weights = compiled_lm(config, weights=format, kv_cache=kv_cache), lm_weights(config)
     assert lm.kv_dtype.name == (kv_cache or "float16")
+    assert f"kv_cache='{lm.kv_dtype.name}'" in repr(lm)  # named beside packed weights, default or not
     stored = wf.unpack(wf.pack(weights, format), format, model_parameter_shapes(config))
     ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))
     got = prompt_and_steps(lm, ids, 7)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'

@@ -109,7 +109,9 @@ class CompiledLM(CompiledModel):
         fields |= self.placement()
         if self.weight_format != "float32":
             fields["weights"] = self.weight_format
-        return fields if self.kv_dtype == self.dtype else {**fields, "kv_cache": self.kv_dtype.name}
+        if self.weight_format != "float32" or self.kv_dtype != self.dtype:  # as the CLI names it
+            fields["kv_cache"] = self.kv_dtype.name
+        return fields
 
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
         """The float32 weights packed into `weight_format`; packed ones bound as they are stored."""

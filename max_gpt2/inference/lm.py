@@ -55,7 +55,7 @@ from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_adapters import check_model_weights
-from max_gpt2.model.weight_formats import is_packed, pack
+from max_gpt2.model.weight_formats import is_stored_packed, pack
 
 
 class KVCache:
@@ -116,9 +116,7 @@ class CompiledLM(CompiledModel):
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
         """The float32 weights packed into `weight_format`; packed ones bound as they are stored."""
         packed = pack(weights, self.weight_format)
-        if self.weight_format == "float32":
-            return super().buffers(packed)
-        stored = {name for name in packed if is_packed(name) or name not in weights}  # weights and scales
+        stored = {name for name in packed if is_stored_packed(name, self.weight_format)}
         plain = super().buffers({name: array for name, array in packed.items() if name not in stored})
         return plain | {name: packed_buffer(packed[name]) for name in stored}
 

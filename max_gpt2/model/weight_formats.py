@@ -45,6 +45,7 @@ BLOCK = 32  # weights sharing a scale
 GROUP = 8  # rows stored interleaved
 CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # the format `max-gpt2 serve --weights` hands MAX's server
 
 
 def check_format(weights: str) -> str:
@@ -57,6 +58,12 @@ def check_format(weights: str) -> str:
 def is_packed(name: str) -> bool:
     """Whether parameter `name` is stored in the chosen format: the projections and the LM head."""
     return name.endswith(CONV1D_WEIGHTS) or name == "lm_head.weight"
+
+
+def is_stored_packed(name: str, format: str) -> bool:
+    """Whether `pack` stores parameter `name` in `format`'s own dtypes (a packed weight or its scales)
+    rather than as the float32 it was."""
+    return format != "float32" and (is_packed(name) or name.endswith(".scales"))
 
 
 def scales_name(name: str) -> str:

@@ -4,19 +4,20 @@ Compiling a new graph costs about 45 s (attention) to 100 s (a whole model) on a
 2-core machine, so every test gets its compiled attention or language model from
 one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
-`make test` compiles nineteen graphs on CPU: attention for GPT-2 small's and the odd
-layout (float32, bfloat16 and flash for the latter), the two language models (a
-prompt graph and a decoding-step graph each), the one-layer model with its weights
-in bfloat16, q8_0 and q4_0 (one graph each, tests/test_weight_formats.py), the
-attention-weights variants of the odd attention and of LM (tests/test_heads.py),
-the Mojo kernels alone (tests/test_kernels.py: skinny_matmul, the cached
-attention, the packed matmuls together), and for tests/test_serve.py the server's
-paged-cache graph, MAX's sampler and `ragged_positions` alone.
+`make test` compiles on CPU: attention for GPT-2 small's and the odd layout
+(float32, bfloat16 and flash for the latter), the two language models (a prompt
+graph and a decoding-step graph each), both with packed weights (one graph each
+a format and cache, tests/test_weight_formats.py, test_bench_generate.py and
+test_serve_weights.py), the attention-weights variants of the odd attention and
+of LM (tests/test_heads.py), the Mojo kernels alone (tests/test_kernels.py:
+skinny_matmul, the cached attention, the packed matmuls together), and for the
+serving tests two servers' paged-cache graphs (float32 and q4_0 weights, three
+each), MAX's sampler and `ragged_positions` alone.
 
 MAX compiles on one core most of the time, so on a fresh 2-core machine the
 session starts the slow work later tests need in other processes as soon as the
-tests are collected: the server `tests/test_serve.py` talks to (it compiles its
-own graph and MAX's sampler), and, when `MAX_GPT2_PREWARM=1` (`make test` sets
+tests are collected: the servers the serving tests talk to (`SERVED`: each
+compiles its own graphs), and, when `MAX_GPT2_PREWARM=1` (`make test` sets
 it), `tests/prewarm.py`, which fills MAX's cache from the last graph the suite
 needs while the tests compile from the first.
 """
@@ -42,7 +43,10 @@ from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests.support import LM, die_with_parent, serving_missing
 
-SERVER = pytest.StashKey[ServerProcess]()
+SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
+# The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options on LM's
+# seed-0 checkpoint, started at collection only where a collected test uses its fixture.
+SERVED = {"served_lm": (), "served_q4_0_lm": ("--weights", "q4_0")}
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
 
@@ -61,16 +65,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Starts the server and the prewarm compiles, if the collected tests need them."""
+    """Starts the servers and the prewarm compiles, if the collected tests need them."""
     scratch = session.config.stash[SCRATCH] = Path(tempfile.mkdtemp(prefix="max-gpt2-tests-"))
     session.config.stash[BACKGROUND] = []
-    if (
-        any("served_lm" in getattr(item, "fixturenames", ()) for item in session.items)
-        and not serving_missing()
-    ):
+    servers = session.config.stash[SERVERS] = {}
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in SERVED}
+    if wanted and not serving_missing():
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
-        server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu")
-        session.config.stash[SERVER] = server
+        for name in sorted(wanted):
+            log = scratch / f"{name}.log"
+            servers[name] = ServerProcess(checkpoint, log, free_port(), "--device", "cpu", *SERVED[name])
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(
@@ -85,8 +89,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stops whatever `pytest_collection_finish` started, whatever happened."""
-    if SERVER in session.config.stash:
-        session.config.stash[SERVER].stop()
+    for server in session.config.stash.get(SERVERS, {}).values():
+        server.stop()
     for process in session.config.stash.get(BACKGROUND, []):
         process.kill()
         process.wait()
@@ -94,12 +98,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(session.config.stash[SCRATCH], ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def served_lm(request) -> ServerProcess:
-    """The server started at collection, ready: LM's seed-0 checkpoint with its tokenizer, on CPU."""
-    server = request.config.stash[SERVER]
+def ready_server(request: pytest.FixtureRequest) -> ServerProcess:
+    """The server started at collection for the asking fixture, once it answers."""
+    server = request.config.stash[SERVERS][request.fixturename]
     server.wait_until_ready(timeout=1800)  # three fresh compiles on a busy 2-core machine
     return server
+
+
+@pytest.fixture(scope="session")
+def served_lm(request) -> ServerProcess:
+    """`max-gpt2 serve` on LM's seed-0 checkpoint with its tokenizer, on CPU, float32."""
+    return ready_server(request)
+
+
+@pytest.fixture(scope="session")
+def served_q4_0_lm(request) -> ServerProcess:
+    """The same checkpoint served with its projections and head in q4_0 (`--weights q4_0`)."""
+    return ready_server(request)
 
 
 Compiler = Callable[..., CompiledAttention]

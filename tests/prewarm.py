@@ -51,7 +51,7 @@ def lm(
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
 # test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_heads,
-# test_lm, test_runtime, test_weight_formats.
+# test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
@@ -62,6 +62,7 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
+    lambda: lm(LM, weights="q4_0", kv_cache="float32"),
     *(
         lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
         for weights in ("bfloat16", "q8_0", "q4_0")

@@ -9,7 +9,10 @@ local checkpoint, offline; it prints that command, so it can be run without us.
 Keys and values live in MAX's paged KV cache. Up to `--max-batch-size` requests
 share each step (`max_gpt2.serving.arch.CPU_BATCH_SIZE` on a CPU), and a new
 prompt joins the step of those decoding (in-flight batching). MAX serves float32 on CPU;
-bfloat16 is for GPUs. The server answers OpenAI's `logprobs` (up to 7
+bfloat16 is for GPUs. On a CPU `--weights` stores the projections and the LM head
+as bfloat16, q8_0 or q4_0 (`max_gpt2.model.weight_formats`), converted when the
+server loads; the server learns it from `MAX_GPT2_WEIGHTS`, which the printed
+command sets. The server answers OpenAI's `logprobs` (up to 7
 alternatives) and, started with `--enable-echo` as here, `echo` (the prompt's
 log-probabilities, what lm-evaluation-harness scores with); prefix caching is
 off, since echo needs every prompt token computed.
@@ -28,9 +31,11 @@ from pathlib import Path
 import max_gpt2
 from max_gpt2.cli.console import demo_checkpoint, positive_int
 from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
+from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -46,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
     parser.add_argument(
+        "--weights",
+        default="float32",
+        choices=FORMATS,
+        help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
+    )
+    parser.add_argument(
         "--max-batch-size",
         type=positive_int,
         help="most requests in one step (default: GPT2MemoryPlanner's on a CPU, MAX's elsewhere)",
@@ -55,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, progress: Progress) -> int:
     command, env = serve_command(args, progress)
     progress.note("starting MAX's server; the same, by hand:")
-    progress.note("  " + shlex.join(["PYTHONPATH=" + env["PYTHONPATH"], "max", *command[3:]]))
+    settings = [f"{name}={env[name]}" for name in ("PYTHONPATH", SERVED_FORMAT_VARIABLE) if name in env]
+    progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
     sys.stderr.flush()
     os.execve(sys.executable, command, env)  # the server takes over this process and its signals
 
@@ -104,6 +116,7 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
     check_servable(checkpoint)
     check_compiles_on(device, parse_dtype(args.dtype), checkpoint.config.n_embd)
+    check_weight_format(args.weights, device, parse_dtype(args.dtype))
     command = [
         sys.executable,
         "-m",
@@ -126,4 +139,8 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     # install is not always visible to it (seen here), an explicit path always is.
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return command, {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
+    env.pop(SERVED_FORMAT_VARIABLE, None)  # the format is --weights', never one left in the environment
+    if args.weights != "float32":
+        env[SERVED_FORMAT_VARIABLE] = args.weights
+    return command, env

@@ -5,7 +5,11 @@ On the CPU in float32 it compiles two graphs over the same weights, as
 through `skinny_matmul`, attention through `gpt2_paged_attention`) for steps
 where each of at most `SKINNY_ROWS` requests brings one token, and the general
 one (MAX's flash attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul
-past them) for the rest; elsewhere only the general one, with MAX's ops.
+past them) for the rest; elsewhere only the general one, with MAX's ops. With
+packed weights (`GPT2ServingConfig.weights`: bfloat16, q8_0 or q4_0, converted
+here at load time, CPU and float32 only) both graphs take every projection and
+the LM head through the packed kernels (`PackedLinear`), prompts too, as
+`CompiledLM` does; the paged cache stays float32.
 MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
@@ -36,7 +40,6 @@ from max.driver import CPU, Buffer
 from max.engine import InferenceSession
 from max.experimental import functional as F
 from max.experimental.compilation import CompiledCallable
-from max.experimental.nn import Linear
 from max.experimental.tensor import default_dtype
 from max.nn.kv_cache import KVCacheInputs, KVCacheInputsPerDevice
 from max.nn.transformer import ReturnLogits
@@ -47,12 +50,15 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, ModuleV3Outputs, Module
 from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
 from max.profiler import traced
 
-from max_gpt2.inference.devices import to_buffer
+from max_gpt2.inference.devices import packed_buffer, to_buffer
+from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear, SkinnyLinear
+from max_gpt2.model.gpt2 import linear_for
+from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
+from max_gpt2.model.weight_formats import is_stored_packed, pack
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -72,20 +78,29 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     def _prepare_state_dict(
         self, state_dict: dict[str, Any], model_config: GPT2ServingConfig
     ) -> dict[str, Any]:
-        return {name: to_buffer(array, model_config.dtype, CPU()) for name, array in state_dict.items()}
+        """The float32 weights packed into the served format; the rest in the compute dtype."""
+        weights = model_config.weights
+        return {
+            name: packed_buffer(array)
+            if is_stored_packed(name, weights)
+            else to_buffer(array, model_config.dtype, CPU())
+            for name, array in pack(state_dict, weights).items()
+        }
 
     @traced
     def load_model(self) -> CompiledCallable[..., ModuleV3Outputs]:
         """Compiles the general graph (returned: MAX keeps it as `self.model`) and the step-specific ones."""
         state_dict = self._load_state_dict()
         config = self._create_model_config(state_dict)
+        check_weight_format(config.weights, self.devices[0], config.dtype)
         weights = self._prepare_state_dict(state_dict, config)
         self._init_distributed_runtime(config)
         kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
-        linear = SkinnyLinear if kernels else Linear
+        linear = linear_for(config.weights, kernels)
+        decoder_linear = KernelLinear if config.weights == "float32" else linear
         self.decoder = (
-            self._compile(config, weights, KernelLinear, ReturnLogits.LAST_TOKEN, True) if kernels else None
+            self._compile(config, weights, decoder_linear, ReturnLogits.LAST_TOKEN, True) if kernels else None
         )
         every_token = self.return_logits == ReturnLogits.ALL
         self.last_token_model = (

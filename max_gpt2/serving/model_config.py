@@ -4,11 +4,16 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `AutoConfig`) and the pipeline's own settings (`--quantization-encoding`,
 `--max-length`, the cache's page size). The model's shapes come through our own
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
-same message.
+same message. How the projections and the LM head are stored (`weight_formats`:
+float32, bfloat16, q8_0, q4_0) comes from the environment variable
+`MAX_GPT2_WEIGHTS` (`max-gpt2 serve --weights` sets it): MAX's command line has
+no option an architecture may add, and its `--quantization-encoding` knows
+neither q8_0 nor bfloat16 on a CPU.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,11 +29,12 @@ from transformers import AutoConfig
 from typing_extensions import Self
 
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
 
 
 @dataclass(kw_only=True)
 class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
-    """GPT-2's shapes (`model`), the compute dtype and MAX's paged KV cache parameters."""
+    """GPT-2's shapes (`model`), compute dtype, weight format and MAX's paged KV cache parameters."""
 
     # MAX serves float32 on CPU; bfloat16 is for GPUs.
     DEFAULT_ENCODING: ClassVar[SupportedEncoding] = "float32"
@@ -39,6 +45,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
     kv_params: KVCacheParams
     max_seq_len: int
     devices: list[DeviceRef]
+    weights: str = "float32"
 
     @classmethod
     def construct_kv_params(
@@ -81,4 +88,13 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
             ),
             max_seq_len=max_seq_len,
             devices=devices,
+            weights=served_weights(),
         )
+
+
+def served_weights() -> str:
+    """The weight format `MAX_GPT2_WEIGHTS` names (float32 when unset); a ValueError lists the valid ones."""
+    weights = os.environ.get(SERVED_FORMAT_VARIABLE, "float32")
+    if weights not in FORMATS:
+        raise ValueError(f"{SERVED_FORMAT_VARIABLE} must be one of {', '.join(FORMATS)}; got {weights!r}")
+    return weights

@@ -1,0 +1,104 @@
+"""`max-gpt2 serve --weights`: the projections and the LM head served packed, against `CompiledLM` in the
+same format.
+
+A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint with its weights in
+q4_0; `lm.generate` and `lm.score` on `CompiledLM` with the same format and a float32 KV cache (the
+paged cache's dtype) are what it must answer, token for token and log-probability for log-probability.
+How the format reaches the server (`MAX_GPT2_WEIGHTS`) is checked without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE
+from max_gpt2.outputs import Progress
+from max_gpt2.testing import END_OF_TEXT
+from tests.support import LM, serving_missing
+from tests.test_serve import NEW_TOKENS, PROMPTS, complete, served
+
+MISSING = serving_missing()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
+)
+
+
+@pytest.fixture(scope="module")
+def q4_0_lm(compiled_lm, served_q4_0_lm):
+    """`CompiledLM` with the served checkpoint's weights in q4_0, its KV cache float32 as the server's."""
+    weights = Checkpoint(served_q4_0_lm.checkpoint).model_weights()
+    return compiled_lm(LM, weights="q4_0", kv_cache="float32").with_weights(weights)
+
+
+def greedy_ids(lm, prompt_ids: list[int], eos: int) -> list[int]:
+    """`lm.generate`'s new ids after `prompt_ids`, up to and with end-of-text, as MAX lists them."""
+    new = lm.generate(np.array([prompt_ids]), NEW_TOKENS, eos_token_id=eos)[0, len(prompt_ids) :].tolist()
+    return new[: new.index(eos) + 1] if eos in new else new
+
+
+def test_packed_weights_are_served_as_our_model_generates_with_them(served_q4_0_lm, q4_0_lm, compiled_lm):
+    """Concurrent requests of different lengths (ragged prompt steps, then shared decoding steps) each
+    get the ids `lm.generate` gives in the same format, which are not all float32's."""
+    tokenizer = load_tokenizer(served_q4_0_lm.checkpoint)
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS]
+    expected = [greedy_ids(q4_0_lm, prompt_ids, eos) for prompt_ids in prompts]
+    assert sum(map(len, expected)) > 2 * len(PROMPTS)  # not vacuous
+    float32_lm = compiled_lm(LM).with_weights(Checkpoint(served_q4_0_lm.checkpoint).model_weights())
+    assert expected != [greedy_ids(float32_lm, prompt_ids, eos) for prompt_ids in prompts]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        choices = list(pool.map(lambda prompt: complete(served_q4_0_lm, prompt).choices[0], PROMPTS))
+    assert [served(choice).ids for choice in choices] == expected
+
+
+def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_lm):
+    tokenizer = load_tokenizer(served_q4_0_lm.checkpoint)
+    prompt_ids = tokenizer.encode(PROMPTS[0]).ids
+    choice = complete(served_q4_0_lm, PROMPTS[0], logprobs=2).choices[0]
+    new = served(choice).ids
+    ours = q4_0_lm.logprobs(np.array([prompt_ids + new]))[0]
+    generated = range(len(prompt_ids), len(prompt_ids) + len(new))
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[: len(new)], ours[generated], atol=1e-4)
+
+
+def serve_arguments(checkpoint, weights: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        device="cpu",
+        dtype="float32",
+        checkpoint=str(checkpoint),
+        cache_dir=None,
+        served_model_name="gpt2",
+        host="127.0.0.1",
+        port=8000,
+        max_batch_size=None,
+        weights=weights,
+    )
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "q8_0", "q4_0"])
+def test_serve_hands_its_weights_format_to_the_server_and_only_that(weights, lm_checkpoint, monkeypatch):
+    """A format left in the environment is not served: `--weights` (float32 by default) decides."""
+    from max_gpt2.cli.serve import serve_command
+
+    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q8_0" if weights != "q8_0" else "q4_0")
+    _, env = serve_command(serve_arguments(lm_checkpoint(LM), weights), Progress(io.StringIO()))
+    assert env.get(SERVED_FORMAT_VARIABLE) == (None if weights == "float32" else weights)
+
+
+def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):
+    from max_gpt2.serving.model_config import served_weights
+
+    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
+    with pytest.raises(
+        ValueError, match="MAX_GPT2_WEIGHTS must be one of float32, bfloat16, q8_0, q4_0; got 'q5_1'"
+    ):
+        served_weights()
+    monkeypatch.delenv(SERVED_FORMAT_VARIABLE)
+    assert served_weights() == "float32"

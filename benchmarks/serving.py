@@ -2,13 +2,18 @@
 
     python benchmarks/serving.py                       # the demo checkpoint, CPU, 1/4/16/64 clients
     python benchmarks/serving.py --checkpoint DIR --llama-server build/bin/llama-server --gguf f32.gguf
+    python benchmarks/serving.py --checkpoint DIR --weights q4_0 --llama-server ... --gguf q4_0.gguf
 
 For each number of clients C, C threads each send `--requests` streamed
 completions one after another (greedy, `--max-tokens` new tokens, end-of-text
 ignored so every request makes them all, a prompt of `--prompt-tokens` tokens of
 the text we ship). Reported per C: generated tokens/s and requests/s over the
 wall time; time to first token (TTFT) and inter-token latency (ITL: the gaps
-between a request's streamed tokens), median and p95.
+between a request's streamed tokens), median and p95. `--weights` serves the
+projections and the LM head packed (`max-gpt2 serve --weights`); `generate` then
+runs the same format with its default KV cache (float16 beside packed weights,
+where the server's paged cache is float32), and `--gguf` should be the same
+format's GGUF.
 
 Beside it, in the same run, one after the other on a quiet machine: given
 `--llama-server` and `--gguf` (the same weights, converted by
@@ -48,6 +53,7 @@ from max_gpt2.cli.console import demo_checkpoint
 from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.serving.arch import CPU_BATCH_SIZE
 from max_gpt2.testing import CORPUS
@@ -115,10 +121,10 @@ def run_clients(url: str, model: str, clients: int, requests: int, prompt: str, 
 
 
 def in_process(
-    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int
+    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int, weights: str
 ) -> dict[int, float]:
     """`lm.generate`'s tokens/s (new tokens over wall time, prefill included) at each batch, best of 3."""
-    lm = load_lm(checkpoint, "cpu")
+    lm = load_lm(checkpoint, "cpu", weights=weights)
     lm.generate(np.array([prompt_ids]), 2)  # warm-up
     rates = {}
     for batch in batches:
@@ -133,7 +139,7 @@ def in_process(
 
 
 def in_child_process(
-    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int
+    checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int, weights: str
 ) -> dict[int, float]:
     """`in_process` in a child process: a model loaded keeps a MAX runtime thread waking in its
     process (~7 % of a core on 2 cores), CPU it would take from the next round's servers."""
@@ -141,7 +147,7 @@ def in_child_process(
     # it): a spawned child would start outside this virtual environment, without max_gpt2.
     os.unsetenv("PYTHONEXECUTABLE")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(in_process, checkpoint, prompt_ids, batches, max_tokens).result()
+        return pool.submit(in_process, checkpoint, prompt_ids, batches, max_tokens, weights).result()
 
 
 def serve_and_measure(
@@ -217,7 +223,7 @@ def measure_round(
     """Our server, then llama-server (if given), then in-process `generate`, one after the other."""
     servers = {}
     log = args.output.with_suffix(".server.log")
-    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size))
+    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size), "--weights", args.weights)
     server = ServerProcess(checkpoint, log, free_port(), *options)
     try:
         with progress.step(f"starting max-gpt2 serve (compiles on first use; log: {log})"):
@@ -237,7 +243,7 @@ def measure_round(
             stop_group(llama.pid, llama.poll)
     batches = sorted({min(clients, args.max_batch_size) for clients in args.clients})
     with progress.step(f"in-process generate at batch {', '.join(map(str, batches))}"):
-        rates = in_child_process(checkpoint, prompt_ids, batches, args.max_tokens)
+        rates = in_child_process(checkpoint, prompt_ids, batches, args.max_tokens, args.weights)
     return {"servers": servers, "in_process_tokens_per_second": {str(b): rate for b, rate in rates.items()}}
 
 
@@ -253,6 +259,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=CPU_BATCH_SIZE, help="the server's batch")
+    parser.add_argument(
+        "--weights", default="float32", choices=FORMATS, help="how ours store the projections and head"
+    )
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
     parser.add_argument("--gguf", type=Path, help="the same checkpoint in GGUF, for --llama-server")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's threads (default: 2)")
@@ -275,6 +284,7 @@ def main() -> int:
         "machine": machine_description(resolve_device("cpu")),
         "checkpoint": str(checkpoint),
         "server_batch": args.max_batch_size,
+        "weights": args.weights,
         "prompt_tokens": len(prompt_ids),
         "max_tokens": args.max_tokens,
         "clients": args.clients,

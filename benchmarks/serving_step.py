@@ -1,6 +1,6 @@
 """A serving step without the server: MAX's pipeline for our architecture beside `CompiledLM`, in one process.
 
-    python benchmarks/serving_step.py --checkpoint DIR [--batches 1,8] [--steps 60]
+    python benchmarks/serving_step.py --checkpoint DIR [--batches 1,8] [--steps 60] [--weights q4_0]
 
 Builds the text-generation pipeline `max serve` runs (our architecture, MAX's
 paged KV cache, scheduler left out) and, on the same checkpoint, `load_lm`'s
@@ -12,7 +12,9 @@ graph instead of the argmax), and one `CompiledLM.decode_step`. Prints the media
 ms of each, and of the pipeline's graph call alone, so what a served token costs
 beyond the model splits into the graph and the rest of `execute`; what the
 server adds beyond that (scheduler, HTTP, processes) is the difference with
-`benchmarks/serving.py`'s inter-token latency. CPU, float32.
+`benchmarks/serving.py`'s inter-token latency. CPU, float32 compute; `--weights` packs
+the projections and the LM head for both (`max-gpt2 serve --weights`), `CompiledLM` then
+with a float32 KV cache like the server's paged one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from max.pipelines.request.base import RequestID
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.lm import load_lm
+from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
 from max_gpt2.serving import ARCHITECTURES
 from max_gpt2.testing import CORPUS
 
@@ -60,11 +64,13 @@ def main() -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="GPT-2 checkpoint with a tokenizer")
     parser.add_argument("--batches", default="1,8", help="requests decoded together (default: 1,8)")
     parser.add_argument("--steps", type=int, default=60, help="decoding steps per batch (default: 60)")
+    parser.add_argument("--weights", default="float32", choices=FORMATS, help="(default: float32)")
     args = parser.parse_args()
     batches = [int(batch) for batch in args.batches.split(",")]
     require_serve_extra()
     for arch in ARCHITECTURES:
         PIPELINE_REGISTRY.register(arch)
+    os.environ[SERVED_FORMAT_VARIABLE] = args.weights  # how `max-gpt2 serve` hands the server its format
     settings = PipelineArgs.from_flat_kwargs(
         model_path=str(args.checkpoint),
         device_specs=[DeviceSpec.cpu()],
@@ -75,7 +81,7 @@ def main() -> int:
     )
     tokenizer, pipeline = PIPELINE_REGISTRY.retrieve(PipelineConfig.from_args(settings))
     model, kv = pipeline._pipeline_model, pipeline._kv_manager
-    lm = load_lm(args.checkpoint, "cpu", "float32")
+    lm = load_lm(args.checkpoint, "cpu", "float32", weights=args.weights, kv_cache="float32")
     prompt = " ".join(CORPUS.read_text().split()[:24])
     print(machine_description(CPU()))
     print(

@@ -56,13 +56,14 @@ def best_seconds(product: Callable[[], Any], repeat: int) -> float:
     return best
 
 
-def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
-    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product on the host, best of
-    `repeat` each.
+BandwidthProbe = Callable[[int], dict[str, float]]
+"""`probe(repeat)`: bytes per second of GPT-2's LM head as a float32 matrix-vector product, best of
+`repeat` calls, by each way the probe knows; made once, called as often as wanted (seconds a call)."""
 
-    Two ways, NumPy's and our `skinny_matmul` (`max_gpt2.kernels`), so the limit
-    comes from the fastest stream of weights this machine gives, not only ours.
-    """
+
+def host_bandwidth_probe() -> BandwidthProbe:
+    """The host's, two ways: NumPy's and our `skinny_matmul` (`max_gpt2.kernels`), so the limit comes
+    from the fastest stream of weights this machine gives, not only ours."""
     matrix, vector = lm_head_operands()
     kernel = InferenceSession(devices=[CPU()]).load(skinny_matmul_graph())
     weights, row = Buffer.from_numpy(matrix), Buffer.from_numpy(vector)
@@ -73,19 +74,22 @@ def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
         "numpy": lambda: matrix @ vector[0],
         "skinny_matmul": lambda: kernel.execute(row, weights, no_bias),
     }
-    bandwidth = {}
-    for name, product in products.items():
-        # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
-        # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
-        # without the pause and 16.9-19.4 with it (three runs of each, alternated).
-        time.sleep(0.5)
-        bandwidth[name] = matrix.nbytes / best_seconds(product, repeat)
-    return bandwidth
+
+    def probe(repeat: int) -> dict[str, float]:
+        bandwidth = {}
+        for name, product in products.items():
+            # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
+            # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
+            # without the pause and 16.9-19.4 with it (three runs of each, alternated).
+            time.sleep(0.5)
+            bandwidth[name] = matrix.nbytes / best_seconds(product, repeat)
+        return bandwidth
+
+    return probe
 
 
-def accelerator_matvec_bandwidth(device: Device, repeat: int = 20) -> dict[str, float]:
-    """Bytes per second of GPT-2's LM head as a float32 matrix-vector product in a MAX graph on
-    `device` (an accelerator), best of `repeat`: the host's bandwidth says nothing of its memory."""
+def accelerator_bandwidth_probe(device: Device) -> BandwidthProbe:
+    """`device`'s (an accelerator), a MAX graph there: the host's bandwidth says nothing of its memory."""
     matrix, vector = lm_head_operands()
     where = DeviceRef.from_device(device)
     types = [TensorType(DType.float32, array.shape, where) for array in (vector, matrix)]
@@ -99,4 +103,14 @@ def accelerator_matvec_bandwidth(device: Device, repeat: int = 20) -> dict[str, 
         model.execute(*operands)
         device.synchronize()  # the call returns before the accelerator is done
 
-    return {"max-matmul": matrix.nbytes / best_seconds(product, repeat)}
+    return lambda repeat: {"max-matmul": matrix.nbytes / best_seconds(product, repeat)}
+
+
+def bandwidth_probe(device: Device) -> BandwidthProbe:
+    """The probe for `device`: the host's two ways, or a graph on an accelerator."""
+    return host_bandwidth_probe() if device.is_host else accelerator_bandwidth_probe(device)
+
+
+def matvec_bandwidth(repeat: int = 20) -> dict[str, float]:
+    """The host's bandwidth by each way, once (`host_bandwidth_probe`)."""
+    return host_bandwidth_probe()(repeat)

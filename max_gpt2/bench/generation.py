@@ -32,8 +32,11 @@ blocks, the final norm and the LM head, i.e. `wte`; one row each of `wte` and
 those of the format it reads its weights in (projections and head packed, the
 rest float32). The bandwidth is a float32 matrix-vector product of GPT-2's LM
 head (154 MB) measured in the same run (on the host the faster of NumPy's and our
-`skinny_matmul` kernel's, on an accelerator a MAX graph's there; best of several).
-A batch of B shares those reads: its limit is B times that.
+`skinny_matmul` kernel's, on an accelerator a MAX graph's there; best of several):
+once at the start (the limit lines of the table and the plot), and again before
+every round of a case, since a VM's memory speed moves by tens of percent within
+minutes; a row's "% of limit" is the median over its rounds of the rate against
+that round's limit. A batch of B shares those reads: its limit is B times that.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 from max.driver import Device
 
-from max_gpt2.bench.bandwidth import accelerator_matvec_bandwidth, matvec_bandwidth, weight_bytes_per_step
+from max_gpt2.bench.bandwidth import bandwidth_probe, weight_bytes_per_step
 from max_gpt2.bench.generation_contenders import (
     Generator,
     hugging_face_generators,
@@ -69,6 +72,7 @@ MODELS = {
 }
 CURVE_WINDOW = 32  # tokens per point of the curve
 CURVE_PROMPT = 16
+START_REPEAT, ROUND_REPEAT = 20, 8  # products timed for the bandwidth at the start, and each round
 
 
 def rates(times: list[float], batch: int) -> tuple[float, float]:
@@ -77,10 +81,17 @@ def rates(times: list[float], batch: int) -> tuple[float, float]:
     return times[1] - times[0], batch * decoded / (times[-1] - times[1]) if decoded else float("nan")
 
 
-def interleaved(generators: list[Generator], rounds: int, run: Callable[[Generator], Any]) -> dict:
-    """`run(generator)` for every generator, `rounds` times in a rotating order, each after settling."""
+def interleaved(
+    generators: list[Generator],
+    rounds: int,
+    run: Callable[[Generator], Any],
+    before_round: Callable[[], None] = lambda: None,
+) -> dict:
+    """`run(generator)` for every generator, `rounds` times in a rotating order, each after settling;
+    `before_round()` at the start of each round."""
     results: dict[str, list[Any]] = {g.name: [] for g in generators}
     for index in range(rounds):
+        before_round()
         shift = index % len(generators)
         for generator in generators[shift:] + generators[:shift]:
             generator.settle()
@@ -93,7 +104,8 @@ def bench_model(
 ) -> dict[str, Any]:
     """Checks tokens, then times the cases, the prefill and the curve for one checkpoint."""
     config = Checkpoint(checkpoint).config
-    limits = {g.weights: args.bandwidth / weight_bytes_per_step(config, g.weights) for g in generators}
+    step_bytes = {g.weights: weight_bytes_per_step(config, g.weights) for g in generators}
+    limits = {weights: args.bandwidth / size for weights, size in step_bytes.items()}
     rng = np.random.default_rng(args.seed)
     report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limits, "cases": []}
     for batch, prompt, new in args.cases:
@@ -108,18 +120,29 @@ def bench_model(
         # PyTorch does not: a near-tie may tip a token there as in half precision.
         if differ and args.dtype == "float32" and args.on_host:
             raise ValueError(f"{name} {case}: {', '.join(differ)} generated other tokens than max")
+        bandwidths: list[float] = []
         with progress.step(f"{name} {case}: {args.rounds} rounds"):
-            clocks = interleaved(timed, args.rounds, lambda g, i=ids, n=new: g.clocked(i, n))
-        medians = {
-            g.name: [
-                statistics.median(v) for v in zip(*(rates(t, batch) for t in clocks[g.name]), strict=True)
-            ]
-            for g in timed
-        }
+            clocks = interleaved(
+                timed,
+                args.rounds,
+                lambda g, i=ids, n=new: g.clocked(i, n),
+                lambda measured=bandwidths: measured.append(args.round_bandwidth()),
+            )
+        rounds = {g.name: [rates(t, batch) for t in clocks[g.name]] for g in timed}  # (prefill, rate) each
+        medians = {g: [statistics.median(v) for v in zip(*each, strict=True)] for g, each in rounds.items()}
         for g in timed:
             prefill, rate = medians[g.name]
+            round_rates = [rate for _, rate in rounds[g.name]]
+            fractions = [
+                r * step_bytes[g.weights] / (bandwidth * batch)
+                for r, bandwidth in zip(round_rates, bandwidths, strict=True)
+            ]
             row = {"contender": g.name, "weights": g.weights, "case": case, "prefill_ms": prefill * 1e3}
-            row |= {"tokens_per_second": rate, "fraction_of_limit": rate / (limits[g.weights] * batch)}
+            row |= {"tokens_per_second": rate, "fraction_of_limit": statistics.median(fractions)}
+            row |= {
+                "round_tokens_per_second": round_rates,
+                "round_bandwidth_gb_per_second": [bandwidth / 1e9 for bandwidth in bandwidths],
+            }
             row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != g.name}
             row["same_tokens_as_max"] = same.get(g.name)
             report["cases"].append(row)
@@ -185,8 +208,10 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
     args.on_host = device.is_host
     ways = "NumPy and skinny_matmul" if device.is_host else f"a MAX graph on {device_name(device)}"
     with progress.step(f"measuring float32 matrix-vector bandwidth ({ways})"):
-        bandwidths = matvec_bandwidth() if device.is_host else accelerator_matvec_bandwidth(device)
+        probe = bandwidth_probe(device)
+        bandwidths = probe(START_REPEAT)
         args.bandwidth = max(bandwidths.values())
+    args.round_bandwidth = lambda: max(probe(ROUND_REPEAT).values())
     report: dict[str, Any] = {
         "device": device_name(device),
         "dtype": args.dtype,
@@ -214,11 +239,18 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
 
 def format_table(report: dict[str, Any]) -> str:
     """The report as Markdown tables: the cases, then the prefill."""
+    rounds = [
+        bandwidth
+        for result in report["models"].values()
+        for row in result["cases"]
+        for bandwidth in row["round_bandwidth_gb_per_second"]
+    ]
+    again = f", {min(rounds):.1f}-{max(rounds):.1f} GB/s before the rounds" if rounds else ""
     lines = [
         f"{report['device']} {report['dtype']}; float32 matrix-vector bandwidth "
-        f"{report['bandwidth_gb_per_second']:.1f} GB/s ("
+        f"{report['bandwidth_gb_per_second']:.1f} GB/s at the start ("
         + ", ".join(f"{name} {value:.1f}" for name, value in report["matvec_gb_per_second"].items())
-        + f"); medians of {report['rounds']} rounds",
+        + f"){again}; medians of {report['rounds']} rounds, % of limit against each round's",
         "",
         "| model | case | contender | weights | prefill ms | decode tokens/s | % of limit | vs max "
         "| vs llama.cpp, same weights | vs hf-sdpa | same tokens as max |",

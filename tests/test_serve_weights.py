@@ -2,7 +2,7 @@
 same format.
 
 A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint with its weights in
-q4_0; `lm.generate` and `lm.score` on `CompiledLM` with the same format and a float32 KV cache (the
+q4_0; `lm.generate` and `lm.logprobs` on `CompiledLM` with the same format and a float32 KV cache (the
 paged cache's dtype) are what it must answer, token for token and log-probability for log-probability.
 How the format reaches the server (`MAX_GPT2_WEIGHTS`) is checked without one.
 """

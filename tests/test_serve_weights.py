@@ -59,6 +59,7 @@ def test_packed_weights_are_served_as_our_model_generates_with_them(served_q4_0_
 
 
 def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_lm):
+    """The new tokens', and with echo the prompt's (the graph that returns every token's logits)."""
     tokenizer = load_tokenizer(served_q4_0_lm.checkpoint)
     prompt_ids = tokenizer.encode(PROMPTS[0]).ids
     choice = complete(served_q4_0_lm, PROMPTS[0], logprobs=2).choices[0]
@@ -66,6 +67,10 @@ def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_l
     ours = q4_0_lm.logprobs(np.array([prompt_ids + new]))[0]
     generated = range(len(prompt_ids), len(prompt_ids) + len(new))
     np.testing.assert_allclose(choice.logprobs.token_logprobs[: len(new)], ours[generated], atol=1e-4)
+    echoed = complete(served_q4_0_lm, PROMPTS[0], echo=True, logprobs=1, max_tokens=1).choices[0]
+    np.testing.assert_allclose(
+        echoed.logprobs.token_logprobs[1 : len(prompt_ids) + 1], ours[1 : len(prompt_ids) + 1], atol=1e-4
+    )
 
 
 def serve_arguments(checkpoint, weights: str) -> argparse.Namespace:

@@ -8,8 +8,8 @@ KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
 (`pip install 'max-gpt2[serve]'`); the rest of the package does not.
 
     arch.py          the registration: names, encodings, pipeline model and class, tokenizer
-    model_config.py  config.json + pipeline settings -> shapes, dtype, KV cache params
-    model.py         the pipeline model: reads our checkpoint, compiles the graph, log-probabilities
+    model_config.py  config.json, settings, MAX_GPT2_WEIGHTS -> shapes, dtype, weight format, KV cache
+    model.py         the pipeline model: reads (and packs) our checkpoint, compiles, log-probabilities
     pipeline.py      MAX's pipeline, with all-greedy CPU steps decided by argmax, not MAX's sampler
     paged_gpt2.py    the graph: our blocks with an attention over the paged cache
     tokenizer.py     MAX's text tokenizer, refusing (HTTP 400) what the server cannot answer

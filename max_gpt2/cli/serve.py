@@ -140,7 +140,7 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    env.pop(SERVED_FORMAT_VARIABLE, None)  # the format is --weights', never one left in the environment
+    env.pop(SERVED_FORMAT_VARIABLE, None)  # --weights decides, not a value left in the caller's environment
     if args.weights != "float32":
         env[SERVED_FORMAT_VARIABLE] = args.weights
     return command, env

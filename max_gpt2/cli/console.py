@@ -100,14 +100,19 @@ def open_prompt(
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
 
 
-def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--weights` and `--kv-cache`: how the projections and the LM head, and the KV cache, are stored."""
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    """`--weights`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
     parser.add_argument(
         "--weights",
         default="float32",
         choices=FORMATS,
         help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
     )
+
+
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--weights` and `--kv-cache`: how the projections and the LM head, and the KV cache, are stored."""
+    add_weights_argument(parser)
     parser.add_argument(
         "--kv-cache",
         choices=["float32", "float16"],

@@ -29,13 +29,13 @@ import sys
 from pathlib import Path
 
 import max_gpt2
-from max_gpt2.cli.console import demo_checkpoint, positive_int
+from max_gpt2.cli.console import add_weights_argument, demo_checkpoint, positive_int
 from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.dtypes import parse_dtype
-from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -50,12 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
-    parser.add_argument(
-        "--weights",
-        default="float32",
-        choices=FORMATS,
-        help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
-    )
+    add_weights_argument(parser)  # the paged KV cache stays float32: no --kv-cache
     parser.add_argument(
         "--max-batch-size",
         type=positive_int,

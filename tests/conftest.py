@@ -73,8 +73,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if wanted and not serving_missing():
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
         for name in sorted(wanted):
+            port = free_port()
+            while port in (server.port for server in servers.values()):  # free, but perhaps not yet bound
+                port = free_port()
             log = scratch / f"{name}.log"
-            servers[name] = ServerProcess(checkpoint, log, free_port(), "--device", "cpu", *SERVED[name])
+            servers[name] = ServerProcess(checkpoint, log, port, "--device", "cpu", *SERVED[name])
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(

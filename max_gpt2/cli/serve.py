@@ -110,8 +110,9 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     if not checkpoint.path.is_dir():
         raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
     check_servable(checkpoint)
-    check_compiles_on(device, parse_dtype(args.dtype), checkpoint.config.n_embd)
-    check_weight_format(args.weights, device, parse_dtype(args.dtype))
+    dtype = parse_dtype(args.dtype)
+    check_compiles_on(device, dtype, checkpoint.config.n_embd)
+    check_weight_format(args.weights, device, dtype)
     command = [
         sys.executable,
         "-m",

@@ -48,10 +48,10 @@ BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18
 SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # the format `max-gpt2 serve --weights` hands MAX's server
 
 
-def check_format(weights: str) -> str:
-    """`weights` if it names a format, else a ValueError listing them."""
+def check_format(weights: str, source: str = "weights") -> str:
+    """`weights` if it names a format, else a ValueError listing them that names where it came from."""
     if weights not in FORMATS:
-        raise ValueError(f"weights must be one of {', '.join(FORMATS)}; got {weights!r}")
+        raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {weights!r}")
     return weights
 
 

@@ -29,7 +29,7 @@ from transformers import AutoConfig
 from typing_extensions import Self
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE, check_format
 
 
 @dataclass(kw_only=True)
@@ -94,7 +94,4 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
 
 def served_weights() -> str:
     """The weight format `MAX_GPT2_WEIGHTS` names (float32 when unset); a ValueError lists the valid ones."""
-    weights = os.environ.get(SERVED_FORMAT_VARIABLE, "float32")
-    if weights not in FORMATS:
-        raise ValueError(f"{SERVED_FORMAT_VARIABLE} must be one of {', '.join(FORMATS)}; got {weights!r}")
-    return weights
+    return check_format(os.environ.get(SERVED_FORMAT_VARIABLE, "float32"), SERVED_FORMAT_VARIABLE)

@@ -197,6 +197,24 @@ def test_serving_table_takes_each_ratio_within_a_round():
     assert [cell.strip() for cell in llama.split("|")[1:-1]][4] == "-"
 
 
+def test_serving_stress_asks_only_what_fits_the_context_and_finds_the_first_difference():
+    """benchmarks/serving_stress.py: every request it sends fits the context with at least one new
+    token and has no end-of-text in its prompt (else the server refuses or stops at once), and a
+    mismatch is located at its first differing token."""
+    import random
+
+    stress = load_benchmark("serving_stress")
+    rng, context, end_of_text = random.Random(0), 48, 0
+    ordinary = list(range(1, 320))
+    requests = [request for _ in range(50) for request in stress.random_round(rng, ordinary, context)]
+    assert all(len(prompt) >= 1 and len(prompt) + new <= context and new >= 1 for prompt, new, _ in requests)
+    assert all(end_of_text not in prompt and 0 <= delay <= 1 for prompt, _, delay in requests)
+    assert max(len(prompt) for prompt, _, _ in requests) == 40  # the longest prompts do occur
+    assert stress.first_difference([5, 6, 7], [5, 6, 8]) == 2
+    assert stress.first_difference([5, 6], [5, 6, 7]) == 2
+    assert stress.first_difference([9], [5]) == 0
+
+
 def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
     """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
     each of our ops under its own name (suffix `_b`) and change nothing else."""

@@ -28,7 +28,10 @@ class ServerProcess:
     The child's output goes to `log`.
     """
 
-    def __init__(self, checkpoint: Path, log: Path, port: int, *options: str) -> None:
+    def __init__(
+        self, checkpoint: Path, log: Path, port: int, *options: str, env: dict[str, str] | None = None
+    ) -> None:
+        """`env`: variables set for the server on top of this process's environment."""
         self.checkpoint, self.port, self.log = checkpoint, port, log
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint)]
@@ -37,7 +40,7 @@ class ServerProcess:
                 [*command, "--port", str(port), *options],
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1"},  # nothing to report to offline
+                env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1", **(env or {})},  # no telemetry offline
                 start_new_session=True,
             )
         self.watchdog = subprocess.Popen(

@@ -105,14 +105,15 @@ def test_concurrent_requests_each_get_their_own_completion(server, expected):
 
 
 def test_streaming_sends_the_completion_as_it_comes(server, expected):
-    """The tokens arrive over many chunks, in order, with the text a streaming decoder writes. Not
-    strictly one a chunk: MAX hands the API process whatever tokens are ready when it reads, and a
-    loaded machine (the whole suite on 2 cores) once gave a chunk two."""
+    """The tokens arrive over several chunks, in order, with the text a streaming decoder writes. Not
+    one a chunk: MAX hands the API process whatever tokens are ready when it reads, and on a loaded
+    machine (the whole suite on 2 cores, two servers and the prewarm compiling) 12 tokens once came
+    in 6 chunks."""
     prompt = PROMPTS[1]
     chunks = [chunk.choices[0] for chunk in complete(server, prompt, stream=True) if chunk.choices]
     ids = [served(chunk).ids for chunk in chunks]
     assert [token for chunk in ids for token in chunk] == expected[prompt].ids
-    assert sum(1 for chunk in ids if chunk) > len(expected[prompt].ids) // 2
+    assert sum(1 for chunk in ids if chunk) >= 2  # not the whole completion at its end
     assert "".join(chunk.text for chunk in chunks) == expected[prompt].text
 
 

@@ -91,6 +91,7 @@ def main() -> int:
     parser.add_argument(
         "--beside-cold-server", action="store_true", help="a second server compiling meanwhile"
     )
+    parser.add_argument("--max-batch-size", type=int, help="of the checked server (default: its own)")
     parser.add_argument("--output", type=Path, help="JSON summary, with every mismatch")
     args = parser.parse_args()
     progress = Progress(sys.stderr)
@@ -114,7 +115,8 @@ def main() -> int:
             expected[tuple(prompt)] = new[: new.index(eos) + 1] if eos in new else new
         return expected[tuple(prompt)][:max_tokens]
 
-    server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu")
+    batch = ("--max-batch-size", str(args.max_batch_size)) if args.max_batch_size else ()
+    server = ServerProcess(checkpoint, scratch / "server.log", free_port(), "--device", "cpu", *batch)
     servers = [server]
     mismatches: list[dict[str, Any]] = []
     try:
@@ -160,6 +162,7 @@ def main() -> int:
             "wrong": len(mismatches),
             "seconds": round(time.monotonic() - start, 1),
             "beside_cold_server": args.beside_cold_server,
+            "max_batch_size": args.max_batch_size,
             "seed": args.seed,
             "mismatches": mismatches,
         }

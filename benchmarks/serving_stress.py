@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -47,8 +48,8 @@ SERVING_SHAPES = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, voca
 
 def complete(url: str, prompt: list[int], max_tokens: int) -> tuple[str, list[int]]:
     """One greedy completion of token ids: (the server's request id, the new token ids)."""
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=600)
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=600)
     body = {
         "model": "gpt2",
         "prompt": prompt,
@@ -128,16 +129,17 @@ def main() -> int:
                 ServerProcess(checkpoint, scratch / "cold.log", free_port(), "--weights", "q4_0", env=cold)
             )
             progress.note(f"a second server compiles on an empty cache beside it (log: {servers[1].log})")
+
+        def send(request: tuple[list[int], int, float]) -> tuple[str, list[int]]:
+            prompt, max_tokens, delay = request
+            time.sleep(delay)
+            return complete(server.url, prompt, max_tokens)
+
         rng = random.Random(args.seed)
         sent = 0
         start = time.monotonic()
         for number in range(args.rounds):
             requests = random_round(rng, ordinary, context)
-
-            def send(request: tuple[list[int], int, float]) -> tuple[str, list[int]]:
-                time.sleep(request[2])
-                return complete(server.url, request[0], request[1])
-
             with ThreadPoolExecutor(len(requests)) as pool:
                 answers = list(pool.map(send, requests))
             for (prompt, max_tokens, delay), (request_id, got) in zip(requests, answers, strict=True):

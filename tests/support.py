@@ -116,6 +116,47 @@ def attention_reference(cache, qkv, key_bias, heads, stored=np.float64):
     return out, cache
 
 
+def scattered_pages(rng, cached, new, page_size, heads, head_dim, layers=3):
+    """MAX's paged cache for requests with `cached` tokens bringing `new` ones: random blocks
+    [pages, 2, layers, page_size, heads, head_dim] and a lookup table [R, P] naming each request's
+    pages, scattered through the blocks, padded as MAX pads it, with a spare page nobody names."""
+    needed = [-(-(c + n) // page_size) for c, n in zip(cached, new, strict=True)]
+    total_pages = sum(needed) + 2
+    order = rng.permutation(total_pages)
+    lookup = np.zeros((len(cached), max(needed) + 3), np.uint32)
+    start = 0
+    for r, count in enumerate(needed):
+        lookup[r, :count] = order[start : start + count]
+        start += count
+    blocks = rng.standard_normal((total_pages, 2, layers, page_size, heads, head_dim), dtype=np.float32)
+    return blocks, lookup
+
+
+def paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads):
+    """Each request's keys and values gathered from its pages, new ones stored, causal attention; float64."""
+    page_size, head_dim = blocks.shape[3], blocks.shape[5]
+    blocks = blocks.astype(np.float64)
+    out = np.zeros((qkv.shape[0], heads * head_dim))
+    for r, past in enumerate(cached):
+        rows = slice(offsets[r], offsets[r + 1])
+        parts = np.split(qkv[rows].astype(np.float64), 3, axis=-1)
+        q, k, v = (part.reshape(-1, heads, head_dim) for part in parts)
+        new, total = len(q), past + len(q)
+        for s in range(new):
+            page, slot = lookup[r, (past + s) // page_size], (past + s) % page_size
+            blocks[page, 0, layer, slot], blocks[page, 1, layer, slot] = k[s], v[s]
+        where = [(lookup[r, t // page_size], t % page_size) for t in range(total)]
+        keys = np.stack([blocks[page, 0, layer, slot] for page, slot in where], axis=1)  # [H, total, d]
+        values = np.stack([blocks[page, 1, layer, slot] for page, slot in where], axis=1)
+        scores = q.transpose(1, 0, 2) @ keys.transpose(0, 2, 1) / np.sqrt(head_dim)  # [H, new, total]
+        future = np.arange(total)[None, :] > past + np.arange(new)[:, None]
+        scores = np.where(future, -np.inf, scores)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out[rows] = (weights @ values).transpose(1, 0, 2).reshape(new, heads * head_dim)
+    return out, blocks
+
+
 def quantized_activations(x: np.ndarray) -> np.ndarray:
     """What the q8_0 and q4_0 kernels multiply by: x in blocks of 32, each rounded to int8 steps of
     its largest magnitude / 127 (llama.cpp's q8_0 for activations), float64 [M, K]."""

@@ -1,4 +1,5 @@
-"""`gpt2_decode_layer`, a whole GPT-2 block as one Mojo op, against a float64 NumPy block, in each format."""
+"""`gpt2_decode_layer` and `gpt2_paged_decode_layer`, a whole GPT-2 block as one Mojo op on our cache
+or MAX's pages, against a float64 NumPy block, in each format."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ from max.engine import InferenceSession, Model
 from max.experimental import functional as F
 from max.experimental.tensor import default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
+from max.nn.kv_cache import KVCacheParams
 
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.kernels import kernel_library
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
-from max_gpt2.model.kernel_layers import KernelBlock
-from tests.support import LOWEST, attention_reference, quantized_activations
+from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
+from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
+from tests.support import (
+    LOWEST,
+    attention_reference,
+    paged_attention_reference,
+    quantized_activations,
+    scattered_pages,
+)
 
 CPU_REF = DeviceRef.CPU()
 FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
@@ -30,13 +39,10 @@ WEIGHT_DTYPES = {
 EPSILON = 1e-5
 
 
-@pytest.fixture(scope="module")
-def layer() -> Model:
-    """The op once per format, each on a cache of its own; every size symbolic, so one compile serves all."""
-    caches = [BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF) for _ in FORMATS]
-    shared = [
-        TensorType(DType.float32, ["B", "S", "E"], CPU_REF),  # x
-        TensorType(DType.float32, ["B", "T"], CPU_REF),  # key_bias
+def layer_model(op: str, cache: BufferType, lead: list[TensorType]) -> Model:
+    """`op` once per format, each on a cache of its own (`cache`), after the `lead` inputs (x first)
+    that the two ops differ in; every size symbolic, so one compile serves all."""
+    parameters = [
         *[TensorType(DType.float32, [f"norm{i}"], CPU_REF) for i in range(4)],
         TensorType(DType.float32, [1], CPU_REF),  # epsilon
         *[TensorType(DType.float32, [f"bias{i}"], CPU_REF) for i in range(4)],
@@ -49,25 +55,51 @@ def layer() -> Model:
         for part, dtype in (("weight", weight_dtype), ("scales", DType.float16))
         if part == "weight" or format.startswith("q")
     ]
-    types = [*caches, *shared, *weights]
-    with Graph("decode_layer_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
+    types = [*[cache] * len(FORMATS), *lead, *parameters, *weights]
+    with Graph(f"{op}_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         inputs = list(graph.inputs)
-        caches, rest = inputs[: len(FORMATS)], inputs[len(FORMATS) :]
-        x, key_bias, *norms_and_more = (value.tensor for value in rest)
-        norms, epsilon = norms_and_more[:4], norms_and_more[4]
-        biases, no_scales = norms_and_more[5:9], norms_and_more[9]
-        stored = iter(norms_and_more[10:])
+        caches, rest = inputs[: len(FORMATS)], [value.tensor for value in inputs[len(FORMATS) :]]
+        leading, rest = rest[: len(lead)], rest[len(lead) :]
+        norms, epsilon, biases, no_scales = rest[:4], rest[4], rest[5:9], rest[9]
+        stored = iter(rest[10:])
         outputs = []
-        for format, cache in zip(FORMATS, caches, strict=True):
+        for format, cache_value in zip(FORMATS, caches, strict=True):
             products = []
             for bias in biases:
                 weight = next(stored)
                 products += [weight, next(stored) if format.startswith("q") else no_scales, bias]
-            out = TensorType(DType.float32, x.shape, CPU_REF)
-            values = [cache, x, key_bias, *norms, epsilon, *products]
-            outputs += ops.inplace_custom("gpt2_decode_layer", CPU_REF, values, [out])
+            out = TensorType(DType.float32, leading[0].shape, CPU_REF)
+            values = [cache_value, *leading, *norms, epsilon, *products]
+            outputs += ops.inplace_custom(op, CPU_REF, values, [out])
         graph.output(*outputs)
     return InferenceSession(devices=[CPU()]).load(graph)
+
+
+@pytest.fixture(scope="module")
+def layer() -> Model:
+    """`gpt2_decode_layer`: x [B, S, D] and key_bias [B, T] over our cache [2, B, H, M, d]."""
+    x, key_bias = (
+        TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
+        TensorType(DType.float32, ["B", "T"], CPU_REF),
+    )
+    return layer_model(
+        "gpt2_decode_layer", BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF), [x, key_bias]
+    )
+
+
+@pytest.fixture(scope="module")
+def paged_layer() -> Model:
+    """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
+    blocks = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
+    lead = [
+        TensorType(DType.float32, ["R", "E"], CPU_REF),  # x
+        TensorType(DType.uint32, ["R"], CPU_REF),  # cache_lengths
+        TensorType(DType.uint32, ["R", "P"], CPU_REF),  # lookup_table
+        TensorType(DType.uint32, ["R1"], CPU_REF),  # input_row_offsets
+        TensorType(DType.int64, [1], CPU_REF),  # page_stride
+        TensorType(DType.uint32, [1], CPU_REF),  # layer
+    ]
+    return layer_model("gpt2_paged_decode_layer", blocks, lead)
 
 
 def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
@@ -84,19 +116,37 @@ def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
     }
 
 
-def block_reference(x, cache, key_bias, norms, weights, biases, heads, quantized):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights a format stores; `quantized`:
-    each product's input rounded to int8 blocks first, as the q8_0 and q4_0 kernels do."""
-    rows = x.shape[0] * x.shape[1]
+def random_block(rng, width, wide):
+    """A block's random parameters: ln_1's and ln_2's weight and bias, each product's bias [N], and
+    each product's weight W [N, K] in every format (`stored_forms`)."""
+    norms = [1 + 0.1 * rng.standard_normal(width, dtype=np.float32) for _ in range(2)]
+    norms = [norms[0], rng.standard_normal(width, dtype=np.float32), norms[1], np.zeros(width, np.float32)]
+    shapes = [(3 * width, width), (width, width), (wide, width), (width, wide)]
+    ws = [(rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32) for shape in shapes]
+    biases = [rng.standard_normal(shape[0], dtype=np.float32) for shape in shapes]
+    return norms, biases, [stored_forms(w) for w in ws]
+
+
+def parameters(norms, biases, forms) -> list[Buffer]:
+    """What `layer_model`'s graphs take after their lead inputs."""
+    shared = [*norms, np.array([EPSILON], np.float32), *biases, np.zeros((0, 0), np.float16)]
+    stored = [buffer for format in FORMATS for form in forms for buffer in form[format][0]]
+    return [*map(Buffer.from_numpy, shared), *stored]
+
+
+def block_reference(x, attend, norms, weights, biases, quantized):
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights a format stores; `attend(qkv)`
+    gives the attended values and the cache it wrote; `quantized`: each product's input rounded to
+    int8 blocks first, as the q8_0 and q4_0 kernels do."""
 
     def product(a, i):
-        flat = a.reshape(rows, -1)
+        flat = a.reshape(-1, a.shape[-1])
         flat = quantized_activations(flat.astype(np.float32)) if quantized else flat
         return (flat @ weights[i].T + biases[i]).reshape(*a.shape[:-1], -1)
 
     x = x.astype(np.float64)
     qkv = product(reference.layer_norm(x, norms[0], norms[1], EPSILON), 0)
-    attended, cache = attention_reference(cache, qkv, key_bias, heads)
+    attended, cache = attend(qkv)
     x = x + product(attended, 1)
     hidden = reference.activation(product(reference.layer_norm(x, norms[2], norms[3], EPSILON), 2))
     return x + product(hidden, 3), cache
@@ -120,22 +170,19 @@ def test_the_layer_matches_a_float64_block_in_every_format(
     cache = rng.standard_normal((2, batch, heads, cache_len, head_dim), dtype=np.float32)
     key_bias = np.where(rng.random((batch, total)) < 0.3, LOWEST, 0).astype(np.float32)
     key_bias[:, total - new :] = 0  # the new tokens are real
-    norms = [1 + 0.1 * rng.standard_normal(width, dtype=np.float32) for _ in range(2)]
-    norms = [norms[0], rng.standard_normal(width, dtype=np.float32), norms[1], np.zeros(width, np.float32)]
-    shapes = [(3 * width, width), (width, width), (wide, width), (width, wide)]
-    ws = [(rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32) for shape in shapes]
-    biases = [rng.standard_normal(shape[0], dtype=np.float32) for shape in shapes]
-    forms = [stored_forms(w) for w in ws]
+    norms, biases, forms = random_block(rng, width, wide)
     written = [Buffer.from_numpy(cache.copy()) for _ in FORMATS]
-    inputs = [x, key_bias, *norms, np.array([EPSILON], np.float32), *biases, np.zeros((0, 0), np.float16)]
-    stored = [buffer for format in FORMATS for form in forms for buffer in form[format][0]]
-    outputs = layer.execute(*written, *map(Buffer.from_numpy, inputs), *stored)
+    outputs = layer.execute(
+        *written, *map(Buffer.from_numpy, [x, key_bias]), *parameters(norms, biases, forms)
+    )
     for format, out, cache_out in zip(FORMATS, outputs, written, strict=True):
         weights = [form[format][1].astype(np.float64) for form in forms]
         quantized = format.startswith("q")
-        expected, expected_cache = block_reference(
-            x, cache, key_bias, norms, weights, biases, heads, quantized
-        )
+
+        def attend(qkv):
+            return attention_reference(cache, qkv, key_bias, heads)
+
+        expected, expected_cache = block_reference(x, attend, norms, weights, biases, quantized)
         tolerance = 1e-3 if quantized else 2e-6  # float32 against float64 may round x to the other int8 step
         got = out.to_numpy()
         assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
@@ -145,13 +192,73 @@ def test_the_layer_matches_a_float64_block_in_every_format(
         np.testing.assert_array_equal(cache_out.to_numpy()[..., total:, :], cache[..., total:, :])
 
 
+@pytest.mark.parametrize(
+    ("cached", "page_size", "heads", "head_dim", "wide", "stride"),
+    [
+        ([0, 7, 3], 4, 2, 64, 512, -1),  # GPT-2's head size; a one-token prompt; pages crossed
+        ([5, 16, 30, 1, 9], 16, 5, 12, 240, "packed"),  # a page begun; an explicit page stride
+    ],
+)
+def test_the_paged_layer_matches_a_float64_block_in_every_format(
+    paged_layer, cached, page_size, heads, head_dim, wide, stride
+):
+    """Each format's y [R, D] for a token a request, and the one slot a request it writes in the
+    layer's keys and values on that request's own pages."""
+    width, requests, layer_index = heads * head_dim, len(cached), 1
+    rng = np.random.default_rng(sum(cached) + page_size)
+    blocks, lookup = scattered_pages(rng, cached, [1] * requests, page_size, heads, head_dim)
+    x = rng.standard_normal((requests, width), dtype=np.float32)
+    offsets, cached = np.arange(requests + 1, dtype=np.uint32), np.array(cached, np.uint32)
+    page_stride = blocks[0].size if stride == "packed" else stride
+    norms, biases, forms = random_block(rng, width, wide)
+    written = [Buffer.from_numpy(blocks.copy()) for _ in FORMATS]
+    lead = [x, cached, lookup, offsets, np.array([page_stride], np.int64), np.array([layer_index], np.uint32)]
+    outputs = paged_layer.execute(*written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms))
+    for format, out, blocks_out in zip(FORMATS, outputs, written, strict=True):
+        weights = [form[format][1].astype(np.float64) for form in forms]
+        quantized = format.startswith("q")
+
+        def attend(qkv):
+            return paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer_index, heads)
+
+        expected, expected_blocks = block_reference(x, attend, norms, weights, biases, quantized)
+        tolerance = 1e-3 if quantized else 2e-6
+        got = out.to_numpy()
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
+        np.testing.assert_allclose(blocks_out.to_numpy(), expected_blocks, rtol=0, atol=1e-5, err_msg=format)
+
+
+def test_the_paged_layer_refuses_a_step_that_is_not_a_token_a_request(paged_layer):
+    """Two rows as one request's two tokens: refused before anything is written."""
+    rng = np.random.default_rng(0)
+    blocks, lookup = scattered_pages(rng, [3, 3], [1, 1], 4, 2, 8)
+    norms, biases, forms = random_block(rng, 16, 64)
+    written = [Buffer.from_numpy(blocks.copy()) for _ in FORMATS]
+    x, cached, offsets = (
+        np.ones((2, 16), np.float32),
+        np.array([3, 3], np.uint32),
+        np.array([0, 0, 2], np.uint32),
+    )
+    lead = [x, cached, lookup, offsets, np.array([-1], np.int64), np.array([0], np.uint32)]
+    with pytest.raises(Exception, match="request 1 starts at token 0; each request brings one token"):
+        paged_layer.execute(*written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms))
+    np.testing.assert_array_equal(written[0].to_numpy(), blocks)
+
+
 @pytest.mark.parametrize(("activation", "fused"), [("gelu_new", True), ("gelu_fast", True), ("gelu", False)])
 def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused):
-    """The step graph (kernels) makes `KernelBlock`s where the MLP's activation is GELU's tanh form,
-    which `gpt2_decode_layer` computes; other activations and the plain graph keep `Block`."""
+    """The step graph (kernels) makes `KernelBlock`s, and the server's decoding graph `PagedKernelBlock`s,
+    where the MLP's activation is GELU's tanh form, which the decode-layer ops compute; other
+    activations and the other graphs keep `Block`."""
     config = GPT2Config(n_embd=8, n_head=2, n_layer=2, activation_function=activation)
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
         step = GPT2LMHeadModel(config, kernels=True, weights="q8_0")
         plain = GPT2LMHeadModel(config)
     assert [isinstance(block, KernelBlock) for block in step.transformer.h] == [fused] * 2
     assert not any(isinstance(block, KernelBlock) for block in plain.transformer.h)
+    kv_params = KVCacheParams(dtype=DType.float32, head_dim=4, num_layers=2, devices=[CPU_REF])
+    with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
+        decoding = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear, decoding=True)
+        general = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear)
+    assert [isinstance(block, PagedKernelBlock) for block in decoding.transformer.h] == [fused] * 2
+    assert not any(isinstance(block, PagedKernelBlock) for block in general.transformer.h)

@@ -13,7 +13,13 @@ from max_gpt2.kernels import kernel_library, skinny_matmul_graph
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from tests.support import LOWEST, attention_reference, quantized_activations
+from tests.support import (
+    LOWEST,
+    attention_reference,
+    paged_attention_reference,
+    quantized_activations,
+    scattered_pages,
+)
 
 CPU_REF = DeviceRef.CPU()
 
@@ -241,31 +247,6 @@ def test_cached_attention_refuses_inconsistent_shapes(attention):
         attention.execute(cache, qkv, too_long)
 
 
-def paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads):
-    """Each request's keys and values gathered from its pages, new ones stored, causal attention; float64."""
-    page_size, head_dim = blocks.shape[3], blocks.shape[5]
-    blocks = blocks.astype(np.float64)
-    out = np.zeros((qkv.shape[0], heads * head_dim))
-    for r, past in enumerate(cached):
-        rows = slice(offsets[r], offsets[r + 1])
-        parts = np.split(qkv[rows].astype(np.float64), 3, axis=-1)
-        q, k, v = (part.reshape(-1, heads, head_dim) for part in parts)
-        new, total = len(q), past + len(q)
-        for s in range(new):
-            page, slot = lookup[r, (past + s) // page_size], (past + s) % page_size
-            blocks[page, 0, layer, slot], blocks[page, 1, layer, slot] = k[s], v[s]
-        where = [(lookup[r, t // page_size], t % page_size) for t in range(total)]
-        keys = np.stack([blocks[page, 0, layer, slot] for page, slot in where], axis=1)  # [H, total, d]
-        values = np.stack([blocks[page, 1, layer, slot] for page, slot in where], axis=1)
-        scores = q.transpose(1, 0, 2) @ keys.transpose(0, 2, 1) / np.sqrt(head_dim)  # [H, new, total]
-        future = np.arange(total)[None, :] > past + np.arange(new)[:, None]
-        scores = np.where(future, -np.inf, scores)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        weights /= weights.sum(-1, keepdims=True)
-        out[rows] = (weights @ values).transpose(1, 0, 2).reshape(new, heads * head_dim)
-    return out, blocks
-
-
 @pytest.mark.parametrize(
     ("cached", "new", "page_size", "heads", "head_dim", "stride"),
     [
@@ -278,16 +259,8 @@ def paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads
 def test_paged_attention_matches_numpy(paged_attention, cached, new, page_size, heads, head_dim, stride):
     """Writes exactly the new tokens' slots of one layer on each request's own pages, attends causally."""
     rng = np.random.default_rng(sum(cached) + len(new))
-    layers, layer = 3, 1
-    needed = [-(-(c + n) // page_size) for c, n in zip(cached, new, strict=True)]
-    total_pages = sum(needed) + 2  # a spare page the lookup table never names
-    order = rng.permutation(total_pages)  # requests' pages scattered through the blocks
-    lookup = np.zeros((len(cached), max(needed) + 3), np.uint32)  # padded, as MAX pads it
-    start = 0
-    for r, count in enumerate(needed):
-        lookup[r, :count] = order[start : start + count]
-        start += count
-    blocks = rng.standard_normal((total_pages, 2, layers, page_size, heads, head_dim), dtype=np.float32)
+    layer = 1
+    blocks, lookup = scattered_pages(rng, cached, new, page_size, heads, head_dim)
     offsets = np.cumsum([0, *new]).astype(np.uint32)
     qkv = rng.standard_normal((offsets[-1], 3 * heads * head_dim), dtype=np.float32)
     cached = np.array(cached, np.uint32)

@@ -27,6 +27,10 @@ heavy parts in one pass over memory each (CPU, float32 activations):
                            MAX lays them out, each request's pages from its lookup table
                            -> [T, D] (paged_attention.mojo); both attend one (request, head)
                            at a time through the same code (attend.mojo)
+    gpt2_paged_decode_layer
+                           gpt2_decode_layer for a server's decoding step, x [R, D] a token a
+                           request, over MAX's paged cache as gpt2_paged_attention reads it
+                           (paged_decode_layer.mojo; where each row's cache lies: layer_kv.mojo)
 
 Graphs load this directory compiled once into a `.mojoc` (`max_gpt2.kernels.package`),
 and MAX caches the graphs compiled with it. The modules that put these behind
@@ -142,20 +146,39 @@ def decode_layer(
     `products` c_attn, attn c_proj, c_fc and mlp c_proj, all in one format (GELU between
     the MLP's two, in its tanh form). The cache is written in place.
     """
-    device = x.device
-    no_scales = F.constant(np.zeros((0, 0), np.float16), DType.float16, device=device)
-    no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
-    stored = [
-        value if value is not None else empty
-        for product in products
-        for value, empty in zip(product, (None, no_scales, no_bias), strict=True)
-    ]
-    eps = F.constant(np.array([epsilon], np.float32), DType.float32, device=device)
     (y,) = F.inplace_custom(
         "gpt2_decode_layer",
-        device,
-        [BufferValue(cache), x, key_bias, *norms, eps, *stored],
-        [TensorType(x.dtype, x.shape, device=device)],
+        x.device,
+        [BufferValue(cache), x, key_bias, *_layer_parameters(x.device, norms, epsilon, products)],
+        [TensorType(x.dtype, x.shape, device=x.device)],
+        custom_extensions=kernel_library(),
+    )
+    return y
+
+
+def paged_decode_layer(
+    x: Tensor,
+    kv_collection: PagedCacheValues,
+    input_row_offsets: Tensor,
+    layer: int,
+    norms: tuple[Tensor, Tensor, Tensor, Tensor],
+    epsilon: float,
+    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+) -> Tensor:
+    """`decode_layer` for `x` [R, D], a new token of each of R requests, over MAX's paged cache at `layer`.
+
+    Request r's keys and values are where `kv_collection`'s lookup table puts them, after
+    its `cache_lengths[r]` cached ones; `input_row_offsets` [R + 1] must be 0..R. The
+    blocks are written in place.
+    """
+    cache = kv_collection
+    where = [cache.cache_lengths, cache.lookup_table, input_row_offsets, cache.page_stride]
+    layer_index = F.constant(np.array([layer], np.uint32), DType.uint32, device=CPU())
+    (y,) = F.inplace_custom(
+        "gpt2_paged_decode_layer",
+        x.device,
+        [cache.kv_blocks, x, *where, layer_index, *_layer_parameters(x.device, norms, epsilon, products)],
+        [TensorType(x.dtype, x.shape, device=x.device)],
         custom_extensions=kernel_library(),
     )
     return y
@@ -183,6 +206,25 @@ def paged_attention(
         custom_extensions=kernel_library(),
     )
     return attended
+
+
+def _layer_parameters(
+    device: Device | DeviceRef,
+    norms: tuple[Tensor, Tensor, Tensor, Tensor],
+    epsilon: float,
+    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+) -> list[Tensor]:
+    """A block's parameters in the order both decode-layer ops take them: norms, epsilon, then each
+    product's weight, scales and bias (empty tensors where a product has none)."""
+    no_scales = F.constant(np.zeros((0, 0), np.float16), DType.float16, device=device)
+    no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
+    stored = [
+        value if value is not None else empty
+        for product in products
+        for value, empty in zip(product, (None, no_scales, no_bias), strict=True)
+    ]
+    eps = F.constant(np.array([epsilon], np.float32), DType.float32, device=device)
+    return [*norms, eps, *stored]
 
 
 def skinny_matmul_graph() -> Graph:

@@ -23,8 +23,9 @@ from std.collections import Array
 from std.memory import UnsafePointer, alloc
 from std.sys.info import num_physical_cores
 
-from .attend import ROW, HeadCache, attend_head
+from .attend import ROW, attend_head
 from .epilogue import ADD, GELU, STORE
+from .layer_kv import LayerKV
 from .layer_norm import layer_norm
 from .layer_products import Product, checked_product, format_of
 from .packed_layout import F32
@@ -45,31 +46,90 @@ def _writes(buffer: UnsafePointer[Float32, _]) -> UnsafePointer[Float32, MutAnyO
     return UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(buffer))
 
 
+struct LayerWeights[WT: DType](ImplicitlyCopyable):
+    """A block's parameters as the op reads them: the layer norms, their epsilon and the four products."""
+
+    var norms: SIMD[DType.int64, 4]  # addresses: ln_1's weight and bias, ln_2's weight and bias
+    var epsilon: Float32
+    var qkv: Product[Self.WT]
+    var proj: Product[Self.WT]
+    var fc: Product[Self.WT]
+    var down: Product[Self.WT]
+
+    def __init__(
+        out self,
+        norms: SIMD[DType.int64, 4],
+        epsilon: Float32,
+        qkv: Product[Self.WT],
+        proj: Product[Self.WT],
+        fc: Product[Self.WT],
+        down: Product[Self.WT],
+    ):
+        self.norms, self.epsilon, self.qkv, self.proj, self.fc, self.down = norms, epsilon, qkv, proj, fc, down
+
+    @always_inline
+    def norm(self, i: Int) -> UnsafePointer[Float32, ImmutAnyOrigin]:
+        """ln_1's weight (0) and bias (1), ln_2's weight (2) and bias (3)."""
+        return UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(self.norms[i]))
+
+
+def checked_layer[
+    WT: DType
+](
+    op: String,
+    D: Int,
+    ln_1_weight: InputTensor[dtype=F32, rank=1, ...],
+    ln_1_bias: InputTensor[dtype=F32, rank=1, ...],
+    ln_2_weight: InputTensor[dtype=F32, rank=1, ...],
+    ln_2_bias: InputTensor[dtype=F32, rank=1, ...],
+    epsilon: InputTensor[dtype=F32, rank=1, ...],
+    qkv_w: InputTensor[dtype=WT, rank=2, ...],
+    qkv_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+    qkv_bias: InputTensor[dtype=F32, rank=1, ...],
+    out_w: InputTensor[dtype=WT, rank=2, ...],
+    out_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+    out_bias: InputTensor[dtype=F32, rank=1, ...],
+    fc_w: InputTensor[dtype=WT, rank=2, ...],
+    fc_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+    fc_bias: InputTensor[dtype=F32, rank=1, ...],
+    down_w: InputTensor[dtype=WT, rank=2, ...],
+    down_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+    down_bias: InputTensor[dtype=F32, rank=1, ...],
+) raises -> LayerWeights[WT]:
+    """A block's tensors checked against its width D (`op` names the op in the errors)."""
+    var wide = fc_bias.dim_size(0)
+    if ln_1_weight.dim_size(0) != D or ln_1_bias.dim_size(0) != D or ln_2_weight.dim_size(0) != D or ln_2_bias.dim_size(0) != D:
+        raise Error(op, ": the layer norms' weights and biases need ", D, " values each; got ", ln_1_weight.dim_size(0), ", ", ln_1_bias.dim_size(0), ", ", ln_2_weight.dim_size(0), ", ", ln_2_bias.dim_size(0))
+    if wide == 0:
+        raise Error(op, ": c_fc needs its bias, whose length gives the MLP's width")
+    var norms = SIMD[DType.int64, 4](Int64(Int(ln_1_weight.unsafe_ptr())), Int64(Int(ln_1_bias.unsafe_ptr())), Int64(Int(ln_2_weight.unsafe_ptr())), Int64(Int(ln_2_bias.unsafe_ptr())))
+    return LayerWeights[WT](
+        norms,
+        epsilon.unsafe_ptr()[0],
+        checked_product[WT](op + " c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D),
+        checked_product[WT](op + " attn c_proj", out_w, out_scales, out_bias, D, D),
+        checked_product[WT](op + " c_fc", fc_w, fc_scales, fc_bias, D, wide),
+        checked_product[WT](op + " mlp c_proj", down_w, down_scales, down_bias, wide, D),
+    )
+
+
 def decode_layer[
     WT: DType, CT: DType, W: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     y: UnsafePointer[Float32, MutAnyOrigin],
-    cache: UnsafePointer[Scalar[CT], MutAnyOrigin],
-    key_bias: UnsafePointer[Float32, ImmutAnyOrigin],
-    norms: Array[UnsafePointer[Float32, ImmutAnyOrigin], 4],  # ln_1 weight and bias, ln_2 weight and bias
-    epsilon: Float32,
-    qkv_product: Product[WT],
-    out_product: Product[WT],
-    fc_product: Product[WT],
-    down_product: Product[WT],
+    kv: LayerKV[CT],
+    weights: LayerWeights[WT],
     B: Int,
     S: Int,
     H: Int,
-    M: Int,
     d: Int,
-    T: Int,
 ):
-    """The op on dense row-major buffers (shapes above); W = d when d is `ROW`, else 0."""
+    """The op on row-major x and y [B, S, D], the cache where `kv` says; W = d when d is `ROW`, else 0."""
     comptime FORMAT = format_of[WT]()
     var D = H * d
     var rows = B * S
-    var wide = fc_product.N
+    var wide = weights.fc.N
     var quantized = rows if FORMAT != 0 else 0  # float formats read x as it is
     var normed = alloc[Float32](rows * D)
     var qkv = alloc[Float32](rows * 3 * D)
@@ -79,30 +139,27 @@ def decode_layer[
     var attended_q = QuantizedRows[FORMAT](quantized, D)
     var hidden_q = QuantizedRows[FORMAT](quantized, wide)
     var phases = Phases[PHASES]()
-    var first_page = UInt32(0)  # each (row, head)'s M positions are one page
-    var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(UnsafePointer(to=first_page)))
     var pairs = B * H
 
-    def work(task: Int) {imm x, imm y, imm cache, imm key_bias, imm norms, imm epsilon, imm qkv_product, imm out_product, imm fc_product, imm down_product, imm B, imm S, imm H, imm M, imm d, imm T, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pages, imm pairs}:
+    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs}:
         @parameter
         def first_norm(chunk: Int):
             for i in range(rows * D):
                 y[i] = x[i]  # the residual stream, which the products add to
-            layer_norm(_reads(y), norms[0], norms[1], epsilon, _writes(normed), rows, D)
+            layer_norm(_reads(y), weights.norm(0), weights.norm(1), weights.epsilon, _writes(normed), rows, D)
             comptime if FORMAT != 0:
                 normed_q.quantize(_reads(normed), rows)
 
         @parameter
         def project_qkv(chunk: Int):
-            qkv_product.run[STORE](_reads(normed), normed_q, _writes(qkv), rows, chunk)
+            weights.qkv.run[STORE](_reads(normed), normed_q, _writes(qkv), rows, chunk)
 
         @parameter
         def attend(pair: Int):
-            var scratch = alloc[Float32](T + d)
+            var scratch = alloc[Float32](kv.longest + d)
             var b = pair // H
             var h = pair % H
-            var head = HeadCache[CT](cache + (b * H + h) * M * d, pages, M, 0, d, B * H * M * d)
-            attend_head[W, CT](head, _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, key_bias + b * T, True, S, T - S, D, d, scratch)
+            attend_head[W, CT](kv.head(b, h), _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, kv.bias(b), kv.has_key_bias, S, kv.past(b), D, d, scratch)
             scratch.free()
 
         @parameter
@@ -111,17 +168,17 @@ def decode_layer[
 
         @parameter
         def project_out(chunk: Int):
-            out_product.run[ADD](_reads(attended), attended_q, y, rows, chunk)
+            weights.proj.run[ADD](_reads(attended), attended_q, y, rows, chunk)
 
         @parameter
         def second_norm(chunk: Int):
-            layer_norm(_reads(y), norms[2], norms[3], epsilon, _writes(normed), rows, D)
+            layer_norm(_reads(y), weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed), rows, D)
             comptime if FORMAT != 0:
                 normed_q.quantize(_reads(normed), rows)
 
         @parameter
         def expand(chunk: Int):
-            fc_product.run[GELU](_reads(normed), normed_q, _writes(hidden), rows, chunk)
+            weights.fc.run[GELU](_reads(normed), normed_q, _writes(hidden), rows, chunk)
 
         @parameter
         def quantize_hidden(chunk: Int):
@@ -129,19 +186,19 @@ def decode_layer[
 
         @parameter
         def project_down(chunk: Int):
-            down_product.run[ADD](_reads(hidden), hidden_q, y, rows, chunk)
+            weights.down.run[ADD](_reads(hidden), hidden_q, y, rows, chunk)
 
         phases.share[first_norm](0, 1)
-        phases.share[project_qkv](1, qkv_product.chunks())
+        phases.share[project_qkv](1, weights.qkv.chunks())
         phases.share[attend](2, pairs)
         comptime if FORMAT != 0:
             phases.share[quantize_attended](3, 1)
-        phases.share[project_out](4, out_product.chunks())
+        phases.share[project_out](4, weights.proj.chunks())
         phases.share[second_norm](5, 1)
-        phases.share[expand](6, fc_product.chunks())
+        phases.share[expand](6, weights.fc.chunks())
         comptime if FORMAT != 0:
             phases.share[quantize_hidden](7, 1)
-        phases.share[project_down](8, down_product.chunks())
+        phases.share[project_down](8, weights.down.chunks())
 
     sync_parallelize(work, num_physical_cores())
     phases.free()
@@ -190,32 +247,21 @@ struct DecodeLayer:
         var B, S, D = x.dim_size(0), x.dim_size(1), x.dim_size(2)
         var H, M, d = cache.dim_size(2), cache.dim_size(3), cache.dim_size(4)
         var T = key_bias.dim_size(1)
-        var wide = fc_bias.dim_size(0)
         if cache.dim_size(1) != B or key_bias.dim_size(0) != B or H * d != D:
             raise Error("gpt2_decode_layer: x [", B, ", ", S, ", ", D, "], the cache [2, ", cache.dim_size(1), ", ", H, ", ", M, ", ", d, "] and key_bias [", key_bias.dim_size(0), ", ", T, "] disagree on batch or width")
         if S > T or T > M:
             raise Error("gpt2_decode_layer: needs new tokens (", S, ") <= total (", T, ") <= cache length (", M, ")")
-        if ln_1_weight.dim_size(0) != D or ln_1_bias.dim_size(0) != D or ln_2_weight.dim_size(0) != D or ln_2_bias.dim_size(0) != D:
-            raise Error("gpt2_decode_layer: the layer norms' weights and biases need ", D, " values each; got ", ln_1_weight.dim_size(0), ", ", ln_1_bias.dim_size(0), ", ", ln_2_weight.dim_size(0), ", ", ln_2_bias.dim_size(0))
         if y.dim_size(0) != B or y.dim_size(1) != S or y.dim_size(2) != D:
             raise Error("gpt2_decode_layer: y is [", y.dim_size(0), ", ", y.dim_size(1), ", ", y.dim_size(2), "], x [", B, ", ", S, ", ", D, "]")
-        if wide == 0:
-            raise Error("gpt2_decode_layer: c_fc needs its bias, whose length gives the MLP's width")
-        var qkv_product = checked_product[weight_dtype]("gpt2_decode_layer c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D)
-        var out_product = checked_product[weight_dtype]("gpt2_decode_layer attn c_proj", out_w, out_scales, out_bias, D, D)
-        var fc_product = checked_product[weight_dtype]("gpt2_decode_layer c_fc", fc_w, fc_scales, fc_bias, D, wide)
-        var down_product = checked_product[weight_dtype]("gpt2_decode_layer mlp c_proj", down_w, down_scales, down_bias, wide, D)
+        var weights = checked_layer[weight_dtype]("gpt2_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
+        var first_page = UInt32(0)  # each (row, head)'s M positions are one page
+        var one_page = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(UnsafePointer(to=first_page)))
         var cached = UnsafePointer[Scalar[cache_dtype], MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
+        var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(key_bias.unsafe_ptr()))
+        var kv = LayerKV[cache_dtype](cached, one_page, bias, B, S, H, M, d, T)
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
-        var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(key_bias.unsafe_ptr()))
-        var norm = Array[UnsafePointer[Float32, ImmutAnyOrigin], 4](uninitialized=True)
-        norm[0] = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(ln_1_weight.unsafe_ptr()))
-        norm[1] = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(ln_1_bias.unsafe_ptr()))
-        norm[2] = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(ln_2_weight.unsafe_ptr()))
-        norm[3] = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(ln_2_bias.unsafe_ptr()))
-        var eps = epsilon.unsafe_ptr()[0]
         if d == ROW:
-            decode_layer[weight_dtype, cache_dtype, ROW](x_in, y_out, cached, bias, norm, eps, qkv_product, out_product, fc_product, down_product, B, S, H, M, d, T)
+            decode_layer[weight_dtype, cache_dtype, ROW](x_in, y_out, kv, weights, B, S, H, d)
         else:
-            decode_layer[weight_dtype, cache_dtype, 0](x_in, y_out, cached, bias, norm, eps, qkv_product, out_product, fc_product, down_product, B, S, H, M, d, T)
+            decode_layer[weight_dtype, cache_dtype, 0](x_in, y_out, kv, weights, B, S, H, d)

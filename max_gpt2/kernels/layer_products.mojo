@@ -78,7 +78,7 @@ struct Product[WT: DType](ImplicitlyCopyable):
 def checked_product[
     WT: DType
 ](
-    name: StaticString,
+    name: String,
     w: InputTensor[dtype=WT, rank=2, ...],
     scales: InputTensor[dtype=DType.float16, rank=2, ...],
     bias: InputTensor[dtype=F32, rank=1, ...],

@@ -40,18 +40,18 @@ def block_bytes[FORMAT: Int]() -> Int:
     return GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2
 
 
-def check_dense(name: StaticString, rows: Int, columns: Int, row_stride: Int, column_stride: Int) raises:
+def check_dense(name: String, rows: Int, columns: Int, row_stride: Int, column_stride: Int) raises:
     if column_stride != 1 or row_stride != columns:
         raise Error(name, ": expects dense row-major tensors, got a [", rows, ", ", columns, "] one with strides (", row_stride, ", ", column_stride, ")")
 
 
-def check_bias(name: StaticString, N: Int, length: Int, stride: Int) raises:
+def check_bias(name: String, N: Int, length: Int, stride: Int) raises:
     """A bias is N floats, or none (length 0)."""
     if (length != N and length != 0) or (length > 1 and stride != 1):
         raise Error(name, ": the bias has ", length, " values (stride ", stride, "); the product has ", N, " outputs (or give an empty bias for none)")
 
 
-def check_blocks(name: StaticString, FORMAT: Int, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
+def check_blocks(name: String, FORMAT: Int, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
     var blocks = (K + BLOCK - 1) // BLOCK
     var groups = (N + GROUP - 1) // GROUP
     var columns = blocks * (GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2)
@@ -59,7 +59,7 @@ def check_blocks(name: StaticString, FORMAT: Int, K: Int, N: Int, w_rows: Int, w
         raise Error(name, ": for K = ", K, " and N = ", N, " the values need [", groups, ", ", columns, "] and the scales [", groups, ", ", blocks * GROUP, "]; got [", w_rows, ", ", w_columns, "] and [", d_rows, ", ", d_columns, "]")
 
 
-def check_chunks(name: StaticString, K: Int, N: Int, w_rows: Int, w_columns: Int) raises:
+def check_chunks(name: String, K: Int, N: Int, w_rows: Int, w_columns: Int) raises:
     """An interleaved bfloat16 W for K inputs and N outputs is [N / 8, Kp * 8]."""
     var groups = (N + GROUP - 1) // GROUP
     var columns = (K + CHUNK - 1) // CHUNK * CHUNK * GROUP

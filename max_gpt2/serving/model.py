@@ -1,8 +1,8 @@
 """The pipeline model `max serve` drives: reads our checkpoint, compiles `PagedGPT2LMHeadModel`.
 
 On the CPU in float32 it compiles two graphs over the same weights, as
-`CompiledLM` keeps a prefill and a step graph: a decoding one (every projection
-through `skinny_matmul`, attention through `gpt2_paged_attention`) for steps
+`CompiledLM` keeps a prefill and a step graph: a decoding one (each block one
+`gpt2_paged_decode_layer` op, its projections in `skinny_matmul`'s loops) for steps
 where each of at most `SKINNY_ROWS` requests brings one token, and the general
 one (MAX's flash attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul
 past them) for the rest; elsewhere only the general one, with MAX's ops. With
@@ -147,6 +147,13 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
             model = self.last_token_model  # the LM head over [R, D], not [T, D]
         else:
             model = self.model
+        if self.devices[0].is_host:
+            # MAX 26.7 copies each step's cache lengths into the graph's input buffers with an
+            # asynchronous copy, and on the CPU the graph may read them before it lands: a stale
+            # length makes a request's token and cache wrong from then on. Under load (2 cores,
+            # another server compiling) a quarter of the steps found the copy not done, and about
+            # 1 request in 1,000 went wrong; waiting here, none in 6,338 (benchmarks/README.md).
+            self.devices[0].synchronize()
         # MAX's batch processor made these buffers for this graph's inputs: the callable's own
         # call would check and wrap each again as a tensor, 0.6 ms a step on a 2-core EPYC.
         outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))

@@ -18,8 +18,10 @@ The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
 with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
 decoding step reads the cache instead of recomputing the prompt. Built with
-`decoding=True`, for steps where every request brings one token, it attends
-through `gpt2_paged_attention` instead (store and attend in one kernel); the
+`decoding=True`, for steps where every request brings one token, each block is
+one `gpt2_paged_decode_layer` op (`PagedKernelBlock`: layer norms, projections,
+attention over the pages; where the MLP's activation is GELU's tanh form, else
+attention through `gpt2_paged_attention`, which stores and attends in one kernel); the
 pipeline model (`max_gpt2.serving.model`) compiles that graph beside the general
 one on the CPU in float32, with every projection through `skinny_matmul`, and
 runs whichever fits the step: a choice made once a step, not one graph branch a
@@ -44,10 +46,10 @@ from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheVal
 from max.nn.transformer import ReturnLogits
 from max.pipelines.lib import ModuleV3Outputs
 
-from max_gpt2.kernels import paged_attention
+from max_gpt2.kernels import paged_attention, paged_decode_layer
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import Block, LinearFactory, layer_norm
-from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -104,6 +106,22 @@ class PagedAttention(GPT2Attention):
         return attended.reshape([-1, self.n_embd])
 
 
+class PagedKernelBlock(Block):
+    """`Block` (same parameters) as one `gpt2_paged_decode_layer` op, for decoding steps (GELU's tanh form).
+
+    Its attention is a `PagedAttention` (for its layer index and parameters) and its
+    projections anything with `stored()` (`KernelLinear`, `PackedLinear`).
+    """
+
+    def forward(self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor) -> Tensor:  # type: ignore[override]
+        """`x` [R, D], a token a request -> [R, D]; stores this layer's keys and values in the cache."""
+        norms = (self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
+        linears = (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
+        stored = tuple(linear.stored() for linear in linears)
+        layer = self.attn.layer_idx  # type: ignore[attr-defined]
+        return paged_decode_layer(x, kv_collection, input_row_offsets, layer, norms, self.ln_1.eps, stored)  # type: ignore[arg-type]
+
+
 def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:
     """The absolute position of each of the `total` tokens: [T] int64.
 
@@ -135,8 +153,11 @@ class PagedGPT2Model(Module[..., Tensor]):
     ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
+        # One op a block where its kernel has the activation: GPT-2's own, GELU's tanh form.
+        fused = decoding and ACTIVATIONS[config.activation_function] == "gelu_tanh"
+        block = PagedKernelBlock if fused else Block
         self.h = ModuleList(
-            Block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
+            block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
             for layer in range(config.n_layer)
         )
         self.ln_f = layer_norm(config)

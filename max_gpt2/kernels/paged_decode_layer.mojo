@@ -1,0 +1,98 @@
+# gpt2_paged_decode_layer: gpt2_decode_layer for a server's decoding step, over MAX's paged KV cache
+# (CPU; float32 activations and cache; weights float32, bfloat16, q8_0 or q4_0):
+#
+#     x                  [R, D]      one new token of each of R requests
+#     kv_blocks          [pages, 2, L, page_size, H, d]   MAX's cache, written in place
+#     cache_lengths      [R]         tokens request r had cached before this step
+#     lookup_table       [R, P]      request r's token p lives on page lookup_table[r, p // page_size]
+#     input_row_offsets  [R + 1]     must be 0, 1, ..., R: a token a request
+#     page_stride        [1]         elements from one page to the next; -1: pages packed end to end
+#     layer              [1]         which layer's keys and values these are
+#     ln_1, ln_2, epsilon, the four products: as gpt2_decode_layer takes them
+#     -> y               [R, D]      the block's output
+#
+# The block's phases are gpt2_decode_layer's; only where a request's keys and values lie differs
+# (layer_kv.mojo), as gpt2_paged_attention finds them.
+import extensibility
+from extensibility import IO, InputTensor, IOSpec, ManagedTensorSlice, OutputTensor
+from max.gpu.host import DeviceContext
+from std.memory import UnsafePointer
+
+from .attend import ROW
+from .decode_layer import checked_layer, decode_layer
+from .layer_kv import LayerKV
+from .packed_layout import F32
+
+comptime U32 = DType.uint32
+
+
+@extensibility.register("gpt2_paged_decode_layer")
+struct PagedDecodeLayer:
+    @staticmethod
+    def execute[
+        target: StaticString,
+        weight_dtype: DType,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        kv_blocks: ManagedTensorSlice[io_spec=IOSpec[True, IO.Input](), dtype=F32, rank=6, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        cache_lengths: InputTensor[dtype=U32, rank=1, ...],
+        lookup_table: InputTensor[dtype=U32, rank=2, ...],
+        input_row_offsets: InputTensor[dtype=U32, rank=1, ...],
+        page_stride: InputTensor[dtype=DType.int64, rank=1, ...],
+        layer: InputTensor[dtype=U32, rank=1, ...],
+        ln_1_weight: InputTensor[dtype=F32, rank=1, ...],
+        ln_1_bias: InputTensor[dtype=F32, rank=1, ...],
+        ln_2_weight: InputTensor[dtype=F32, rank=1, ...],
+        ln_2_bias: InputTensor[dtype=F32, rank=1, ...],
+        epsilon: InputTensor[dtype=F32, rank=1, ...],
+        qkv_w: InputTensor[dtype=weight_dtype, rank=2, ...],
+        qkv_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        qkv_bias: InputTensor[dtype=F32, rank=1, ...],
+        out_w: InputTensor[dtype=weight_dtype, rank=2, ...],
+        out_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        out_bias: InputTensor[dtype=F32, rank=1, ...],
+        fc_w: InputTensor[dtype=weight_dtype, rank=2, ...],
+        fc_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        fc_bias: InputTensor[dtype=F32, rank=1, ...],
+        down_w: InputTensor[dtype=weight_dtype, rank=2, ...],
+        down_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        down_bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "gpt2_paged_decode_layer runs on the CPU"
+        var L, page_size, H, d = kv_blocks.dim_size(2), kv_blocks.dim_size(3), kv_blocks.dim_size(4), kv_blocks.dim_size(5)
+        var R, D = x.dim_size(0), x.dim_size(1)
+        if kv_blocks.dim_size(1) != 2 or H * d != D or y.dim_size(0) != R or y.dim_size(1) != D:
+            raise Error("gpt2_paged_decode_layer: x [", R, ", ", D, "], y [", y.dim_size(0), ", ", y.dim_size(1), "] and the cache's ", H, " heads of ", d, " disagree")
+        if cache_lengths.dim_size(0) != R or lookup_table.dim_size(0) != R or input_row_offsets.dim_size(0) != R + 1:
+            raise Error("gpt2_paged_decode_layer: ", R, " tokens, but cache_lengths, lookup_table and row offsets speak of ", cache_lengths.dim_size(0), ", ", lookup_table.dim_size(0), " and ", input_row_offsets.dim_size(0) - 1, " requests")
+        var layer_index = Int(layer[0])
+        if layer_index >= L:
+            raise Error("gpt2_paged_decode_layer: layer ", layer_index, " of a cache of ", L)
+        var stride = Int(page_stride[0])
+        if stride < 0:  # packed pages
+            stride = 2 * L * page_size * H * d
+        var P, total_pages = lookup_table.dim_size(1), kv_blocks.dim_size(0)
+        for r in range(R):  # a token a request, and the pages written and read inside the blocks
+            if Int(input_row_offsets[r]) != r:
+                raise Error("gpt2_paged_decode_layer: request ", r, " starts at token ", Int(input_row_offsets[r]), "; each request brings one token")
+            var needed = (Int(cache_lengths[r]) + page_size) // page_size
+            if needed > P:
+                raise Error("gpt2_paged_decode_layer: request ", r, " needs ", needed, " pages, its lookup table has ", P)
+            for i in range(needed):
+                if Int(lookup_table[r, i]) >= total_pages:
+                    raise Error("gpt2_paged_decode_layer: request ", r, " names page ", Int(lookup_table[r, i]), " of ", total_pages)
+        if Int(input_row_offsets[R]) != R:
+            raise Error("gpt2_paged_decode_layer: the row offsets end at ", Int(input_row_offsets[R]), ", not at the ", R, " tokens")
+        var weights = checked_layer[weight_dtype]("gpt2_paged_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
+        var blocks = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(kv_blocks.unsafe_ptr()))
+        var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(lookup_table.unsafe_ptr()))
+        var cached = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(cache_lengths.unsafe_ptr()))
+        var kv = LayerKV[F32](blocks, pages, cached, R, P, L, layer_index, page_size, stride, H, d)
+        var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
+        var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
+        if d == ROW:
+            decode_layer[weight_dtype, F32, ROW](x_in, y_out, kv, weights, R, 1, H, d)
+        else:
+            decode_layer[weight_dtype, F32, 0](x_in, y_out, kv, weights, R, 1, H, d)

@@ -152,7 +152,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
             # asynchronous copy, and on the CPU the graph may read them before it lands: a stale
             # length makes a request's token and cache wrong from then on. Under load (2 cores,
             # another server compiling) a quarter of the steps found the copy not done, and about
-            # 1 request in 1,000 went wrong; waiting here, none in 6,338 (benchmarks/README.md).
+            # 1 request in 1,000 went wrong; waiting here, none in 12,905 (benchmarks/README.md).
             self.devices[0].synchronize()
         # MAX's batch processor made these buffers for this graph's inputs: the callable's own
         # call would check and wrap each again as a tensor, 0.6 ms a step on a 2-core EPYC.

@@ -1,4 +1,4 @@
-"""The serving graph's decoding attention alone: `gpt2_paged_attention` beside MAX's store + flash attention.
+"""Paged decoding attention alone: `gpt2_paged_attention` beside MAX's store + flash attention.
 
     python benchmarks/paged_attention.py                   # GPT-2 small's heads, CPU
     python benchmarks/paged_attention.py --cases 1x64,16x48 --layers 24 --heads 16
@@ -10,6 +10,8 @@ and value, attend, one call per layer) and MAX's ops the graph used before it
 the same cache from MAX's own KV-cache manager, alternated call by call. Reports
 the median milliseconds per step, the ratio, and how far apart the two outputs
 are. The cache holds random keys and values; positions do not matter to speed.
+The server's decoding blocks (`gpt2_paged_decode_layer`) attend through the same
+routine (`attend.mojo`) inside one op a block.
 """
 
 from __future__ import annotations

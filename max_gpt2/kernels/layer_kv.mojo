@@ -17,7 +17,7 @@ struct LayerKV[CT: DType](ImplicitlyCopyable):
     """A layer's cache for rows of S new tokens: (row, head) -> `HeadCache`, its past and its key bias."""
 
     var base: Int  # the address of row 0, head 0's first key
-    var row_stride: Int  # elements from one row's keys to the next's (0: rows share pages)
+    var row_stride: Int  # elements from one row's keys to the next's (0: rows differ by their pages)
     var head_stride: Int
     var pages: UnsafePointer[UInt32, MutUntrackedOrigin]  # row 0's pages
     var pages_per_row: Int  # 0: every row reads `pages` as row 0 does

@@ -131,25 +131,28 @@ def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
 StoredProduct = tuple[Tensor, Tensor | None, Tensor | None]
 """A product as the kernels take it: its weight as stored, its block scales (or None), its bias (or None)."""
 
+LayerParameters = tuple[
+    tuple[Tensor, Tensor, Tensor, Tensor],
+    float,
+    tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+]
+"""A block as the decode-layer ops take it: ln_1's and ln_2's weight and bias [D], their epsilon, and
+c_attn, attn c_proj, c_fc and mlp c_proj, all in one format (GELU between the MLP's two, in its tanh form)."""
+
 
 def decode_layer(
     x: Tensor,
     cache: Tensor,
     key_bias: Tensor,
-    norms: tuple[Tensor, Tensor, Tensor, Tensor],
-    epsilon: float,
-    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+    parameters: LayerParameters,
 ) -> Tensor:
-    """A GPT-2 block for `x` [B, S, D]'s S new tokens over `cache` [2, B, H, M, d] -> [B, S, D], one op.
-
-    `key_bias` [B, T]; `norms` ln_1's and ln_2's weight and bias [D], `epsilon` theirs;
-    `products` c_attn, attn c_proj, c_fc and mlp c_proj, all in one format (GELU between
-    the MLP's two, in its tanh form). The cache is written in place.
+    """A GPT-2 block (`parameters`) for `x` [B, S, D]'s S new tokens over `cache` [2, B, H, M, d]
+    -> [B, S, D], one op; `key_bias` [B, T]. The cache is written in place.
     """
     (y,) = F.inplace_custom(
         "gpt2_decode_layer",
         x.device,
-        [BufferValue(cache), x, key_bias, *_layer_parameters(x.device, norms, epsilon, products)],
+        [BufferValue(cache), x, key_bias, *_layer_inputs(x.device, parameters)],
         [TensorType(x.dtype, x.shape, device=x.device)],
         custom_extensions=kernel_library(),
     )
@@ -161,9 +164,7 @@ def paged_decode_layer(
     kv_collection: PagedCacheValues,
     input_row_offsets: Tensor,
     layer: int,
-    norms: tuple[Tensor, Tensor, Tensor, Tensor],
-    epsilon: float,
-    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
+    parameters: LayerParameters,
 ) -> Tensor:
     """`decode_layer` for `x` [R, D], a new token of each of R requests, over MAX's paged cache at `layer`.
 
@@ -177,7 +178,7 @@ def paged_decode_layer(
     (y,) = F.inplace_custom(
         "gpt2_paged_decode_layer",
         x.device,
-        [cache.kv_blocks, x, *where, layer_index, *_layer_parameters(x.device, norms, epsilon, products)],
+        [cache.kv_blocks, x, *where, layer_index, *_layer_inputs(x.device, parameters)],
         [TensorType(x.dtype, x.shape, device=x.device)],
         custom_extensions=kernel_library(),
     )
@@ -208,14 +209,10 @@ def paged_attention(
     return attended
 
 
-def _layer_parameters(
-    device: Device | DeviceRef,
-    norms: tuple[Tensor, Tensor, Tensor, Tensor],
-    epsilon: float,
-    products: tuple[StoredProduct, StoredProduct, StoredProduct, StoredProduct],
-) -> list[Tensor]:
+def _layer_inputs(device: Device | DeviceRef, parameters: LayerParameters) -> list[Tensor]:
     """A block's parameters in the order both decode-layer ops take them: norms, epsilon, then each
     product's weight, scales and bias (empty tensors where a product has none)."""
+    norms, epsilon, products = parameters
     no_scales = F.constant(np.zeros((0, 0), np.float16), DType.float16, device=device)
     no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
     stored = [

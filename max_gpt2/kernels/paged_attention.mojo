@@ -19,7 +19,8 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer, alloc
 
-from .attend import F32, ROW, HeadCache, attend_head, attention_chunks
+from .attend import F32, ROW, attend_head, attention_chunks
+from .layer_kv import LayerKV, paged_layer_kv
 
 comptime U32 = DType.uint32
 
@@ -27,47 +28,34 @@ comptime U32 = DType.uint32
 def paged_attention[
     W: Int
 ](
-    blocks: UnsafePointer[Float32, MutAnyOrigin],
+    kv: LayerKV[F32],
     qkv: UnsafePointer[Float32, ImmutAnyOrigin],
-    cache_lengths: UnsafePointer[UInt32, ImmutAnyOrigin],
-    lookup_table: UnsafePointer[UInt32, ImmutAnyOrigin],
     offsets: UnsafePointer[UInt32, ImmutAnyOrigin],
     y: UnsafePointer[Float32, MutAnyOrigin],
     R: Int,
-    P: Int,
-    L: Int,
-    page_size: Int,
     H: Int,
     d: Int,
-    page_stride: Int,
-    layer: Int,
 ):
-    """The op on the buffers' raw pointers (shapes above); W = d when d is `ROW`, else 0."""
+    """The op on the buffers' raw pointers (shapes above), the cache where `kv` says; W = d when d is
+    `ROW`, else 0."""
     var D = H * d
-    var slot_stride = H * d  # from one token's (layer, head) to the next's on a page
-    var value_offset = L * page_size * slot_stride  # from a page's keys to its values
     var work = 0
-    var longest = 0
     for r in range(R):
         var new = Int(offsets[r + 1]) - Int(offsets[r])
-        var seen = Int(cache_lengths[r]) + new
-        work += H * new * seen * d
-        longest = max(longest, seen)
+        work += H * new * (kv.past(r) + new) * d
     var pairs = R * H
     var chunks = attention_chunks(work, pairs)
 
-    def attend(chunk: Int) {imm blocks, imm qkv, imm cache_lengths, imm lookup_table, imm offsets, imm y, imm P, imm page_size, imm H, imm d, imm page_stride, imm layer, imm D, imm slot_stride, imm value_offset, imm longest, imm pairs, imm chunks}:
-        var scratch = alloc[Float32](longest + d)
+    def attend(chunk: Int) {imm kv, imm qkv, imm offsets, imm y, imm H, imm d, imm D, imm pairs, imm chunks}:
+        var scratch = alloc[Float32](kv.longest + d)
         for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (request, head) pairs
             var r = task // H
             var h = task % H
             var first = Int(offsets[r])
-            var head = blocks + layer * page_size * slot_stride + h * d  # (keys, layer, slot 0, head h) of page 0
-            var cache = HeadCache[F32](head, lookup_table + r * P, page_size, page_stride, slot_stride, value_offset)
             var new = Int(offsets[r + 1]) - first
             var rows = qkv + first * 3 * D + h * d
             # No key bias here (a server's requests have no padding): qkv stands in, never read.
-            attend_head[W, F32](cache, rows, y + first * D + h * d, qkv, False, new, Int(cache_lengths[r]), D, d, scratch)
+            attend_head[W, F32](kv.head(r, h), rows, y + first * D + h * d, qkv, False, new, kv.past(r), D, d, scratch)
         scratch.free()
 
     # Waking the other threads costs more than a short cache gains from them.
@@ -94,38 +82,15 @@ struct PagedAttention:
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "gpt2_paged_attention runs on the CPU"
-        var L = kv_blocks.dim_size(2)
-        var page_size = kv_blocks.dim_size(3)
-        var H = kv_blocks.dim_size(4)
-        var d = kv_blocks.dim_size(5)
-        var R = cache_lengths.dim_size(0)
-        if kv_blocks.dim_size(1) != 2 or qkv.dim_size(1) != 3 * H * d or y.dim_size(1) != H * d:
+        var H, d = kv_blocks.dim_size(4), kv_blocks.dim_size(5)
+        if qkv.dim_size(1) != 3 * H * d or y.dim_size(1) != H * d:
             raise Error("gpt2_paged_attention: qkv, y and the cache's heads disagree on width")
-        if input_row_offsets.dim_size(0) != R + 1 or lookup_table.dim_size(0) != R:
-            raise Error("gpt2_paged_attention: cache_lengths, lookup_table and row offsets disagree on requests")
-        var layer_index = Int(layer[0])
-        if layer_index >= L:
-            raise Error("gpt2_paged_attention: layer ", layer_index, " of a cache of ", L)
-        var stride = Int(page_stride[0])
-        if stride < 0:  # packed pages
-            stride = 2 * L * page_size * H * d
-        var P = lookup_table.dim_size(1)
-        var total_pages = kv_blocks.dim_size(0)
-        for r in range(R):  # the pages written and read must lie inside the blocks
-            var seen = Int(cache_lengths[r]) + Int(input_row_offsets[r + 1]) - Int(input_row_offsets[r])
-            var needed = (seen + page_size - 1) // page_size
-            if needed > P:
-                raise Error("gpt2_paged_attention: request ", r, " needs ", needed, " pages, its lookup table has ", P)
-            for i in range(needed):
-                if Int(lookup_table[r, i]) >= total_pages:
-                    raise Error("gpt2_paged_attention: request ", r, " names page ", Int(lookup_table[r, i]), " of ", total_pages)
-        var blocks = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(kv_blocks.unsafe_ptr()))
+        var kv = paged_layer_kv("gpt2_paged_attention", kv_blocks, cache_lengths, lookup_table, input_row_offsets, page_stride, layer)
         var new = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(qkv.unsafe_ptr()))
-        var cached = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(cache_lengths.unsafe_ptr()))
-        var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(lookup_table.unsafe_ptr()))
         var rows = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(input_row_offsets.unsafe_ptr()))
         var out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
+        var R = cache_lengths.dim_size(0)
         if d == ROW:
-            paged_attention[ROW](blocks, new, cached, pages, rows, out, R, P, L, page_size, H, d, stride, layer_index)
+            paged_attention[ROW](kv, new, rows, out, R, H, d)
         else:
-            paged_attention[0](blocks, new, cached, pages, rows, out, R, P, L, page_size, H, d, stride, layer_index)
+            paged_attention[0](kv, new, rows, out, R, H, d)

@@ -20,7 +20,7 @@ from std.memory import UnsafePointer
 
 from .attend import ROW
 from .decode_layer import checked_layer, decode_layer
-from .layer_kv import LayerKV
+from .layer_kv import paged_layer_kv
 from .packed_layout import F32
 
 comptime U32 = DType.uint32
@@ -61,35 +61,19 @@ struct PagedDecodeLayer:
         ctx: DeviceContext,
     ) raises:
         comptime assert target == "cpu", "gpt2_paged_decode_layer runs on the CPU"
-        var L, page_size, H, d = kv_blocks.dim_size(2), kv_blocks.dim_size(3), kv_blocks.dim_size(4), kv_blocks.dim_size(5)
+        var H, d = kv_blocks.dim_size(4), kv_blocks.dim_size(5)
         var R, D = x.dim_size(0), x.dim_size(1)
-        if kv_blocks.dim_size(1) != 2 or H * d != D or y.dim_size(0) != R or y.dim_size(1) != D:
+        if H * d != D or y.dim_size(0) != R or y.dim_size(1) != D:
             raise Error("gpt2_paged_decode_layer: x [", R, ", ", D, "], y [", y.dim_size(0), ", ", y.dim_size(1), "] and the cache's ", H, " heads of ", d, " disagree")
-        if cache_lengths.dim_size(0) != R or lookup_table.dim_size(0) != R or input_row_offsets.dim_size(0) != R + 1:
-            raise Error("gpt2_paged_decode_layer: ", R, " tokens, but cache_lengths, lookup_table and row offsets speak of ", cache_lengths.dim_size(0), ", ", lookup_table.dim_size(0), " and ", input_row_offsets.dim_size(0) - 1, " requests")
-        var layer_index = Int(layer[0])
-        if layer_index >= L:
-            raise Error("gpt2_paged_decode_layer: layer ", layer_index, " of a cache of ", L)
-        var stride = Int(page_stride[0])
-        if stride < 0:  # packed pages
-            stride = 2 * L * page_size * H * d
-        var P, total_pages = lookup_table.dim_size(1), kv_blocks.dim_size(0)
-        for r in range(R):  # a token a request, and the pages written and read inside the blocks
+        if cache_lengths.dim_size(0) != R or input_row_offsets.dim_size(0) != R + 1:
+            raise Error("gpt2_paged_decode_layer: ", R, " tokens, but cache_lengths and row offsets speak of ", cache_lengths.dim_size(0), " and ", input_row_offsets.dim_size(0) - 1, " requests")
+        for r in range(R):
             if Int(input_row_offsets[r]) != r:
                 raise Error("gpt2_paged_decode_layer: request ", r, " starts at token ", Int(input_row_offsets[r]), "; each request brings one token")
-            var needed = (Int(cache_lengths[r]) + page_size) // page_size
-            if needed > P:
-                raise Error("gpt2_paged_decode_layer: request ", r, " needs ", needed, " pages, its lookup table has ", P)
-            for i in range(needed):
-                if Int(lookup_table[r, i]) >= total_pages:
-                    raise Error("gpt2_paged_decode_layer: request ", r, " names page ", Int(lookup_table[r, i]), " of ", total_pages)
         if Int(input_row_offsets[R]) != R:
             raise Error("gpt2_paged_decode_layer: the row offsets end at ", Int(input_row_offsets[R]), ", not at the ", R, " tokens")
+        var kv = paged_layer_kv("gpt2_paged_decode_layer", kv_blocks, cache_lengths, lookup_table, input_row_offsets, page_stride, layer)
         var weights = checked_layer[weight_dtype]("gpt2_paged_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
-        var blocks = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(kv_blocks.unsafe_ptr()))
-        var pages = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(lookup_table.unsafe_ptr()))
-        var cached = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(cache_lengths.unsafe_ptr()))
-        var kv = LayerKV[F32](blocks, pages, cached, R, P, L, layer_index, page_size, stride, H, d)
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
         if d == ROW:

@@ -16,7 +16,7 @@ from max.experimental import functional as F
 from max.experimental.nn import Linear
 from max.experimental.tensor import Tensor, TensorType
 
-from max_gpt2.kernels import StoredProduct, cached_attention, decode_layer, skinny_matmul
+from max_gpt2.kernels import LayerParameters, StoredProduct, cached_attention, decode_layer, skinny_matmul
 from max_gpt2.model.block import Block
 from max_gpt2.model.cached_attention import CachedAttention
 
@@ -85,8 +85,11 @@ class KernelBlock(Block):
     def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:  # type: ignore[override]
         """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D]."""
         batch, total = key_bias.shape[0], key_bias.shape[-1]
+        bias = key_bias.reshape([batch, total])
+        return decode_layer(x, cache, bias, self.layer_parameters())
+
+    def layer_parameters(self) -> LayerParameters:
+        """The block as the decode-layer ops take it: its layer norms and products as stored."""
         norms = (self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
         linears = (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
-        stored = tuple(linear.stored() for linear in linears)
-        bias = key_bias.reshape([batch, total])
-        return decode_layer(x, cache, bias, norms, self.ln_1.eps, stored)  # type: ignore[arg-type]
+        return norms, self.ln_1.eps, tuple(linear.stored() for linear in linears)  # type: ignore[operator]

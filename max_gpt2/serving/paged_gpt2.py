@@ -50,6 +50,7 @@ from max_gpt2.kernels import paged_attention, paged_decode_layer
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.kernel_layers import KernelBlock
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -106,8 +107,8 @@ class PagedAttention(GPT2Attention):
         return attended.reshape([-1, self.n_embd])
 
 
-class PagedKernelBlock(Block):
-    """`Block` (same parameters) as one `gpt2_paged_decode_layer` op, for decoding steps (GELU's tanh form).
+class PagedKernelBlock(KernelBlock):
+    """`KernelBlock` over MAX's paged cache: one `gpt2_paged_decode_layer` op, for decoding steps.
 
     Its attention is a `PagedAttention` (for its layer index and parameters) and its
     projections anything with `stored()` (`KernelLinear`, `PackedLinear`).
@@ -115,11 +116,8 @@ class PagedKernelBlock(Block):
 
     def forward(self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor) -> Tensor:  # type: ignore[override]
         """`x` [R, D], a token a request -> [R, D]; stores this layer's keys and values in the cache."""
-        norms = (self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
-        linears = (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
-        stored = tuple(linear.stored() for linear in linears)
         layer = self.attn.layer_idx  # type: ignore[attr-defined]
-        return paged_decode_layer(x, kv_collection, input_row_offsets, layer, norms, self.ln_1.eps, stored)  # type: ignore[arg-type]
+        return paged_decode_layer(x, kv_collection, input_row_offsets, layer, self.layer_parameters())
 
 
 def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:

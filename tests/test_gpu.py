@@ -16,7 +16,7 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import GPT2Config, reference
-from max_gpt2.inference.devices import hopper_refusal
+from max_gpt2.inference.devices import hopper_attention_weights_refusal, hopper_refusal
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
@@ -163,12 +163,19 @@ def test_lm_generates_on_gpu_what_it_generates_on_cpu(compiled_lm):
     )
 
 
-def test_lm_attentions_match_the_reference_on_gpu(compiled_lm, lm_weights):
-    lm, weights = compiled_lm(GPU_LM, "bfloat16", "gpu"), lm_weights(GPU_LM)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lm_attentions_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype):
+    lm, weights = compiled_lm(GPU_LM, dtype, "gpu"), lm_weights(GPU_LM)
     ids = np.random.default_rng(2).integers(0, GPU_LM.vocab_size, (2, 9))
     mask = (np.arange(9)[None, :] >= np.array([[0], [3]])).astype(np.int64)
+    reason = hopper_attention_weights_refusal(ARCHITECTURE, parse_dtype(dtype))
+    if reason:
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            lm.attentions(ids, mask)
+        return
     expected = reference.lm_forward(ids, weights, GPU_LM, mask)
     found = lm.attentions(ids, mask)
-    comparison = compare(found, expected.attentions, "bfloat16", expected.largest_score)
+    tolerance = precision(dtype, on_accelerator=True)
+    comparison = compare(found, expected.attentions, tolerance, expected.largest_score)
     assert comparison.passed, comparison
     assert np.all(found[:, 1, :, :, :3] == 0.0)  # padding keys, and padding queries' rows

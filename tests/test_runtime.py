@@ -9,7 +9,13 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import compile_attention, from_pretrained, load_attention_weights
-from max_gpt2.inference.devices import check_compiles_on, hopper_refusal, resolve_device
+from max_gpt2.inference.devices import (
+    check_attention_weights_on,
+    check_compiles_on,
+    hopper_attention_weights_refusal,
+    hopper_refusal,
+    resolve_device,
+)
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import check
 from tests.support import HAS_GPU, ODD
@@ -138,6 +144,13 @@ def test_what_hopper_cannot_compile_is_refused_by_name():
     assert hopper_refusal("sm_90a", DType.float32, 60) is None
     assert hopper_refusal("sm_80", DType.float16, 60) is None  # only Hopper was measured
     check_compiles_on(CPU(), DType.float16, 60)  # the CPU compiles every dtype at every width
+
+
+def test_what_hopper_computes_wrong_is_refused_by_name():
+    assert "use dtype='float32'" in hopper_attention_weights_refusal("sm_90a", DType.bfloat16)
+    assert hopper_attention_weights_refusal("sm_90a", DType.float32) is None  # right there
+    assert hopper_attention_weights_refusal("sm_80", DType.bfloat16) is None  # only Hopper was measured
+    check_attention_weights_on(CPU(), DType.bfloat16)  # right there (9.4e-3 from the reference, by hand)
 
 
 def test_dtype_of_numpy_results(compiled, x):

@@ -36,6 +36,7 @@ from max.graph import Graph
 from max_gpt2.inference.compiled import CompiledModel, GraphVariants
 from max_gpt2.inference.devices import (
     NUMPY_DTYPES,
+    check_attention_weights_on,
     check_compiles_on,
     host_array,
     host_buffer,
@@ -194,7 +195,10 @@ class CompiledAttention(CompiledModel):
         softmax over keys 0..i: it sums to 1, and the future keys get exactly 0.
         The first call compiles the graph that outputs them (a minute or two
         on a small CPU; MAX caches it on disk, so the next process takes seconds).
+        Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
+        (`devices.hopper_attention_weights_refusal`).
         """
+        check_attention_weights_on(self.device, self.dtype)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a NumPy array; got {type(x).__name__}")
         self._check_shape(x.shape)

@@ -7,6 +7,8 @@ boundary as float32 (rounded on the way in, widened on the way out).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
@@ -61,11 +63,41 @@ def hopper_refusal(architecture: str, dtype: DType, n_embd: int) -> str | None:
     return None
 
 
+def hopper_attention_weights_refusal(architecture: str, dtype: DType) -> str | None:
+    """Why MAX 26.7 returns wrong attention weights (the `"attentions"` graph variant) in `dtype`
+    on an NVIDIA GPU of `architecture`, or None where they were found right or never checked.
+
+    Measured on an H200 (2026-11-27, GPT-2 of width 64, 3 layers): in bfloat16 the weights
+    from MAX's softmax lack the causal mask (each row spreads over every key, later ones
+    included; written out as exp / sum they keep it), and in every form tried the first one
+    to three runs in a process return some layers' weights as zeros (waiting for the device
+    before or after reading changes nothing). The float32 weights there matched the reference
+    from the first run, and the bfloat16 logits are right.
+    """
+    if architecture.startswith("sm_90") and dtype == DType.bfloat16:
+        return (
+            "attention weights in bfloat16 on NVIDIA Hopper (sm_90) come out wrong in MAX 26.7 "
+            "(the causal mask is lost and early runs return zeros); use dtype='float32'"
+        )
+    return None
+
+
+def check_attention_weights_on(device: Device, dtype: DType) -> None:
+    """Refuses, before compiling the attention-weights variant, what `hopper_attention_weights_refusal`
+    names."""
+    _refuse_on(device, lambda architecture: hopper_attention_weights_refusal(architecture, dtype))
+
+
 def check_compiles_on(device: Device, dtype: DType, n_embd: int) -> None:
     """Refuses, before a compile that would fail minutes later, what `hopper_refusal` names."""
+    _refuse_on(device, lambda architecture: hopper_refusal(architecture, dtype, n_embd))
+
+
+def _refuse_on(device: Device, refusal: Callable[[str], str | None]) -> None:
+    """Raises ValueError, naming the device, where `refusal(architecture)` of an NVIDIA GPU gives a reason."""
     if device.is_host or device.api != "cuda":
         return
-    reason = hopper_refusal(device.architecture_name, dtype, n_embd)
+    reason = refusal(device.architecture_name)
     if reason:
         raise ValueError(f"{device_name(device)} ({device.architecture_name}): {reason}")
 

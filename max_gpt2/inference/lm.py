@@ -47,7 +47,12 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
-from max_gpt2.inference.devices import check_compiles_on, packed_buffer, resolve_device
+from max_gpt2.inference.devices import (
+    check_attention_weights_on,
+    check_compiles_on,
+    packed_buffer,
+    resolve_device,
+)
 from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
@@ -191,7 +196,10 @@ class CompiledLM(CompiledModel):
         padding). A padding query sees nothing, so its row is all 0. The first
         call compiles the graph variant that outputs the weights (a minute or two
         on a small CPU; MAX caches it on disk, so the next process takes seconds).
+        Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
+        (`devices.hopper_attention_weights_refusal`).
         """
+        check_attention_weights_on(self.device, self.dtype)
         ids, mask = check_prompt(self.config, input_ids, attention_mask)
         batch, seq_len = ids.shape
         cache = self.new_cache(batch, seq_len)
@@ -253,10 +261,13 @@ def compile_lm(
     compute (half the bytes a step's attention reads; keys and values rounded to
     float16, attention computed in float32); by default float16 beside packed
     weights, else the compute dtype (`lm_graphs.default_kv_cache`). What MAX cannot
-    compile on the device (`devices.hopper_refusal`) is refused before compiling.
+    compile on the device (`devices.hopper_refusal`), or computes wrong there
+    (`devices.hopper_attention_weights_refusal`), is refused before compiling.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
     check_compiles_on(target, compute_dtype, config.n_embd)
+    if output_attentions:
+        check_attention_weights_on(target, compute_dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
     graph = LMGraphs(config, target, compute_dtype, kernels, weight_format, kv_cache)
     for variant in ["attentions"] if output_attentions else {graph.prompt_variant, graph.step_variant}:

@@ -23,7 +23,7 @@ from std.collections import Array
 from std.memory import UnsafePointer, alloc
 from std.sys.info import num_physical_cores
 
-from .attend import ROW, attend_head
+from .attend import ROW, TASKS, attend_head
 from .epilogue import ADD, GELU, STORE
 from .layer_kv import LayerKV
 from .layer_norm import layer_norm
@@ -140,8 +140,9 @@ def decode_layer[
     var hidden_q = QuantizedRows[FORMAT](quantized, wide)
     var phases = Phases[PHASES]()
     var pairs = B * H
+    var attend_chunks = min(pairs, TASKS)
 
-    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs}:
+    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
         @parameter
         def first_norm(chunk: Int):
             for i in range(rows * D):
@@ -154,12 +155,17 @@ def decode_layer[
         def project_qkv(chunk: Int):
             weights.qkv.run[STORE](_reads(normed), normed_q, _writes(qkv), rows, chunk)
 
+        # A thread takes a run of neighbouring (row, head) pairs, as gpt2_paged_attention splits them:
+        # in MAX's pages a token's heads lie side by side. Handed out one pair at a time, the two
+        # threads read alternate heads of the same tokens, and a served step of 16 requests took
+        # ~4 % longer (benchmarks/serving_step.py, 2026-11-27); one request's steps are unchanged.
         @parameter
-        def attend(pair: Int):
+        def attend(chunk: Int):
             var scratch = alloc[Float32](kv.longest + d)
-            var b = pair // H
-            var h = pair % H
-            attend_head[W, CT](kv.head(b, h), _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, kv.bias(b), kv.has_key_bias, S, kv.past(b), D, d, scratch)
+            for pair in range(chunk * pairs // attend_chunks, (chunk + 1) * pairs // attend_chunks):
+                var b = pair // H
+                var h = pair % H
+                attend_head[W, CT](kv.head(b, h), _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, kv.bias(b), kv.has_key_bias, S, kv.past(b), D, d, scratch)
             scratch.free()
 
         @parameter
@@ -190,7 +196,7 @@ def decode_layer[
 
         phases.share[first_norm](0, 1)
         phases.share[project_qkv](1, weights.qkv.chunks())
-        phases.share[attend](2, pairs)
+        phases.share[attend](2, attend_chunks)
         comptime if FORMAT != 0:
             phases.share[quantize_attended](3, 1)
         phases.share[project_out](4, weights.proj.chunks())

@@ -19,6 +19,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import max_gpt2
+
+SOURCE_ROOT = Path(max_gpt2.__file__).resolve().parents[1]
+"""Where the `max_gpt2` this process runs lies: the server runs the same code, whatever the working
+directory (a benchmark of another checkout, run with `PYTHONPATH`, serves that checkout)."""
+
 
 class ServerProcess:
     """`max-gpt2 serve` in a child process (its own process group), for tests and benchmarks.
@@ -34,10 +40,11 @@ class ServerProcess:
         """`env`: variables set for the server on top of this process's environment."""
         self.checkpoint, self.port, self.log = checkpoint, port, log
         self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint)]
+        command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint.resolve())]
         with log.open("w") as output:
             self.process = subprocess.Popen(
                 [*command, "--port", str(port), *options],
+                cwd=SOURCE_ROOT,  # `-m` imports from the working directory first
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1", **(env or {})},  # no telemetry offline

@@ -172,13 +172,11 @@ def paged_decode_layer(
     its `cache_lengths[r]` cached ones; `input_row_offsets` [R + 1] must be 0..R. The
     blocks are written in place.
     """
-    cache = kv_collection
-    where = [cache.cache_lengths, cache.lookup_table, input_row_offsets, cache.page_stride]
-    layer_index = F.constant(np.array([layer], np.uint32), DType.uint32, device=CPU())
+    where = _paged_inputs(kv_collection, input_row_offsets, layer)
     (y,) = F.inplace_custom(
         "gpt2_paged_decode_layer",
         x.device,
-        [cache.kv_blocks, x, *where, layer_index, *_layer_inputs(x.device, parameters)],
+        [kv_collection.kv_blocks, x, *where, *_layer_inputs(x.device, parameters)],
         [TensorType(x.dtype, x.shape, device=x.device)],
         custom_extensions=kernel_library(),
     )
@@ -194,19 +192,29 @@ def paged_attention(
     its tokens after the `kv_collection.cache_lengths[r]` it has cached; the
     cache's blocks are written in place.
     """
-    cache = kv_collection
-    where = [cache.cache_lengths, cache.lookup_table, input_row_offsets, cache.page_stride]
-    width = cache.kv_blocks.shape[4] * cache.kv_blocks.shape[5]
-    out_type = TensorType(qkv.dtype, [qkv.shape[0], width], device=qkv.device)
-    layer_index = F.constant(np.array([layer], np.uint32), DType.uint32, device=CPU())
+    blocks = kv_collection.kv_blocks
+    out_type = TensorType(qkv.dtype, [qkv.shape[0], blocks.shape[4] * blocks.shape[5]], device=qkv.device)
     (attended,) = F.inplace_custom(
         "gpt2_paged_attention",
         qkv.device,
-        [cache.kv_blocks, qkv, *where, layer_index],
+        [blocks, qkv, *_paged_inputs(kv_collection, input_row_offsets, layer)],
         [out_type],
         custom_extensions=kernel_library(),
     )
     return attended
+
+
+def _paged_inputs(kv_collection: PagedCacheValues, input_row_offsets: Tensor, layer: int) -> list[Tensor]:
+    """Where the step's requests lie in MAX's paged cache, in the order both paged ops take it after
+    the blocks and their activations: cache lengths, lookup table, row offsets, page stride, layer."""
+    layer_index = F.constant(np.array([layer], np.uint32), DType.uint32, device=CPU())
+    cache = [
+        kv_collection.cache_lengths,
+        kv_collection.lookup_table,
+        input_row_offsets,
+        kv_collection.page_stride,
+    ]
+    return [*cache, layer_index]
 
 
 def _layer_inputs(device: Device | DeviceRef, parameters: LayerParameters) -> list[Tensor]:

@@ -19,7 +19,6 @@ import extensibility
 from extensibility import IO, InputTensor, IOSpec, ManagedTensorSlice, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
-from std.collections import Array
 from std.memory import UnsafePointer, alloc
 from std.sys.info import num_physical_cores
 

@@ -45,7 +45,7 @@ from max.experimental.tensor import Tensor
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
-from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelBlock, KernelCachedAttention, SkinnyLinear
 from max_gpt2.model.packed_linear import PackedLinear
 
@@ -111,9 +111,7 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         self.output_attentions = output_attentions
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weights, kernels)
-        # One op a block where its kernel has the activation: GPT-2's own, GELU's tanh form.
-        fused = kernels and ACTIVATIONS[config.activation_function] == "gelu_tanh"
-        block = KernelBlock if fused else Block
+        block = KernelBlock if kernels and KernelBlock.fits(config) else Block  # one op a block
         self.transformer = GPT2Model(
             config, lambda: attention(config, output_attentions, linear), linear, block
         )

@@ -19,6 +19,7 @@ from max.experimental.tensor import Tensor, TensorType
 from max_gpt2.kernels import LayerParameters, StoredProduct, cached_attention, decode_layer, skinny_matmul
 from max_gpt2.model.block import Block
 from max_gpt2.model.cached_attention import CachedAttention
+from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 
 SKINNY_ROWS = 16
 """Up to this many rows `skinny_matmul` is the faster. The 49 products of a GPT-2 small decoding
@@ -81,6 +82,11 @@ class KernelBlock(Block):
     Its attention is a `KernelCachedAttention` and its projections `KernelLinear`s or
     `PackedLinear`s (anything with `stored()`); the op reads their parameters as they are.
     """
+
+    @staticmethod
+    def fits(config: GPT2Config) -> bool:
+        """Whether the op computes `config`'s activation: GPT-2's own, GELU's tanh form."""
+        return ACTIVATIONS[config.activation_function] == "gelu_tanh"
 
     def forward(self, x: Tensor, cache: Tensor, key_bias: Tensor) -> Tensor:  # type: ignore[override]
         """`x` [B, S, D], `cache` buffer [2, B, H, M, d], `key_bias` [B, 1, 1, T] -> [B, S, D]."""

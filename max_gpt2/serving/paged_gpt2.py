@@ -49,7 +49,7 @@ from max.pipelines.lib import ModuleV3Outputs
 from max_gpt2.kernels import paged_attention, paged_decode_layer
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import Block, LinearFactory, layer_norm
-from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelBlock
 
 _store_keys = F.functional(store_k_cache_ragged)
@@ -151,9 +151,7 @@ class PagedGPT2Model(Module[..., Tensor]):
     ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        # One op a block where its kernel has the activation: GPT-2's own, GELU's tanh form.
-        fused = decoding and ACTIVATIONS[config.activation_function] == "gelu_tanh"
-        block = PagedKernelBlock if fused else Block
+        block = PagedKernelBlock if decoding and PagedKernelBlock.fits(config) else Block  # one op a block
         self.h = ModuleList(
             block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
             for layer in range(config.n_layer)

@@ -9,12 +9,6 @@ from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
 from .skinny_matmul import PASS_ROWS, dense_rows
 
-# Chunks a product's outputs are cut into; claimed one at a time, so a thread that is busy
-# elsewhere leaves its share to the others. Whole steps of GPT-2 small on a 2-core Zen 3 against 8:
-# 4 and 16 chunks 1.00-1.04x the time in float32, q8_0 and q4_0, 2 chunks 1.01-1.04x in q8_0 and
-# q4_0; bfloat16 alone runs best at one a core (2: 0.96x at batch 1, 0.95x at batch 8).
-comptime PRODUCT_CHUNKS = 8
-
 
 def format_of[WT: DType]() -> Int:
     """The block format a weight dtype stands for (Q8_0: int8, Q4_0: uint8), 0 for float32 and bfloat16."""
@@ -46,9 +40,12 @@ struct Product[WT: DType](ImplicitlyCopyable):
         return (self.N + PASS_ROWS - 1) // PASS_ROWS
 
     def chunks(self) -> Int:
-        comptime if Self.WT == DType.bfloat16:
-            return min(self.units(), row_chunks())
-        return min(self.units(), PRODUCT_CHUNKS)
+        """One chunk of outputs a core, claimed one at a time, so a thread that arrives late finds its
+        share taken. Each thread then streams one run of W: whole steps of GPT-2 small on a 2-core
+        Zen 5 against 8 chunks (benchmarks/kernel_ab.py --steps) float32 0.96-1.00x the time at batch 1
+        and 0.97x at batch 8, q4_0 0.94-1.00x and 0.98x, q8_0 0.99x and 0.98x (on a Zen 3, 8 had been
+        1-4 % ahead; bfloat16 ran best at one a core on both)."""
+        return min(self.units(), row_chunks())
 
     def run[
         EPILOGUE: Int

@@ -32,20 +32,19 @@ comptime PREFETCH_BYTES = 65536
 # (8 by 1 were 3 % slower at batch 8).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
 comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, while they are in cache
-comptime F32_TASKS = 8  # chunks of a float32 W's rows, when the work is worth more than one thread
 # Multiply-adds (N * K * rows) under which one thread does float32: 1 << 20 left GPT-2 small's
 # 768 x 768 c_proj on one thread at batch 1, and its step's products took 1.06x the time.
 comptime F32_SERIAL_BELOW = 1 << 19
 
 
 def chunks_of[WT: DType](M: Int, K: Int, N: Int) -> Int:
-    """Chunks of W's rows a product is split into; 1: this thread does it all (waking the others
-    costs more than a small product gains). float32 in 8 chunks from 1 << 19 multiply-adds; bfloat16
-    one a core (8 were 2 % slower at batch 1 and 8 % at batch 8 on a Zen 4) from `SERIAL_BELOW` bytes."""
-    comptime if WT == F32:
-        return 1 if N * K * M < F32_SERIAL_BELOW else F32_TASKS
-    else:
-        return 1 if N * K * 2 < SERIAL_BELOW else row_chunks()
+    """Chunks of W's rows a product is split into: one a core (`row_chunks`), or 1 where this thread
+    does it all (waking the others costs more than a small product gains): float32 below 1 << 19
+    multiply-adds, bfloat16 below `SERIAL_BELOW` bytes. A step's float32 products alone in 2 chunks
+    against 8 on a 2-core Zen 5: 0.96-0.98x the time at one row, 0.98-1.00x at 8; bfloat16 in 8:
+    1.03-1.08x at one row (slower on a Zen 4 too)."""
+    var small = N * K * M < F32_SERIAL_BELOW if WT == F32 else N * K * 2 < SERIAL_BELOW
+    return 1 if small else row_chunks()
 
 
 def w_rows[WT: DType, MB: Int]() -> Int:

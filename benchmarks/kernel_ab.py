@@ -15,6 +15,12 @@ independent products in one graph run concurrently and overstate bandwidth.
 Prints each version's median milliseconds, the bytes of weights it streamed per
 second, the ratio, and the largest difference between their outputs.
 
+    python benchmarks/kernel_ab.py /tmp/try --weights bfloat16 --rows 1 --part head
+
+the same for the layers' products alone (`--part layers`) or the LM head's shape three
+times (`--part head`: a big product, which streams nearer the memory's rate than a
+layer's small ones).
+
     python benchmarks/kernel_ab.py /tmp/try --weights q4_0 --steps 1x32,8x100
 
 times whole decoding steps instead (attention, MAX's ops and all): the
@@ -90,11 +96,16 @@ def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
     return package
 
 
-def step_shapes(config: GPT2Config) -> list[tuple[int, int]]:
-    """(N, K) of a decoding step's products in order: 4 a layer, then the LM head."""
+PARTS = ("step", "layers", "head")
+
+
+def step_shapes(config: GPT2Config, part: str = "step") -> list[tuple[int, int]]:
+    """(N, K) of a decoding step's products in order: 4 a layer, then the LM head; or only the
+    layers' (`part` "layers"), or the LM head's shape three times ("head": a big product alone)."""
     width, inner = config.n_embd, config.mlp_width
-    layer = [(3 * width, width), (width, width), (inner, width), (width, inner)]
-    return layer * config.n_layer + [(config.vocab_size, width)]
+    layers = [(3 * width, width), (width, width), (inner, width), (width, inner)] * config.n_layer
+    head = [(config.vocab_size, width)]
+    return {"step": layers + head, "layers": layers, "head": head * 3}[part]
 
 
 def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarray]:
@@ -122,10 +133,12 @@ def step_graph(
     types += [TensorType(b.dtype, b.shape, CPU_REF) for product in products for b in product]
     with Graph(name, input_types=types, custom_extensions=extensions) as graph:
         hidden, *weights = (value.tensor for value in graph.inputs)
-        for (n, _), product in zip(shapes, products, strict=True):
+        next_inputs = [k for _, k in shapes[1:]] + [shapes[-1][0]]
+        for (n, _), next_k, product in zip(shapes, next_inputs, products, strict=True):
             taken, weights = weights[: len(product)], weights[len(product) :]
             (y,) = ops.custom(op, CPU_REF, [hidden, *taken], [TensorType(DType.float32, [rows, n], CPU_REF)])
-            hidden = y[:, :width] if n == 3 * width else y  # c_attn's output: its queries feed c_proj
+            # What the next product takes of y: c_attn's queries feed c_proj, a head's first columns the next.
+            hidden = y[:, :next_k] if n > next_k else y
         graph.output(y)
     return graph
 
@@ -210,6 +223,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
     parser.add_argument("--weights", default="float32", choices=wf.FORMATS)
+    parser.add_argument(
+        "--part",
+        default="step",
+        choices=PARTS,
+        help="products: the whole step's, the layers' or the head's (default: step)",
+    )
     parser.add_argument("--rows", default="1,8", help="rows of x (batch), comma-separated (default: 1,8)")
     parser.add_argument("--model", default="small", choices=sorted(MODELS))
     parser.add_argument("--rounds", type=int, default=30, help="timed calls of each (default: 30)")
@@ -243,7 +262,7 @@ def main() -> int:
             compare_steps(args.steps, {"ours": ours, "variant": variant})
         return 0
     config = MODELS[args.model]
-    shapes = step_shapes(config)
+    shapes = step_shapes(config, args.part)
     op = matmul_op_name(args.weights)
     rng = np.random.default_rng(0)
     # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have

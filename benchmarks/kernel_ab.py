@@ -241,6 +241,8 @@ def main() -> int:
     others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
     if others != 1 or (args.variant is None and not args.steps):
         parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")
+    if args.steps and args.part != "step":
+        parser.error("--part picks products to time alone; --steps times whole steps")
     if args.steps:
         print(machine_description(CPU()))
         checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))

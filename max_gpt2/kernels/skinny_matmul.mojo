@@ -102,9 +102,9 @@ def _block[
     var k = 0
     var at = 0  # where value k of a row is, from the row's start (`_offset`, kept up as k moves)
     while k < vector_end:
-        # A bfloat16 row's line takes two passes; against several rows of x it is requested on the
-        # first only (steps of a batch of 8 took 0.86-0.88x the time, 16: 0.93x; at one row of x the
-        # second request paid: 1.03x without it).
+        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / LANES passes (two on AVX-512); against
+        # several rows of x it is requested on the first only (Zen 5: steps of a batch of 8 took
+        # 0.86-0.88x the time, 16: 0.93x; at one row of x the second request paid, 1.03x without it).
         var request = WT == F32 or MB == 1 or at % CHUNK == 0
         var rows = Array[SIMD[F32, LANES], RB](uninitialized=True)
         comptime for r in range(RB):

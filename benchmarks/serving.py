@@ -9,19 +9,22 @@ completions one after another (greedy, `--max-tokens` new tokens, end-of-text
 ignored so every request makes them all, a prompt of `--prompt-tokens` tokens of
 the text we ship). Reported per C: generated tokens/s and requests/s over the
 wall time; time to first token (TTFT) and inter-token latency (ITL: the gaps
-between a request's streamed tokens), median and p95. `--weights` serves the
-projections and the LM head packed (`max-gpt2 serve --weights`); `generate` then
-runs the same format with its default KV cache (float16 beside packed weights,
-where the server's paged cache is float32), and `--gguf` should be the same
-format's GGUF.
+between a request's streamed chunks, as a client sees them), median and p95, and
+the time a token (a request's last arrival less its first, over its tokens less
+one): our server sends up to `--decode-steps` tokens a chunk (the server's default
+unless given; `--decode-steps 1,4` runs our server once with each, side by side).
+`--weights` serves the projections and the LM head packed (`max-gpt2 serve
+--weights`); `generate` then runs the same format with its default KV cache
+(float16 beside packed weights, where the server's paged cache is float32), and
+`--gguf` should be the same format's GGUF.
 
 Beside it, in the same run, one after the other on a quiet machine: given
 `--llama-server` and `--gguf` (the same weights, converted by
 `benchmarks/llama_cpp_gguf.py`), llama.cpp's server with as many slots as the
 most clients (`-np`), 2 threads, prompt cache off, the same requests; then, once
 no server runs, our in-process `lm.generate` on a batch of min(C, the server's
-batch) copies of the prompt (tokens/s over its wall time, prefill included, as
-the server's is), in a child process that ends with it. The VM's memory speed
+batch) copies of the prompt, three times (tokens/s over their wall time, prefill
+included, as the server's is), in a child process that ends with it. The VM's memory speed
 moves by 10-30 % within minutes, so `--rounds N` repeats the three in turn, each
 server started afresh: the table gives each contender's median over the rounds
 and each ratio as the median of the same round's ratios (with their range).
@@ -107,6 +110,8 @@ def run_clients(url: str, model: str, clients: int, requests: int, prompt: str, 
     wall = time.perf_counter() - start
     first = [request["arrivals"][0] for request in done if request["arrivals"]]
     gaps = [float(gap) for request in done for gap in np.diff(request["arrivals"])]
+    # A chunk may bring several tokens (`--decode-steps`): the time a token, first to last, per request.
+    per_token = [(r["arrivals"][-1] - r["arrivals"][0]) / (max_tokens - 1) for r in done if r["arrivals"]]
     chunks = sum(len(request["arrivals"]) for request in done)
     return {
         "clients": clients,
@@ -117,24 +122,25 @@ def run_clients(url: str, model: str, clients: int, requests: int, prompt: str, 
         "chunks": chunks,  # streamed pieces of text: a token each, but bytes that are not yet UTF-8 wait
         "ttft_ms": {"median": 1e3 * statistics.median(first), "p95": 1e3 * percentile(first, 0.95)},
         "itl_ms": {"median": 1e3 * statistics.median(gaps), "p95": 1e3 * percentile(gaps, 0.95)},
+        "tpot_ms": {"median": 1e3 * statistics.median(per_token), "p95": 1e3 * percentile(per_token, 0.95)},
     }
 
 
 def in_process(
     checkpoint: Path, prompt_ids: list[int], batches: list[int], max_tokens: int, weights: str
 ) -> dict[int, float]:
-    """`lm.generate`'s tokens/s (new tokens over wall time, prefill included) at each batch, best of 3."""
+    """`lm.generate`'s tokens/s at each batch: new tokens over the wall time of 3 generations, prefill
+    included, as a server's are its tokens over its run's wall time (not the fastest of the 3: that
+    took generate's best moment against the server's whole run)."""
     lm = load_lm(checkpoint, "cpu", weights=weights)
     lm.generate(np.array([prompt_ids]), 2)  # warm-up
     rates = {}
     for batch in batches:
         ids = np.array([prompt_ids] * batch)
-        times = []
+        start = time.perf_counter()
         for _ in range(3):
-            start = time.perf_counter()
             lm.generate(ids, max_tokens)
-            times.append(time.perf_counter() - start)
-        rates[batch] = batch * max_tokens / min(times)
+        rates[batch] = 3 * batch * max_tokens / (time.perf_counter() - start)
     return rates
 
 
@@ -177,7 +183,7 @@ def median_run(runs: list[dict]) -> dict:
         "requests_per_second": statistics.median(run["requests_per_second"] for run in runs),
         **{
             latency: {q: statistics.median(run[latency][q] for run in runs) for q in ("median", "p95")}
-            for latency in ("ttft_ms", "itl_ms")
+            for latency in ("ttft_ms", "itl_ms", "tpot_ms")
         },
     }
 
@@ -192,8 +198,8 @@ def ratio(numerators: list[float], denominators: list[float]) -> str:
 def table(report: dict) -> str:
     lines = [
         "| clients | contender | tokens/s | vs in-process generate | vs llama-server | requests/s "
-        "| TTFT median / p95 ms | ITL median / p95 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| TTFT median / p95 ms | ITL median / p95 ms | time a token median / p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     rounds = report["rounds"]
     for contender in rounds[0]["servers"]:
@@ -212,7 +218,8 @@ def table(report: dict) -> str:
                 f"| {ratio(rates, generate)} (x{batch}: {statistics.median(generate):.1f} tok/s) "
                 f"| {against_llama} | {run['requests_per_second']:.2f} "
                 f"| {run['ttft_ms']['median']:.0f} / {run['ttft_ms']['p95']:.0f} "
-                f"| {run['itl_ms']['median']:.1f} / {run['itl_ms']['p95']:.1f} |"
+                f"| {run['itl_ms']['median']:.1f} / {run['itl_ms']['p95']:.1f} "
+                f"| {run['tpot_ms']['median']:.1f} / {run['tpot_ms']['p95']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -224,13 +231,19 @@ def measure_round(
     servers = {}
     log = args.output.with_suffix(".server.log")
     options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size), "--weights", args.weights)
-    server = ServerProcess(checkpoint, log, free_port(), *options)
-    try:
-        with progress.step(f"starting max-gpt2 serve (compiles on first use; log: {log})"):
-            server.wait_until_ready(timeout=1800)
-        servers["max-gpt2 serve"] = serve_and_measure(server.url, "gpt2", args, prompt, progress)
-    finally:
-        server.stop()
+    for steps in args.decode_steps or [None]:
+        name, steps_option = (
+            ("max-gpt2 serve", ())
+            if steps is None
+            else (f"max-gpt2 serve, {steps} a step", ("--decode-steps", str(steps)))
+        )
+        server = ServerProcess(checkpoint, log, free_port(), *options, *steps_option)
+        try:
+            with progress.step(f"starting {name} (compiles on first use; log: {log})"):
+                server.wait_until_ready(timeout=1800)
+            servers[name] = serve_and_measure(server.url, "gpt2", args, prompt, progress)
+        finally:
+            server.stop()
     if args.llama_server:
         port, llama_log = free_port(), args.output.with_suffix(".llama-server.log")
         llama = start_llama_server(args, port, llama_log)
@@ -262,6 +275,10 @@ def main() -> int:
     parser.add_argument(
         "--weights", default="float32", choices=FORMATS, help="how ours store the projections and head"
     )
+    parser.add_argument(
+        "--decode-steps",
+        help="our server once for each of these `max-gpt2 serve --decode-steps` (e.g. 1,4; default: its own)",
+    )
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
     parser.add_argument("--gguf", type=Path, help="the same checkpoint in GGUF, for --llama-server")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's threads (default: 2)")
@@ -269,6 +286,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=Path("bench-results/serving.json"))
     args = parser.parse_args()
     args.clients = [int(n) for n in args.clients.split(",")]
+    args.decode_steps = [int(n) for n in args.decode_steps.split(",")] if args.decode_steps else None
+    if args.decode_steps and min(args.decode_steps) < 1:
+        parser.error(f"--decode-steps must be 1 or more each, got {args.decode_steps}")
     if (args.llama_server is None) != (args.gguf is None):
         parser.error("--llama-server and --gguf go together")
     if args.rounds < 1:

@@ -46,7 +46,8 @@ from tests.support import LM, die_with_parent, serving_missing
 SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
 # The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options on LM's
 # seed-0 checkpoint, started at collection only where a collected test uses its fixture.
-SERVED = {"served_lm": (), "served_q4_0_lm": ("--weights", "q4_0")}
+# The first decodes `DECODE_STEPS` tokens a scheduler step (the default), the second 3.
+SERVED = {"served_lm": (), "served_q4_0_lm": ("--weights", "q4_0", "--decode-steps", "3")}
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
 
@@ -116,7 +117,8 @@ def served_lm(request) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_q4_0_lm(request) -> ServerProcess:
-    """The same checkpoint served with its projections and head in q4_0 (`--weights q4_0`)."""
+    """The same checkpoint served with its projections and head in q4_0 (`--weights q4_0`), up to 3
+    tokens a scheduler step (`--decode-steps 3`)."""
     return ready_server(request)
 
 

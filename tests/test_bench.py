@@ -175,6 +175,7 @@ def test_serving_table_takes_each_ratio_within_a_round():
             "requests_per_second": rate / 64,
             "ttft_ms": latencies,
             "itl_ms": latencies,
+            "tpot_ms": {"median": 250 / rate, "p95": 500 / rate},
         }
 
     # Ours against llama-server per round: 30/20 = 1.5, 10/20 = 0.5, 22/20 = 1.1 (median 1.1, the
@@ -193,6 +194,7 @@ def test_serving_table_takes_each_ratio_within_a_round():
     assert cells[2] == "22.0"  # the median tokens/s
     assert cells[3] == "0.75 (0.50-1.00) (x1: 40.0 tok/s)"
     assert cells[4] == "1.10 (0.50-1.50)"
+    assert cells[8] == "11.4 / 22.7"  # the time a token at 22 tokens/s, median over the rounds
     llama = next(line for line in lines if "| llama-server |" in line)
     assert [cell.strip() for cell in llama.split("|")[1:-1]][4] == "-"
 

@@ -152,14 +152,17 @@ def test_sampled_requests_beside_greedy_ones_leave_them_their_tokens(server, exp
     assert [completion.ids for completion in sampled] != [expected[prompt].ids for prompt in PROMPTS]
 
 
-def text_context(sampling: dict[str, Any], **asks: Any) -> Any:
+def text_context(sampling: dict[str, Any], max_length: int = 16, **asks: Any) -> Any:
     """A request's context as MAX's tokenizer makes it: three prompt tokens, `sampling`'s parameters."""
     from max.pipelines.context import TextContext
     from max.pipelines.context.sampling_params import SamplingParams
     from max.pipelines.context.tokens import TokenBuffer
 
     return TextContext(
-        max_length=16, tokens=TokenBuffer(np.arange(3)), sampling_params=SamplingParams(**sampling), **asks
+        max_length=max_length,
+        tokens=TokenBuffer(np.arange(3)),
+        sampling_params=SamplingParams(**sampling),
+        **asks,
     )
 
 
@@ -185,6 +188,43 @@ def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks,
     assert argmax_applies(text_context(params, **asks)) is argmax
 
 
+def stub_pipeline(logits: Callable[[int], np.ndarray], on_host: bool = True, full_after: int | None = None):
+    """`GPT2TextGenerationPipeline` without a model: the graph's last-token logits `[R, V]` for its n-th
+    run are `logits(n)`; its KV cache records each step and claim, and has room for `full_after` claims."""
+    from max.pipelines.kv_cache import InsufficientBlocksError
+    from max.pipelines.lib import ModelOutputs
+
+    from max_gpt2.serving.pipeline import DECODE_STEPS, GPT2TextGenerationPipeline
+
+    class Cache:
+        def __init__(self) -> None:
+            self.steps: list[Any] = []
+            self.claims: list[Any] = []
+
+        def step(self, context: Any) -> None:
+            self.steps.append(context)
+
+        def alloc(self, context: Any) -> None:
+            if full_after is not None and len(self.claims) == full_after:
+                raise InsufficientBlocksError("no page left")
+            self.claims.append(context)
+
+    def forward(inputs: Any, batch: list[Any], step: int) -> ModelOutputs:
+        rows = Buffer.from_numpy(logits(len(runs)).astype(np.float32))
+        runs.append([context.tokens.active_length for context in batch])
+        return ModelOutputs(rows, rows)
+
+    runs: list[list[int]] = []
+    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
+    pipeline._devices = [type("Device", (), {"is_host": on_host})()]
+    pipeline._decode_steps = DECODE_STEPS
+    pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
+    pipeline._launch_forward_pass = forward
+    pipeline._kv_manager = Cache()
+    pipeline.runs = runs
+    return pipeline
+
+
 @pytest.mark.parametrize(
     ("second_request", "device", "argmax"),
     [
@@ -197,30 +237,55 @@ def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
     second_request, device, argmax, monkeypatch
 ):
     """The pipeline's routing, the model and MAX's step stubbed: an all-greedy step on a CPU gets each
-    row's argmax and steps the cache for each request; one sampled request, or an accelerator, sends
-    the whole step to MAX's `_execute`."""
-    from max.pipelines.lib import ModelOutputs, TextGenerationPipeline
+    row's argmax and steps the cache for each request, once, as a step with a prompt in it goes no
+    further; one sampled request, or an accelerator, sends the whole step to MAX's `_execute`."""
+    from max.pipelines.lib import TextGenerationPipeline
     from max.pipelines.modeling.types import TextGenerationInputs
 
-    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
-
-    logits = Buffer.from_numpy(np.array([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 3.5]], np.float32))
-    maxs_steps, cache_steps = [], []
+    logits = np.array([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 3.5]])
+    maxs_steps = []
     monkeypatch.setattr(
         TextGenerationPipeline, "_execute", lambda self, inputs: maxs_steps.append(inputs) or {}
     )
-    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
-    pipeline._devices = [type("Device", (), {"is_host": device == "cpu"})()]
-    pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
-    pipeline._launch_forward_pass = lambda inputs, batch, step: ModelOutputs(logits, logits)
-    pipeline._kv_manager = type("Cache", (), {"step": lambda self, context: cache_steps.append(context)})()
+    pipeline = stub_pipeline(lambda run: logits, on_host=device == "cpu")
     contexts = [text_context({"temperature": 0}), text_context(second_request)]
     responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
     if argmax:
         assert [responses[context.request_id].tokens for context in contexts] == [[1], [3]]
-        assert cache_steps == contexts and not maxs_steps
+        assert pipeline._kv_manager.steps == contexts and not maxs_steps and pipeline.runs == [[3, 3]]
     else:
-        assert len(maxs_steps) == 1 and not cache_steps and not responses
+        assert len(maxs_steps) == 1 and not pipeline._kv_manager.steps and not responses
+
+
+@pytest.mark.parametrize(
+    ("second_length", "full_after", "steps"),
+    [(16, None, 4), (6, None, 2), (16, 3, 2), (16, 0, 1)],
+)
+def test_a_decoding_step_goes_on_until_a_request_ends_or_the_cache_is_full(second_length, full_after, steps):
+    """Requests that are all decoding get up to `DECODE_STEPS` tokens from one step, each run's argmax
+    fed to the next run as its one new token, the cache stepped after each run and claimed before
+    each further one; a request reaching its length (`second_length`: 3 prompt tokens, 1 generated
+    before) or a cache with no room left (after `full_after` claims) ends the step there."""
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    from max_gpt2.serving.pipeline import DECODE_STEPS
+
+    assert DECODE_STEPS == 4  # the cases' step counts
+    vocab = 10
+    pipeline = stub_pipeline(lambda run: np.eye(vocab)[[run, vocab - 1 - run]], full_after=full_after)
+    contexts = [text_context({"temperature": 0}), text_context({"temperature": 0}, max_length=second_length)]
+    for context in contexts:  # each has had its prompt's step
+        context.advance_token_buffer(new_token=vocab)
+        context.to_generation_output()
+    responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
+    assert [responses[context.request_id].tokens for context in contexts] == [
+        list(range(steps)),
+        [vocab - 1 - run for run in range(steps)],
+    ]
+    assert pipeline.runs == [[1, 1]] * steps
+    assert pipeline._kv_manager.steps == contexts * steps
+    assert len(pipeline._kv_manager.claims) == 2 * (steps - 1) + (full_after is not None and full_after % 2)
+    assert contexts[1].is_done == (second_length == 6)
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):

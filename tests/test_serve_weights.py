@@ -73,7 +73,7 @@ def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_l
     )
 
 
-def serve_arguments(checkpoint, weights: str) -> argparse.Namespace:
+def serve_arguments(checkpoint, weights: str, decode_steps: int | None = None) -> argparse.Namespace:
     return argparse.Namespace(
         device="cpu",
         dtype="float32",
@@ -84,6 +84,7 @@ def serve_arguments(checkpoint, weights: str) -> argparse.Namespace:
         port=8000,
         max_batch_size=None,
         weights=weights,
+        decode_steps=decode_steps,
     )
 
 
@@ -95,6 +96,32 @@ def test_serve_hands_its_weights_format_to_the_server_and_only_that(weights, lm_
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q8_0" if weights != "q8_0" else "q4_0")
     _, env = serve_command(serve_arguments(lm_checkpoint(LM), weights), Progress(io.StringIO()))
     assert env.get(SERVED_FORMAT_VARIABLE) == (None if weights == "float32" else weights)
+
+
+@pytest.mark.parametrize("decode_steps", [None, 1, 3])
+def test_serve_hands_its_decode_steps_to_the_server_and_only_that(decode_steps, lm_checkpoint, monkeypatch):
+    """A count left in the environment is not served either: `--decode-steps` (the server's own
+    default when not given) decides."""
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.serving.pipeline import DECODE_STEPS, DECODE_STEPS_VARIABLE, served_decode_steps
+
+    monkeypatch.setenv(DECODE_STEPS_VARIABLE, "7")
+    arguments = serve_arguments(lm_checkpoint(LM), "float32", decode_steps)
+    _, env = serve_command(arguments, Progress(io.StringIO()))
+    assert env.get(DECODE_STEPS_VARIABLE) == (None if decode_steps is None else str(decode_steps))
+    monkeypatch.delenv(DECODE_STEPS_VARIABLE)
+    if decode_steps is not None:
+        monkeypatch.setenv(DECODE_STEPS_VARIABLE, env[DECODE_STEPS_VARIABLE])
+    assert served_decode_steps() == (decode_steps or DECODE_STEPS)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four", "2.5", ""])
+def test_the_server_refuses_decode_steps_that_are_not_a_positive_count(value, monkeypatch):
+    from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE, served_decode_steps
+
+    monkeypatch.setenv(DECODE_STEPS_VARIABLE, value)
+    with pytest.raises(ValueError, match=f"MAX_GPT2_DECODE_STEPS={value!r}: steps a scheduler step"):
+        served_decode_steps()
 
 
 def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):

@@ -12,10 +12,13 @@ prompt joins the step of those decoding (in-flight batching). MAX serves float32
 bfloat16 is for GPUs. On a CPU `--weights` stores the projections and the LM head
 as bfloat16, q8_0 or q4_0 (`max_gpt2.model.weight_formats`), converted when the
 server loads; the server learns it from `MAX_GPT2_WEIGHTS`, which the printed
-command sets. The server answers OpenAI's `logprobs` (up to 7
-alternatives) and, started with `--enable-echo` as here, `echo` (the prompt's
-log-probabilities, what lm-evaluation-harness scores with); prefix caching is
-off, since echo needs every prompt token computed.
+command sets. On a CPU a step of greedy requests that are all decoding runs up to
+`--decode-steps` tokens before MAX's scheduler sees it again (`MAX_GPT2_DECODE_STEPS`;
+`max_gpt2.serving.pipeline`): streamed tokens then come a few at a time. The
+server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
+`--enable-echo` as here, `echo` (the prompt's log-probabilities, what
+lm-evaluation-harness scores with); prefix caching is off, since echo needs every
+prompt token computed.
 """
 
 from __future__ import annotations
@@ -56,12 +59,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="most requests in one step (default: GPT2MemoryPlanner's on a CPU, MAX's elsewhere)",
     )
+    parser.add_argument(
+        "--decode-steps",
+        type=positive_int,
+        help="greedy tokens a request may get per scheduler step on a CPU, sent together "
+        "(default: max_gpt2.serving.pipeline.DECODE_STEPS)",
+    )
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
     command, env = serve_command(args, progress)
     progress.note("starting MAX's server; the same, by hand:")
-    settings = [f"{name}={env[name]}" for name in ("PYTHONPATH", SERVED_FORMAT_VARIABLE) if name in env]
+    settings = [f"{name}={value}" for name, value in env.items() if name in ("PYTHONPATH", *our_variables())]
     progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
     sys.stderr.flush()
     os.execve(sys.executable, command, env)  # the server takes over this process and its signals
@@ -136,7 +145,19 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    env.pop(SERVED_FORMAT_VARIABLE, None)  # --weights decides, not a value left in the caller's environment
+    for name in our_variables():  # our options decide, not values left in the caller's environment
+        env.pop(name, None)
+    weights_variable, steps_variable = our_variables()
     if args.weights != "float32":
-        env[SERVED_FORMAT_VARIABLE] = args.weights
+        env[weights_variable] = args.weights
+    if args.decode_steps is not None:
+        env[steps_variable] = str(args.decode_steps)
     return command, env
+
+
+def our_variables() -> tuple[str, str]:
+    """How `--weights` and `--decode-steps` reach MAX's model worker: its command line has no option
+    an architecture may add."""
+    from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE  # the serving extra, checked by now
+
+    return SERVED_FORMAT_VARIABLE, DECODE_STEPS_VARIABLE

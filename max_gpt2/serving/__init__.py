@@ -10,7 +10,7 @@ KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
     arch.py          the registration: names, encodings, pipeline model and class, tokenizer
     model_config.py  config.json, settings, MAX_GPT2_WEIGHTS -> shapes, dtype, weight format, KV cache
     model.py         the pipeline model: reads (and packs) our checkpoint, compiles, log-probabilities
-    pipeline.py      MAX's pipeline, with all-greedy CPU steps decided by argmax, not MAX's sampler
+    pipeline.py      MAX's pipeline: all-greedy CPU steps by argmax, not MAX's sampler, several a step
     paged_gpt2.py    the graph: our blocks with an attention over the paged cache
     tokenizer.py     MAX's text tokenizer, refusing (HTTP 400) what the server cannot answer
 """

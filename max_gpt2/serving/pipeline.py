@@ -1,4 +1,4 @@
-"""MAX's text-generation pipeline, picking greedy tokens on the host without MAX's sampler.
+"""MAX's text-generation pipeline, picking greedy tokens on the host without MAX's sampler, several a step.
 
 `max serve` runs one `TextGenerationPipeline.execute` per step: the batch's
 inputs, the model's graph, then MAX's sampler, a second graph that takes
@@ -10,16 +10,33 @@ NumPy finds it in microseconds, and a step of GPT-2 small on a 2-core EPYC took
 42.2 ms this way against 46.0 ms through the sampler at batch 1, 54.6 against
 57.1 at batch 8 (`benchmarks/serving_step.py`). Any other step, and every step
 on an accelerator, goes through MAX's `_execute` unchanged.
+
+Such a step, when every request in it is decoding (one new token each, no prompt),
+goes on for up to `DECODE_STEPS` tokens (`MAX_GPT2_DECODE_STEPS`, which `max-gpt2
+serve --decode-steps` sets) before it returns to MAX's scheduler, as vLLM's
+multi-step scheduling did: each request's tokens then reach its client together.
+Between two of our graph runs MAX's own step (scheduler, batch, metrics, the
+response to the API process) took ~2 ms of a ~11 ms token on a 2-core EPYC, and
+the API and telemetry processes took CPU from the next graph; one scheduler step
+for four tokens served one client 1.04-1.13x the tokens/s (benchmarks/README.md).
+A step stops early when a request ends (end-of-text, its length) or the KV cache
+has no page for a next token; a new prompt waits for the step to end.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import numpy as np
 from max.pipelines.context import TextContext, TextGenerationOutput
 from max.pipelines.context.sampling_params import SamplingParams
+from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import TextGenerationPipeline
-from max.pipelines.lib.pipeline_variants.utils import update_context_and_prepare_responses
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
+
+DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
+DECODE_STEPS = 4
 
 
 def greedy_as_is(params: SamplingParams) -> bool:
@@ -44,7 +61,11 @@ def argmax_applies(context: TextContext) -> bool:
 
 
 class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
-    """MAX's pipeline, with all-greedy steps on the host decided by NumPy's argmax."""
+    """MAX's pipeline, with all-greedy steps on the host decided by NumPy's argmax, several a step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._decode_steps = served_decode_steps()
 
     def _execute(
         self, inputs: TextGenerationInputs[TextContext]
@@ -53,12 +74,41 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         on_host = all(device.is_host for device in self._devices)
         if not (contexts and on_host and all(argmax_applies(context) for context in contexts)):
             return super()._execute(inputs)
-        model_inputs, _, flat_batch = self.prepare_batch(inputs.batches)  # no grammar: no bitmask
-        outputs = self._launch_forward_pass(model_inputs, flat_batch, step=0)
-        last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
-        assert last_rows is not None
-        new_tokens = np.argmax(last_rows.to_numpy(), axis=-1)[:, np.newaxis]  # [R, 1]
-        responses = update_context_and_prepare_responses(new_tokens, flat_batch)
-        for context in contexts:
-            self._kv_manager.step(context)
-        return responses
+        # Past its prompt, a request brings one token; a step with a prompt in it gives it its first now.
+        decoding = all(c.tokens.generated_length and c.tokens.active_length == 1 for c in contexts)
+        for step in range(self._decode_steps if decoding else 1):
+            if step and not self._next_step_fits(contexts):
+                break
+            model_inputs, _, flat_batch = self.prepare_batch(inputs.batches)  # no grammar: no bitmask
+            outputs = self._launch_forward_pass(model_inputs, flat_batch, step=step)
+            last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
+            assert last_rows is not None
+            new_tokens = np.argmax(last_rows.to_numpy(), axis=-1).tolist()  # [R]
+            for context, token in zip(flat_batch, new_tokens, strict=True):
+                context.advance_token_buffer(new_token=token)  # ends the request at EOS or its length
+                context.advance_fsm(token)
+            for context in contexts:
+                self._kv_manager.step(context)
+        outputs_now = {context.request_id: context.to_generation_output() for context in contexts}
+        return {request_id: output for request_id, output in outputs_now.items() if output.tokens}
+
+    def _next_step_fits(self, contexts: list[TextContext]) -> bool:
+        """Whether every request goes on, with room in the KV cache for its next token (claimed here,
+        as the scheduler would for the next step; a request that does not fit ends the step)."""
+        if any(context.is_done for context in contexts):
+            return False
+        try:
+            for context in contexts:
+                self._kv_manager.alloc(context)
+        except InsufficientBlocksError:
+            return False
+        return True
+
+
+def served_decode_steps() -> int:
+    """The most decoding steps one scheduler step runs (`MAX_GPT2_DECODE_STEPS`; `DECODE_STEPS` when
+    unset); a ValueError names the variable and its value."""
+    value = os.environ.get(DECODE_STEPS_VARIABLE, str(DECODE_STEPS))
+    if not (value.isdigit() and int(value) >= 1):
+        raise ValueError(f"{DECODE_STEPS_VARIABLE}={value!r}: steps a scheduler step may decode, 1 or more")
+    return int(value)

@@ -145,9 +145,9 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    for name in our_variables():  # our options decide, not values left in the caller's environment
-        env.pop(name, None)
     weights_variable, steps_variable = our_variables()
+    for name in (weights_variable, steps_variable):  # our options decide, not what the caller's env holds
+        env.pop(name, None)
     if args.weights != "float32":
         env[weights_variable] = args.weights
     if args.decode_steps is not None:

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -188,13 +189,19 @@ def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks,
     assert argmax_applies(text_context(params, **asks)) is argmax
 
 
-def stub_pipeline(logits: Callable[[int], np.ndarray], on_host: bool = True, full_after: int | None = None):
-    """`GPT2TextGenerationPipeline` without a model: the graph's last-token logits `[R, V]` for its n-th
-    run are `logits(n)`; its KV cache records each step and claim, and has room for `full_after` claims."""
+def stub_pipeline(
+    logits: Callable[[int], np.ndarray],
+    on_host: bool = True,
+    full_after: int | None = None,
+    decode_steps: int = 4,
+):
+    """`GPT2TextGenerationPipeline` without a model, decoding up to `decode_steps` tokens a step: the
+    graph's last-token logits `[R, V]` for its n-th run are `logits(n)`; its KV cache records each
+    step and claim, and has room for `full_after` claims."""
     from max.pipelines.kv_cache import InsufficientBlocksError
     from max.pipelines.lib import ModelOutputs
 
-    from max_gpt2.serving.pipeline import DECODE_STEPS, GPT2TextGenerationPipeline
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
 
     class Cache:
         def __init__(self) -> None:
@@ -217,7 +224,7 @@ def stub_pipeline(logits: Callable[[int], np.ndarray], on_host: bool = True, ful
     runs: list[list[int]] = []
     pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
     pipeline._devices = [type("Device", (), {"is_host": on_host})()]
-    pipeline._decode_steps = DECODE_STEPS
+    pipeline._decode_steps = decode_steps
     pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
     pipeline._launch_forward_pass = forward
     pipeline._kv_manager = Cache()
@@ -262,15 +269,13 @@ def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
     [(16, None, 4), (6, None, 2), (16, 3, 2), (16, 0, 1)],
 )
 def test_a_decoding_step_goes_on_until_a_request_ends_or_the_cache_is_full(second_length, full_after, steps):
-    """Requests that are all decoding get up to `DECODE_STEPS` tokens from one step, each run's argmax
-    fed to the next run as its one new token, the cache stepped after each run and claimed before
-    each further one; a request reaching its length (`second_length`: 3 prompt tokens, 1 generated
-    before) or a cache with no room left (after `full_after` claims) ends the step there."""
+    """Requests that are all decoding get up to `--decode-steps` tokens (4 here) from one step, each
+    run's argmax fed to the next run as its one new token, the cache stepped after each run and
+    claimed before each further one; a request reaching its length (`second_length`: 3 prompt
+    tokens, 1 generated before) or a cache with no room left (after `full_after` claims) ends the
+    step there."""
     from max.pipelines.modeling.types import TextGenerationInputs
 
-    from max_gpt2.serving.pipeline import DECODE_STEPS
-
-    assert DECODE_STEPS == 4  # the cases' step counts
     vocab = 10
     pipeline = stub_pipeline(lambda run: np.eye(vocab)[[run, vocab - 1 - run]], full_after=full_after)
     contexts = [text_context({"temperature": 0}), text_context({"temperature": 0}, max_length=second_length)]
@@ -286,6 +291,29 @@ def test_a_decoding_step_goes_on_until_a_request_ends_or_the_cache_is_full(secon
     assert pipeline._kv_manager.steps == contexts * steps
     assert len(pipeline._kv_manager.claims) == 2 * (steps - 1) + (full_after is not None and full_after % 2)
     assert contexts[1].is_done == (second_length == 6)
+
+
+def test_a_decoding_step_ends_before_one_more_run_would_pass_its_time_budget(monkeypatch):
+    """Runs that each take 1/4.5 of `DECODE_BUDGET_S` (a stubbed clock): a fifth would end past the
+    budget, so a step allowed 16 runs makes 4, and claims cache room for the 3 after the first only."""
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    from max_gpt2.serving import pipeline as served
+
+    clock = [0.0]
+    monkeypatch.setattr(served, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run_taking_its_time(run: int) -> np.ndarray:
+        clock[0] += served.DECODE_BUDGET_S / 4.5
+        return np.eye(16)[[run]]
+
+    pipeline = stub_pipeline(run_taking_its_time, decode_steps=16)
+    context = text_context({"temperature": 0})
+    context.advance_token_buffer(new_token=15)  # past its prompt
+    context.to_generation_output()
+    responses = pipeline._execute(TextGenerationInputs(batches=[[context]]))
+    assert responses[context.request_id].tokens == [0, 1, 2, 3]
+    assert len(pipeline._kv_manager.claims) == 3
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):

@@ -13,8 +13,8 @@ bfloat16 is for GPUs. On a CPU `--weights` stores the projections and the LM hea
 as bfloat16, q8_0 or q4_0 (`max_gpt2.model.weight_formats`), converted when the
 server loads; the server learns it from `MAX_GPT2_WEIGHTS`, which the printed
 command sets. On a CPU a step of greedy requests that are all decoding runs up to
-`--decode-steps` tokens before MAX's scheduler sees it again (`MAX_GPT2_DECODE_STEPS`;
-`max_gpt2.serving.pipeline`): streamed tokens then come a few at a time. The
+`--decode-steps` tokens, within about 50 ms, before MAX's scheduler sees it again
+(`MAX_GPT2_DECODE_STEPS`; `max_gpt2.serving.pipeline`): streamed tokens then come a few at a time. The
 server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
 `--enable-echo` as here, `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every
@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode-steps",
         type=positive_int,
-        help="greedy tokens a request may get per scheduler step on a CPU, sent together "
-        "(default: max_gpt2.serving.pipeline.DECODE_STEPS)",
+        help="greedy tokens a request may get per scheduler step on a CPU, sent together, as many "
+        "as fit in about 50 ms (default: max_gpt2.serving.pipeline.DECODE_STEPS)",
     )
 
 

@@ -19,13 +19,16 @@ Between two of our graph runs MAX's own step (scheduler, batch, metrics, the
 response to the API process) took ~2 ms of a ~11 ms token on a 2-core EPYC, and
 the API and telemetry processes took CPU from the next graph; one scheduler step
 for four tokens served one client 1.04-1.13x the tokens/s (benchmarks/README.md).
-A step stops early when a request ends (end-of-text, its length) or the KV cache
-has no page for a next token; a new prompt waits for the step to end.
+A step stops early when a request ends (end-of-text, its length), when the KV
+cache has no page for a next token, or when one more token would take it past
+`DECODE_BUDGET_S`: a new prompt waits for the step to end, so a step lasts about
+as long whether a token takes 3 ms (q4_0) or 20 ms (float32 on a slower CPU).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -36,7 +39,11 @@ from max.pipelines.lib import TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
-DECODE_STEPS = 4
+DECODE_STEPS = 16
+# Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
+# per cent of it, and a prompt that arrives meanwhile waits no longer. GPT-2 small on 2-core EPYCs:
+# float32's ~11 ms tokens (Zen 5) 4 a step, q4_0's ~4.4 ms ones (Zen 4) about 11.
+DECODE_BUDGET_S = 0.05
 
 
 def greedy_as_is(params: SamplingParams) -> bool:
@@ -76,8 +83,11 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
             return super()._execute(inputs)
         # Past its prompt, a request brings one token; a step with a prompt in it gives it its first now.
         decoding = all(c.tokens.generated_length and c.tokens.active_length == 1 for c in contexts)
+        started = time.perf_counter()
         for step in range(self._decode_steps if decoding else 1):
-            if step and not self._next_step_fits(contexts):
+            if step and not (
+                within_budget(step, time.perf_counter() - started) and self._next_step_fits(contexts)
+            ):
                 break
             model_inputs, _, flat_batch = self.prepare_batch(inputs.batches)  # no grammar: no bitmask
             outputs = self._launch_forward_pass(model_inputs, flat_batch, step=step)
@@ -103,6 +113,12 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         except InsufficientBlocksError:
             return False
         return True
+
+
+def within_budget(steps: int, elapsed: float) -> bool:
+    """Whether one more step, as long as the `steps` so far took on average (`elapsed` seconds in
+    all), ends within `DECODE_BUDGET_S`."""
+    return elapsed * (steps + 1) / steps <= DECODE_BUDGET_S
 
 
 def served_decode_steps() -> int:

@@ -14,8 +14,8 @@ as bfloat16, q8_0 or q4_0 (`max_gpt2.model.weight_formats`), converted when the
 server loads; the server learns it from `MAX_GPT2_WEIGHTS`, which the printed
 command sets. On a CPU a step of greedy requests that are all decoding runs up to
 `--decode-steps` tokens, within about 50 ms, before MAX's scheduler sees it again
-(`MAX_GPT2_DECODE_STEPS`; `max_gpt2.serving.pipeline`): streamed tokens then come a few at a time. The
-server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
+(`MAX_GPT2_DECODE_STEPS`; `max_gpt2.serving.pipeline`): streamed tokens then come a
+few at a time. The server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
 `--enable-echo` as here, `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every
 prompt token computed.

@@ -6,7 +6,8 @@ Builds the text-generation pipeline `max serve` runs (our architecture, MAX's
 paged KV cache, scheduler left out) and, on the same checkpoint, `load_lm`'s
 `CompiledLM`; then, for each batch size, decodes greedily step by step,
 alternating three things at the same context: a pipeline step as served
-(`GPT2TextGenerationPipeline`: batch inputs, the graph, the argmax on the host),
+(`GPT2TextGenerationPipeline`: batch inputs, the graph, the argmax on the host; one
+token a step, as `max-gpt2 serve --decode-steps 1`),
 the same step through MAX's stock `TextGenerationPipeline._execute` (its sampler
 graph instead of the argmax), and one `CompiledLM.decode_step`. Prints the median
 ms of each, and of the pipeline's graph call alone, so what a served token costs
@@ -42,6 +43,7 @@ from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.lm import load_lm
 from max_gpt2.model.weight_formats import FORMATS, SERVED_FORMAT_VARIABLE
 from max_gpt2.serving import ARCHITECTURES
+from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE
 from max_gpt2.testing import CORPUS
 
 
@@ -71,6 +73,9 @@ def main() -> int:
     for arch in ARCHITECTURES:
         PIPELINE_REGISTRY.register(arch)
     os.environ[SERVED_FORMAT_VARIABLE] = args.weights  # how `max-gpt2 serve` hands the server its format
+    # One token an `execute`, so a served step, its graph call and a `decode_step` each make one token
+    # (the server's several a scheduler step are `benchmarks/serving.py --decode-steps`).
+    os.environ[DECODE_STEPS_VARIABLE] = "1"
     settings = PipelineArgs.from_flat_kwargs(
         model_path=str(args.checkpoint),
         device_specs=[DeviceSpec.cpu()],

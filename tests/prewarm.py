@@ -7,9 +7,8 @@ the tests compile from the start, so on 2 cores each graph is compiled about
 once and the two streams meet in the middle. Where a graph is already cached this
 costs seconds. Weights are zeros: they are bound after compiling, never compiled in.
 
-Keep GRAPHS in step with the fixtures' keys (`conftest.py`) and the graphs test
-modules build themselves: a graph missing here is compiled only by the test that
-needs it, late in the run, when the other core may have nothing left to do.
+Keep GRAPHS in step with the fixtures' keys (`conftest.py`); a graph missing here
+is only compiled later, by the test that needs it.
 """
 
 from __future__ import annotations
@@ -17,15 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from max.driver import CPU
-from max.dtype import DType
-from max.engine import InferenceSession
-from max.graph import Graph
 
 from max_gpt2 import GPT2Config, compile_attention, compile_lm
-from max_gpt2.kernels import skinny_matmul_graph
 from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
-from tests import test_decode_layer, test_kernels
 from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, ODD, serving_missing
 
 
@@ -56,46 +49,29 @@ def lm(
     )
 
 
-def load(graph: Graph) -> None:
-    InferenceSession(devices=[CPU()]).load(graph)
-
-
-# In the order the suite first needs them (test files run alphabetically): test_attention, test_bench
-# (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_decode_layer (the two
-# layer ops alone), test_heads, test_kernels (each op alone), test_kv_cache (a float16 cache),
-# test_lm, test_runtime, test_serve, test_serve_weights (LM in q4_0 beside a float32 cache),
-# test_weight_formats. Graphs the tests build themselves come from their modules, imported here only.
+# In the order the suite first needs them (test files run alphabetically): test_attention,
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_heads,
+# test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
-    lambda: test_decode_layer.decode_layer_model(),
-    lambda: test_decode_layer.paged_decode_layer_model(),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
-    lambda: load(skinny_matmul_graph()),
-    lambda: load(test_kernels.attention_graph(DType.float32)),
-    lambda: load(test_kernels.attention_graph(DType.float16)),
-    lambda: load(test_kernels.paged_attention_graph()),
-    lambda: load(test_kernels.packed_graph()),
-    lambda: lm(LM_ONE_LAYER, kv_cache="float16"),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
-]
-if not serving_missing():
-    from tests.test_serve import compile_positions
-
-    GRAPHS.append(compile_positions)
-GRAPHS += [
     lambda: lm(LM, weights="q4_0", kv_cache="float32"),
     *(
         lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
         for weights in ("bfloat16", "q8_0", "q4_0")
     ),
-    *(lambda w=weights: lm(LM, weights=w) for weights in ("bfloat16", "q4_0")),  # q8_0's is above
 ]
+if not serving_missing():
+    from tests.test_serve import compile_positions
+
+    GRAPHS.append(compile_positions)
 
 if __name__ == "__main__":
     for compile_graph in reversed(GRAPHS):

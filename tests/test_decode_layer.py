@@ -75,7 +75,8 @@ def layer_model(op: str, cache: BufferType, lead: list[TensorType]) -> Model:
     return InferenceSession(devices=[CPU()]).load(graph)
 
 
-def decode_layer_model() -> Model:
+@pytest.fixture(scope="module")
+def layer() -> Model:
     """`gpt2_decode_layer`: x [B, S, D] and key_bias [B, T] over our cache [2, B, H, M, d]."""
     x, key_bias = (
         TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
@@ -86,7 +87,8 @@ def decode_layer_model() -> Model:
     )
 
 
-def paged_decode_layer_model() -> Model:
+@pytest.fixture(scope="module")
+def paged_layer() -> Model:
     """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
     blocks = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
     lead = [
@@ -98,16 +100,6 @@ def paged_decode_layer_model() -> Model:
         TensorType(DType.uint32, [1], CPU_REF),  # layer
     ]
     return layer_model("gpt2_paged_decode_layer", blocks, lead)
-
-
-@pytest.fixture(scope="module")
-def layer() -> Model:
-    return decode_layer_model()
-
-
-@pytest.fixture(scope="module")
-def paged_layer() -> Model:
-    return paged_decode_layer_model()
 
 
 def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:

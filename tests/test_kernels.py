@@ -60,8 +60,8 @@ def attention_float16(session) -> Model:
     return session.load(attention_graph(DType.float16))
 
 
-def paged_attention_graph() -> Graph:
-    """`gpt2_paged_attention` alone, over MAX's page layout."""
+@pytest.fixture(scope="module")
+def paged_attention(session) -> Model:
     types = [
         BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF),
         TensorType(DType.float32, ["T", "E"], CPU_REF),
@@ -75,12 +75,7 @@ def paged_attention_graph() -> Graph:
         blocks, qkv, *rest = graph.inputs
         out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
         graph.output(*ops.inplace_custom("gpt2_paged_attention", CPU_REF, [blocks, qkv, *rest], [out]))
-    return graph
-
-
-@pytest.fixture(scope="module")
-def paged_attention(session) -> Model:
-    return session.load(paged_attention_graph())
+    return session.load(graph)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 16])
@@ -99,7 +94,8 @@ def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
     )
 
 
-def packed_graph() -> Graph:
+@pytest.fixture(scope="module")
+def packed(session) -> Model:
     """The three packed matmuls and the two dequantize ops in one graph (one compile)."""
     x = TensorType(DType.float32, ["M", "K"], CPU_REF)
     bf16 = TensorType(DType.bfloat16, ["GB", "KC"], CPU_REF)
@@ -121,12 +117,7 @@ def packed_graph() -> Graph:
             *ops.custom("dequantize_q4_0", CPU_REF, [q4, q4_scales], [weight]),
         ]
         graph.output(*outputs)
-    return graph
-
-
-@pytest.fixture(scope="module")
-def packed(session) -> Model:
-    return session.load(packed_graph())
+    return session.load(graph)
 
 
 def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer]:

@@ -18,7 +18,9 @@ command sets. On a CPU a step of greedy requests that are all decoding runs up t
 few at a time. The server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
 `--enable-echo` as here, `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every
-prompt token computed.
+prompt token computed. MAX's server leaves its ZMQ sockets in the temporary directory
+when it stops, however it stops; it gets a directory of its own (`TMPDIR`), removed
+once the server is gone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import importlib.util
 import json
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import max_gpt2
@@ -44,6 +48,7 @@ from max_gpt2.outputs import Progress, default_cache_dir
 # What MAX's `max[serve]` extra adds that the core package does not have.
 SERVE_MODULES = ("fastapi", "uvicorn", "transformers", "zmq")
 ARCHITECTURE = "GPT2LMHeadModel"
+SOCKET_DIRECTORY_MAX = 64  # the longest directory MAX makes its ZMQ sockets in (else /tmp)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +78,34 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     settings = [f"{name}={value}" for name, value in env.items() if name in ("PYTHONPATH", *our_variables())]
     progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
     sys.stderr.flush()
-    os.execve(sys.executable, command, env)  # the server takes over this process and its signals
+    sockets = socket_directory()
+    remove_when_gone(os.getpid(), sockets)
+    os.execve(sys.executable, command, {**env, "TMPDIR": sockets})  # the server takes over this process
+
+
+def socket_directory() -> str:
+    """A new directory for MAX's sockets, in the temporary directory where their paths fit, else in /tmp.
+
+    A ZMQ socket's path has at most 107 bytes and MAX's add 43 to the directory's: MAX puts them
+    in /tmp instead of a longer directory, where they would not be removed with ours."""
+    directory = tempfile.mkdtemp(prefix="max-gpt2-serve-")
+    if len(directory) <= SOCKET_DIRECTORY_MAX:
+        return directory
+    os.rmdir(directory)
+    return tempfile.mkdtemp(prefix="max-gpt2-serve-", dir="/tmp")
+
+
+def remove_when_gone(pid: int, directory: str) -> None:
+    """Starts a shell, in a session of its own (out of reach of the signals that stop the server's
+    process group), that removes `directory` once process `pid` has ended, whatever ended it."""
+    watch = 'while kill -0 "$0" 2>/dev/null; do sleep 1; done; rm -rf "$1"'
+    subprocess.Popen(
+        ["sh", "-c", watch, str(pid), directory],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def missing_modules(names: tuple[str, ...] = SERVE_MODULES) -> list[str]:

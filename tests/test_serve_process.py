@@ -1,0 +1,69 @@
+"""`max-gpt2 serve` as a process: what it leaves behind once it is stopped.
+
+MAX's server makes its ZMQ sockets in the temporary directory and leaves them
+there when it stops; `max-gpt2 serve` hands it a directory of its own and has
+a watching shell remove it once the server is gone. Starts a server of its
+own (on LM's shapes, as the session's: its graphs are in MAX's cache by then).
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from max_gpt2.bench.server import ServerProcess, free_port
+from tests.support import LM, serving_missing
+
+MISSING = serving_missing()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
+)
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of running processes that contain `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if text in command:
+            found.append(command)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
+def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(served_lm, lm_checkpoint, tmp_path):
+    """While it runs, MAX's sockets lie in the server's own directory under TMPDIR; once the server
+    is stopped (SIGTERM to its process group, as `stop` sends), that directory and the shell that
+    watched for the end are gone."""
+    temporary = Path(tempfile.mkdtemp(prefix="max-gpt2-test-", dir="/tmp"))  # short: see socket_directory
+    server = ServerProcess(
+        lm_checkpoint(LM),
+        tmp_path / "server.log",
+        free_port(),
+        "--device",
+        "cpu",
+        env={"TMPDIR": str(temporary)},
+    )
+    try:
+        server.wait_until_ready(timeout=600)
+        (own,) = temporary.iterdir()
+        assert own.name.startswith("max-gpt2-serve-")
+        assert any(stat.S_ISSOCK(entry.lstat().st_mode) for entry in own.iterdir()), list(own.iterdir())
+        assert processes_naming(str(own))  # the watching shell
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 15
+    while (list(temporary.iterdir()) or processes_naming(str(temporary))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = list(temporary.iterdir())
+    shutil.rmtree(temporary)
+    assert left == []
+    assert processes_naming(str(temporary)) == []

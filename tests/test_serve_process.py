@@ -1,4 +1,4 @@
-"""`max-gpt2 serve` as a process: what it leaves behind once it is stopped.
+"""`max-gpt2 serve` as a process: a port in use refused up front, and nothing left behind once it is stopped.
 
 MAX's server makes its ZMQ sockets in the temporary directory and leaves them
 there when it stops; `max-gpt2 serve` hands it a directory of its own and has
@@ -9,6 +9,7 @@ own (on LM's shapes, as the session's: its graphs are in MAX's cache by then).
 from __future__ import annotations
 
 import shutil
+import socket
 import stat
 import tempfile
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from max_gpt2.bench.server import ServerProcess, free_port
-from tests.support import LM, serving_missing
+from tests.support import LM, run_python, serving_missing
 
 MISSING = serving_missing()
 pytestmark = pytest.mark.skipif(
@@ -67,3 +68,13 @@ def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(served_lm, l
     shutil.rmtree(temporary)
     assert left == []
     assert processes_naming(str(temporary)) == []
+
+
+def test_a_port_in_use_is_refused_before_the_server_starts(lm_checkpoint):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        result = run_python("-m", "max_gpt2", "serve", "--checkpoint", lm_checkpoint(LM), "--port", str(port))
+    assert result.returncode == 2
+    assert f"max-gpt2 serve: error: --port {port}: the port is in use" in result.stderr

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
     command, env = serve_command(args, progress)
+    check_port_free(args.port)
     progress.note("starting MAX's server; the same, by hand:")
     settings = [f"{name}={value}" for name, value in env.items() if name in ("PYTHONPATH", *our_variables())]
     progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
@@ -81,6 +83,17 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     sockets = socket_directory()
     remove_when_gone(os.getpid(), sockets)
     os.execve(sys.executable, command, {**env, "TMPDIR": sockets})  # the server takes over this process
+
+
+def check_port_free(port: int) -> None:
+    """Refuses a port something already listens on, as MAX's server would after seconds of loading
+    (the same test: bound on every interface, SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            raise ValueError(f"--port {port}: the port is in use ({error.strerror}); pick another") from None
 
 
 def socket_directory() -> str:

@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
-    command, env = serve_command(args, progress)
     check_port_free(args.port)
+    command, env = serve_command(args, progress)
     progress.note("starting MAX's server; the same, by hand:")
     settings = [f"{name}={value}" for name, value in env.items() if name in ("PYTHONPATH", *our_variables())]
     progress.note("  " + shlex.join([*settings, "max", *command[3:]]))

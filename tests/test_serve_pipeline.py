@@ -1,0 +1,187 @@
+"""`max_gpt2.serving.pipeline` without a model or a server: which steps skip MAX's sampler, and how
+many tokens a decoding step runs.
+
+MAX's `TextContext` and `TextGenerationInputs` are real; the graph, the KV cache manager
+and MAX's own `_execute` are stubbed, so each test sees exactly what the pipeline asked of them.
+Everything skips, saying why, where MAX's serving extra is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from max.driver import Buffer
+
+from tests.support import serving_missing
+
+MISSING = serving_missing()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
+)
+
+
+def text_context(sampling: dict[str, Any], max_length: int = 16, **asks: Any) -> Any:
+    """A request's context as MAX's tokenizer makes it: three prompt tokens, `sampling`'s parameters."""
+    from max.pipelines.context import TextContext
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+
+    return TextContext(
+        max_length=max_length,
+        tokens=TokenBuffer(np.arange(3)),
+        sampling_params=SamplingParams(**sampling),
+        **asks,
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "asks", "argmax"),
+    [
+        ({"temperature": 0}, {}, True),
+        ({"top_k": 1, "temperature": 0.7}, {}, True),
+        ({"temperature": 0, "top_p": 0.5, "min_p": 0.1}, {}, True),
+        ({"temperature": 0.7}, {}, False),
+        ({"temperature": 0, "frequency_penalty": 0.5}, {}, False),
+        ({"temperature": 0, "repetition_penalty": 1.2}, {}, False),
+        ({"temperature": 0, "min_new_tokens": 3}, {}, False),
+        ({"temperature": 0, "logits_processors": [lambda inputs: None]}, {}, False),
+        ({"temperature": 0}, {"log_probabilities": 1}, False),
+        ({"temperature": 0}, {"json_schema": "{}"}, False),
+        ({"temperature": 0}, {"label_token_ids": [3, 5]}, False),
+    ],
+)
+def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks, argmax):
+    from max_gpt2.serving.pipeline import argmax_applies
+
+    assert argmax_applies(text_context(params, **asks)) is argmax
+
+
+def stub_pipeline(
+    logits: Callable[[int], np.ndarray],
+    on_host: bool = True,
+    full_after: int | None = None,
+    decode_steps: int = 4,
+):
+    """`GPT2TextGenerationPipeline` without a model, decoding up to `decode_steps` tokens a step: the
+    graph's last-token logits `[R, V]` for its n-th run are `logits(n)`; its KV cache records each
+    step and claim, and has room for `full_after` claims."""
+    from max.pipelines.kv_cache import InsufficientBlocksError
+    from max.pipelines.lib import ModelOutputs
+
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    class Cache:
+        def __init__(self) -> None:
+            self.steps: list[Any] = []
+            self.claims: list[Any] = []
+
+        def step(self, context: Any) -> None:
+            self.steps.append(context)
+
+        def alloc(self, context: Any) -> None:
+            if full_after is not None and len(self.claims) == full_after:
+                raise InsufficientBlocksError("no page left")
+            self.claims.append(context)
+
+    def forward(inputs: Any, batch: list[Any], step: int) -> ModelOutputs:
+        rows = Buffer.from_numpy(logits(len(runs)).astype(np.float32))
+        runs.append([context.tokens.active_length for context in batch])
+        return ModelOutputs(rows, rows)
+
+    runs: list[list[int]] = []
+    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
+    pipeline._devices = [type("Device", (), {"is_host": on_host})()]
+    pipeline._decode_steps = decode_steps
+    pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
+    pipeline._launch_forward_pass = forward
+    pipeline._kv_manager = Cache()
+    pipeline.runs = runs
+    return pipeline
+
+
+@pytest.mark.parametrize(
+    ("second_request", "device", "argmax"),
+    [
+        ({"temperature": 0}, "cpu", True),
+        ({"temperature": 0.7}, "cpu", False),
+        ({"temperature": 0}, "gpu", False),
+    ],
+)
+def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
+    second_request, device, argmax, monkeypatch
+):
+    """The pipeline's routing, the model and MAX's step stubbed: an all-greedy step on a CPU gets each
+    row's argmax and steps the cache for each request, once, as a step with a prompt in it goes no
+    further; one sampled request, or an accelerator, sends the whole step to MAX's `_execute`."""
+    from max.pipelines.lib import TextGenerationPipeline
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    logits = np.array([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 3.5]])
+    maxs_steps = []
+    monkeypatch.setattr(
+        TextGenerationPipeline, "_execute", lambda self, inputs: maxs_steps.append(inputs) or {}
+    )
+    pipeline = stub_pipeline(lambda run: logits, on_host=device == "cpu")
+    contexts = [text_context({"temperature": 0}), text_context(second_request)]
+    responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
+    if argmax:
+        assert [responses[context.request_id].tokens for context in contexts] == [[1], [3]]
+        assert pipeline._kv_manager.steps == contexts and not maxs_steps and pipeline.runs == [[3, 3]]
+    else:
+        assert len(maxs_steps) == 1 and not pipeline._kv_manager.steps and not responses
+
+
+@pytest.mark.parametrize(
+    ("second_length", "full_after", "steps"),
+    [(16, None, 4), (6, None, 2), (16, 3, 2), (16, 0, 1)],
+)
+def test_a_decoding_step_goes_on_until_a_request_ends_or_the_cache_is_full(second_length, full_after, steps):
+    """Requests that are all decoding get up to `--decode-steps` tokens (4 here) from one step, each
+    run's argmax fed to the next run as its one new token, the cache stepped after each run and
+    claimed before each further one; a request reaching its length (`second_length`: 3 prompt
+    tokens, 1 generated before) or a cache with no room left (after `full_after` claims) ends the
+    step there."""
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    vocab = 10
+    pipeline = stub_pipeline(lambda run: np.eye(vocab)[[run, vocab - 1 - run]], full_after=full_after)
+    contexts = [text_context({"temperature": 0}), text_context({"temperature": 0}, max_length=second_length)]
+    for context in contexts:  # each has had its prompt's step
+        context.advance_token_buffer(new_token=vocab)
+        context.to_generation_output()
+    responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
+    assert [responses[context.request_id].tokens for context in contexts] == [
+        list(range(steps)),
+        [vocab - 1 - run for run in range(steps)],
+    ]
+    assert pipeline.runs == [[1, 1]] * steps
+    assert pipeline._kv_manager.steps == contexts * steps
+    assert len(pipeline._kv_manager.claims) == 2 * (steps - 1) + (full_after is not None and full_after % 2)
+    assert contexts[1].is_done == (second_length == 6)
+
+
+def test_a_decoding_step_ends_before_one_more_run_would_pass_its_time_budget(monkeypatch):
+    """Runs that each take 1/4.5 of `DECODE_BUDGET_S` (a stubbed clock): a fifth would end past the
+    budget, so a step allowed 16 runs makes 4, and claims cache room for the 3 after the first only."""
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    from max_gpt2.serving import pipeline as served
+
+    clock = [0.0]
+    monkeypatch.setattr(served, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run_taking_its_time(run: int) -> np.ndarray:
+        clock[0] += served.DECODE_BUDGET_S / 4.5
+        return np.eye(16)[[run]]
+
+    pipeline = stub_pipeline(run_taking_its_time, decode_steps=16)
+    context = text_context({"temperature": 0})
+    context.advance_token_buffer(new_token=15)  # past its prompt
+    context.to_generation_output()
+    responses = pipeline._execute(TextGenerationInputs(batches=[[context]]))
+    assert responses[context.request_id].tokens == [0, 1, 2, 3]
+    assert len(pipeline._kv_manager.claims) == 3

@@ -81,7 +81,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
     sys.stderr.flush()
     sockets = socket_directory()
-    remove_when_gone(os.getpid(), sockets)
+    remove_when_gone(sockets)
     os.execve(sys.executable, command, {**env, "TMPDIR": sockets})  # the server takes over this process
 
 
@@ -108,17 +108,21 @@ def socket_directory() -> str:
     return tempfile.mkdtemp(prefix="max-gpt2-serve-", dir="/tmp")
 
 
-def remove_when_gone(pid: int, directory: str) -> None:
+def remove_when_gone(directory: str) -> None:
     """Starts a shell, in a session of its own (out of reach of the signals that stop the server's
-    process group), that removes `directory` once process `pid` has ended, whatever ended it."""
-    watch = 'while kill -0 "$0" 2>/dev/null; do sleep 1; done; rm -rf "$1"'
+    process group), that removes `directory` once this process, and the server it becomes, has
+    ended, whatever ended it: the shell reads a pipe whose writing end only this process holds,
+    across the exec, and the read ends when the last holder is gone. Nothing polls meanwhile."""
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
     subprocess.Popen(
-        ["sh", "-c", watch, str(pid), directory],
-        stdin=subprocess.DEVNULL,
+        ["sh", "-c", 'cat > /dev/null; rm -rf "$0"', directory],
+        stdin=read_end,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    os.close(read_end)
 
 
 def missing_modules(names: tuple[str, ...] = SERVE_MODULES) -> list[str]:

@@ -39,12 +39,22 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
+@pytest.fixture
+def short_temporary_directory():
+    """An empty directory under /tmp, short enough for MAX's socket paths (see `socket_directory`)."""
+    directory = Path(tempfile.mkdtemp(prefix="max-gpt2-test-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
-def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(served_lm, lm_checkpoint, tmp_path):
+def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(
+    served_lm, lm_checkpoint, short_temporary_directory, tmp_path
+):
     """While it runs, MAX's sockets lie in the server's own directory under TMPDIR; once the server
     is stopped (SIGTERM to its process group, as `stop` sends), that directory and the shell that
     watched for the end are gone."""
-    temporary = Path(tempfile.mkdtemp(prefix="max-gpt2-test-", dir="/tmp"))  # short: see socket_directory
+    temporary = short_temporary_directory
     server = ServerProcess(
         lm_checkpoint(LM),
         tmp_path / "server.log",
@@ -64,9 +74,7 @@ def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(served_lm, l
     deadline = time.monotonic() + 15
     while (list(temporary.iterdir()) or processes_naming(str(temporary))) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = list(temporary.iterdir())
-    shutil.rmtree(temporary)
-    assert left == []
+    assert list(temporary.iterdir()) == []
     assert processes_naming(str(temporary)) == []
 
 

@@ -53,6 +53,14 @@ def serving_missing() -> list[str]:
     return missing_modules((*SERVE_MODULES, "openai"))
 
 
+def requires_serving() -> pytest.MarkDecorator:
+    """Skips, naming what is missing, where MAX's serving extra (or the OpenAI client) is not installed."""
+    missing = serving_missing()
+    return pytest.mark.skipif(
+        bool(missing), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {missing}"
+    )
+
+
 def layout_id(config: GPT2Config) -> str:
     """A test id such as `768x12` (n_embd x n_head)."""
     return f"{config.n_embd}x{config.n_head}"

@@ -28,12 +28,9 @@ from max_gpt2.bench.server import ServerProcess
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
-from tests.support import LM, run_python, serving_missing
+from tests.support import LM, requires_serving, run_python
 
-MISSING = serving_missing()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
-)
+pytestmark = requires_serving()
 
 PROMPTS = ["The cat sat on", "Attention is all", "q", "What every head does"]
 NEW_TOKENS = 12

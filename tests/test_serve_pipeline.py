@@ -16,12 +16,9 @@ import numpy as np
 import pytest
 from max.driver import Buffer
 
-from tests.support import serving_missing
+from tests.support import requires_serving
 
-MISSING = serving_missing()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
-)
+pytestmark = requires_serving()
 
 
 def text_context(sampling: dict[str, Any], max_length: int = 16, **asks: Any) -> Any:

@@ -18,12 +18,9 @@ from pathlib import Path
 import pytest
 
 from max_gpt2.bench.server import ServerProcess, free_port
-from tests.support import LM, run_python, serving_missing
+from tests.support import LM, requires_serving, run_python
 
-MISSING = serving_missing()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
-)
+pytestmark = requires_serving()
 
 
 def processes_naming(text: str) -> list[str]:

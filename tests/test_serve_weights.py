@@ -21,13 +21,10 @@ from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress
 from max_gpt2.testing import END_OF_TEXT
-from tests.support import LM, serving_missing
+from tests.support import LM, requires_serving
 from tests.test_serve import NEW_TOKENS, PROMPTS, complete, served
 
-MISSING = serving_missing()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"needs MAX's serving extra (pip install -e '.[serve]'); missing {MISSING}"
-)
+pytestmark = requires_serving()
 
 
 @pytest.fixture(scope="module")

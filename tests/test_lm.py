@@ -122,6 +122,14 @@ def test_prefill_and_decode_steps_by_hand_equal_the_full_forward(compiled_lm):
     np.testing.assert_array_equal(cache.next_positions()[:, 0], mask.sum(axis=1) + 3)
 
 
+def test_the_prompt_and_step_graphs_are_compiled_as_one_module(compiled_lm):
+    """On the CPU in float32 they differ (MAX's ops, the Mojo kernels) and compile together, so the
+    kernels they share compile once; the tests above check what each computes."""
+    lm = compiled_lm(LM)
+    (prompt, prompt_graph), (step, step_graph) = lm.graph.compiled("plain"), lm.graph.compiled("decode")
+    assert prompt is step and prompt_graph != step_graph
+
+
 def test_the_steps_refuse_what_does_not_fit_the_cache(compiled_lm):
     lm = compiled_lm(LM)
     cache = lm.new_cache(1, 3)

@@ -232,7 +232,7 @@ def compile_attention(
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
     graph = AttentionGraphs(config, target, compute_dtype, chosen)
-    graph.compiled()  # the attention-weights variant waits until `attentions` is called
+    graph.compile("plain")  # the attention-weights variant waits until `attentions` is called
     return CompiledAttention(config, target, compute_dtype, graph, checked)
 
 

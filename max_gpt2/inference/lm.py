@@ -249,7 +249,8 @@ def compile_lm(
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
 
     The graphs compiled now are those `generate` runs (the prompt's and the
-    steps'), or with `output_attentions` only the variant that
+    steps', as one module: the kernels they share compile once), or with
+    `output_attentions` only the variant that
     `CompiledLM.attentions` runs (for a caller that wants only attention
     weights); any other is compiled the first time it is needed. `kernels`:
     whether decoding steps run through the Mojo kernels; None (the default)
@@ -270,8 +271,7 @@ def compile_lm(
         check_attention_weights_on(target, compute_dtype)
     checked = check_model_weights(weights, config)  # before spending time compiling
     graph = LMGraphs(config, target, compute_dtype, kernels, weight_format, kv_cache)
-    for variant in ["attentions"] if output_attentions else {graph.prompt_variant, graph.step_variant}:
-        graph.compiled(variant)
+    graph.compile(*(["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]))
     return CompiledLM(config, target, compute_dtype, graph, checked)
 
 

@@ -61,7 +61,8 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D].
 
     `attention()` makes each block's attention, `linear` its MLP's projections and
-    `block` the block (what `GPT2LMHeadModel` chooses for the graph variant).
+    `block` the block (what `GPT2LMHeadModel` chooses for the graph variant);
+    `block_graph` names the blocks' subgraph, distinct among graphs compiled together.
     """
 
     def __init__(
@@ -70,7 +71,9 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         attention: Callable[[], GPT2Attention],
         linear: LinearFactory = Linear,
         block: type[Block] = Block,
+        block_graph: str = "block",
     ) -> None:
+        self.block_graph = block_graph
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(block(config, attention(), linear) for _ in range(config.n_layer))
@@ -86,7 +89,7 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         attentions = []
         for block, cache in zip(self.h, caches, strict=True):
             # Every block is one subgraph: MAX compiles the layer once, not n_layer times.
-            out = as_subgraph(block, name="block")(x, cache, key_bias)
+            out = as_subgraph(block, name=self.block_graph)(x, cache, key_bias)
             x, weights = out if self.output_attentions else (out, None)
             attentions.append(weights)
         hidden = self.ln_f(x)
@@ -112,8 +115,9 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weights, kernels)
         block = KernelBlock if kernels and KernelBlock.fits(config) else Block  # one op a block
+        block_graph = "kernel_block" if kernels else "block_with_weights" if output_attentions else "block"
         self.transformer = GPT2Model(
-            config, lambda: attention(config, output_attentions, linear), linear, block
+            config, lambda: attention(config, output_attentions, linear), linear, block, block_graph
         )
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 

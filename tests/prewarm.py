@@ -1,6 +1,6 @@
 """Compiles the CPU graphs the test suite uses, in a second process, last-used first.
 
-MAX compiles a graph on one core most of the time, and a fresh machine spends
+MAX compiles a graph on little more than one core, and a fresh machine spends
 most of `make test` compiling. `conftest.py` starts this module when the session
 starts: it fills MAX's cache (`~/.cache/modular`) from the end of the suite while
 the tests compile from the start, so on 2 cores each graph is compiled about

@@ -34,7 +34,7 @@ from max import engine
 from max.driver import CPU, Buffer, Device
 from max.dtype import DType
 from max.engine import InferenceSession, Model
-from max.graph import Graph, Module
+from max.graph import Graph
 
 from max_gpt2.inference.devices import device_name, to_buffer
 from max_gpt2.inference.threads import AfterFirstRun
@@ -58,16 +58,12 @@ class GraphVariants:
         self._compiled: dict[str, tuple[engine.CompiledModel, str]] = {}  # variant -> (artifact, graph name)
 
     def compile(self, *variants: str) -> None:
-        """Compiles those of `variants` not compiled yet, several as one module."""
+        """Compiles those of `variants` not compiled yet, together (`compile_together`)."""
         wanted = [variant for variant in dict.fromkeys(variants) if variant not in self._compiled]
         if not wanted:
             return
         graphs = [self._stage(variant) for variant in wanted]
-        if len(graphs) == 1:
-            artifact = self.session.compile(graphs[0])
-        else:  # a module, unlike a graph, does not carry its kernel libraries
-            libraries = dict.fromkeys(path for graph in graphs for path in graph.kernel_libraries_paths)
-            artifact = self.session.compile(one_module(graphs), custom_extensions=list(libraries))
+        artifact = compile_together(self.session, graphs)
         for variant, graph in zip(wanted, graphs, strict=True):
             self._compiled[variant] = artifact, graph.name
 
@@ -81,15 +77,20 @@ class GraphVariants:
         return list(self._compiled)
 
 
-def one_module(graphs: Sequence[Graph]) -> Module:
-    """The first graph's module with every other graph moved into it, to compile as one."""
+def compile_together(session: InferenceSession, graphs: Sequence[Graph]) -> engine.CompiledModel:
+    """One artifact holding `graphs` (`session.init_all` binds them all), several compiled as one
+    module so that the kernels they share compile once. Their names must differ, their subgraphs' too.
+    """
+    if len(graphs) == 1:
+        return session.compile(graphs[0])
     module = graphs[0].module
     last = list(module.mlir_module.body)[-1]
     for graph in graphs[1:]:
         for op in list(graph.module.mlir_module.body):  # the graph and its subgraphs
             op.move_after(last)
             last = op
-    return module
+    libraries = dict.fromkeys(path for graph in graphs for path in graph.kernel_libraries_paths)
+    return session.compile(module, custom_extensions=list(libraries))  # a module does not carry them
 
 
 class BoundVariants:

@@ -1,7 +1,8 @@
 """The pipeline model `max serve` drives: reads our checkpoint, compiles `PagedGPT2LMHeadModel`.
 
-On the CPU in float32 it compiles two graphs over the same weights, as
-`CompiledLM` keeps a prefill and a step graph: a decoding one (each block one
+On the CPU in float32 it compiles two graphs over the same weights (as one
+module, so the kernels they share compile once), as `CompiledLM` keeps a prefill
+and a step graph: a decoding one (each block one
 `gpt2_paged_decode_layer` op, its projections in `skinny_matmul`'s loops) for steps
 where each of at most `SKINNY_ROWS` requests brings one token, and the general
 one (MAX's flash attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from max import tree
 from max.driver import CPU, Buffer
-from max.engine import InferenceSession
+from max.engine import InferenceSession, Model
 from max.experimental import functional as F
 from max.experimental.compilation import CompiledCallable
 from max.experimental.tensor import default_dtype
@@ -46,10 +48,11 @@ from max.nn.transformer import ReturnLogits
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
 from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import LogProbabilities, TextContext
-from max.pipelines.lib import ModelInputs, ModelOutputs, ModuleV3Outputs, ModuleV3PipelineModelWithKVCache
+from max.pipelines.lib import ModelInputs, ModelOutputs, ModuleV3PipelineModelWithKVCache
 from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
 from max.profiler import traced
 
+from max_gpt2.inference.compiled import compile_together
 from max_gpt2.inference.devices import packed_buffer, to_buffer
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
@@ -61,6 +64,20 @@ from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.weight_formats import is_stored_packed, pack
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
+
+
+@dataclass(frozen=True)
+class ServedGraph:
+    """One graph of a module compiled with others, as `execute` runs a compiled callable: its outputs'
+    tree, and MAX's model."""
+
+    out_tree: Any
+    model: Model
+    weights: dict[str, Buffer]  # the model reads these buffers: kept alive with it
+
+    def execute_raw(self, *buffers: Buffer) -> list[Buffer]:
+        """The graph's outputs for its input buffers, unchecked (MAX's batch processor made them)."""
+        return self.model.execute(*buffers)
 
 
 class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[TextContext]):
@@ -88,8 +105,9 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         }
 
     @traced
-    def load_model(self) -> CompiledCallable[..., ModuleV3Outputs]:
-        """Compiles the general graph (returned: MAX keeps it as `self.model`) and the step-specific ones."""
+    def load_model(self) -> CompiledCallable | ServedGraph:
+        """Compiles the general graph (returned: MAX keeps it as `self.model`) and the step-specific ones,
+        on the host as one module (`max_gpt2.inference.compiled.compile_together`)."""
         state_dict = self._load_state_dict()
         config = self._create_model_config(state_dict)
         check_weight_format(config.weights, self.devices[0], config.dtype)
@@ -99,28 +117,44 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
         linear = linear_for(config.weights, kernels)
         decoder_linear = KernelLinear if config.weights == "float32" else linear
-        self.decoder = (
-            self._compile(config, weights, decoder_linear, ReturnLogits.LAST_TOKEN, True) if kernels else None
-        )
-        every_token = self.return_logits == ReturnLogits.ALL
-        self.last_token_model = (
-            self._compile(config, weights, linear, ReturnLogits.LAST_TOKEN) if every_token else None
-        )
-        return self._compile(config, weights, linear, self.return_logits)
+        modules = {"general": self._module(config, linear, self.return_logits)}
+        if kernels:
+            modules["decoder"] = self._module(config, decoder_linear, ReturnLogits.LAST_TOKEN, True)
+        if self.return_logits == ReturnLogits.ALL:
+            modules["last_token"] = self._module(config, linear, ReturnLogits.LAST_TOKEN)
+        input_types = self._get_compile_input_types(config)
+        if self.devices[0].is_host:
+            graphs = self._compile_together(modules, input_types, weights)
+        else:  # MAX's graph capture on an accelerator wants its own compiled callable
+            graphs = {role: module.compile(*input_types, weights=weights) for role, module in modules.items()}
+        self.decoder, self.last_token_model = graphs.get("decoder"), graphs.get("last_token")
+        return graphs["general"]
 
-    def _compile(
+    def _module(
         self,
         config: GPT2ServingConfig,
-        weights: dict[str, Any],
         linear: LinearFactory,
         return_logits: ReturnLogits,
         decoding: bool = False,
-    ) -> CompiledCallable[..., ModuleV3Outputs]:
+    ) -> PagedGPT2LMHeadModel:
         with F.lazy(), default_dtype(config.dtype):
             module = PagedGPT2LMHeadModel(config.model, self.kv_params, return_logits, linear, decoding)
             module.to(self.devices[0])
         self._wire_batch_processor(module, config)
-        return module.compile(*self._get_compile_input_types(config), weights=weights)
+        return module
+
+    def _compile_together(
+        self, modules: dict[str, PagedGPT2LMHeadModel], input_types: Sequence[Any], weights: dict[str, Any]
+    ) -> dict[str, ServedGraph]:
+        """Each module's graph, compiled together: the kernels they share compile once."""
+        staged = {role: module.trace(*input_types, name=f"gpt2_{role}") for role, module in modules.items()}
+        session = InferenceSession(devices=self.devices)
+        artifact = compile_together(session, [graph.graph for graph in staged.values()])
+        models = session.init_all(artifact, weights_registry=weights)
+        return {
+            role: ServedGraph(graph.out_tree, models[graph.graph.name], weights)
+            for role, graph in staged.items()
+        }
 
     def prepare_initial_token_inputs(
         self,

@@ -6,9 +6,9 @@ one session-wide cache, keyed by what makes the graph (config, dtype, device,
 impl), and binds its own weights with `with_weights` (milliseconds). A clean
 `make test` compiles on CPU: attention for GPT-2 small's and the odd layout
 (float32, bfloat16 and flash for the latter), the two language models (a prompt
-graph and a decoding-step graph each, compiled as one module), both with packed weights (one graph each
-a format and cache, tests/test_weight_formats.py, test_bench_generate.py and
-test_serve_weights.py), the attention-weights variants of the odd attention and
+graph and a decoding-step graph each, compiled as one module), both with packed
+weights (one graph each a format and cache, tests/test_weight_formats.py,
+test_bench_generate.py and test_serve_weights.py), the attention-weights variants of the odd attention and
 of LM (tests/test_heads.py), the Mojo kernels alone (tests/test_kernels.py:
 skinny_matmul, the cached attention, the packed matmuls together), and for the
 serving tests two servers' paged-cache graphs (float32 and q4_0 weights, three

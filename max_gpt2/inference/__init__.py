@@ -1,7 +1,7 @@
 """Running GPT-2: compiled graphs on a device, the steps of generation, and text in and out.
 
 devices.py     device names; NumPy arrays to and from devices
-compiled.py    graph variants compiled on demand; CompiledModel, the shared base
+compiled.py    graph variants compiled on demand, several as one module; CompiledModel
 attention.py   compile_attention, from_pretrained: CompiledAttention, one layer's attention
 lm.py          compile_lm, load_lm: CompiledLM (logits, new_cache, prefill, decode_step, attentions)
 generation.py  stream and generate, built on prefill and decode_step

@@ -13,7 +13,7 @@ never carries the extra output.
 
 Variants wanted together compile together (`GraphVariants.compile`): as one
 module, the kernels they share are compiled once. The test LM's prompt and step
-graphs on the CPU took 89 s so against 123 s apart (2-core Zen 4, MAX's cache
+graphs on the CPU took 89 s against 123 s apart (2-core Zen 4, MAX's cache
 empty; a trivial graph alone takes 12 s there).
 
 Every `BoundVariants` made from one `GraphVariants` shares its compiled graphs,
@@ -67,10 +67,14 @@ class GraphVariants:
         for variant, graph in zip(wanted, graphs, strict=True):
             self._compiled[variant] = artifact, graph.name
 
-    def compiled(self, variant: str = "plain") -> tuple[engine.CompiledModel, str]:
-        """The artifact holding the variant (compiled now if it has not been yet), and its graph's name."""
+    def compiled(self, variant: str = "plain") -> engine.CompiledModel:
+        """The artifact holding the variant, compiled now if it has not been yet."""
         self.compile(variant)
-        return self._compiled[variant]
+        return self._compiled[variant][0]
+
+    def graph_names(self, artifact: engine.CompiledModel) -> dict[str, str]:
+        """The variants `artifact` holds, each with its graph's name (the key `init_all` gives it)."""
+        return {variant: name for variant, (held_by, name) in self._compiled.items() if held_by is artifact}
 
     def compiled_variants(self) -> list[str]:
         """The variants compiled so far."""
@@ -108,12 +112,10 @@ class BoundVariants:
         """The variant with these weights bound, compiling and binding it first if needed (and with
         it every variant compiled in the same artifact)."""
         if variant not in self._models:
-            artifact, _ = self.variants.compiled(variant)
+            artifact = self.variants.compiled(variant)
             models = self.variants.session.init_all(artifact, weights_registry=self._weights)
-            for other in self.variants.compiled_variants():
-                other_artifact, name = self.variants.compiled(other)
-                if other_artifact is artifact:
-                    self._models[other] = models[name]
+            for held, name in self.variants.graph_names(artifact).items():
+                self._models[held] = models[name]
         return self._models[variant]
 
     def execute(self, variant: str, *inputs: Buffer) -> list[Any]:

@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 from max.driver import CPU, Buffer
 from max.dtype import DType
-from max.engine import InferenceSession, Model
+from max.engine import Model
 from max.experimental import functional as F
 from max.experimental.tensor import default_device, default_dtype
-from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
+from max.graph import DeviceRef
 from max.nn.kv_cache import KVCacheParams
 
 from max_gpt2 import GPT2Config, reference
-from max_gpt2.kernels import kernel_library
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
+from tests.op_graphs import FORMATS
 from tests.support import (
     LOWEST,
     attention_reference,
@@ -29,77 +29,19 @@ from tests.support import (
 )
 
 CPU_REF = DeviceRef.CPU()
-FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
-WEIGHT_DTYPES = {
-    "float32": DType.float32,
-    "bfloat16": DType.bfloat16,
-    "q8_0": DType.int8,
-    "q4_0": DType.uint8,
-}
 EPSILON = 1e-5
 
 
-def layer_model(op: str, cache: BufferType, lead: list[TensorType]) -> Model:
-    """`op` once per format, each on a cache of its own (`cache`), after the `lead` inputs (x first)
-    that the two ops differ in; every size symbolic, so one compile serves all."""
-    parameters = [
-        *[TensorType(DType.float32, [f"norm{i}"], CPU_REF) for i in range(4)],
-        TensorType(DType.float32, [1], CPU_REF),  # epsilon
-        *[TensorType(DType.float32, [f"bias{i}"], CPU_REF) for i in range(4)],
-        TensorType(DType.float16, ["none0", "none1"], CPU_REF),  # the float formats' (empty) scales
-    ]
-    weights = [  # each product's weight, then its scales where the format has them
-        TensorType(dtype, [f"{format}_{i}_{part}_rows", f"{format}_{i}_{part}_columns"], CPU_REF)
-        for format, weight_dtype in WEIGHT_DTYPES.items()
-        for i in range(4)
-        for part, dtype in (("weight", weight_dtype), ("scales", DType.float16))
-        if part == "weight" or format.startswith("q")
-    ]
-    types = [*[cache] * len(FORMATS), *lead, *parameters, *weights]
-    with Graph(f"{op}_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
-        inputs = list(graph.inputs)
-        caches, rest = inputs[: len(FORMATS)], [value.tensor for value in inputs[len(FORMATS) :]]
-        leading, rest = rest[: len(lead)], rest[len(lead) :]
-        norms, epsilon, biases, no_scales = rest[:4], rest[4], rest[5:9], rest[9]
-        stored = iter(rest[10:])
-        outputs = []
-        for format, cache_value in zip(FORMATS, caches, strict=True):
-            products = []
-            for bias in biases:
-                weight = next(stored)
-                products += [weight, next(stored) if format.startswith("q") else no_scales, bias]
-            out = TensorType(DType.float32, leading[0].shape, CPU_REF)
-            values = [cache_value, *leading, *norms, epsilon, *products]
-            outputs += ops.inplace_custom(op, CPU_REF, values, [out])
-        graph.output(*outputs)
-    return InferenceSession(devices=[CPU()]).load(graph)
+@pytest.fixture(scope="module")
+def layer(compiled_ops) -> Model:
+    """`gpt2_decode_layer` in every format (`op_graphs.decode_layer_graph`)."""
+    return compiled_ops["gpt2_decode_layer_alone"]
 
 
 @pytest.fixture(scope="module")
-def layer() -> Model:
-    """`gpt2_decode_layer`: x [B, S, D] and key_bias [B, T] over our cache [2, B, H, M, d]."""
-    x, key_bias = (
-        TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
-        TensorType(DType.float32, ["B", "T"], CPU_REF),
-    )
-    return layer_model(
-        "gpt2_decode_layer", BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF), [x, key_bias]
-    )
-
-
-@pytest.fixture(scope="module")
-def paged_layer() -> Model:
-    """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
-    blocks = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
-    lead = [
-        TensorType(DType.float32, ["R", "E"], CPU_REF),  # x
-        TensorType(DType.uint32, ["R"], CPU_REF),  # cache_lengths
-        TensorType(DType.uint32, ["R", "P"], CPU_REF),  # lookup_table
-        TensorType(DType.uint32, ["R1"], CPU_REF),  # input_row_offsets
-        TensorType(DType.int64, [1], CPU_REF),  # page_stride
-        TensorType(DType.uint32, [1], CPU_REF),  # layer
-    ]
-    return layer_model("gpt2_paged_decode_layer", blocks, lead)
+def paged_layer(compiled_ops) -> Model:
+    """`gpt2_paged_decode_layer` in every format (`op_graphs.paged_decode_layer_graph`)."""
+    return compiled_ops["gpt2_paged_decode_layer_alone"]
 
 
 def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
@@ -128,7 +70,7 @@ def random_block(rng, width, wide):
 
 
 def parameters(norms, biases, forms) -> list[Buffer]:
-    """What `layer_model`'s graphs take after their lead inputs."""
+    """What the layer graphs take after their lead inputs (`op_graphs.layer_graph`)."""
     shared = [*norms, np.array([EPSILON], np.float32), *biases, np.zeros((0, 0), np.float16)]
     stored = [buffer for format in FORMATS for form in forms for buffer in form[format][0]]
     return [*map(Buffer.from_numpy, shared), *stored]

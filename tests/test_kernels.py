@@ -1,15 +1,14 @@
-"""The Mojo decoding kernels alone, against NumPy in float64 (each op in a small graph of its own)."""
+"""The Mojo decoding kernels alone, against NumPy in float64 (each op in a small graph of its own,
+`tests/op_graphs.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from max.driver import CPU, Buffer
+from max.driver import Buffer
 from max.dtype import DType
-from max.engine import InferenceSession, Model
-from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
+from max.engine import Model
 
-from max_gpt2.kernels import kernel_library, skinny_matmul_graph
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
@@ -21,61 +20,25 @@ from tests.support import (
     scattered_pages,
 )
 
-CPU_REF = DeviceRef.CPU()
+
+@pytest.fixture(scope="module")
+def matmul(compiled_ops) -> Model:
+    return compiled_ops["skinny_matmul_alone"]
 
 
 @pytest.fixture(scope="module")
-def session() -> InferenceSession:
-    return InferenceSession(devices=[CPU()])
+def attention(compiled_ops) -> Model:
+    return compiled_ops["cached_attention_alone_float32"]
 
 
 @pytest.fixture(scope="module")
-def matmul(session) -> Model:
-    return session.load(skinny_matmul_graph())
-
-
-def attention_graph(cache_dtype: DType) -> Graph:
-    """`gpt2_cached_attention` alone, its cache in `cache_dtype`."""
-    types = [
-        BufferType(cache_dtype, [2, "B", "H", "M", "d"], CPU_REF),
-        TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
-        TensorType(DType.float32, ["B", "T"], CPU_REF),
-    ]
-    name = f"cached_attention_alone_{cache_dtype.name}"
-    with Graph(name, input_types=types, custom_extensions=[kernel_library()]) as graph:
-        cache, qkv, key_bias = graph.inputs
-        batch, seq_len, _ = qkv.tensor.shape
-        out = TensorType(DType.float32, [batch, seq_len, cache.shape[2] * cache.shape[4]], CPU_REF)
-        graph.output(*ops.inplace_custom("gpt2_cached_attention", CPU_REF, [cache, qkv, key_bias], [out]))
-    return graph
+def attention_float16(compiled_ops) -> Model:
+    return compiled_ops["cached_attention_alone_float16"]
 
 
 @pytest.fixture(scope="module")
-def attention(session) -> Model:
-    return session.load(attention_graph(DType.float32))
-
-
-@pytest.fixture(scope="module")
-def attention_float16(session) -> Model:
-    return session.load(attention_graph(DType.float16))
-
-
-@pytest.fixture(scope="module")
-def paged_attention(session) -> Model:
-    types = [
-        BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF),
-        TensorType(DType.float32, ["T", "E"], CPU_REF),
-        TensorType(DType.uint32, ["R"], CPU_REF),
-        TensorType(DType.uint32, ["R", "P"], CPU_REF),
-        TensorType(DType.uint32, ["R1"], CPU_REF),
-        TensorType(DType.int64, [1], CPU_REF),
-        TensorType(DType.uint32, [1], CPU_REF),
-    ]
-    with Graph("paged_attention_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
-        blocks, qkv, *rest = graph.inputs
-        out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
-        graph.output(*ops.inplace_custom("gpt2_paged_attention", CPU_REF, [blocks, qkv, *rest], [out]))
-    return session.load(graph)
+def paged_attention(compiled_ops) -> Model:
+    return compiled_ops["paged_attention_alone"]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 16])
@@ -95,29 +58,9 @@ def test_skinny_matmul_matches_numpy(matmul, rows, k, n):
 
 
 @pytest.fixture(scope="module")
-def packed(session) -> Model:
-    """The three packed matmuls and the two dequantize ops in one graph (one compile)."""
-    x = TensorType(DType.float32, ["M", "K"], CPU_REF)
-    bf16 = TensorType(DType.bfloat16, ["GB", "KC"], CPU_REF)
-    q8 = TensorType(DType.int8, ["G", "K8"], CPU_REF)
-    q4 = TensorType(DType.uint8, ["G", "K4"], CPU_REF)
-    scales = TensorType(DType.float16, ["G", "Kb8"], CPU_REF)
-    rows = TensorType(DType.float32, ["N"], CPU_REF)  # only its length, N, is read
-    bias = TensorType(DType.float32, ["NB"], CPU_REF)  # N values, or none
-    types = [x, bf16, q8, scales, q4, scales, rows, bias]
-    with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
-        x, bf16, q8, q8_scales, q4, q4_scales, rows, bias = (value.tensor for value in graph.inputs)
-        product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
-        weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
-        outputs = [
-            *ops.custom("packed_matmul_bf16", CPU_REF, [x, bf16, bias], [product]),
-            *ops.custom("packed_matmul_q8_0", CPU_REF, [x, q8, q8_scales, bias], [product]),
-            *ops.custom("packed_matmul_q4_0", CPU_REF, [x, q4, q4_scales, bias], [product]),
-            *ops.custom("dequantize_q8_0", CPU_REF, [q8, q8_scales], [weight]),
-            *ops.custom("dequantize_q4_0", CPU_REF, [q4, q4_scales], [weight]),
-        ]
-        graph.output(*outputs)
-    return session.load(graph)
+def packed(compiled_ops) -> Model:
+    """The three packed matmuls and the two dequantize ops in one graph (`op_graphs.packed_matmuls_graph`)."""
+    return compiled_ops["packed_matmuls_alone"]
 
 
 def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer]:

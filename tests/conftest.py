@@ -9,8 +9,8 @@ impl), and binds its own weights with `with_weights` (milliseconds). A clean
 graph and a decoding-step graph each, compiled as one module), both with packed
 weights (one graph each a format and cache, tests/test_weight_formats.py,
 test_bench_generate.py and test_serve_weights.py), the attention-weights variants of the odd attention and
-of LM (tests/test_heads.py), the Mojo kernels alone (tests/test_kernels.py:
-skinny_matmul, the cached attention, the packed matmuls together), and for the
+of LM (tests/test_heads.py), the Mojo ops alone (tests/test_kernels.py and
+test_decode_layer.py: seven small graphs as one module, tests/op_graphs.py), and for the
 serving tests two servers' paged-cache graphs (float32 and q4_0 weights, three
 each, compiled as one module), MAX's sampler and `ragged_positions` alone.
 

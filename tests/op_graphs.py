@@ -25,6 +25,16 @@ WEIGHT_DTYPES = {
     "q8_0": DType.int8,
     "q4_0": DType.uint8,
 }
+# MAX's paged cache as the paged ops take it: its blocks, then for R requests (of the T tokens)
+# cache_lengths [R], lookup_table [R, P], input_row_offsets [R + 1], the page stride and the layer.
+MAX_BLOCKS = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
+MAX_CACHE_INPUTS = [
+    TensorType(DType.uint32, ["R"], CPU_REF),
+    TensorType(DType.uint32, ["R", "P"], CPU_REF),
+    TensorType(DType.uint32, ["R1"], CPU_REF),
+    TensorType(DType.int64, [1], CPU_REF),
+    TensorType(DType.uint32, [1], CPU_REF),
+]
 
 
 def cached_attention_graph(cache_dtype: DType) -> Graph:
@@ -47,15 +57,7 @@ def cached_attention_graph(cache_dtype: DType) -> Graph:
 def paged_attention_graph() -> Graph:
     """`gpt2_paged_attention` on MAX's blocks [pages, 2, L, page_size, H, d], qkv [T, 3 * H * d] and
     MAX's cache inputs; out [T, H * d]."""
-    types = [
-        BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF),
-        TensorType(DType.float32, ["T", "E"], CPU_REF),
-        TensorType(DType.uint32, ["R"], CPU_REF),
-        TensorType(DType.uint32, ["R", "P"], CPU_REF),
-        TensorType(DType.uint32, ["R1"], CPU_REF),
-        TensorType(DType.int64, [1], CPU_REF),
-        TensorType(DType.uint32, [1], CPU_REF),
-    ]
+    types = [MAX_BLOCKS, TensorType(DType.float32, ["T", "E"], CPU_REF), *MAX_CACHE_INPUTS]
     with Graph("paged_attention_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         blocks, qkv, *rest = graph.inputs
         out = TensorType(DType.float32, [qkv.tensor.shape[0], blocks.shape[4] * blocks.shape[5]], CPU_REF)
@@ -137,16 +139,8 @@ def decode_layer_graph() -> Graph:
 
 def paged_decode_layer_graph() -> Graph:
     """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
-    blocks = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
-    lead = [
-        TensorType(DType.float32, ["R", "E"], CPU_REF),  # x
-        TensorType(DType.uint32, ["R"], CPU_REF),  # cache_lengths
-        TensorType(DType.uint32, ["R", "P"], CPU_REF),  # lookup_table
-        TensorType(DType.uint32, ["R1"], CPU_REF),  # input_row_offsets
-        TensorType(DType.int64, [1], CPU_REF),  # page_stride
-        TensorType(DType.uint32, [1], CPU_REF),  # layer
-    ]
-    return layer_graph("gpt2_paged_decode_layer", blocks, lead)
+    lead = [TensorType(DType.float32, ["R", "E"], CPU_REF), *MAX_CACHE_INPUTS]  # x, then MAX's inputs
+    return layer_graph("gpt2_paged_decode_layer", MAX_BLOCKS, lead)
 
 
 def compile_ops() -> dict[str, Model]:

@@ -91,9 +91,15 @@ def _block[
     K: Int,
     N: Int,
     n: Int,
+    chunk_end: Int,
 ):
-    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row."""
+    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row, and
+    this task's rows of W lie before element `chunk_end` of w."""
     comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
+    # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
+    # past W): 2-core Zen 4, whole steps 0.83-0.98x the time. Against several rows the check cost
+    # more than it saved (a batch of 8's steps 1.04x), and float32 gained nothing (1.007-1.015x).
+    comptime WITHIN_CHUNK = WT != F32 and MB == 1
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
     var starts = Array[Int, RB](uninitialized=True)
     comptime for r in range(RB):
@@ -110,7 +116,7 @@ def _block[
         comptime for r in range(RB):
             var row = w + starts[r] + at
             rows[r] = row.load[width=LANES]().cast[F32]()
-            if request:
+            if request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
                 prefetch[PrefetchOptions().for_read().low_locality()](row + AHEAD)
         comptime for m in range(MB):
             var xv = (x + m * K + k).load[width=LANES]()
@@ -142,14 +148,15 @@ def _rows[
     N: Int,
     first: Int,
     end: Int,
+    chunk_end: Int,
 ):
-    """Rows first..end-1 of W against MB consecutive rows of x."""
+    """Rows first..end-1 of W against MB consecutive rows of x (the task's rows end at `chunk_end`, `_block`)."""
     var n = first
     while n + RB <= end:
-        _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n)
+        _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
         n += RB
     while n < end:
-        _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n)
+        _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
         n += 1
 
 
@@ -171,6 +178,7 @@ def dense_rows[
 
     `PASS_ROWS` rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
     chunk no longer fits the cache by the second pass)."""
+    var chunk_end = _start[WT](last, K)
     var start = first
     while start < last:
         var end = min(start + PASS_ROWS, last)
@@ -181,7 +189,7 @@ def dense_rows[
             var ym = y + m * N
             comptime for MB in range(1, X_ROWS + 1):
                 if left == MB:
-                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end)
+                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end, chunk_end)
             m += left
         start = end
 

@@ -150,7 +150,8 @@ def _rows[
     end: Int,
     chunk_end: Int,
 ):
-    """Rows first..end-1 of W against MB consecutive rows of x (the task's rows end at `chunk_end`, `_block`)."""
+    """Rows first..end-1 of W against MB consecutive rows of x; `chunk_end` is where this task's rows of
+    W end (element of w), which `_block`'s prefetches stay before."""
     var n = first
     while n + RB <= end:
         _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)

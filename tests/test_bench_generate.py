@@ -25,7 +25,7 @@ def report(lm_checkpoint, tmp_path_factory):
     """One run on LM's checkpoint, ours only, float32 and q8_0 weights: (exit code, report, output folder)."""
     output = tmp_path_factory.mktemp("bench-generate")
     argv = ["bench-generate", "--device", "cpu", "--models", "", "--checkpoint", str(lm_checkpoint(LM))]
-    argv += ["--cases", "1x4+6,2x3+9", "--prefill", "16", "--rounds", "2", "--contenders", "max"]
+    argv += ["--cases", "1x4+6,2x4+6,2x3+9", "--prefill", "16", "--rounds", "2", "--contenders", "max"]
     argv += ["--weights", "float32,q8_0"]
     code = main([*argv, "--output", str(output)])
     return code, json.loads((output / "bench-generate-cpu-float32.json").read_text()), output
@@ -39,7 +39,7 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
     assert sorted(timed) == sorted(
         (name, weights, case)
         for name, weights in (("max", "float32"), ("max-q8_0", "q8_0"))
-        for case in ("1x4+6", "2x3+9")
+        for case in ("1x4+6", "2x4+6", "2x3+9")
     )
     bandwidth = report["bandwidth_gb_per_second"] * 1e9
     limits = {weights: bandwidth / weight_bytes_per_step(LM, weights) for weights in ("float32", "q8_0")}
@@ -53,6 +53,14 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
         assert len(bandwidths) == 2 and (bandwidths > 0).all()
         each = np.array(row["round_tokens_per_second"]) * weight_bytes_per_step(LM, row["weights"])
         assert row["fraction_of_limit"] == pytest.approx(np.median(each / (bandwidths * batch)))
+        if row["case"] == "2x4+6":  # beside 1x4+6: its rate over batch 1, round by round
+            (alone,) = [
+                r for r in model["cases"] if r["case"] == "1x4+6" and r["contender"] == row["contender"]
+            ]
+            each = np.array(row["round_tokens_per_second"]) / alone["round_tokens_per_second"]
+            assert row["over_batch_1"] == pytest.approx(np.median(each))
+        else:
+            assert "over_batch_1" not in row
         if row["contender"] == "max":
             assert row["same_tokens_as_max"]
             assert set(row["speedup"]) == {"max-q8_0"}  # every other contender against it
@@ -141,3 +149,45 @@ def test_other_tokens_from_hugging_face_stop_the_run_only_in_float32_on_the_host
         "max": True,
         "hf-sdpa": False,
     }
+
+
+def paced(name: str, rates: dict[int, list[float]], calls: list) -> Generator:
+    """A contender decoding at rates[batch][n] tokens/s on its n-th call at that batch, recording each
+    call's batch in `calls`."""
+    made = {batch: 0 for batch in rates}
+
+    def clocked(ids: np.ndarray, new: int) -> list[float]:
+        batch = ids.shape[0]
+        calls.append(batch)
+        rate = rates[batch][made[batch]]
+        made[batch] += 1
+        return [0.0] + [0.001 + step * batch / rate for step in range(new)]
+
+    return Generator(
+        name, "float32", clocked, lambda ids: 0.001, lambda: None, lambda ids, new: np.zeros((1, 1))
+    )
+
+
+def test_every_round_times_every_case_and_a_batch_is_divided_by_batch_1_round_by_round(lm_checkpoint):
+    calls: list = []
+    args = argparse.Namespace(
+        cases=[(1, 2, 5), (4, 2, 5)],
+        rounds=3,
+        bandwidth=1e9,
+        round_bandwidth=lambda: calls.append("probe") or 1e9,
+        seed=0,
+        prefill=0,
+        curve=False,
+        dtype="float32",
+        on_host=True,
+    )
+    # Batch 1 at 100, 300, 200 tokens/s and batch 4 at 400, 900, 300: each round's ratio is 4, 3 and
+    # 1.5 (median 3), where the medians' ratio would be 2.
+    ours = paced("max", {1: [100.0, 300.0, 200.0], 4: [400.0, 900.0, 300.0]}, calls)
+    report = bench_model("lm", lm_checkpoint(LM), [ours], args, Progress(io.StringIO()))
+    assert calls == ["probe", 1, 4, "probe", 4, 1, "probe", 1, 4]  # a probe, then both cases, in turn
+    rows = {row["case"]: row for row in report["cases"]}
+    assert rows["1x2+5"]["round_tokens_per_second"] == pytest.approx([100, 300, 200])
+    assert rows["4x2+5"]["round_tokens_per_second"] == pytest.approx([400, 900, 300])
+    assert rows["4x2+5"]["over_batch_1"] == pytest.approx(3.0)
+    assert "over_batch_1" not in rows["1x2+5"]

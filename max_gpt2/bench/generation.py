@@ -18,9 +18,13 @@ with `--checkpoint`. For each model:
    a near-tie may tip a token, which the report records); packed weights' tokens
    are compared and recorded, not required.
 2. Cases `BATCHxPROMPT+NEW` (default 1x32+128 and 8x32+128): interleaved rounds,
-   each contender in a rotating order after `measure.settle`; a round records the
-   time of every new token. Prefill is the call to the first token; decode rate is
-   every later token over the batch divided by its time. Medians over rounds.
+   each round every case of every contender in a rotating order, each after
+   `measure.settle`; a call records the time of every new token. Prefill is the
+   call to the first token; decode rate is every later token over the batch
+   divided by its time. Medians over rounds. A case of batch B beside the case
+   `1xPROMPT+NEW` also gets its rate over batch 1 ("x batch 1"): the median of
+   each round's ratio, both measured minutes apart at most (a VM's memory speed
+   moves batch 1's rate, which memory bounds, more than a batch's).
 3. Prefill alone: one forward over 1 x `--prefill` tokens (logits at every position,
    as Hugging Face's forward gives them), interleaved the same way.
 4. The curve: one batch-1 generation to the model's `n_positions`, tokens/s in
@@ -34,7 +38,7 @@ rest float32). The bandwidth is a float32 matrix-vector product of GPT-2's LM
 head (154 MB) measured in the same run (on the host the faster of NumPy's and our
 `skinny_matmul` kernel's, on an accelerator a MAX graph's there; best of several):
 once at the start (the limit lines of the table and the plot), and again before
-every round of a case, since a VM's memory speed moves by tens of percent within
+every round, since a VM's memory speed moves by tens of percent within
 minutes; a row's "% of limit" is the median over its rounds of the rate against
 that round's limit. A batch of B shares those reads: its limit is B times that.
 """
@@ -82,21 +86,44 @@ def rates(times: list[float], batch: int) -> tuple[float, float]:
 
 
 def interleaved(
-    generators: list[Generator],
+    jobs: list[tuple[str, Generator]],
     rounds: int,
-    run: Callable[[Generator], Any],
+    run: Callable[[str, Generator], Any],
     before_round: Callable[[], None] = lambda: None,
-) -> dict:
-    """`run(generator)` for every generator, `rounds` times in a rotating order, each after settling;
-    `before_round()` at the start of each round."""
-    results: dict[str, list[Any]] = {g.name: [] for g in generators}
+) -> dict[tuple[str, str], list[Any]]:
+    """`run(label, generator)` for every (label, generator) job, `rounds` times in a rotating order,
+    each after the generator settles; `before_round()` at the start of each round. Results by
+    (label, generator name), one per round."""
+    results: dict[tuple[str, str], list[Any]] = {(label, g.name): [] for label, g in jobs}
     for index in range(rounds):
         before_round()
-        shift = index % len(generators)
-        for generator in generators[shift:] + generators[:shift]:
+        shift = index % len(jobs)
+        for label, generator in jobs[shift:] + jobs[:shift]:
             generator.settle()
-            results[generator.name].append(run(generator))
+            results[label, generator.name].append(run(label, generator))
     return results
+
+
+def same_tokens(
+    name: str,
+    case: str,
+    ids: np.ndarray,
+    new: int,
+    timed: list[Generator],
+    args: argparse.Namespace,
+    progress: Progress,
+) -> dict[str, bool]:
+    """Whether each contender that generates gives the first one's (ours) greedy tokens; Hugging Face's
+    differing stops the run in float32 on the host."""
+    with progress.step(f"{name} {case}: the same tokens from every contender"):
+        expected = timed[0].generate(ids, new)
+        same = {g.name: bool(np.array_equal(g.generate(ids, new), expected)) for g in timed if g.generate}
+    differ = [g for g, alike in same.items() if not alike and g.startswith("hf-")]
+    # On an accelerator MAX multiplies float32 on TF32 tensor cores (`verify.precision`) and
+    # PyTorch does not: a near-tie may tip a token there as in half precision.
+    if differ and args.dtype == "float32" and args.on_host:
+        raise ValueError(f"{name} {case}: {', '.join(differ)} generated other tokens than max")
+    return same
 
 
 def bench_model(
@@ -108,31 +135,34 @@ def bench_model(
     limits = {weights: args.bandwidth / size for weights, size in step_bytes.items()}
     rng = np.random.default_rng(args.seed)
     report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limits, "cases": []}
-    for batch, prompt, new in args.cases:
-        ids = rng.integers(0, config.vocab_size, (batch, prompt))
-        case = f"{batch}x{prompt}+{new}"
-        timed = [g for g in generators if batch == 1 or not g.batch_one_only]
-        with progress.step(f"{name} {case}: the same tokens from every contender"):
-            expected = timed[0].generate(ids, new)
-            same = {g.name: bool(np.array_equal(g.generate(ids, new), expected)) for g in timed if g.generate}
-        differ = [g for g, alike in same.items() if not alike and g.startswith("hf-")]
-        # On an accelerator MAX multiplies float32 on TF32 tensor cores (`verify.precision`) and
-        # PyTorch does not: a near-tie may tip a token there as in half precision.
-        if differ and args.dtype == "float32" and args.on_host:
-            raise ValueError(f"{name} {case}: {', '.join(differ)} generated other tokens than max")
-        bandwidths: list[float] = []
-        with progress.step(f"{name} {case}: {args.rounds} rounds"):
-            clocks = interleaved(
-                timed,
-                args.rounds,
-                lambda g, i=ids, n=new: g.clocked(i, n),
-                lambda measured=bandwidths: measured.append(args.round_bandwidth()),
-            )
-        rounds = {g.name: [rates(t, batch) for t in clocks[g.name]] for g in timed}  # (prefill, rate) each
-        medians = {g: [statistics.median(v) for v in zip(*each, strict=True)] for g, each in rounds.items()}
-        for g in timed:
+    cases = {f"{b}x{p}+{n}": (rng.integers(0, config.vocab_size, (b, p)), n) for b, p, n in args.cases}
+    timed = {
+        case: [g for g in generators if ids.shape[0] == 1 or not g.batch_one_only]
+        for case, (ids, _) in cases.items()
+    }
+    same = {case: same_tokens(name, case, *cases[case], timed[case], args, progress) for case in cases}
+    bandwidths: list[float] = []
+    with progress.step(f"{name} {', '.join(cases)}: {args.rounds} rounds"):
+        clocks = interleaved(
+            [(case, g) for case in cases for g in timed[case]],
+            args.rounds,
+            lambda case, g: g.clocked(*cases[case]),
+            lambda: bandwidths.append(args.round_bandwidth()),
+        )
+    # (prefill seconds, decode rate) a round, by (case, contender)
+    rounds = {
+        (case, g): [rates(t, cases[case][0].shape[0]) for t in each] for (case, g), each in clocks.items()
+    }
+    for case, (ids, new) in cases.items():
+        batch = ids.shape[0]
+        alone = f"1x{ids.shape[1]}+{new}"  # the same prompts' length and new tokens at batch 1
+        medians = {
+            g.name: [statistics.median(v) for v in zip(*rounds[case, g.name], strict=True)]
+            for g in timed[case]
+        }
+        for g in timed[case]:
             prefill, rate = medians[g.name]
-            round_rates = [rate for _, rate in rounds[g.name]]
+            round_rates = [rate for _, rate in rounds[case, g.name]]
             fractions = [
                 r * step_bytes[g.weights] / (bandwidth * batch)
                 for r, bandwidth in zip(round_rates, bandwidths, strict=True)
@@ -144,22 +174,28 @@ def bench_model(
                 "round_bandwidth_gb_per_second": [bandwidth / 1e9 for bandwidth in bandwidths],
             }
             row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != g.name}
-            row["same_tokens_as_max"] = same.get(g.name)
+            if batch > 1 and (alone, g.name) in rounds:
+                ratios = [r / one for r, (_, one) in zip(round_rates, rounds[alone, g.name], strict=True)]
+                row["over_batch_1"] = statistics.median(ratios)
+            row["same_tokens_as_max"] = same[case].get(g.name)
             report["cases"].append(row)
     if args.prefill:
         ids = rng.integers(0, config.vocab_size, (1, min(args.prefill, config.n_positions)))
         with progress.step(f"{name} prefill 1x{ids.shape[1]}: {args.rounds} rounds"):
-            seconds = interleaved(generators, args.rounds, lambda g, i=ids: g.prefill_seconds(i))
+            jobs = [("prefill", g) for g in generators]
+            seconds = interleaved(jobs, args.rounds, lambda _, g, i=ids: g.prefill_seconds(i))
         report["prefill"] = {"tokens": ids.shape[1]} | {
-            g: statistics.median(s) * 1e3 for g, s in seconds.items()
+            g: statistics.median(s) * 1e3 for (_, g), s in seconds.items()
         }
     if args.curve:
         ids = rng.integers(0, config.vocab_size, (1, CURVE_PROMPT))
         new = config.n_positions - CURVE_PROMPT
         clocked = [g for g in generators if g.measured_clock]
         with progress.step(f"{name} curve: 1x{CURVE_PROMPT}+{new}, once per contender"):
-            clocks = interleaved(clocked, 1, lambda g, i=ids, n=new: g.clocked(i, n))
-        report["curve"] = {g: curve(times[0], CURVE_PROMPT) for g, times in clocks.items()}
+            clocks = interleaved(
+                [("curve", g) for g in clocked], 1, lambda _, g, i=ids, n=new: g.clocked(i, n)
+            )
+        report["curve"] = {g: curve(times[0], CURVE_PROMPT) for (_, g), times in clocks.items()}
     return report
 
 
@@ -252,9 +288,9 @@ def format_table(report: dict[str, Any]) -> str:
         + ", ".join(f"{name} {value:.1f}" for name, value in report["matvec_gb_per_second"].items())
         + f"){again}; medians of {report['rounds']} rounds, % of limit against each round's",
         "",
-        "| model | case | contender | weights | prefill ms | decode tokens/s | % of limit | vs max "
-        "| vs llama.cpp, same weights | vs hf-sdpa | same tokens as max |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model | case | contender | weights | prefill ms | decode tokens/s | x batch 1 | % of limit "
+        "| vs max | vs llama.cpp, same weights | vs hf-sdpa | same tokens as max |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for model, result in report["models"].items():
         for row in result["cases"]:
@@ -262,11 +298,13 @@ def format_table(report: dict[str, Any]) -> str:
             ratios = [row["speedup"].get(peer) for peer in peers]
             same = {True: "yes", False: "no", None: "-"}[row["same_tokens_as_max"]]
             cells = [model, row["case"], row["contender"], row["weights"], f"{row['prefill_ms']:.1f}"]
-            cells += [f"{row['tokens_per_second']:.1f}", f"{100 * row['fraction_of_limit']:.0f}"]
+            over = row.get("over_batch_1")
+            cells += [f"{row['tokens_per_second']:.1f}", "-" if over is None else f"{over:.2f}x"]
+            cells.append(f"{100 * row['fraction_of_limit']:.0f}")
             cells += ["-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios]
             lines.append("| " + " | ".join([*cells, same]) + " |")
         for weights, limit in result["limit_tokens_per_second"].items():
-            lines.append(f"| {model} | limit, batch 1 | | {weights} | | {limit:.1f} | 100 | | | | |")
+            lines.append(f"| {model} | limit, batch 1 | | {weights} | | {limit:.1f} | | 100 | | | | |")
     prefills = {model: result["prefill"] for model, result in report["models"].items() if "prefill" in result}
     for model, prefill in prefills.items():
         timed = ", ".join(f"{name} {ms:.1f} ms" for name, ms in prefill.items() if name != "tokens")

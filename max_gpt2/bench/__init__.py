@@ -3,7 +3,8 @@
 attention.py              the attention implementations, NumPy and PyTorch (`max-gpt2 bench`)
 attention_contenders.py   how each of those is called
 generation.py             text generation against Hugging Face (`max-gpt2 bench-generate`)
-generation_contenders.py  our CompiledLM and Hugging Face's generate
+generation_contenders.py  our CompiledLM, Hugging Face's generate and llama.cpp's llama-bench
+generation_report.py      bench-generate's table and plot
 harness.py                the machine, a matmul peak, memory, cold compiles, settling between runtimes
 report.py                 JSON, tables and plots, written atomically
 server.py                 `max-gpt2 serve` in a child process (tests, benchmarks/serving.py)

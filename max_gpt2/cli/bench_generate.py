@@ -14,8 +14,9 @@ import argparse
 import os
 from pathlib import Path
 
-from max_gpt2.bench.generation import MODELS, format_table, plot, run_benchmark
+from max_gpt2.bench.generation import MODELS, run_benchmark
 from max_gpt2.bench.generation_contenders import CONTENDERS
+from max_gpt2.bench.generation_report import format_table, plot
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
 from max_gpt2.cli.console import positive_int

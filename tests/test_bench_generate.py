@@ -64,6 +64,11 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
         if row["contender"] == "max":
             assert row["same_tokens_as_max"]
             assert set(row["speedup"]) == {"max-q8_0"}  # every other contender against it
+            (other,) = [
+                r for r in model["cases"] if r["case"] == row["case"] and r["contender"] == "max-q8_0"
+            ]
+            each = np.array(row["round_tokens_per_second"]) / other["round_tokens_per_second"]
+            assert row["speedup"]["max-q8_0"] == pytest.approx(np.median(each))
     assert model["prefill"]["tokens"] == 16 and model["prefill"]["max"] > 0
     contexts = [context for context, _ in model["curve"]["max"]]
     assert contexts == sorted(contexts) and contexts[0] > 16 and contexts[-1] <= LM.n_positions

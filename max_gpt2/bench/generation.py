@@ -21,10 +21,10 @@ with `--checkpoint`. For each model:
    each round every case of every contender in a rotating order, each after
    `measure.settle`; a call records the time of every new token. Prefill is the
    call to the first token; decode rate is every later token over the batch
-   divided by its time. Medians over rounds. A case of batch B beside the case
-   `1xPROMPT+NEW` also gets its rate over batch 1 ("x batch 1"): the median of
-   each round's ratio, both measured minutes apart at most (a VM's memory speed
-   moves batch 1's rate, which memory bounds, more than a batch's).
+   divided by its time. Medians over rounds; a ratio (one contender against
+   another, "vs ..."; a case of batch B against `1xPROMPT+NEW`, "x batch 1") is
+   the median of each round's ratio, both rates from the same minutes (a VM's
+   memory speed moves a memory-bound batch 1 more than a batch).
 3. Prefill alone: one forward over 1 x `--prefill` tokens (logits at every position,
    as Hugging Face's forward gives them), interleaved the same way.
 4. The curve: one batch-1 generation to the model's `n_positions`, tokens/s in
@@ -82,6 +82,12 @@ def rates(times: list[float], batch: int) -> tuple[float, float]:
     """(prefill seconds, decode tokens/s over the batch) from a call's clock."""
     decoded = len(times) - 2  # the tokens after the first
     return times[1] - times[0], batch * decoded / (times[-1] - times[1]) if decoded else float("nan")
+
+
+def round_by_round(ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> float:
+    """The median over rounds of our decode rate over theirs in the same round ((prefill, rate) each):
+    both measured minutes apart at most, where a VM's memory speed moves by tens of percent."""
+    return statistics.median(mine / other for (_, mine), (_, other) in zip(ours, theirs, strict=True))
 
 
 def interleaved(
@@ -155,12 +161,8 @@ def bench_model(
     for case, (ids, new) in cases.items():
         batch = ids.shape[0]
         alone = f"1x{ids.shape[1]}+{new}"  # the same prompts' length and new tokens at batch 1
-        medians = {
-            g.name: [statistics.median(v) for v in zip(*rounds[case, g.name], strict=True)]
-            for g in timed[case]
-        }
         for g in timed[case]:
-            prefill, rate = medians[g.name]
+            prefill, rate = (statistics.median(v) for v in zip(*rounds[case, g.name], strict=True))
             round_rates = [rate for _, rate in rounds[case, g.name]]
             fractions = [
                 r * step_bytes[g.weights] / (bandwidth * batch)
@@ -172,10 +174,13 @@ def bench_model(
                 "round_tokens_per_second": round_rates,
                 "round_bandwidth_gb_per_second": [bandwidth / 1e9 for bandwidth in bandwidths],
             }
-            row["speedup"] = {peer: rate / other for peer, (_, other) in medians.items() if peer != g.name}
+            row["speedup"] = {
+                peer.name: round_by_round(rounds[case, g.name], rounds[case, peer.name])
+                for peer in timed[case]
+                if peer is not g
+            }
             if batch > 1 and (alone, g.name) in rounds:
-                ratios = [r / one for r, (_, one) in zip(round_rates, rounds[alone, g.name], strict=True)]
-                row["over_batch_1"] = statistics.median(ratios)
+                row["over_batch_1"] = round_by_round(rounds[case, g.name], rounds[alone, g.name])
             row["same_tokens_as_max"] = same[case].get(g.name)
             report["cases"].append(row)
     if args.prefill:

@@ -19,7 +19,7 @@ with `--checkpoint`. For each model:
    are compared and recorded, not required.
 2. Cases `BATCHxPROMPT+NEW` (default 1x32+128 and 8x32+128): interleaved rounds,
    each round every case of every contender in a rotating order, each after
-   `measure.settle`; a call records the time of every new token. Prefill is the
+   `harness.settle`; a call records the time of every new token. Prefill is the
    call to the first token; decode rate is every later token over the batch
    divided by its time. Medians over rounds; a ratio (one contender against
    another, "vs ..."; a case of batch B against `1xPROMPT+NEW`, "x batch 1") is

@@ -3,12 +3,13 @@
     python benchmarks/weight_accuracy.py       # trained-small (train_small.py) and GPT-2 small, random
     python benchmarks/weight_accuracy.py --checkpoint DIR [--text FILE] [--json OUT]
     python benchmarks/weight_accuracy.py --kv-cache float16   # each format also with a float16 KV cache
+    python benchmarks/weight_accuracy.py --weights float32,bfloat16   # these formats only
 
 For each checkpoint, `--sequences` windows of `--length` tokens of text (the
 checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
 random tokens for a checkpoint without a tokenizer) go through
 the model in each format, as `generate` computes them (`lm.logits`: for packed
-weights the Mojo kernels, activations rounded to int8 blocks for q8_0 and q4_0),
+weights the Mojo kernels, activations rounded to bfloat16, or to int8 blocks for q8_0 and q4_0),
 teacher-forced, and are compared with:
 
     logit error   largest |logit - reference| over largest |reference logit|, the reference
@@ -35,15 +36,22 @@ from max_gpt2.bench.generation import demo_checkpoint_for
 from max_gpt2.inference.scoring import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.weight_formats import FORMATS, check_format
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
 
 
 def measure(
-    checkpoint: Path, ids: np.ndarray, sequences: int, length: int, caches: list[str], progress: Progress
+    checkpoint: Path,
+    ids: np.ndarray,
+    sequences: int,
+    length: int,
+    formats: list[str],
+    caches: list[str],
+    progress: Progress,
 ) -> list[dict]:
-    """One row per format and KV cache dtype of `caches` (float32 first) for `checkpoint`, on `ids`."""
+    """One row per format of `formats` (float32 first) and KV cache dtype of `caches` (float32 first)
+    for `checkpoint`, on `ids`."""
     opened = Checkpoint(checkpoint)
     config, weights = opened.config, opened.model_weights()
     length = min(length, config.n_positions, len(ids))
@@ -52,7 +60,7 @@ def measure(
     with progress.step(f"{checkpoint.name}: the float64 reference"):
         expected = reference.lm_logits_and_largest_score(windows, weights, config)[0]
     rows, baseline = [], None
-    for format, cache in ((format, cache) for format in FORMATS for cache in caches):
+    for format, cache in ((format, cache) for format in formats for cache in caches):
         with progress.step(f"{checkpoint.name}: {format}, a {cache} KV cache"):
             # the weights read once; the cache float32 or float16
             lm = compile_lm(config, weights, "cpu", weight_format=format, kv_cache=cache)
@@ -111,7 +119,14 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--kv-cache", choices=["float16"], help="each format also with this KV cache")
+    parser.add_argument("--weights", default=",".join(FORMATS), help="comma-separated (default: all)")
     args = parser.parse_args()
+    try:
+        formats = [check_format(format, "--weights") for format in args.weights.split(",")]
+    except ValueError as error:
+        parser.error(str(error))
+    if formats[0] != "float32":
+        parser.error(f"--weights starts with float32, which the others are compared with; got {args.weights}")
     progress = Progress(sys.stderr)
     checkpoints = args.checkpoint
     if not checkpoints:
@@ -122,7 +137,7 @@ def main() -> None:
     for checkpoint in checkpoints:
         caches = ["float32", *([args.kv_cache] if args.kv_cache else [])]
         rows += measure(
-            checkpoint, tokens(checkpoint, args.text), args.sequences, args.length, caches, progress
+            checkpoint, tokens(checkpoint, args.text), args.sequences, args.length, formats, caches, progress
         )
     print(table(rows))
     if args.json:

@@ -16,6 +16,7 @@ from max.driver import accelerator_count
 from max_gpt2 import CompiledLM, GPT2Config
 from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
 from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)
@@ -163,6 +164,12 @@ def paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer, heads
         weights /= weights.sum(-1, keepdims=True)
         out[rows] = (weights @ values).transpose(1, 0, 2).reshape(new, heads * head_dim)
     return out, blocks
+
+
+def bfloat16_activations(x: np.ndarray) -> np.ndarray:
+    """What the bfloat16 kernels multiply by: x rounded to bfloat16 (to nearest, ties to even),
+    float64 [M, K]."""
+    return bfloat16_bits_to_float32(float32_to_bfloat16_bits(x.astype(np.float32))).astype(np.float64)
 
 
 def quantized_activations(x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from tests.op_graphs import FORMATS
 from tests.support import (
     LOWEST,
     attention_reference,
+    bfloat16_activations,
     paged_attention_reference,
     quantized_activations,
     scattered_pages,
@@ -76,14 +77,15 @@ def parameters(norms, biases, forms) -> list[Buffer]:
     return [*map(Buffer.from_numpy, shared), *stored]
 
 
-def block_reference(x, attend, norms, weights, biases, quantized):
+def block_reference(x, attend, norms, weights, biases, format):
     """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights a format stores; `attend(qkv)`
-    gives the attended values and the cache it wrote; `quantized`: each product's input rounded to
-    int8 blocks first, as the q8_0 and q4_0 kernels do."""
+    gives the attended values and the cache it wrote; each product's input rounded first as the
+    format's kernels round it (bfloat16, or int8 blocks for q8_0 and q4_0)."""
+    rounded = {"bfloat16": bfloat16_activations, "q8_0": quantized_activations, "q4_0": quantized_activations}
 
     def product(a, i):
         flat = a.reshape(-1, a.shape[-1])
-        flat = quantized_activations(flat.astype(np.float32)) if quantized else flat
+        flat = rounded[format](flat.astype(np.float32)) if format in rounded else flat
         return (flat @ weights[i].T + biases[i]).reshape(*a.shape[:-1], -1)
 
     x = x.astype(np.float64)
@@ -119,13 +121,13 @@ def test_the_layer_matches_a_float64_block_in_every_format(
     )
     for format, out, cache_out in zip(FORMATS, outputs, written, strict=True):
         weights = [form[format][1].astype(np.float64) for form in forms]
-        quantized = format.startswith("q")
 
         def attend(qkv):
             return attention_reference(cache, qkv, key_bias, heads)
 
-        expected, expected_cache = block_reference(x, attend, norms, weights, biases, quantized)
-        tolerance = 1e-3 if quantized else 2e-6  # float32 against float64 may round x to the other int8 step
+        expected, expected_cache = block_reference(x, attend, norms, weights, biases, format)
+        # float32 against float64 may round a product's input to the other int8 or bfloat16 step
+        tolerance = 2e-6 if format == "float32" else 1e-3
         got = out.to_numpy()
         assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
         np.testing.assert_allclose(
@@ -158,13 +160,12 @@ def test_the_paged_layer_matches_a_float64_block_in_every_format(
     outputs = paged_layer.execute(*written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms))
     for format, out, blocks_out in zip(FORMATS, outputs, written, strict=True):
         weights = [form[format][1].astype(np.float64) for form in forms]
-        quantized = format.startswith("q")
 
         def attend(qkv):
             return paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer_index, heads)
 
-        expected, expected_blocks = block_reference(x, attend, norms, weights, biases, quantized)
-        tolerance = 1e-3 if quantized else 2e-6
+        expected, expected_blocks = block_reference(x, attend, norms, weights, biases, format)
+        tolerance = 2e-6 if format == "float32" else 1e-3
         got = out.to_numpy()
         assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
         np.testing.assert_allclose(blocks_out.to_numpy(), expected_blocks, rtol=0, atol=1e-5, err_msg=format)

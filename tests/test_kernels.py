@@ -15,6 +15,7 @@ from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_
 from tests.support import (
     LOWEST,
     attention_reference,
+    bfloat16_activations,
     paged_attention_reference,
     quantized_activations,
     scattered_pages,
@@ -80,7 +81,8 @@ def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer
     ("k", "n"), [(32, 8), (17, 5), (33, 9), (60, 180), (100, 1001), (768, 2304), (3072, 97), (64, 50257)]
 )
 def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n):
-    """Each format against float64 on the weights it stores: K with a block tail or none, N with
+    """Each format against float64 on the weights it stores and x as it rounds it (bfloat16, or int8
+    blocks): K with a block tail or none, N with
     every remainder of a group of 8 rows, x's rows in blocks of every height (7 = 4 + 2 + 1,
     11 = 8 + 2 + 1); with a bias added as y is written, or none (an empty one) on every other case."""
     rng = np.random.default_rng(rows * k + n)
@@ -99,7 +101,7 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
     np.testing.assert_array_equal(w_q4, stored["q4_0"])
     x_steps = quantized_activations(x)
     cases = [
-        (y_bf16, x.astype(np.float64), bfloat16_bits_to_float32(bits)),
+        (y_bf16, bfloat16_activations(x), bfloat16_bits_to_float32(bits)),
         (y_q8, x_steps, stored["q8_0"]),
         (y_q4, x_steps, stored["q4_0"]),
     ]

@@ -14,9 +14,12 @@
 #                                          (low nibble) and 32b + 16 + 4c + e (high nibble) of row 8g + r
 #   scales       float16 [N / 8, Kb * 8]  group g, block b, row r: at b * 8 + r
 
-from std.sys.info import num_physical_cores
+from std.sys.info import num_physical_cores, simd_width_of
 
 comptime F32 = DType.float32
+# One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled skinny_matmul's
+# accumulators (batch 8 ran 1.5x slower on a 2-core AVX2 EPYC).
+comptime LANES = simd_width_of[F32]()
 comptime BLOCK = 32  # weights sharing a scale
 comptime GROUP = 8  # rows stored interleaved
 comptime CHUNK = 32  # consecutive bfloat16 values of a row stored together: one cache line

@@ -6,25 +6,23 @@
 # The N rows of W are split into equal chunks, one per task; a task walks its chunk 24 rows at a
 # time, and dots those with every row of x (X_ROWS at once) while they are in cache, a block of RB
 # rows at a time, every partial sum in a register (MB x RB accumulators of a vector register's
-# lanes). bfloat16 W is widened to float32 in registers (exact: the top half of a float32), so
-# both multiply and add in float32; they differ in the bytes a weight takes, and in where it is:
-# float32 W is row-major [N, K] (any Linear's weight), bfloat16 W is stored in interleaved groups
-# of 8 rows (packed_layout.mojo), so that the rows a block reads together are one stream.
+# lanes). Against bfloat16 W, x is rounded to bfloat16 and the sums are float32
+# (bfloat16_products.mojo). float32 W is row-major [N, K] (any Linear's weight), bfloat16 W is
+# stored in interleaved groups of 8 rows (packed_layout.mojo), so that the rows a block reads
+# together are one stream.
 import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer
-from std.sys.info import CompilationTarget, simd_width_of, size_of
+from std.sys.info import CompilationTarget, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 
+from .bfloat16_products import BF16_PAIRS, multiply_add, rounded_rows, x_dtype, x_stride
 from .epilogue import STORE, finish
-from .packed_layout import CHUNK, F32, GROUP, SERIAL_BELOW, check_bias, check_chunks, check_dense, row_chunks
+from .packed_layout import CHUNK, F32, GROUP, LANES, SERIAL_BELOW, check_bias, check_chunks, check_dense, row_chunks
 
-# One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled the accumulators
-# (batch 8 ran 1.5x slower on a 2-core AVX2 EPYC).
-comptime LANES = simd_width_of[F32]()
 # Bytes of W requested into L2 ahead of the loads (16 KB left the 49 products of a GPT-2 small
 # step 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again).
 comptime PREFETCH_BYTES = 65536
@@ -71,19 +69,10 @@ def _start[WT: DType](n: Int, K: Int) -> Int:
 
 
 @always_inline
-def _offset[WT: DType](k: Int) -> Int:
-    """Where value k of a row is, from the row's start (a vector of LANES values never straddles)."""
-    comptime if WT == F32:
-        return k
-    else:
-        return (k // CHUNK) * (GROUP * CHUNK) + k % CHUNK
-
-
-@always_inline
 def _block[
     WT: DType, MB: Int, RB: Int, EPILOGUE: Int
 ](
-    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
     bias: UnsafePointer[Float32, ImmutAnyOrigin],
     has_bias: Bool,
@@ -93,45 +82,47 @@ def _block[
     n: Int,
     chunk_end: Int,
 ):
-    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row, and
-    this task's rows of W lie before element `chunk_end` of w."""
+    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row (x's
+    rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
     comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
+    comptime STEP = 2 * LANES if WT != F32 and MB > 1 and BF16_PAIRS else LANES  # values a multiply-add takes
     # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
     # past W): 2-core Zen 4, whole steps 0.83-0.98x the time. Against several rows the check cost
     # more than it saved (a batch of 8's steps 1.04x), and float32 gained nothing (1.007-1.015x).
     comptime WITHIN_CHUNK = WT != F32 and MB == 1
+    var stride = x_stride[WT](K)
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
     var starts = Array[Int, RB](uninitialized=True)
     comptime for r in range(RB):
         starts[r] = _start[WT](n + r, K)
-    var vector_end = K // LANES * LANES
+    var vector_end = K // STEP * STEP if WT == F32 else stride  # bfloat16: padded with zeros
     var k = 0
-    var at = 0  # where value k of a row is, from the row's start (`_offset`, kept up as k moves)
+    var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
     while k < vector_end:
-        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / LANES passes (two on AVX-512); against
+        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / STEP passes (one on AVX-512); against
         # several rows of x it is requested on the first only (Zen 5: steps of a batch of 8 took
         # 0.86-0.88x the time, 16: 0.93x; at one row of x the second request paid, 1.03x without it).
         var request = WT == F32 or MB == 1 or at % CHUNK == 0
-        var rows = Array[SIMD[F32, LANES], RB](uninitialized=True)
+        var rows = Array[SIMD[WT, STEP], RB](uninitialized=True)
         comptime for r in range(RB):
             var row = w + starts[r] + at
-            rows[r] = row.load[width=LANES]().cast[F32]()
+            rows[r] = row.load[width=STEP]()
             if request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
                 prefetch[PrefetchOptions().for_read().low_locality()](row + AHEAD)
         comptime for m in range(MB):
-            var xv = (x + m * K + k).load[width=LANES]()
+            var xv = (x + m * stride + k).load[width=STEP]()
             comptime for r in range(RB):
-                acc[m * RB + r] = rows[r].fma(xv, acc[m * RB + r])
-        k += LANES
-        at += LANES
+                acc[m * RB + r] = multiply_add(acc[m * RB + r], rows[r], xv)
+        k += STEP
+        at += STEP
         comptime if WT != F32:
             if k % CHUNK == 0:  # on to the row's next chunk, past the group's other rows
                 at += (GROUP - 1) * CHUNK
     comptime for m in range(MB):
         comptime for r in range(RB):
             var total = acc[m * RB + r].reduce_add()
-            for tail in range(vector_end, K):
-                total += w[starts[r] + _offset[WT](tail)].cast[F32]() * x[m * K + tail]
+            for tail in range(vector_end, K):  # float32 only
+                total += w[starts[r] + tail].cast[F32]() * x[m * stride + tail].cast[F32]()
             finish[EPILOGUE, 1](y + m * N + n + r, total + bias[n + r] if has_bias else total)
 
 
@@ -139,7 +130,7 @@ def _block[
 def _rows[
     WT: DType, MB: Int, RB: Int, EPILOGUE: Int
 ](
-    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
     bias: UnsafePointer[Float32, ImmutAnyOrigin],
     has_bias: Bool,
@@ -161,6 +152,37 @@ def _rows[
         n += 1
 
 
+def _passes[
+    WT: DType, EPILOGUE: Int
+](
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart)."""
+    var chunk_end = _start[WT](last, K)
+    var start = first
+    while start < last:
+        var end = min(start + PASS_ROWS, last)
+        var m = 0
+        while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
+            var left = min(M - m, X_ROWS)
+            var xm = x + m * x_stride[WT](K)
+            var ym = y + m * N
+            comptime for MB in range(1, X_ROWS + 1):
+                if left == MB:
+                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end, chunk_end)
+            m += left
+        start = end
+
+
 def dense_rows[
     WT: DType, EPILOGUE: Int
 ](
@@ -178,21 +200,16 @@ def dense_rows[
     """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
 
     `PASS_ROWS` rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
-    chunk no longer fits the cache by the second pass)."""
-    var chunk_end = _start[WT](last, K)
-    var start = first
-    while start < last:
-        var end = min(start + PASS_ROWS, last)
-        var m = 0
-        while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
-            var left = min(M - m, X_ROWS)
-            var xm = x + m * K
-            var ym = y + m * N
-            comptime for MB in range(1, X_ROWS + 1):
-                if left == MB:
-                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end, chunk_end)
-            m += left
-        start = end
+    chunk no longer fits the cache by the second pass). Against bfloat16 W, x is first rounded to
+    bfloat16, by every task for itself (a few microseconds against the product's hundreds)."""
+    comptime XT = x_dtype[WT]()
+    comptime if XT == F32:
+        _passes[WT, EPILOGUE](rebind[UnsafePointer[Scalar[XT], ImmutAnyOrigin]](x), w, bias, has_bias, y, M, K, N, first, last)
+    else:
+        var rounded = rounded_rows(x, M, K)
+        var reads = UnsafePointer[Scalar[XT], ImmutAnyOrigin](unsafe_from_address=Int(rounded))
+        _passes[WT, EPILOGUE](reads, w, bias, has_bias, y, M, K, N, first, last)
+        rounded.free()
 
 
 def dense_matmul[

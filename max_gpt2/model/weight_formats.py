@@ -2,7 +2,8 @@
 
 A decoding step reads every weight once, so its speed is bytes of weights over
 memory bandwidth. Besides float32, the projections and the LM head may be stored
-as (activations and sums stay float32):
+as (the sums stay float32; as in llama.cpp the kernels round each product's input
+to bfloat16 against bfloat16 weights, to int8 blocks against q8_0 and q4_0):
 
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
     q8_0      blocks of 32 weights along a row, int8 values and one float16 scale a block:

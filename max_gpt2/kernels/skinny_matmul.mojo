@@ -99,9 +99,10 @@ def _block[
     var k = 0
     var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
     while k < vector_end:
-        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / STEP passes (one on AVX-512); against
-        # several rows of x it is requested on the first only (Zen 5: steps of a batch of 8 took
-        # 0.86-0.88x the time, 16: 0.93x; at one row of x the second request paid, 1.03x without it).
+        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / STEP passes (on AVX-512 one in pairs,
+        # two lane by lane); against several rows of x it is requested on the first only (Zen 5:
+        # steps of a batch of 8 took 0.86-0.88x the time, 16: 0.93x, when each took two passes; at
+        # one row of x the second request paid, 1.03x without it).
         var request = WT == F32 or MB == 1 or at % CHUNK == 0
         var rows = Array[SIMD[WT, STEP], RB](uninitialized=True)
         comptime for r in range(RB):

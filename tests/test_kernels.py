@@ -82,9 +82,9 @@ def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer
 )
 def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n):
     """Each format against float64 on the weights it stores and x as it rounds it (bfloat16, or int8
-    blocks): K with a block tail or none, N with
-    every remainder of a group of 8 rows, x's rows in blocks of every height (7 = 4 + 2 + 1,
-    11 = 8 + 2 + 1); with a bias added as y is written, or none (an empty one) on every other case."""
+    blocks): K with a block tail or none, N with every remainder of a group of 8 rows, x's rows in
+    blocks of every height (7 = 4 + 2 + 1, 11 = 8 + 2 + 1); with a bias added as y is written, or
+    none (an empty one) on every other case."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)

@@ -15,6 +15,7 @@
 #   scales       float16 [N / 8, Kb * 8]  group g, block b, row r: at b * 8 + r
 
 from std.sys.info import num_physical_cores, simd_width_of
+from std.sys.intrinsics import PrefetchOptions
 
 comptime F32 = DType.float32
 # One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled skinny_matmul's
@@ -28,6 +29,17 @@ comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
 
 comptime Q8_0 = 1
 comptime Q4_0 = 2
+
+
+def requests_ahead[INTO_L1: Bool]() -> PrefetchOptions:
+    """How a product requests W ahead of its loads: into L1 and L2 (prefetcht0), or into L2 only
+    (prefetcht2; prefetcht1 ran the same). Against one row of x a 2-core Zen 4 streamed float32,
+    q8_0 and q4_0 faster with the first (whole steps of GPT-2 small 0.90-0.97x, 0.87-0.94x and
+    0.95-0.99x the time), so those ask for it there; bfloat16 against one row and every format
+    against several rows ran slower with it (a float32 batch of 8 1.5x the time). Why is not
+    known: float32's requests run 64 KB ahead, and most of those lines leave the 32 KB L1 before
+    their loads come."""
+    return PrefetchOptions().for_read().high_locality() if INTO_L1 else PrefetchOptions().for_read().low_locality()
 
 
 def row_chunks() -> Int:

@@ -22,7 +22,7 @@ from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer, bitcast
 from std.sys.info import CompilationTarget
-from std.sys.intrinsics import PrefetchOptions, prefetch
+from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, pair_products, repeat4, side_by_side, widen_pairs, with_sign_of
 from .epilogue import STORE, finish
@@ -38,6 +38,7 @@ from .packed_layout import (
     check_bias,
     check_blocks,
     check_dense,
+    requests_ahead,
     row_chunks,
 )
 from .quantized_rows import QuantizedRows
@@ -69,11 +70,11 @@ def _group_blocks[
         var block = group + b * BYTES
         comptime if GROUPS == 1:
             comptime for line in range(BYTES // 64):  # every cache line of the block
-                prefetch[PrefetchOptions().for_read().low_locality()](block + PREFETCH_AHEAD + 64 * line)
+                prefetch[requests_ahead[MB == 1]()](block + PREFETCH_AHEAD + 64 * line)
         else:
             comptime for group in range(GROUPS, 2 * GROUPS):  # the same block of the next two groups
                 comptime for line in range(BYTES // 64):
-                    prefetch[PrefetchOptions().for_read().low_locality()](block + group * next_group + 64 * line)
+                    prefetch[requests_ahead[False]()](block + group * next_group + 64 * line)
         var scales = side_by_side[DType.float16, GROUP, GROUPS](d + (g * nb + b) * GROUP, nb * GROUP).cast[F32]()
         # A zmm register has no vpsignb: two groups at a time take q8_0's offset x for one row too.
         comptime OFFSET_X = FORMAT == Q8_0 and CompilationTarget.has_vnni() and (MB > 1 or GROUPS == 2)

@@ -1,4 +1,4 @@
-# What the packed matmuls share: the formats, how their weights are laid out, and checks.
+# What the packed matmuls share: the formats, how their weights are laid out and requested ahead, and checks.
 #
 # Rows are stored 8 at a time, interleaved, so that a group of 8 rows is one stream of memory
 # (`max_gpt2.model.weight_formats` lays them out; N is padded to a multiple of 8 with zero rows).
@@ -24,7 +24,7 @@ comptime LANES = simd_width_of[F32]()
 comptime BLOCK = 32  # weights sharing a scale
 comptime GROUP = 8  # rows stored interleaved
 comptime CHUNK = 32  # consecutive bfloat16 values of a row stored together: one cache line
-comptime PREFETCH_AHEAD = 8192  # bytes of q8_0/q4_0 W requested into L2 ahead of the loads
+comptime PREFETCH_AHEAD = 8192  # bytes of q8_0/q4_0 W requested ahead of the loads
 comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
 
 comptime Q8_0 = 1

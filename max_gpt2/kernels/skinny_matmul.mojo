@@ -23,8 +23,8 @@ from .bfloat16_products import BF16_PAIRS, multiply_add, rounded_rows, x_dtype, 
 from .epilogue import STORE, finish
 from .packed_layout import CHUNK, F32, GROUP, LANES, SERIAL_BELOW, check_bias, check_chunks, check_dense, requests_ahead, row_chunks
 
-# Bytes of W requested into L2 ahead of the loads (16 KB left the 49 products of a GPT-2 small
-# step 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again).
+# Bytes of W requested ahead of the loads (`requests_ahead`); into L2 alone, 16 KB left a GPT-2
+# small step's 49 products 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again.
 comptime PREFETCH_BYTES = 65536
 # Rows of x a block of W dots at once: on AVX2, 4 x-rows by 3 W-rows fill the 16 registers
 # (8 by 1 were 3 % slower at batch 8).

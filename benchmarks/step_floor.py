@@ -8,7 +8,7 @@ shapes (the bench checkpoint) and of a model with the same ops at width 64
 (12 layers, one head, vocabulary 320: a step that reads almost no bytes, so its
 time is what the ops cost to run at all: MAX's runtime, our kernels' set-up,
 the host). Beside them, the time the small step's weights take at the measured
-matrix-vector bandwidth (`bench-generate`'s limit). What is left,
+bandwidth (`bench-generate`'s limit, `max_gpt2.bench.bandwidth`). What is left,
 
     rest = step - floor - weight bytes / bandwidth,
 
@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from decode_breakdown import step_ms  # this folder's; run as `python benchmarks/step_floor.py`
 
-from max_gpt2.bench.bandwidth import matvec_bandwidth, weight_bytes_per_step
+from max_gpt2.bench.bandwidth import host_bandwidth, weight_bytes_per_step
 from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import resolve_device
@@ -53,14 +53,14 @@ def main() -> None:
     for weights in formats:
         with progress.step(f"loading both models with {weights} weights"):
             models[weights] = (load_lm(small, "cpu", weights=weights), load_lm(tiny, "cpu", weights=weights))
-    bandwidth = max(matvec_bandwidth().values())
+    bandwidth = max(host_bandwidth().values())
     times: dict[str, tuple[list[float], list[float]]] = {weights: ([], []) for weights in formats}
     rng = np.random.default_rng(0)
     for _ in range(args.rounds):
         for weights, (full, floor) in models.items():
             times[weights][0].append(step_ms(full, 1, PROMPT, rng))
             times[weights][1].append(step_ms(floor, 1, PROMPT, rng))
-    print(machine_description(resolve_device("cpu")), f"matrix-vector bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(machine_description(resolve_device("cpu")), f"bandwidth {bandwidth / 1e9:.1f} GB/s")
     print("| weights | step ms | same ops at width 64 ms | weights at bandwidth ms | rest ms |")
     print("|---|---:|---:|---:|---:|")
     for weights, (full, floor) in times.items():

@@ -34,9 +34,10 @@ The bandwidth limit: a batch-1 decoding step reads every weight once (the
 blocks, the final norm and the LM head, i.e. `wte`; one row each of `wte` and
 `wpe`), so its rate cannot pass bandwidth / bytes. Each contender's bytes are
 those of the format it reads its weights in (projections and head packed, the
-rest float32). The bandwidth is a float32 matrix-vector product of GPT-2's LM
-head (154 MB) measured in the same run (on the host the faster of NumPy's and our
-`skinny_matmul` kernel's, on an accelerator a MAX graph's there; best of several):
+rest float32). The bandwidth is how fast GPT-2's LM head (float32, 154 MB) is read,
+measured in the same run (`max_gpt2.bench.bandwidth`: on the host the fastest of a
+plain read and NumPy's and our matrix-vector products, on an accelerator a MAX
+product there; best of several):
 once at the start (the limit lines of the table and the plot), and again before
 every round, since a VM's memory speed moves by tens of percent within
 minutes; a row's "% of limit" is the median over its rounds of the rate against
@@ -246,8 +247,8 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
     for name, reason in skipped.items():
         progress.note(f"skipping {name}: {reason}")
     args.on_host = device.is_host
-    ways = "NumPy and skinny_matmul" if device.is_host else f"a MAX graph on {device_name(device)}"
-    with progress.step(f"measuring float32 matrix-vector bandwidth ({ways})"):
+    ways = "a plain read, NumPy, skinny_matmul" if device.is_host else f"a MAX graph on {device_name(device)}"
+    with progress.step(f"measuring the bandwidth of a float32 LM head ({ways})"):
         probe = bandwidth_probe(device)
         bandwidths = probe(START_REPEAT)
         args.bandwidth = max(bandwidths.values())
@@ -257,7 +258,7 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
         "dtype": args.dtype,
         "machine": machine_description(device),
         "bandwidth_gb_per_second": args.bandwidth / 1e9,
-        "matvec_gb_per_second": {name: value / 1e9 for name, value in bandwidths.items()},
+        "bandwidth_by_way_gb_per_second": {name: value / 1e9 for name, value in bandwidths.items()},
         "rounds": args.rounds,
         "skipped": skipped,
         "models": {},

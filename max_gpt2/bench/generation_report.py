@@ -20,9 +20,9 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     again = f", {min(rounds):.1f}-{max(rounds):.1f} GB/s before the rounds" if rounds else ""
     lines = [
-        f"{report['device']} {report['dtype']}; float32 matrix-vector bandwidth "
+        f"{report['device']} {report['dtype']}; bandwidth (a float32 LM head read) "
         f"{report['bandwidth_gb_per_second']:.1f} GB/s at the start ("
-        + ", ".join(f"{name} {value:.1f}" for name, value in report["matvec_gb_per_second"].items())
+        + ", ".join(f"{name} {value:.1f}" for name, value in report["bandwidth_by_way_gb_per_second"].items())
         + f"){again}; medians of {report['rounds']} rounds, % of limit against each round's",
         "",
         "| model | case | contender | weights | prefill ms | decode tokens/s | x batch 1 | % of limit "

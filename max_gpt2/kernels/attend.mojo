@@ -10,7 +10,8 @@
 from std.math import exp, sqrt
 from std.collections import Array
 from std.memory import UnsafePointer
-from std.sys.info import CompilationTarget
+from std.sys.info import CompilationTarget, size_of
+from std.sys.intrinsics import PrefetchOptions, prefetch
 
 comptime F32 = DType.float32
 comptime LANES = 16  # float32 lanes of an AVX-512 register
@@ -142,6 +143,17 @@ def _softmax_weights(scores: UnsafePointer[Float32, MutUntrackedOrigin], n: Int,
     return total
 
 
+@always_inline
+def _request_positions[CT: DType](cache: HeadCache[CT], seen: Int, first: Int, count: Int, d: Int, offset: Int):
+    """Requests into L2 the keys (offset 0) or values (offset `value_offset`) of positions
+    first..first + count - 1 of `cache`, those below `seen`."""
+    comptime into_l2 = PrefetchOptions().for_read().low_locality()
+    for t in range(first, min(first + count, seen)):
+        var at = Int(cache.key(t) + offset)
+        for line in range(0, d * size_of[CT](), 64):
+            prefetch[into_l2](UnsafePointer[UInt8, MutAnyOrigin](unsafe_from_address=at + line))
+
+
 def attend_head[
     W: Int, CT: DType
 ](
@@ -155,12 +167,16 @@ def attend_head[
     D: Int,
     d: Int,
     scratch: UnsafePointer[Float32, MutUntrackedOrigin],
+    next_head: HeadCache[CT],
+    next_seen: Int,
 ):
     """One (request, head): stores its `new` keys and values at positions past.., then attends each query.
 
     qkv: this head's query in the request's first new row of [*, 3D] (its key D on, its value 2D on);
     y: this head's output in the first row of [*, D]; key_bias [past + new] (when has_key_bias):
     added to each key's score; scratch: past + new + d floats. W = d when d is `ROW`, else 0.
+    next_head: the pair this thread attends next, whose first `next_seen` keys and values (0: none)
+    are requested while this pair's are read, so that they are on their way when it starts (W > 0).
     """
     var scale = 1 / sqrt(Float32(d))
     for s in range(new):
@@ -189,6 +205,7 @@ def attend_head[
             comptime if W == ROW and CompilationTarget.has_avx512f():  # AVX2's shuffles span two registers: not measured
                 var tops = SIMD[F32, KEYS](Float32.MIN)
                 while t + KEYS <= end:
+                    _request_positions[CT](next_head, next_seen, t, KEYS, d, 0)
                     var some = _key_dots[CT](query, key, cache.slot_stride) * scale
                     if has_key_bias:
                         some += (key_bias + t).load[width=KEYS]()
@@ -213,6 +230,7 @@ def attend_head[
             while start < seen:
                 var value = cache.key(start) + cache.value_offset
                 for t in range(start, min(seen, start + cache.page_size)):
+                    _request_positions[CT](next_head, next_seen, t, 1, d, next_head.value_offset)
                     acc = value.load[width=W]().cast[F32]().fma(SIMD[F32, W](scores[t]), acc)
                     value += cache.slot_stride
                 start += cache.page_size

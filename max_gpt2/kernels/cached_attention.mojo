@@ -42,12 +42,14 @@ def cached_attention[
 
     def attend(chunk: Int) {imm cache, imm qkv, imm key_bias, imm y, imm B, imm S, imm H, imm M, imm d, imm T, imm D, imm pairs, imm chunks, imm pages}:
         var scratch = alloc[Float32](T + d)
-        for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (row, head) pairs
+        var last = (chunk + 1) * pairs // chunks
+        for task in range(chunk * pairs // chunks, last):  # (row, head) pairs, each b * H + h
+            var head = HeadCache[CT](cache + task * M * d, pages, M, 0, d, B * H * M * d)
+            var following = HeadCache[CT](cache + min(task + 1, last - 1) * M * d, pages, M, 0, d, B * H * M * d)
             var b = task // H
-            var h = task % H
-            var head = HeadCache[CT](cache + (b * H + h) * M * d, pages, M, 0, d, B * H * M * d)
-            var first = qkv + b * S * 3 * D + h * d
-            attend_head[W, CT](head, first, y + b * S * D + h * d, key_bias + b * T, True, S, T - S, D, d, scratch)
+            var first = qkv + b * S * 3 * D + (task % H) * d
+            var next_seen = T if task + 1 < last else 0
+            attend_head[W, CT](head, first, y + b * S * D + (task % H) * d, key_bias + b * T, True, S, T - S, D, d, scratch, following, next_seen)
         scratch.free()
 
     if chunks == 1:

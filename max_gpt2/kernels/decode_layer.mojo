@@ -22,7 +22,7 @@ from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer, alloc
 from std.sys.info import num_physical_cores
 
-from .attend import ROW, TASKS, attend_head
+from .attend import ROW, attend_head
 from .epilogue import ADD, GELU, STORE
 from .layer_kv import LayerKV
 from .layer_norm import layer_norm
@@ -139,7 +139,11 @@ def decode_layer[
     var hidden_q = QuantizedRows[FORMAT](quantized, wide)
     var phases = Phases[PHASES]()
     var pairs = B * H
-    var attend_chunks = min(pairs, TASKS)
+    # One run of pairs a core, each pair requesting the next one's keys and values as it goes: GPT-2
+    # small q4_0/q8_0 steps of a batch of 8 took 0.89-0.95x the time against 8 runs without the
+    # requests on a 2-core Zen 4 (batch 1 0.98-1.03x, float32 0.99-1.01x); the runs alone took 1.02-1.03x, 8 runs with
+    # the requests 0.95-1.01x (benchmarks/kernel_ab.py --steps).
+    var attend_chunks = min(pairs, num_physical_cores())
 
     def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
         @parameter
@@ -161,10 +165,13 @@ def decode_layer[
         @parameter
         def attend(chunk: Int):
             var scratch = alloc[Float32](kv.longest + d)
-            for pair in range(chunk * pairs // attend_chunks, (chunk + 1) * pairs // attend_chunks):
+            var last = (chunk + 1) * pairs // attend_chunks
+            for pair in range(chunk * pairs // attend_chunks, last):
                 var b = pair // H
                 var h = pair % H
-                attend_head[W, CT](kv.head(b, h), _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, kv.bias(b), kv.has_key_bias, S, kv.past(b), D, d, scratch)
+                var following = min(pair + 1, last - 1)
+                var next_seen = kv.past(following // H) + S if pair + 1 < last else 0
+                attend_head[W, CT](kv.head(b, h), _reads(qkv) + b * S * 3 * D + h * d, _writes(attended) + b * S * D + h * d, kv.bias(b), kv.has_key_bias, S, kv.past(b), D, d, scratch, kv.head(following // H, following % H), next_seen)
             scratch.free()
 
         @parameter

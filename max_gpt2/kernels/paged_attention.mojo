@@ -48,14 +48,17 @@ def paged_attention[
 
     def attend(chunk: Int) {imm kv, imm qkv, imm offsets, imm y, imm H, imm d, imm D, imm pairs, imm chunks}:
         var scratch = alloc[Float32](kv.longest + d)
-        for task in range(chunk * pairs // chunks, (chunk + 1) * pairs // chunks):  # (request, head) pairs
+        var last = (chunk + 1) * pairs // chunks
+        for task in range(chunk * pairs // chunks, last):  # (request, head) pairs
             var r = task // H
             var h = task % H
             var first = Int(offsets[r])
             var new = Int(offsets[r + 1]) - first
             var rows = qkv + first * 3 * D + h * d
+            var following = min(task + 1, last - 1) // H
+            var next_seen = kv.past(following) + Int(offsets[following + 1]) - Int(offsets[following]) if task + 1 < last else 0
             # No key bias here (a server's requests have no padding): qkv stands in, never read.
-            attend_head[W, F32](kv.head(r, h), rows, y + first * D + h * d, qkv, False, new, kv.past(r), D, d, scratch)
+            attend_head[W, F32](kv.head(r, h), rows, y + first * D + h * d, qkv, False, new, kv.past(r), D, d, scratch, kv.head(following, min(task + 1, last - 1) % H), next_seen)
         scratch.free()
 
     # Waking the other threads costs more than a short cache gains from them.

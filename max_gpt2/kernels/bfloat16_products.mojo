@@ -6,7 +6,13 @@
 # steps took 0.79-0.81x the time (benchmarks/kernel_ab.py --steps 8x32,8x100). Against one row memory
 # is the bound and the pairs made the steps 1.05x as long, so one row (and a CPU without the
 # instruction) widens both to float32 and multiplies and adds lane by lane.
-from std.memory import UnsafePointer, alloc
+#
+# Where the CPU has no bfloat16 instructions (AVX2, and AVX-512 without BF16) LLVM keeps a
+# bfloat16 vector as float32 and rounds it back through a library call a value whenever it
+# materialises one: there the products hold no bfloat16 vector at all, only its bits (uint16),
+# widened by a shift and rounded by integer operations (a 2-core Zen 3's bfloat16 products had
+# run 11x slower through bfloat16 vectors).
+from std.memory import UnsafePointer, alloc, bitcast
 from std.sys.info import CompilationTarget
 from std.sys.intrinsics import llvm_intrinsic
 
@@ -27,28 +33,54 @@ def x_stride[WT: DType](K: Int) -> Int:
     return K if WT == F32 else (K + CHUNK - 1) // CHUNK * CHUNK
 
 
+@always_inline
+def bfloat16_bits[W: Int](values: SIMD[F32, W]) -> SIMD[DType.uint16, W]:
+    """Values rounded to bfloat16 (to nearest, ties to even; NaN to a quiet NaN), as their bits."""
+    var bits = bitcast[DType.uint32, W](values)
+    var rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    return values.ne(values).select(SIMD[DType.uint32, W](0x7FC0), rounded).cast[DType.uint16]()
+
+
 def rounded_rows(x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int) -> UnsafePointer[BFloat16, MutUntrackedOrigin]:
-    """x [M, K] rounded to bfloat16 (to nearest, ties to even) in a new buffer [M, x_stride(K)],
-    padded with zeros; the caller frees it."""
+    """x [M, K] rounded to bfloat16 (`bfloat16_bits`) in a new buffer [M, x_stride(K)], padded with
+    zeros; the caller frees it."""
     var stride = x_stride[DType.bfloat16](K)
-    var rounded = alloc[BFloat16](M * stride)
+    var rounded = alloc[UInt16](M * stride)
     for m in range(M):
         var k = 0
         while k + LANES <= K:
-            (rounded + m * stride + k).store((x + m * K + k).load[width=LANES]().cast[DType.bfloat16]())
+            (rounded + m * stride + k).store(bfloat16_bits((x + m * K + k).load[width=LANES]()))
             k += LANES
         for rest in range(k, stride):
-            rounded[m * stride + rest] = x[m * K + rest].cast[DType.bfloat16]() if rest < K else 0
-    return rounded
+            rounded[m * stride + rest] = bfloat16_bits[1](x[m * K + rest]) if rest < K else 0
+    return rounded.bitcast[BFloat16]()
+
+
+def operand_dtype[PAIRS: Bool]() -> DType:
+    """What a multiply-add takes W and x in: bfloat16 for pairs, else float32."""
+    return DType.bfloat16 if PAIRS else F32
+
+
+@always_inline
+def load_operand[
+    T: DType, PAIRS: Bool, STEP: Int
+](at: UnsafePointer[Scalar[T], _]) -> SIMD[operand_dtype[PAIRS](), STEP]:
+    """STEP values of W or x at `at` as `multiply_add` takes them: as stored (float32, or bfloat16
+    for pairs), or bfloat16 widened to float32 (exact) from its bits."""
+    comptime if T == F32 or PAIRS:
+        return rebind[SIMD[operand_dtype[PAIRS](), STEP]](at.load[width=STEP]())
+    else:
+        var bits = at.bitcast[UInt16]().load[width=STEP]().cast[DType.uint32]() << 16
+        return rebind[SIMD[operand_dtype[PAIRS](), STEP]](bitcast[F32, STEP](bits))
 
 
 @always_inline
 def multiply_add[
-    WT: DType, STEP: Int
-](acc: SIMD[F32, LANES], w: SIMD[WT, STEP], x: SIMD[x_dtype[WT](), STEP]) -> SIMD[F32, LANES]:
-    """acc plus w * x lane by lane (STEP = LANES, both widened to float32), or plus each lane's two
-    neighbouring products (STEP = 2 * LANES bfloat16 values: vdpbf16ps, where `BF16_PAIRS`)."""
-    comptime if STEP == LANES:
-        return rebind[SIMD[F32, LANES]](w.cast[F32]()).fma(rebind[SIMD[F32, LANES]](x.cast[F32]()), acc)
-    else:
+    PAIRS: Bool, STEP: Int
+](acc: SIMD[F32, LANES], w: SIMD[operand_dtype[PAIRS](), STEP], x: SIMD[operand_dtype[PAIRS](), STEP]) -> SIMD[F32, LANES]:
+    """acc plus w * x lane by lane (float32, STEP = LANES), or plus each lane's two neighbouring
+    products (bfloat16 pairs, STEP = 2 * LANES: vdpbf16ps, where `BF16_PAIRS`)."""
+    comptime if PAIRS:
         return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, LANES]](acc, w, x)
+    else:
+        return rebind[SIMD[F32, LANES]](w).fma(rebind[SIMD[F32, LANES]](x), acc)

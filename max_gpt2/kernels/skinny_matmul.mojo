@@ -19,7 +19,7 @@ from std.memory import UnsafePointer
 from std.sys.info import CompilationTarget, size_of
 from std.sys.intrinsics import prefetch
 
-from .bfloat16_products import BF16_PAIRS, multiply_add, rounded_rows, x_dtype, x_stride
+from .bfloat16_products import BF16_PAIRS, load_operand, multiply_add, operand_dtype, rounded_rows, x_dtype, x_stride
 from .epilogue import STORE, finish
 from .packed_layout import CHUNK, F32, GROUP, LANES, SERIAL_BELOW, check_bias, check_chunks, check_dense, requests_ahead, row_chunks
 
@@ -85,7 +85,8 @@ def _block[
     """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row (x's
     rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
     comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
-    comptime STEP = 2 * LANES if WT != F32 and MB > 1 and BF16_PAIRS else LANES  # values a multiply-add takes
+    comptime PAIRS = WT != F32 and MB > 1 and BF16_PAIRS
+    comptime STEP = 2 * LANES if PAIRS else LANES  # values a multiply-add takes
     # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
     # past W): 2-core Zen 4, whole steps 0.83-0.98x the time. Against several rows the check cost
     # more than it saved (a batch of 8's steps 1.04x), and float32 gained nothing (1.007-1.015x).
@@ -104,16 +105,16 @@ def _block[
         # steps of a batch of 8 took 0.86-0.88x the time, 16: 0.93x, when each took two passes; at
         # one row of x the second request paid, 1.03x without it).
         var request = WT == F32 or MB == 1 or at % CHUNK == 0
-        var rows = Array[SIMD[WT, STEP], RB](uninitialized=True)
+        var rows = Array[SIMD[operand_dtype[PAIRS](), STEP], RB](uninitialized=True)
         comptime for r in range(RB):
             var row = w + starts[r] + at
-            rows[r] = row.load[width=STEP]()
+            rows[r] = load_operand[WT, PAIRS, STEP](row)
             if request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
                 prefetch[requests_ahead[WT == F32 and MB == 1]()](row + AHEAD)
         comptime for m in range(MB):
-            var xv = (x + m * stride + k).load[width=STEP]()
+            var xv = load_operand[x_dtype[WT](), PAIRS, STEP](x + m * stride + k)
             comptime for r in range(RB):
-                acc[m * RB + r] = multiply_add(acc[m * RB + r], rows[r], xv)
+                acc[m * RB + r] = multiply_add[PAIRS, STEP](acc[m * RB + r], rows[r], xv)
         k += STEP
         at += STEP
         comptime if WT != F32:

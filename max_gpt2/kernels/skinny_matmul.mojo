@@ -205,10 +205,10 @@ def dense_rows[
     chunk no longer fits the cache by the second pass). Against bfloat16 W, x is first rounded to
     bfloat16, by every task for itself (a few microseconds against the product's hundreds)."""
     comptime XT = x_dtype[WT]()
-    comptime if XT == F32:
+    comptime if WT == F32:
         _passes[WT, EPILOGUE](rebind[UnsafePointer[Scalar[XT], ImmutAnyOrigin]](x), w, bias, has_bias, y, M, K, N, first, last)
     else:
-        var rounded = rounded_rows(x, M, K)
+        var rounded = rounded_rows[XT](x, M, K)
         var reads = UnsafePointer[Scalar[XT], ImmutAnyOrigin](unsafe_from_address=Int(rounded))
         _passes[WT, EPILOGUE](reads, w, bias, has_bias, y, M, K, N, first, last)
         rounded.free()

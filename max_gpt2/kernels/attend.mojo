@@ -176,7 +176,8 @@ def attend_head[
     y: this head's output in the first row of [*, D]; key_bias [past + new] (when has_key_bias):
     added to each key's score; scratch: past + new + d floats. W = d when d is `ROW`, else 0.
     next_head: the pair this thread attends next, whose first `next_seen` keys and values (0: none)
-    are requested while this pair's are read, so that they are on their way when it starts (W > 0).
+    are requested while the last query reads this pair's, so that they are on their way when it
+    starts (the keys in the AVX-512 loop over `KEYS` keys, the values where W > 0).
     """
     var scale = 1 / sqrt(Float32(d))
     for s in range(new):
@@ -196,6 +197,7 @@ def attend_head[
     for s in range(new):
         var query = qkv + s * 3 * D
         var seen = past + s + 1
+        var requested = next_seen if s == new - 1 else 0  # the last query reads every position
         var top = Float32.MIN
         var start = 0
         while start < seen:  # a page at a time: its keys lie slot_stride apart
@@ -205,7 +207,7 @@ def attend_head[
             comptime if W == ROW and CompilationTarget.has_avx512f():  # AVX2's shuffles span two registers: not measured
                 var tops = SIMD[F32, KEYS](Float32.MIN)
                 while t + KEYS <= end:
-                    _request_positions[CT](next_head, next_seen, t, KEYS, d, 0)
+                    _request_positions[CT](next_head, requested, t, KEYS, d, 0)
                     var some = _key_dots[CT](query, key, cache.slot_stride) * scale
                     if has_key_bias:
                         some += (key_bias + t).load[width=KEYS]()
@@ -230,7 +232,7 @@ def attend_head[
             while start < seen:
                 var value = cache.key(start) + cache.value_offset
                 for t in range(start, min(seen, start + cache.page_size)):
-                    _request_positions[CT](next_head, next_seen, t, 1, d, next_head.value_offset)
+                    _request_positions[CT](next_head, requested, t, 1, d, next_head.value_offset)
                     acc = value.load[width=W]().cast[F32]().fma(SIMD[F32, W](scores[t]), acc)
                     value += cache.slot_stride
                 start += cache.page_size

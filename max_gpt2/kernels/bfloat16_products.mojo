@@ -82,8 +82,7 @@ def load_operand[
     comptime if T == F32 or PAIRS:
         return rebind[SIMD[operand_dtype[PAIRS](), STEP]](at.load[width=STEP]())
     else:
-        var bits = at.bitcast[UInt16]().load[width=STEP]().cast[DType.uint32]() << 16
-        return rebind[SIMD[operand_dtype[PAIRS](), STEP]](bitcast[F32, STEP](bits))
+        return rebind[SIMD[operand_dtype[PAIRS](), STEP]](_from_bits[F32](at.bitcast[UInt16]().load[width=STEP]()))
 
 
 @always_inline

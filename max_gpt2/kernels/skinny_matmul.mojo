@@ -30,6 +30,11 @@ comptime PREFETCH_BYTES = 65536
 # (8 by 1 were 3 % slower at batch 8).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
 comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, while they are in cache
+# Rows of W that whole groups of X_ROWS rows of x take at a time where there are several groups:
+# two blocks (of 3 rows at X_ROWS), so that a block of W is still in L1, not L2, when the next group
+# reads it (2-core Zen 3, a step's products at 8 rows: bfloat16 0.91-0.96x the time, float32
+# 0.95-1.01x; 3 and 12 rows gained less).
+comptime SHARED_PASS_ROWS = 6
 # Multiply-adds (N * K * rows) under which one thread does float32: 1 << 20 left GPT-2 small's
 # 768 x 768 c_proj on one thread at batch 1, and its step's products took 1.06x the time.
 comptime F32_SERIAL_BELOW = 1 << 19
@@ -170,17 +175,26 @@ def _passes[
 ):
     """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart)."""
     var chunk_end = _start[WT](last, K)
+    var stride = x_stride[WT](K)
+    # Rows of x in whole groups of X_ROWS, when there are two groups or more: they take the pass
+    # `SHARED_PASS_ROWS` rows of W at a time, and the rest of x the whole pass.
+    var shared = 0 if M <= X_ROWS else M // X_ROWS * X_ROWS
+    comptime RB = w_rows[WT, X_ROWS]()
     var start = first
     while start < last:
         var end = min(start + PASS_ROWS, last)
-        var m = 0
+        var part = start
+        while part < end and shared > 0:
+            var part_end = min(part + SHARED_PASS_ROWS, end)
+            for m in range(0, shared, X_ROWS):
+                _rows[WT, X_ROWS, RB, EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
+            part = part_end
+        var m = shared
         while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
             var left = min(M - m, X_ROWS)
-            var xm = x + m * x_stride[WT](K)
-            var ym = y + m * N
             comptime for MB in range(1, X_ROWS + 1):
                 if left == MB:
-                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](xm, w, bias, has_bias, ym, K, N, start, end, chunk_end)
+                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
             m += left
         start = end
 
@@ -201,9 +215,10 @@ def dense_rows[
 ):
     """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
 
-    `PASS_ROWS` rows of W at a time, against every row of x while they are in cache (past 8 rows of x a
-    chunk no longer fits the cache by the second pass). Against bfloat16 W, x is first rounded to
-    bfloat16, by every task for itself (a few microseconds against the product's hundreds)."""
+    `PASS_ROWS` rows of W at a time (`SHARED_PASS_ROWS` for whole groups of x), against every row of
+    x while they are in cache (past 8 rows of x a chunk no longer fits the cache by the second
+    pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
+    microseconds against the product's hundreds)."""
     comptime XT = x_dtype[WT]()
     comptime if WT == F32:
         _passes[WT, EPILOGUE](rebind[UnsafePointer[Scalar[XT], ImmutAnyOrigin]](x), w, bias, has_bias, y, M, K, N, first, last)

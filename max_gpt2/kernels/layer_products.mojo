@@ -7,7 +7,7 @@ from std.memory import UnsafePointer
 from .packed_layout import F32, GROUP, Q4_0, Q8_0, check_bias, check_blocks, check_chunks, check_dense, row_chunks
 from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
-from .skinny_matmul import PASS_ROWS, dense_rows
+from .dense_rows import PASS_ROWS, dense_rows
 
 
 def format_of[WT: DType]() -> Int:

@@ -1,0 +1,211 @@
+# dense_rows: the loops of the float32 and bfloat16 products (skinny_matmul.mojo's ops, and
+# gpt2_decode_layer's products through layer_products.mojo), y[M, N] = x[M, K] @ W[N, K]^T + bias[N]
+# for the rows first..last-1 of W a task is given.
+#
+# The task walks its rows 24 at a time, and dots those with every row of x (X_ROWS at once) while
+# they are in cache, a block of RB rows at a time, every partial sum in a register (MB x RB
+# accumulators of a vector register's lanes); where x has several whole groups of X_ROWS rows they
+# take the rows of W 6 at a time. Against bfloat16 W, x is rounded to bfloat16 and the sums are
+# float32 (bfloat16_products.mojo). float32 W is row-major [N, K] (any Linear's weight), bfloat16 W
+# is stored in interleaved groups of 8 rows (packed_layout.mojo), so that the rows a block reads
+# together are one stream.
+from std.collections import Array
+from std.memory import UnsafePointer
+from std.sys.info import CompilationTarget, size_of
+from std.sys.intrinsics import prefetch
+
+from .bfloat16_products import BF16_PAIRS, load_operand, multiply_add, operand_dtype, rounded_rows, x_dtype, x_stride
+from .epilogue import finish
+from .packed_layout import CHUNK, F32, GROUP, LANES, requests_ahead
+
+# Bytes of W requested ahead of the loads (`requests_ahead`); into L2 alone, 16 KB left a GPT-2
+# small step's 49 products 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again.
+comptime PREFETCH_BYTES = 65536
+# Rows of x a block of W dots at once: on AVX2, 4 x-rows by 3 W-rows fill the 16 registers
+# (8 by 1 were 3 % slower at batch 8).
+comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
+comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, while they are in cache
+# Rows of W that whole groups of X_ROWS rows of x take at a time where there are several groups:
+# two blocks (of 3 rows at X_ROWS), so that a block of W is still in L1, not L2, when the next group
+# reads it (2-core Zen 3, a step's products at 8 rows: bfloat16 0.91-0.96x the time, float32
+# 0.95-1.01x; 3 and 12 rows gained less).
+comptime SHARED_PASS_ROWS = 6
+
+
+def w_rows[WT: DType, MB: Int]() -> Int:
+    """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
+    vector registers (32 on AVX-512, 16 on AVX2), RB dividing `PASS_ROWS`. Float32 W against one row of x on
+    AVX-512 a row at a time: one stream of memory a thread, which a 2-core Zen 5 read 8 % faster
+    than 8 rows side by side (a decoding step 0.87-0.91x the time); bfloat16's interleaved groups
+    read a row at a time were 1.2x slower."""
+    comptime if CompilationTarget.has_avx512f():
+        comptime if WT == F32 and MB == 1:
+            return 1
+        return 3 if MB > 4 else (4 if MB > 2 else 8)
+    else:
+        return 3 if MB > 2 else (4 if MB == 2 else 8)
+
+
+@always_inline
+def _start[WT: DType](n: Int, K: Int) -> Int:
+    """Where row n of W starts: row-major float32, or bfloat16 in groups of 8 rows."""
+    comptime if WT == F32:
+        return n * K
+    else:
+        return (n // GROUP) * GROUP * ((K + CHUNK - 1) // CHUNK * CHUNK) + (n % GROUP) * CHUNK
+
+
+@always_inline
+def _block[
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
+](
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+    n: Int,
+    chunk_end: Int,
+):
+    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row (x's
+    rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
+    comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
+    comptime PAIRS = WT != F32 and MB > 1 and BF16_PAIRS
+    comptime STEP = 2 * LANES if PAIRS else LANES  # values a multiply-add takes
+    # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
+    # past W): 2-core Zen 4, whole steps 0.83-0.98x the time. Against several rows the check cost
+    # more than it saved (a batch of 8's steps 1.04x), and float32 gained nothing (1.007-1.015x).
+    comptime WITHIN_CHUNK = WT != F32 and MB == 1
+    var stride = x_stride[WT](K)
+    var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
+    var starts = Array[Int, RB](uninitialized=True)
+    comptime for r in range(RB):
+        starts[r] = _start[WT](n + r, K)
+    var vector_end = K // STEP * STEP if WT == F32 else stride  # bfloat16: padded with zeros
+    var k = 0
+    var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
+    while k < vector_end:
+        # A bfloat16 row's line (`CHUNK` values) takes CHUNK / STEP passes (on AVX-512 one in pairs,
+        # two lane by lane); against several rows of x it is requested on the first only (Zen 5:
+        # steps of a batch of 8 took 0.86-0.88x the time, 16: 0.93x, when each took two passes; at
+        # one row of x the second request paid, 1.03x without it).
+        var request = WT == F32 or MB == 1 or at % CHUNK == 0
+        var rows = Array[SIMD[operand_dtype[PAIRS](), STEP], RB](uninitialized=True)
+        comptime for r in range(RB):
+            var row = w + starts[r] + at
+            rows[r] = load_operand[WT, PAIRS, STEP](row)
+            if request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
+                prefetch[requests_ahead[WT == F32 and MB == 1]()](row + AHEAD)
+        comptime for m in range(MB):
+            var xv = load_operand[x_dtype[WT](), PAIRS, STEP](x + m * stride + k)
+            comptime for r in range(RB):
+                acc[m * RB + r] = multiply_add[PAIRS, STEP](acc[m * RB + r], rows[r], xv)
+        k += STEP
+        at += STEP
+        comptime if WT != F32:
+            if k % CHUNK == 0:  # on to the row's next chunk, past the group's other rows
+                at += (GROUP - 1) * CHUNK
+    comptime for m in range(MB):
+        comptime for r in range(RB):
+            var total = acc[m * RB + r].reduce_add()
+            for tail in range(vector_end, K):  # float32 only
+                total += w[starts[r] + tail].cast[F32]() * x[m * stride + tail].cast[F32]()
+            finish[EPILOGUE, 1](y + m * N + n + r, total + bias[n + r] if has_bias else total)
+
+
+@always_inline
+def _rows[
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
+](
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+    first: Int,
+    end: Int,
+    chunk_end: Int,
+):
+    """Rows first..end-1 of W against MB consecutive rows of x; `chunk_end` is where this task's rows of
+    W end (element of w), which `_block`'s prefetches stay before."""
+    var n = first
+    while n + RB <= end:
+        _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
+        n += RB
+    while n < end:
+        _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
+        n += 1
+
+
+def _passes[
+    WT: DType, EPILOGUE: Int
+](
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart)."""
+    var chunk_end = _start[WT](last, K)
+    var stride = x_stride[WT](K)
+    # Rows of x in whole groups of X_ROWS, when there are two groups or more: they take the pass
+    # `SHARED_PASS_ROWS` rows of W at a time, and the rest of x the whole pass.
+    var shared = 0 if M <= X_ROWS else M // X_ROWS * X_ROWS
+    comptime RB = w_rows[WT, X_ROWS]()
+    var start = first
+    while start < last:
+        var end = min(start + PASS_ROWS, last)
+        var part = start
+        while part < end and shared > 0:
+            var part_end = min(part + SHARED_PASS_ROWS, end)
+            for m in range(0, shared, X_ROWS):
+                _rows[WT, X_ROWS, RB, EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
+            part = part_end
+        var m = shared
+        while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
+            var left = min(M - m, X_ROWS)
+            comptime for MB in range(1, X_ROWS + 1):
+                if left == MB:
+                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
+            m += left
+        start = end
+
+
+def dense_rows[
+    WT: DType, EPILOGUE: Int
+](
+    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
+
+    `PASS_ROWS` rows of W at a time (`SHARED_PASS_ROWS` for whole groups of x), against every row of
+    x while they are in cache (past 8 rows of x a chunk no longer fits the cache by the second
+    pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
+    microseconds against the product's hundreds)."""
+    comptime XT = x_dtype[WT]()
+    comptime if WT == F32:
+        _passes[WT, EPILOGUE](rebind[UnsafePointer[Scalar[XT], ImmutAnyOrigin]](x), w, bias, has_bias, y, M, K, N, first, last)
+    else:
+        var rounded = rounded_rows[XT](x, M, K)
+        var reads = UnsafePointer[Scalar[XT], ImmutAnyOrigin](unsafe_from_address=Int(rounded))
+        _passes[WT, EPILOGUE](reads, w, bias, has_bias, y, M, K, N, first, last)
+        rounded.free()

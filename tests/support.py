@@ -72,6 +72,16 @@ def random_input(batch: int, seq_len: int, n_embd: int, seed: int = 1) -> np.nda
     return np.random.default_rng(seed).standard_normal((batch, seq_len, n_embd)).astype(np.float32)
 
 
+def prompts(config: GPT2Config, batch: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    """Random token ids `[batch, seq_len]` from `config`'s vocabulary."""
+    return np.random.default_rng(seed).integers(0, config.vocab_size, (batch, seq_len))
+
+
+def left_padding(batch: int, seq_len: int) -> np.ndarray:
+    """An attention mask `[batch, seq_len]` where row i has i * 2 padding tokens on the left (row 0 none)."""
+    return (np.arange(seq_len)[None, :] >= 2 * np.arange(batch)[:, None]).astype(np.int64)
+
+
 def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray:
     """Logits `[B, S, V]` of `ids` `[B, S]`: the first `prompt` positions in one `prefill`, then one
     `decode_step` per position."""

@@ -40,14 +40,11 @@ def w_rows[WT: DType, MB: Int]() -> Int:
     the time); on AVX2 4 rows, where a 2-core Zen 3 took 0.95-0.98x the time for a step with 4 (2
     and 6 rows 0.96-0.99x, 1 row 1.00-1.04x) against 8. bfloat16's interleaved groups read a row at
     a time were 1.2x slower."""
+    comptime if WT == F32 and MB == 1:
+        return 1 if CompilationTarget.has_avx512f() else 4
     comptime if CompilationTarget.has_avx512f():
-        comptime if WT == F32 and MB == 1:
-            return 1
         return 3 if MB > 4 else (4 if MB > 2 else 8)
-    else:
-        comptime if WT == F32 and MB == 1:
-            return 4
-        return 3 if MB > 2 else (4 if MB == 2 else 8)
+    return 3 if MB > 2 else (4 if MB == 2 else 8)
 
 
 @always_inline

@@ -69,7 +69,7 @@ GRAPHS: list[Callable[[], None]] = [
     ),
 ]
 if not serving_missing():
-    from tests.test_serve import compile_positions
+    from tests.test_serve_offline import compile_positions
 
     GRAPHS.append(compile_positions)
 

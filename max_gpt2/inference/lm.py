@@ -53,6 +53,7 @@ from max_gpt2.inference.devices import (
     packed_buffer,
     resolve_device,
 )
+from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
@@ -61,29 +62,6 @@ from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_adapters import check_model_weights
 from max_gpt2.model.weight_formats import is_stored_packed, pack
-
-
-class KVCache:
-    """A batch's keys and values in every layer, written in place by the graphs, and what they hold.
-
-    `buffers`: one `[2, batch, n_head, capacity, head_dim]` buffer per layer
-    (keys, then values, in the model's `kv_dtype`), uninitialised until written. `attention_mask` `[batch,
-    length]` marks which of the positions written so far are tokens (1) and
-    which padding (0).
-    """
-
-    def __init__(self, buffers: list[Buffer], batch: int, capacity: int) -> None:
-        self.buffers, self.batch, self.capacity = buffers, batch, capacity
-        self.attention_mask = np.zeros((batch, 0), dtype=np.int64)
-
-    @property
-    def length(self) -> int:
-        """Positions written so far, padding included."""
-        return self.attention_mask.shape[1]
-
-    def next_positions(self) -> np.ndarray:
-        """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
-        return self.attention_mask.sum(axis=1, keepdims=True)
 
 
 class CompiledLM(CompiledModel):

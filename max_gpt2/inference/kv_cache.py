@@ -1,0 +1,36 @@
+"""The KV cache of `CompiledLM`'s steps: a buffer per layer, written in place, and which positions are tokens.
+
+How the steps use it:
+
+    cache = lm.new_cache(batch, capacity)   # buffers [2, batch, n_head, capacity, head_dim] per layer
+    lm.prefill(input_ids, cache)            # writes the prompt's positions; cache.length grows
+    lm.decode_step(tokens, cache)           # writes one position per row
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from max.driver import Buffer
+
+
+class KVCache:
+    """A batch's keys and values in every layer, written in place by the graphs, and what they hold.
+
+    `buffers`: one `[2, batch, n_head, capacity, head_dim]` buffer per layer
+    (keys, then values, in the model's `kv_dtype`), uninitialised until written. `attention_mask` `[batch,
+    length]` marks which of the positions written so far are tokens (1) and
+    which padding (0).
+    """
+
+    def __init__(self, buffers: list[Buffer], batch: int, capacity: int) -> None:
+        self.buffers, self.batch, self.capacity = buffers, batch, capacity
+        self.attention_mask = np.zeros((batch, 0), dtype=np.int64)
+
+    @property
+    def length(self) -> int:
+        """Positions written so far, padding included."""
+        return self.attention_mask.shape[1]
+
+    def next_positions(self) -> np.ndarray:
+        """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
+        return self.attention_mask.sum(axis=1, keepdims=True)

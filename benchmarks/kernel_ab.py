@@ -5,15 +5,17 @@
 
 On 2 cores the machine's memory speed moves between runs by 10-30 %, so two
 runs cannot tell a few per cent apart. Here both versions load into one
-process and are called in turn: the copy's `*.mojo` files are written to a
-temporary package with every `@extensibility.register("op")` renamed
-`"op_b"`, so MAX loads it beside `max_gpt2.kernels` (a variant compiles in
-seconds). The graph is a decoding step's products (per layer: c_attn,
-c_proj, c_fc, mlp c_proj; then the LM head), each weight distinct and in the
-chosen format, each product taking the previous one's output as a step does:
-independent products in one graph run concurrently and overstate bandwidth.
+process (`kernel_copy.py`: the copy's ops renamed, so MAX loads them beside
+`max_gpt2.kernels`; a variant compiles in seconds) and are called in turn, which
+of the two goes first alternating from one pair of calls to the next. The
+graph is a decoding step's products (per layer: c_attn, c_proj, c_fc, mlp c_proj;
+then the LM head), each weight distinct and in the chosen format, each product
+taking the previous one's output as a step does: independent products in one
+graph run concurrently and overstate bandwidth.
 Prints each version's median milliseconds, the bytes of weights it streamed per
-second, the ratio, and the largest difference between their outputs.
+second, the ratio, the middle half of the ratios pair by pair (a spread that
+straddles 1 says the pairs disagree on which is faster), and the largest
+difference between their outputs.
 
     python benchmarks/kernel_ab.py /tmp/try --weights bfloat16 --rows 1 --part head
 
@@ -26,9 +28,9 @@ layer's small ones).
 times whole decoding steps instead (attention, MAX's ops and all): the
 benchmark checkpoint loaded twice with `load_lm`, the second time with every
 custom op the model stages taken from the copy, then for each BATCHxPOSITIONS
-a prompt of that length and 39 steps of each model in turn, 4 rounds; prints
-median step milliseconds and the largest difference between the logits of
-their first steps.
+a prompt of that length and 39 steps of each model in turn, 4 rounds (`--rounds`); prints
+median step milliseconds, the ratio and its pairs' middle half, and the largest
+difference between the logits of their first steps.
 
     python benchmarks/kernel_ab.py --kv-cache float16 --weights q4_0 --steps 1x32,8x100
 
@@ -44,23 +46,20 @@ second's op by op (layer norms, products, attention, GELU and adds, each an op).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import numpy as np
+from kernel_copy import SUFFIX, load_variant_lm, renamed_copy  # this folder's
 from max.driver import CPU, Buffer
 from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import DeviceRef, Graph, TensorType, ops
 
-import max_gpt2.kernels
 from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.devices import packed_buffer
@@ -76,24 +75,7 @@ from max_gpt2.model.dtypes import float32_to_bfloat16_bits
 from max_gpt2.outputs import Progress, default_cache_dir
 
 CPU_REF = DeviceRef.CPU()
-SUFFIX = "_b"
-STEPS, STEP_ROUNDS = 39, 4
-
-
-def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
-    """The `*.mojo` files of `kernels` in `into/variant`, every registered op's name ending in `suffix`.
-
-    A package directory of its own: compiled from `into` itself (a temporary directory that then
-    also held the `.mojoc`), the package built but graphs failed with "unable to locate module"."""
-    sources = sorted(kernels.glob("*.mojo"))
-    if not sources:
-        raise SystemExit(f"kernel_ab: {kernels} holds no .mojo files")
-    package = into / "variant"
-    package.mkdir()
-    for source in sources:
-        text = re.sub(r'register\("(\w+)"\)', rf'register("\1{suffix}")', source.read_text())
-        (package / source.name).write_text(text)
-    return package
+STEPS, STEP_ROUNDS, PRODUCT_ROUNDS = 39, 4, 30
 
 
 PARTS = ("step", "layers", "head")
@@ -143,126 +125,65 @@ def step_graph(
     return graph
 
 
-class VariantOps:
-    """The functional API `max_gpt2.kernels` stages its ops with, every custom op taken from `package`
-    under its renamed name; everything else passes through."""
-
-    def __init__(self, functional: Any, package: Path) -> None:
-        self._functional, self._package = functional, package
-        self.custom, self.inplace_custom = (
-            self._renamed(functional.custom),
-            self._renamed(functional.inplace_custom),
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._functional, name)
-
-    def _renamed(self, stage: Callable[..., Any]) -> Callable[..., Any]:
-        def stage_variant(name: str, *args: Any, **options: Any) -> Any:
-            return stage(name + SUFFIX, *args, **{**options, "custom_extensions": self._package})
-
-        return stage_variant
-
-
-def load_variant_lm(checkpoint: Path, weights: str, package: Path) -> CompiledLM:
-    """`load_lm` with the kernels of `package` (a `renamed_copy`, compiled) in place of ours."""
-    functional = max_gpt2.kernels.F
-    max_gpt2.kernels.F = VariantOps(functional, package)
-    try:
-        return load_lm(checkpoint, device="cpu", weights=weights)
-    finally:
-        max_gpt2.kernels.F = functional
-
-
 def load_op_by_op_lm(checkpoint: Path, weights: str) -> CompiledLM:
     """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
     with mock.patch.object(gpt2, "KernelBlock", Block):
         return load_lm(checkpoint, device="cpu", weights=weights)
 
 
+def in_turn(names: list[str], pair: int) -> list[str]:
+    """The order the pair'th pair of calls runs in: alternated, so that neither version is always
+    first (with ours always first, a copy of our kernels against themselves read 0.98-1.00)."""
+    return names if pair % 2 == 0 else names[::-1]
+
+
+def spread(first: list[float], second: list[float]) -> str:
+    """The middle half of second / first over the pairs of calls, as "q1-q3"."""
+    q1, _, q3 = statistics.quantiles([b / a for a, b in zip(first, second, strict=True)], n=4)
+    return f"{q1:.3f}-{q3:.3f}"
+
+
 def time_steps(
-    models: dict[str, CompiledLM], batch: int, prompt: int, rng: np.random.Generator
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Median ms of a decoding step of each model, alternated step by step; each one's first step's logits."""
+    models: dict[str, CompiledLM], batch: int, prompt: int, rounds: int, rng: np.random.Generator
+) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+    """Seconds of each decoding step of each model, step by step in turn; each one's first step's logits."""
     seconds: dict[str, list[float]] = {name: [] for name in models}
     first: dict[str, np.ndarray] = {}
-    for _ in range(STEP_ROUNDS):
+    for _ in range(rounds):
         ids = rng.integers(0, next(iter(models.values())).config.vocab_size, (batch, prompt))
         caches = {name: lm.new_cache(batch, prompt + STEPS) for name, lm in models.items()}
         for name, lm in models.items():
             lm.prefill(ids, caches[name])
         tokens = ids[:, -1]
-        for _ in range(STEPS):
-            for name, lm in models.items():
+        for step in range(STEPS):
+            for name in in_turn(list(models), step):
                 start = time.perf_counter()
-                logits = lm.decode_step(tokens, caches[name])
+                logits = models[name].decode_step(tokens, caches[name])
                 seconds[name].append(time.perf_counter() - start)
                 first.setdefault(name, logits)
-    return {name: statistics.median(times) * 1e3 for name, times in seconds.items()}, first
+    return seconds, first
 
 
-def compare_steps(cases: str, models: dict[str, CompiledLM]) -> None:
+def compare_steps(cases: str, models: dict[str, CompiledLM], rounds: int) -> None:
     """Prints whole decoding steps of two models of the benchmark checkpoint, the second against the first."""
     first, second = models
     rng = np.random.default_rng(0)
-    print(f"| batch x positions | {first} ms | {second} ms | ratio | max difference |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"| batch x positions | {first} ms | {second} ms | ratio | pairs' middle half | max difference |")
+    print("|---|---:|---:|---:|---:|---:|")
     for case in cases.split(","):
         batch, prompt = (int(v) for v in case.split("x"))
-        milliseconds, logits = time_steps(models, batch, prompt, rng)
+        seconds, logits = time_steps(models, batch, prompt, rounds, rng)
         difference = float(np.abs(logits[first] - logits[second]).max())
-        first_ms, second_ms = milliseconds[first], milliseconds[second]
+        first_ms, second_ms = (statistics.median(seconds[name]) * 1e3 for name in models)
         print(
             f"| {batch} x {prompt}..{prompt + STEPS} | {first_ms:.2f} | {second_ms:.2f} | "
-            f"{second_ms / first_ms:.3f} | {difference:.1e} |",
+            f"{second_ms / first_ms:.3f} | {spread(seconds[first], seconds[second])} | {difference:.1e} |",
             flush=True,
         )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
-    parser.add_argument("--weights", default="float32", choices=wf.FORMATS)
-    parser.add_argument(
-        "--part",
-        default="step",
-        choices=PARTS,
-        help="products: the whole step's, the layers' or the head's (default: step)",
-    )
-    parser.add_argument("--rows", default="1,8", help="rows of x (batch), comma-separated (default: 1,8)")
-    parser.add_argument("--model", default="small", choices=sorted(MODELS))
-    parser.add_argument("--rounds", type=int, default=30, help="timed calls of each (default: 30)")
-    parser.add_argument("--steps", help="whole decoding steps instead, BATCHxPOSITIONS,... (e.g. 1x32,8x100)")
-    parser.add_argument(
-        "--kv-cache", choices=["float16"], help="with --steps, no copy: against this KV cache"
-    )
-    parser.add_argument("--op-by-op", action="store_true", help="with --steps, no copy: against op by op")
-    args = parser.parse_args()
-    others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
-    if others != 1 or (args.variant is None and not args.steps):
-        parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")
-    if args.steps and args.part != "step":
-        parser.error("--part picks products to time alone; --steps times whole steps")
-    if args.steps:
-        print(machine_description(CPU()))
-        checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
-        # The format's default cache (float16 beside packed weights), or float32 against --kv-cache.
-        ours = load_lm(
-            checkpoint, device="cpu", weights=args.weights, kv_cache="float32" if args.kv_cache else None
-        )
-        if args.kv_cache:
-            other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
-            compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other})
-            return 0
-        if args.op_by_op:
-            other = load_op_by_op_lm(checkpoint, args.weights)
-            compare_steps(args.steps, {"one op a block": ours, "op by op": other})
-            return 0
-        with tempfile.TemporaryDirectory() as temporary:
-            package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))
-            variant = load_variant_lm(checkpoint, args.weights, package)
-            compare_steps(args.steps, {"ours": ours, "variant": variant})
-        return 0
+def compare_products(args: argparse.Namespace) -> None:
+    """Prints a step's products (or `--part`'s) through our op and the copy's, at each of `--rows`."""
     config = MODELS[args.model]
     shapes = step_shapes(config, args.part)
     op = matmul_op_name(args.weights)
@@ -282,8 +203,11 @@ def main() -> int:
     weights = [buffer for product in products for buffer in product]
     session = InferenceSession(devices=[CPU()])
     print(machine_description(CPU()))
-    print("| rows | ours ms | variant ms | ours GB/s | variant GB/s | variant / ours | max difference |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| rows | ours ms | variant ms | ours GB/s | variant GB/s | variant / ours | pairs' middle half |"
+        " max difference |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as temporary:
         variant = renamed_copy(args.variant, Path(temporary))
         extensions = [kernel_library(), compiled_package(variant, cache=Path(temporary))]
@@ -306,18 +230,72 @@ def main() -> int:
             outputs = {name: model.execute(x, *weights)[0].to_numpy() for name, model in models.items()}
             quiet_restless_threads()  # as a compiled model does after its first run
             seconds: dict[str, list[float]] = {name: [] for name in models}
-            for _ in range(args.rounds):
-                for name, model in models.items():
+            for call in range(args.rounds or PRODUCT_ROUNDS):
+                for name in in_turn(list(models), call):
                     start = time.perf_counter()
-                    model.execute(x, *weights)
+                    models[name].execute(x, *weights)
                     seconds[name].append(time.perf_counter() - start)
             ours, theirs = (statistics.median(seconds[name]) for name in ("ours", "variant"))
             difference = float(np.abs(outputs["ours"] - outputs["variant"]).max())
             print(
                 f"| {rows} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {streamed / ours / 1e9:.1f} | "
-                f"{streamed / theirs / 1e9:.1f} | {theirs / ours:.3f} | {difference:.1e} |",
+                f"{streamed / theirs / 1e9:.1f} | {theirs / ours:.3f} | "
+                f"{spread(seconds['ours'], seconds['variant'])} | {difference:.1e} |",
                 flush=True,
             )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
+    parser.add_argument("--weights", default="float32", choices=wf.FORMATS)
+    parser.add_argument(
+        "--part",
+        default="step",
+        choices=PARTS,
+        help="products: the whole step's, the layers' or the head's (default: step)",
+    )
+    parser.add_argument("--rows", default="1,8", help="rows of x (batch), comma-separated (default: 1,8)")
+    parser.add_argument("--model", default="small", choices=sorted(MODELS))
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help=f"timed calls of each product graph (default {PRODUCT_ROUNDS}), or with --steps prompts of"
+        f" {STEPS} steps each (default {STEP_ROUNDS})",
+    )
+    parser.add_argument("--steps", help="whole decoding steps instead, BATCHxPOSITIONS,... (e.g. 1x32,8x100)")
+    parser.add_argument(
+        "--kv-cache", choices=["float16"], help="with --steps, no copy: against this KV cache"
+    )
+    parser.add_argument("--op-by-op", action="store_true", help="with --steps, no copy: against op by op")
+    args = parser.parse_args()
+    others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
+    if others != 1 or (args.variant is None and not args.steps):
+        parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")
+    if args.steps and args.part != "step":
+        parser.error("--part picks products to time alone; --steps times whole steps")
+    if args.steps:
+        rounds = args.rounds or STEP_ROUNDS
+        print(machine_description(CPU()))
+        checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
+        # The format's default cache (float16 beside packed weights), or float32 against --kv-cache.
+        ours = load_lm(
+            checkpoint, device="cpu", weights=args.weights, kv_cache="float32" if args.kv_cache else None
+        )
+        if args.kv_cache:
+            other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
+            compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other}, rounds)
+            return 0
+        if args.op_by_op:
+            other = load_op_by_op_lm(checkpoint, args.weights)
+            compare_steps(args.steps, {"one op a block": ours, "op by op": other}, rounds)
+            return 0
+        with tempfile.TemporaryDirectory() as temporary:
+            package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))
+            variant = load_variant_lm(checkpoint, args.weights, package)
+            compare_steps(args.steps, {"ours": ours, "variant": variant}, rounds)
+        return 0
+    compare_products(args)
     return 0
 
 

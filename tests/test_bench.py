@@ -150,11 +150,16 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def load_benchmark(name: str):
-    """benchmarks/NAME.py as a module (the folder is not a package)."""
-    path = Path(__file__).parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    """benchmarks/NAME.py as a module (the folder is not a package; its scripts import each other
+    as they do when run from it)."""
+    folder = Path(__file__).parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module
 
 
@@ -220,8 +225,7 @@ def test_serving_stress_asks_only_what_fits_the_context_and_finds_the_first_diff
 def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
     """benchmarks/kernel_ab.py loads an edited copy of the kernels beside ours: the copy must register
     each of our ops under its own name (suffix `_b`) and change nothing else."""
-    kernel_ab = load_kernel_ab()
-    package = kernel_ab.renamed_copy(MOJO_PACKAGE, tmp_path)
+    package = load_benchmark("kernel_copy").renamed_copy(MOJO_PACKAGE, tmp_path)
     assert package.parent == tmp_path  # its compiled package goes beside it, not inside
     sources = sorted(MOJO_PACKAGE.glob("*.mojo"))
     assert [copy.name for copy in sorted(package.glob("*.mojo"))] == [source.name for source in sources]
@@ -241,7 +245,7 @@ def test_kernel_ab_copies_the_kernels_with_every_op_renamed(tmp_path):
 def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
     """`--steps` loads the model a second time staging every custom op from the copy, renamed, and
     leaves the rest of the functional API (and `max_gpt2.kernels` afterwards) as it was."""
-    kernel_ab = load_kernel_ab()
+    kernel_copy = load_benchmark("kernel_copy")
     staged = []
 
     class Recording:
@@ -254,7 +258,7 @@ def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
         def constant(self, value):
             return value
 
-    ops = kernel_ab.VariantOps(Recording(), tmp_path)
+    ops = kernel_copy.VariantOps(Recording(), tmp_path)
     ops.custom("skinny_matmul", "cpu", [], [], custom_extensions=MOJO_PACKAGE)
     ops.inplace_custom("gpt2_cached_attention", "cpu", [], [], custom_extensions=MOJO_PACKAGE)
     assert staged == [
@@ -264,8 +268,21 @@ def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
     assert ops.constant(3) == 3
     functional = max_gpt2.kernels.F
     with pytest.raises(Exception, match="missing"):
-        kernel_ab.load_variant_lm(tmp_path / "missing", "float32", tmp_path)
+        kernel_copy.load_variant_lm(tmp_path / "missing", "float32", tmp_path)
     assert max_gpt2.kernels.F is functional
+
+
+def test_kernel_ab_alternates_which_goes_first_and_reports_the_pairs_spread():
+    """Neither version always runs first, and the spread is the quartiles of the pairs' ratios."""
+    kernel_ab = load_kernel_ab()
+    assert [kernel_ab.in_turn(["ours", "variant"], pair) for pair in range(3)] == [
+        ["ours", "variant"],
+        ["variant", "ours"],
+        ["ours", "variant"],
+    ]
+    ours = [1.0, 2.0, 1.0, 4.0, 1.0]
+    variant = [0.9, 2.2, 1.1, 4.0, 1.3]  # ratios 0.9, 1.1, 1.1, 1.0, 1.3
+    assert kernel_ab.spread(ours, variant) == "0.950-1.200"
 
 
 def test_kernel_ab_op_by_op_leaves_the_model_as_it_was(tmp_path):

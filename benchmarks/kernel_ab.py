@@ -61,7 +61,7 @@ from max.engine import InferenceSession, Model
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
-from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.harness import in_turn, machine_description
 from max_gpt2.inference.devices import packed_buffer
 from max_gpt2.inference.lm import CompiledLM, load_lm
 from max_gpt2.inference.threads import quiet_restless_threads
@@ -129,12 +129,6 @@ def load_op_by_op_lm(checkpoint: Path, weights: str) -> CompiledLM:
     """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
     with mock.patch.object(gpt2, "KernelBlock", Block):
         return load_lm(checkpoint, device="cpu", weights=weights)
-
-
-def in_turn(names: list[str], pair: int) -> list[str]:
-    """The order the pair'th pair of calls runs in: alternated, so that neither version is always
-    first (with ours always first, a copy of our kernels against themselves read 0.98-1.00)."""
-    return names if pair % 2 == 0 else names[::-1]
 
 
 def spread(first: list[float], second: list[float]) -> str:

@@ -275,7 +275,8 @@ def test_kernel_ab_stages_the_variants_ops_for_whole_steps(tmp_path):
 def test_kernel_ab_alternates_which_goes_first_and_reports_the_pairs_spread():
     """Neither version always runs first, and the spread is the quartiles of the pairs' ratios."""
     kernel_ab = load_kernel_ab()
-    assert [kernel_ab.in_turn(["ours", "variant"], pair) for pair in range(3)] == [
+    assert kernel_ab.in_turn is harness.in_turn
+    assert [harness.in_turn(["ours", "variant"], pair) for pair in range(3)] == [
         ["ours", "variant"],
         ["variant", "ours"],
         ["ours", "variant"],

@@ -42,6 +42,7 @@ from max_gpt2.bench.attention_contenders import (
 )
 from max_gpt2.bench.harness import (
     cold_compile_seconds,
+    in_turn,
     machine_description,
     measure_peak_gflops,
     peak_dtype,
@@ -130,8 +131,7 @@ def time_shape(
         live.append((contender, prepared))
     times: dict[str, list[float]] = {contender.name: [] for contender, _ in live}
     for round_index in range(args.repeat):
-        shift = round_index % max(1, len(live))
-        for contender, prepared in live[shift:] + live[:shift]:
+        for contender, prepared in in_turn(live, round_index):
             last = settle(contender.call, prepared)
             # Short calls are timed in bursts, for as many samples as the long ones get time.
             for _ in range(min(MAX_BURST, max(1, int(BURST_SECONDS / last)))):

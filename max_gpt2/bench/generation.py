@@ -63,7 +63,7 @@ from max_gpt2.bench.generation_contenders import (
     llama_cpp_generator,
     max_generator,
 )
-from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.harness import in_turn, machine_description
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
@@ -103,8 +103,7 @@ def interleaved(
     results: dict[tuple[str, str], list[Any]] = {(label, g.name): [] for label, g in jobs}
     for index in range(rounds):
         before_round()
-        shift = index % len(jobs)
-        for label, generator in jobs[shift:] + jobs[:shift]:
+        for label, generator in in_turn(jobs, index):
             generator.settle()
             results[label, generator.name].append(run(label, generator))
     return results

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from max.driver import Device
@@ -32,6 +32,8 @@ SETTLE_SECONDS = 0.2
 """Untimed running before a timed call. Measured on 2 cores at GPT-2 small, 1 x 128: MAX's 3.8 ms
 call took 8.8 ms right after a PyTorch call; PyTorch eager took 8.9 ms instead of 4.8 ms 50 ms after
 a NumPy call, and 4.8 ms after 200 ms."""
+
+T = TypeVar("T")
 
 
 def machine_description(device: Device) -> dict[str, Any]:
@@ -159,6 +161,13 @@ def cold_compile_seconds(config: GPT2Config, device: str, dtype: str, impl: str)
     if done.returncode != 0:
         raise RuntimeError(f"cold compile of {impl} failed: {done.stderr.strip()[-500:]}")
     return float(done.stdout.strip().splitlines()[-1])
+
+
+def in_turn(items: list[T], index: int) -> list[T]:
+    """`items` rotated by `index`: the order of round (or pair of calls) `index`, so that each goes
+    first in turn and none gains from always following the same one."""
+    shift = index % max(1, len(items))
+    return items[shift:] + items[:shift]
 
 
 def settle(call: Callable[[Any], Any], prepared: Any) -> float:

@@ -2,6 +2,7 @@
 
 attention.py              the attention implementations, NumPy and PyTorch (`max-gpt2 bench`)
 attention_contenders.py   how each of those is called
+attention_report.py       bench's table and plot
 generation.py             text generation against Hugging Face (`max-gpt2 bench-generate`)
 generation_contenders.py  our CompiledLM, Hugging Face's generate and llama.cpp's llama-bench
 generation_report.py      bench-generate's table and plot

@@ -11,15 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from max_gpt2.bench.attention import (
-    CPU_SHAPES,
-    GPU_SHAPES,
-    MODELS,
-    format_table,
-    parse_models,
-    plot,
-    run_benchmark,
-)
+from max_gpt2.bench.attention import CPU_SHAPES, GPU_SHAPES, MODELS, parse_models, run_benchmark
+from max_gpt2.bench.attention_report import format_table, plot
 from max_gpt2.bench.report import publish
 from max_gpt2.cli.console import positive_int
 from max_gpt2.outputs import Progress

@@ -5,7 +5,9 @@
 # The task walks its rows 24 at a time, and dots those with every row of x (X_ROWS at once) while
 # they are in cache, a block of RB rows at a time, every partial sum in a register (MB x RB
 # accumulators of a vector register's lanes); where x has several whole groups of X_ROWS rows they
-# take the rows of W 6 at a time. Against bfloat16 W, x is rounded to bfloat16 and the sums are
+# take the rows of W 6 at a time. Float32 W against one row of x, where no row of W is read twice,
+# is cut into RB runs instead, and a block takes a row from each: a thread reads RB long streams.
+# Against bfloat16 W, x is rounded to bfloat16 and the sums are
 # float32 (bfloat16_products.mojo). float32 W is row-major [N, K] (any Linear's weight), bfloat16 W
 # is stored in interleaved groups of 8 rows (packed_layout.mojo), so that the rows a block reads
 # together are one stream.
@@ -35,7 +37,7 @@ comptime SHARED_PASS_ROWS = 6
 def w_rows[WT: DType, MB: Int]() -> Int:
     """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
     vector registers (32 on AVX-512, 16 on AVX2), RB dividing `PASS_ROWS`. Float32 W against one row
-    of x reads fewer rows side by side than registers allow: on AVX-512 a row at a time, one stream
+    of x reads fewer rows side by side than registers allow (`_runs`): on AVX-512 a row at a time, one stream
     of memory a thread, which a 2-core Zen 5 read 8 % faster than 8 rows (a decoding step 0.87-0.91x
     the time); on AVX2 4 rows, where a 2-core Zen 3 took 0.95-0.98x the time for a step with 4 (2
     and 6 rows 0.96-0.99x, 1 row 1.00-1.04x) against 8. bfloat16's interleaved groups read a row at
@@ -69,10 +71,12 @@ def _block[
     N: Int,
     n: Int,
     chunk_end: Int,
+    apart: Int = 1,
 ):
-    """Y[m, n + r] (+ bias[n + r]) for m < MB, r < RB; x and y point at the group's first row (x's
-    rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
-    comptime AHEAD = PREFETCH_BYTES // size_of[WT]()
+    """Y[m, n + r * apart] (+ its bias) for m < MB, r < RB; x and y point at the group's first row
+    (x's rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
+    # Rows `apart` > 1 rows apart are RB streams, each requested ahead by its share of the bytes.
+    var AHEAD = PREFETCH_BYTES // size_of[WT]() // (RB if apart > 1 else 1)
     comptime PAIRS = WT != F32 and MB > 1 and BF16_PAIRS
     comptime STEP = 2 * LANES if PAIRS else LANES  # values a multiply-add takes
     # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
@@ -83,7 +87,7 @@ def _block[
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
     var starts = Array[Int, RB](uninitialized=True)
     comptime for r in range(RB):
-        starts[r] = _start[WT](n + r, K)
+        starts[r] = _start[WT](n + r * apart, K)
     var vector_end = K // STEP * STEP if WT == F32 else stride  # bfloat16: padded with zeros
     var k = 0
     var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
@@ -113,7 +117,8 @@ def _block[
             var total = acc[m * RB + r].reduce_add()
             for tail in range(vector_end, K):  # float32 only
                 total += w[starts[r] + tail].cast[F32]() * x[m * stride + tail].cast[F32]()
-            finish[EPILOGUE, 1](y + m * N + n + r, total + bias[n + r] if has_bias else total)
+            var out = n + r * apart
+            finish[EPILOGUE, 1](y + m * N + out, total + bias[out] if has_bias else total)
 
 
 @always_inline
@@ -140,6 +145,34 @@ def _rows[
     while n < end:
         _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
         n += 1
+
+
+def _runs[
+    EPILOGUE: Int
+](
+    x: UnsafePointer[Float32, ImmutAnyOrigin],
+    w: UnsafePointer[Float32, ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """Float32 rows first..last-1 of W against one row of x, cut into RB runs (`w_rows`), a block
+    taking the i-th row of each: RB streams as long as a run, where RB neighbouring rows start RB
+    new streams every RB rows (at K = 768, every 12 KB). On a 2-core Zen 3, whole batch-1 steps of
+    GPT-2 small 0.85-0.87x the time, the products alone 0.90-0.91x (`kernel_ab.py`; the same bytes
+    requested ahead each stream, or 4x as many, the same), outputs identical."""
+    comptime RB = w_rows[F32, 1]()
+    var run = (last - first) // RB
+    var chunk_end = last * K
+    var xs = rebind[UnsafePointer[Scalar[x_dtype[F32]()], ImmutAnyOrigin]](x)
+    for i in range(run):
+        _block[F32, 1, RB, EPILOGUE](xs, w, bias, has_bias, y, K, N, first + i, chunk_end, run)
+    for n in range(first + run * RB, last):
+        _block[F32, 1, 1, EPILOGUE](xs, w, bias, has_bias, y, K, N, n, chunk_end)
 
 
 def _passes[
@@ -198,12 +231,15 @@ def dense_rows[
 ):
     """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
 
-    `PASS_ROWS` rows of W at a time (`SHARED_PASS_ROWS` for whole groups of x), against every row of
+    Float32 W against one row of x in runs (`_runs`); otherwise `PASS_ROWS` rows of W at a time (`SHARED_PASS_ROWS` for whole groups of x), against every row of
     x while they are in cache (past 8 rows of x a chunk no longer fits the cache by the second
     pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
     microseconds against the product's hundreds)."""
     comptime XT = x_dtype[WT]()
     comptime if WT == F32:
+        if M == 1:
+            _runs[EPILOGUE](x, rebind[UnsafePointer[Float32, ImmutAnyOrigin]](w), bias, has_bias, y, K, N, first, last)
+            return
         _passes[WT, EPILOGUE](rebind[UnsafePointer[Scalar[XT], ImmutAnyOrigin]](x), w, bias, has_bias, y, M, K, N, first, last)
     else:
         var rounded = rounded_rows[XT](x, M, K)

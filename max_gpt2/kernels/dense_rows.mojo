@@ -37,10 +37,11 @@ comptime SHARED_PASS_ROWS = 6
 def w_rows[WT: DType, MB: Int]() -> Int:
     """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
     vector registers (32 on AVX-512, 16 on AVX2), RB dividing `PASS_ROWS`. Float32 W against one row
-    of x reads fewer rows side by side than registers allow (`_runs`): on AVX-512 a row at a time, one stream
-    of memory a thread, which a 2-core Zen 5 read 8 % faster than 8 rows (a decoding step 0.87-0.91x
-    the time); on AVX2 4 rows, where a 2-core Zen 3 took 0.95-0.98x the time for a step with 4 (2
-    and 6 rows 0.96-0.99x, 1 row 1.00-1.04x) against 8. bfloat16's interleaved groups read a row at
+    of x reads fewer rows at a time than registers allow, one from each of RB runs (`_runs`): on
+    AVX-512 a row at a time, one stream of memory a thread, which a 2-core Zen 5 read 8 % faster
+    than 8 rows (a decoding step 0.87-0.91x the time); on AVX2 4 rows, where a 2-core Zen 3 took
+    0.95-0.98x the time for a step with 4 neighbouring rows (2 and 6 rows 0.96-0.99x, 1 row
+    1.00-1.04x) against 8, and 4 runs then took 0.83-0.87x. bfloat16's interleaved groups read a row at
     a time were 1.2x slower."""
     comptime if WT == F32 and MB == 1:
         return 1 if CompilationTarget.has_avx512f() else 4

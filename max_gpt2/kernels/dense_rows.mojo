@@ -164,7 +164,7 @@ def _runs[
     """Float32 rows first..last-1 of W against one row of x, cut into RB runs (`w_rows`), a block
     taking the i-th row of each: RB streams as long as a run, where RB neighbouring rows start RB
     new streams every RB rows (at K = 768, every 12 KB). On a 2-core Zen 3, whole batch-1 steps of
-    GPT-2 small 0.85-0.87x the time, the products alone 0.90-0.91x (`kernel_ab.py`; the same bytes
+    GPT-2 small 0.83-0.87x the time, the products alone 0.90-0.91x (`kernel_ab.py`; the same bytes
     requested ahead each stream, or 4x as many, the same), outputs identical."""
     comptime RB = w_rows[F32, 1]()
     var run = (last - first) // RB
@@ -172,8 +172,7 @@ def _runs[
     var xs = rebind[UnsafePointer[Scalar[x_dtype[F32]()], ImmutAnyOrigin]](x)
     for i in range(run):
         _block[F32, 1, RB, EPILOGUE](xs, w, bias, has_bias, y, K, N, first + i, chunk_end, run)
-    for n in range(first + run * RB, last):
-        _block[F32, 1, 1, EPILOGUE](xs, w, bias, has_bias, y, K, N, n, chunk_end)
+    _rows[F32, 1, 1, EPILOGUE](xs, w, bias, has_bias, y, K, N, first + run * RB, last, chunk_end)
 
 
 def _passes[
@@ -232,9 +231,9 @@ def dense_rows[
 ):
     """Columns first..last-1 of Y = x @ W^T (+ bias), written as EPILOGUE says (epilogue.mojo).
 
-    Float32 W against one row of x in runs (`_runs`); otherwise `PASS_ROWS` rows of W at a time (`SHARED_PASS_ROWS` for whole groups of x), against every row of
-    x while they are in cache (past 8 rows of x a chunk no longer fits the cache by the second
-    pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
+    Float32 W against one row of x in runs (`_runs`); otherwise `PASS_ROWS` rows of W at a time
+    (`SHARED_PASS_ROWS` for whole groups of x), against every row of x while they are in cache
+    (past 8 rows of x a chunk no longer fits the cache by the second pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
     microseconds against the product's hundreds)."""
     comptime XT = x_dtype[WT]()
     comptime if WT == F32:

@@ -233,8 +233,9 @@ def dense_rows[
 
     Float32 W against one row of x in runs (`_runs`); otherwise `PASS_ROWS` rows of W at a time
     (`SHARED_PASS_ROWS` for whole groups of x), against every row of x while they are in cache
-    (past 8 rows of x a chunk no longer fits the cache by the second pass). Against bfloat16 W, x is first rounded to bfloat16, by every task for itself (a few
-    microseconds against the product's hundreds)."""
+    (past 8 rows of x a chunk no longer fits the cache by the second pass). Against bfloat16 W, x
+    is first rounded to bfloat16, by every task for itself (a few microseconds against the
+    product's hundreds)."""
     comptime XT = x_dtype[WT]()
     comptime if WT == F32:
         if M == 1:

@@ -1,9 +1,9 @@
 """A/B of a kernel change: a GPT-2 step's products through our kernels and through an edited copy.
 
     cp -r max_gpt2/kernels /tmp/try && $EDITOR /tmp/try/skinny_matmul.mojo
-    python benchmarks/kernel_ab.py /tmp/try --weights bfloat16 --rows 1,8
+    python benchmarks/kernel_ab.py /tmp/try --weight-format bfloat16 --rows 1,8
 
-On 2 cores the machine's memory speed moves between runs by 10-30 %, so two
+A small machine's memory speed moves between runs by tens of per cent, so two
 runs cannot tell a few per cent apart. Here both versions load into one
 process (`kernel_copy.py`: the copy's ops renamed, so MAX loads them beside
 `max_gpt2.kernels`; a variant compiles in seconds) and are called in turn, which
@@ -17,13 +17,13 @@ second, the ratio, the middle half of the ratios pair by pair (a spread that
 straddles 1 says the pairs disagree on which is faster), and the largest
 difference between their outputs.
 
-    python benchmarks/kernel_ab.py /tmp/try --weights bfloat16 --rows 1 --part head
+    python benchmarks/kernel_ab.py /tmp/try --weight-format bfloat16 --rows 1 --part head
 
 the same for the layers' products alone (`--part layers`) or the LM head's shape three
 times (`--part head`: a big product, which streams nearer the memory's rate than a
 layer's small ones).
 
-    python benchmarks/kernel_ab.py /tmp/try --weights q4_0 --steps 1x32,8x100
+    python benchmarks/kernel_ab.py /tmp/try --weight-format q4_0 --steps 1x32,8x100
 
 times whole decoding steps instead (attention, MAX's ops and all): the
 benchmark checkpoint loaded twice with `load_lm`, the second time with every
@@ -32,12 +32,12 @@ a prompt of that length and 39 steps of each model in turn, 4 rounds (`--rounds`
 median step milliseconds, the ratio and its pairs' middle half, and the largest
 difference between the logits of their first steps.
 
-    python benchmarks/kernel_ab.py --kv-cache float16 --weights q4_0 --steps 1x32,8x100
+    python benchmarks/kernel_ab.py --kv-cache float16 --weight-format q4_0 --steps 1x32,8x100
 
 the same, our kernels both times, the first model keeping its KV cache in float32, the second in
 float16 (elsewhere both keep the format's default: float16 beside packed weights).
 
-    python benchmarks/kernel_ab.py --op-by-op --weights q4_0 --steps 1x32,8x32
+    python benchmarks/kernel_ab.py --op-by-op --weight-format q4_0 --steps 1x32,8x32
 
 the same, the first model's blocks one `gpt2_decode_layer` op each (as shipped), the
 second's op by op (layer norms, products, attention, GELU and adds, each an op).
@@ -90,15 +90,15 @@ def step_shapes(config: GPT2Config, part: str = "step") -> list[tuple[int, int]]
     return {"step": layers + head, "layers": layers, "head": head * 3}[part]
 
 
-def stored(weight: np.ndarray, weights: str, bias: np.ndarray) -> list[np.ndarray]:
-    """`weight` [N, K] as the kernel for `weights` takes it: the matrix, or values and scales, then
+def stored(weight: np.ndarray, weight_format: str, bias: np.ndarray) -> list[np.ndarray]:
+    """`weight` [N, K] as the kernel for `weight_format` takes it: the matrix, or values and scales, then
     the bias the kernel adds (empty: none)."""
-    if weights == "float32":
+    if weight_format == "float32":
         return [weight, bias]
-    if weights == "bfloat16":
+    if weight_format == "bfloat16":
         return [wf.interleave_bfloat16(float32_to_bfloat16_bits(weight)), bias]
-    values, scales = (wf.quantize_q8_0 if weights == "q8_0" else wf.quantize_q4_0)(weight)
-    return [*wf.interleave(values, scales, weights), bias]
+    values, scales = (wf.quantize_q8_0 if weight_format == "q8_0" else wf.quantize_q4_0)(weight)
+    return [*wf.interleave(values, scales, weight_format), bias]
 
 
 def step_graph(
@@ -125,10 +125,10 @@ def step_graph(
     return graph
 
 
-def load_op_by_op_lm(checkpoint: Path, weights: str) -> CompiledLM:
+def load_op_by_op_lm(checkpoint: Path, weight_format: str) -> CompiledLM:
     """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
-    with mock.patch.object(gpt2, "KernelBlock", Block):
-        return load_lm(checkpoint, device="cpu", weights=weights)
+    with mock.patch.object(gpt2, "block_for", lambda config, kernels: Block):
+        return load_lm(checkpoint, device="cpu", weight_format=weight_format)
 
 
 def spread(first: list[float], second: list[float]) -> str:
@@ -180,14 +180,14 @@ def compare_products(args: argparse.Namespace) -> None:
     """Prints a step's products (or `--part`'s) through our op and the copy's, at each of `--rows`."""
     config = MODELS[args.model]
     shapes = step_shapes(config, args.part)
-    op = matmul_op_name(args.weights)
+    op = matmul_op_name(args.weight_format)
     rng = np.random.default_rng(0)
     # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have
     # biases (zeros here), the head none.
     arrays = [
         stored(
             rng.standard_normal((n, k), np.float32) / np.float32(np.sqrt(k)),
-            args.weights,
+            args.weight_format,
             np.zeros(0 if n == config.vocab_size else n, np.float32),
         )
         for n, k in shapes
@@ -209,7 +209,7 @@ def compare_products(args: argparse.Namespace) -> None:
             models: dict[str, Model] = {
                 name: session.load(
                     step_graph(
-                        f"ab_{name}_{args.weights}_{rows}",
+                        f"ab_{name}_{args.weight_format}_{rows}",
                         op + suffix,
                         rows,
                         config.n_embd,
@@ -242,7 +242,7 @@ def compare_products(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
-    parser.add_argument("--weights", default="float32", choices=wf.FORMATS)
+    parser.add_argument("--weight-format", default="float32", choices=wf.FORMATS)
     parser.add_argument(
         "--part",
         default="step",
@@ -274,19 +274,24 @@ def main() -> int:
         checkpoint = demo_checkpoint_for(args.model, default_cache_dir(), Progress(sys.stderr))
         # The format's default cache (float16 beside packed weights), or float32 against --kv-cache.
         ours = load_lm(
-            checkpoint, device="cpu", weights=args.weights, kv_cache="float32" if args.kv_cache else None
+            checkpoint,
+            device="cpu",
+            weight_format=args.weight_format,
+            kv_cache="float32" if args.kv_cache else None,
         )
         if args.kv_cache:
-            other = load_lm(checkpoint, device="cpu", weights=args.weights, kv_cache=args.kv_cache)
+            other = load_lm(
+                checkpoint, device="cpu", weight_format=args.weight_format, kv_cache=args.kv_cache
+            )
             compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other}, rounds)
             return 0
         if args.op_by_op:
-            other = load_op_by_op_lm(checkpoint, args.weights)
+            other = load_op_by_op_lm(checkpoint, args.weight_format)
             compare_steps(args.steps, {"one op a block": ours, "op by op": other}, rounds)
             return 0
         with tempfile.TemporaryDirectory() as temporary:
             package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))
-            variant = load_variant_lm(checkpoint, args.weights, package)
+            variant = load_variant_lm(checkpoint, args.weight_format, package)
             compare_steps(args.steps, {"ours": ours, "variant": variant}, rounds)
         return 0
     compare_products(args)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import max_gpt2.kernels
+import max_gpt2.kernels.ops
 from max_gpt2.inference.lm import CompiledLM, load_lm
 
 SUFFIX = "_b"
@@ -35,7 +35,7 @@ def renamed_copy(kernels: Path, into: Path, suffix: str = SUFFIX) -> Path:
 
 
 class VariantOps:
-    """The functional API `max_gpt2.kernels` stages its ops with, every custom op taken from `package`
+    """The functional API `max_gpt2.kernels.ops` stages our ops with, every custom op taken from `package`
     under its renamed name; everything else passes through."""
 
     def __init__(self, functional: Any, package: Path) -> None:
@@ -55,11 +55,11 @@ class VariantOps:
         return stage_variant
 
 
-def load_variant_lm(checkpoint: Path, weights: str, package: Path) -> CompiledLM:
+def load_variant_lm(checkpoint: Path, weight_format: str, package: Path) -> CompiledLM:
     """`load_lm` with the kernels of `package` (a `renamed_copy`, compiled) in place of ours."""
-    functional = max_gpt2.kernels.F
-    max_gpt2.kernels.F = VariantOps(functional, package)
+    functional = max_gpt2.kernels.ops.F
+    max_gpt2.kernels.ops.F = VariantOps(functional, package)
     try:
-        return load_lm(checkpoint, device="cpu", weights=weights)
+        return load_lm(checkpoint, device="cpu", weight_format=weight_format)
     finally:
-        max_gpt2.kernels.F = functional
+        max_gpt2.kernels.ops.F = functional

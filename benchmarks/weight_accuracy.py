@@ -3,7 +3,7 @@
     python benchmarks/weight_accuracy.py       # trained-small (train_small.py) and GPT-2 small, random
     python benchmarks/weight_accuracy.py --checkpoint DIR [--text FILE] [--json OUT]
     python benchmarks/weight_accuracy.py --kv-cache float16   # each format also with a float16 KV cache
-    python benchmarks/weight_accuracy.py --weights float32,bfloat16   # these formats only
+    python benchmarks/weight_accuracy.py --weight-format float32,bfloat16   # these formats only
 
 For each checkpoint, `--sequences` windows of `--length` tokens of text (the
 checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
@@ -119,14 +119,17 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--kv-cache", choices=["float16"], help="each format also with this KV cache")
-    parser.add_argument("--weights", default=",".join(FORMATS), help="comma-separated (default: all)")
+    parser.add_argument("--weight-format", default=",".join(FORMATS), help="comma-separated (default: all)")
     args = parser.parse_args()
     try:
-        formats = [check_format(format, "--weights") for format in args.weights.split(",")]
+        formats = [check_format(format, "--weight-format") for format in args.weight_format.split(",")]
     except ValueError as error:
         parser.error(str(error))
     if formats[0] != "float32":
-        parser.error(f"--weights starts with float32, which the others are compared with; got {args.weights}")
+        parser.error(
+            f"--weight-format starts with float32, which the others are compared with; "
+            f"got {args.weight_format}"
+        )
     progress = Progress(sys.stderr)
     checkpoints = args.checkpoint
     if not checkpoints:

@@ -158,16 +158,6 @@ def lm_logits_and_largest_score(
     return run.logits, run.largest_score
 
 
-def lm_attentions(
-    input_ids: np.ndarray,
-    weights: Mapping[str, np.ndarray],
-    config: GPT2Config,
-    attention_mask: np.ndarray | None = None,
-) -> np.ndarray:
-    """Every layer's attention weights, float64 `[layers, batch, heads, seq, seq]`; padding queries 0."""
-    return lm_forward(input_ids, weights, config, attention_mask).attentions
-
-
 class LMForward(NamedTuple):
     logits: np.ndarray  # [batch, seq, vocab]
     attentions: np.ndarray  # [layers, batch, heads, seq, seq]

@@ -2,8 +2,7 @@
 tests/test_decode_layer.py run them, compiled as one module (`compile_ops`).
 
 Every size is symbolic, so one compile serves every case. As one module the
-graphs share MAX's fixed cost of a compile (at least 12 s on a 2-core machine)
-and the kernels they have in common.
+graphs share MAX's fixed cost of a compile and the kernels they have in common.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
+from max_gpt2.bench.bandwidth import skinny_matmul_graph
 from max_gpt2.inference.compiled import compile_together
-from max_gpt2.kernels import kernel_library, skinny_matmul_graph
+from max_gpt2.kernels import kernel_library, layer_operands
 
 CPU_REF = DeviceRef.CPU()
 # The decode-layer graphs run their op once per format, each on a cache of its own.
@@ -92,8 +92,9 @@ def packed_matmuls_graph() -> Graph:
 
 def layer_graph(op: str, cache: BufferType, lead: list[TensorType]) -> Graph:
     """`op` once per format, each on a cache of its own (`cache`), after the `lead` inputs (x first)
-    that the two decode-layer ops differ in; then the norms, epsilon, the biases, the float formats'
-    (empty) scales, and each format's four weights (each with its scales where the format has them)."""
+    that the two decode-layer ops differ in; the graph's inputs then are the norms, epsilon, the biases,
+    the float formats' (empty) scales, and each format's four weights (each with its scales where the
+    format has them), handed to the op in its order (`max_gpt2.kernels.layer_operands`)."""
     parameters = [
         *[TensorType(DType.float32, [f"norm{i}"], CPU_REF) for i in range(4)],
         TensorType(DType.float32, [1], CPU_REF),  # epsilon
@@ -119,9 +120,9 @@ def layer_graph(op: str, cache: BufferType, lead: list[TensorType]) -> Graph:
             products = []
             for bias in biases:
                 weight = next(stored)
-                products += [weight, next(stored) if format.startswith("q") else no_scales, bias]
+                products.append((weight, next(stored) if format.startswith("q") else no_scales, bias))
             out = TensorType(DType.float32, leading[0].shape, CPU_REF)
-            values = [cache_value, *leading, *norms, epsilon, *products]
+            values = [cache_value, *leading, *layer_operands(norms, epsilon, products)]
             outputs += ops.inplace_custom(op, CPU_REF, values, [out])
         graph.output(*outputs)
     return graph

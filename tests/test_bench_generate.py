@@ -26,7 +26,7 @@ def report(lm_checkpoint, tmp_path_factory):
     output = tmp_path_factory.mktemp("bench-generate")
     argv = ["bench-generate", "--device", "cpu", "--models", "", "--checkpoint", str(lm_checkpoint(LM))]
     argv += ["--cases", "1x4+6,2x4+6,2x3+9", "--prefill", "16", "--rounds", "2", "--contenders", "max"]
-    argv += ["--weights", "float32,q8_0"]
+    argv += ["--weight-format", "float32,q8_0"]
     code = main([*argv, "--output", str(output)])
     return code, json.loads((output / "bench-generate-cpu-float32.json").read_text()), output
 

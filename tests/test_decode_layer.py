@@ -195,7 +195,7 @@ def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused
     activations and the other graphs keep `Block`."""
     config = GPT2Config(n_embd=8, n_head=2, n_layer=2, activation_function=activation)
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        step = GPT2LMHeadModel(config, kernels=True, weights="q8_0")
+        step = GPT2LMHeadModel(config, kernels=True, weight_format="q8_0")
         plain = GPT2LMHeadModel(config)
     assert [isinstance(block, KernelBlock) for block in step.transformer.h] == [fused] * 2
     assert not any(isinstance(block, KernelBlock) for block in plain.transformer.h)

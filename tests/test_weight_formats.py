@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from max.driver import CPU
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.tensor import default_device, default_dtype
 
 from max_gpt2 import load_lm, reference
+from max_gpt2.inference.devices import host_array, weight_buffers
 from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.gpt2 import GPT2LMHeadModel
+from max_gpt2.model.packed_linear import PackedLinear
 from max_gpt2.model.weight_adapters import model_parameter_shapes
 from tests.support import LM, LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference, for LM_ONE_LAYER's random
 # weights: on the weights the format stores (each product's input rounded too: to bfloat16, or to
 # int8 blocks for q8_0 and q4_0; bfloat16 measured 4.0e-3 with a float32 KV cache, 4.4e-3 with
-# float16), and on the checkpoint's weights (the README gives measured figures beside these).
+# float16), and on the checkpoint's weights (benchmarks/weight_accuracy.py measures trained ones).
 ON_STORED_WEIGHTS = {"bfloat16": 1e-2, "q8_0": 5e-2, "q4_0": 5e-2}
 ON_CHECKPOINT_WEIGHTS = {"bfloat16": 3e-2, "q8_0": 6e-2, "q4_0": 0.3}
 
@@ -145,8 +152,31 @@ def test_packing_a_model_packs_the_projections_and_the_head_only(format):
     )
 
 
+@pytest.mark.parametrize("format", wf.FORMATS)
+def test_weight_buffers_bind_the_packed_bytes_as_stored_and_a_tied_head_once(format):
+    """`weight_buffers`, what `CompiledLM` (and the server) binds: every packed array as `pack` stores it,
+    the rest in the compute dtype, and `wte`'s array handed out as the tied head converted once."""
+    rng = np.random.default_rng(1)
+    weights = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in model_parameter_shapes(LM).items()
+    }
+    weights["lm_head.weight"] = weights["transformer.wte.weight"]  # tied, as `Checkpoint` hands it out
+    buffers = weight_buffers(weights, format, DType.float32)
+    packed = wf.pack(weights, format)
+    assert set(buffers) == set(packed)
+    for name, array in packed.items():  # bfloat16 compared as its bits, as `pack` stores it
+        np.testing.assert_array_equal(host_array(buffers[name]), array)
+    if format == "bfloat16":
+        assert buffers["lm_head.weight"].dtype == DType.bfloat16  # bound as bfloat16, not as its bits
+    tied = buffers["lm_head.weight"] is buffers["transformer.wte.weight"]
+    assert tied == (format == "float32")  # packed, the head is an array of its own
+
+
 def test_unknown_formats_are_refused_with_the_list():
-    with pytest.raises(ValueError, match="weights must be one of float32, bfloat16, q8_0, q4_0; got 'int4'"):
+    with pytest.raises(
+        ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0; got 'int4'"
+    ):
         wf.check_format("int4")
 
 
@@ -173,5 +203,25 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
 
 
 def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
-    with pytest.raises(ValueError, match="weights must be one of float32, bfloat16, q8_0, q4_0; got 'q2_k'"):
+    with pytest.raises(
+        ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0; got 'q2_k'"
+    ):
+        load_lm(tmp_path / "missing", "cpu", weight_format="q2_k")
+
+
+def test_the_old_weights_keyword_still_chooses_the_format_with_a_deprecation_warning(tmp_path):
+    """`weights=` is `weight_format=`'s old name, in `load_lm` and `GPT2LMHeadModel`: it still works,
+    with a DeprecationWarning naming the new keyword; the two at once are refused."""
+    with (
+        pytest.warns(DeprecationWarning, match=r"load_lm: weights= is deprecated .* weight_format='q2_k'"),
+        pytest.raises(ValueError, match="weight_format must be one of"),  # the old keyword's value, checked
+    ):
         load_lm(tmp_path / "missing", "cpu", weights="q2_k")
+    with pytest.raises(TypeError, match="takes weight_format= or its deprecated name weights=, not both"):
+        load_lm(tmp_path / "missing", "cpu", weight_format="q8_0", weights="q8_0")
+    with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
+        with pytest.warns(DeprecationWarning, match="GPT2LMHeadModel: weights= is deprecated"):
+            model = GPT2LMHeadModel(LM, kernels=True, weights="q4_0")
+        with pytest.raises(TypeError, match="not both"):
+            GPT2LMHeadModel(LM, weight_format="q4_0", weights="q4_0")
+    assert isinstance(model.lm_head, PackedLinear) and model.lm_head.format == "q4_0"

@@ -21,19 +21,19 @@ from max.engine import InferenceSession
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from max_gpt2.inference.threads import quiet_restless_threads
-from max_gpt2.kernels import skinny_matmul_graph
+from max_gpt2.kernels import kernel_library
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.weight_formats import BYTES_PER_WEIGHT
 
 
-def weight_bytes_per_step(config: GPT2Config, weights: str = "float32") -> int:
+def weight_bytes_per_step(config: GPT2Config, weight_format: str = "float32") -> int:
     """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
-    and the LM head in `weights` (a format of `max_gpt2.model.weight_formats`, or float16)."""
+    and the LM head in `weight_format` (a format of `max_gpt2.model.weight_formats`, or float16)."""
     width, inner = config.n_embd, config.mlp_width
     packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
     plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
     head = config.vocab_size * width  # the tied LM head reads all of wte
-    per_weight = BYTES_PER_WEIGHT.get(weights, 2.0)  # float16 (Hugging Face's) is 2 too
+    per_weight = BYTES_PER_WEIGHT.get(weight_format, 2.0)  # float16 (Hugging Face's) is 2 too
     float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
     return round((config.n_layer * packed + head) * per_weight) + float32
 
@@ -64,7 +64,7 @@ each way the probe knows; made once, called as often as wanted (seconds a call).
 
 SUM_ROWS = 64
 """Rows the plain read sums the head's values in: enough for every core, each a long contiguous run
-(on a 2-core EPYC 2 and 768 rows read no faster)."""
+(fewer or more rows read no faster)."""
 
 
 def plain_read_graph(shape: tuple[int, ...]) -> Graph:
@@ -73,6 +73,18 @@ def plain_read_graph(shape: tuple[int, ...]) -> Graph:
     with Graph("plain_read", input_types=[TensorType(DType.float32, shape, DeviceRef.CPU())]) as graph:
         values = graph.inputs[0].tensor.reshape([SUM_ROWS, -1])
         graph.output(ops.sum(values, axis=-1))
+    return graph
+
+
+def skinny_matmul_graph() -> Graph:
+    """`skinny_matmul` alone, for the CPU: x [M, K], W [N, K] and a bias [N] (or [0]: none) in, y [M, N]
+    out (all symbolic)."""
+    cpu = DeviceRef.CPU()
+    types = [TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"], ["B"])]
+    with Graph("skinny_matmul_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
+        x, w, bias = (value.tensor for value in graph.inputs)
+        out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
+        graph.output(*ops.custom("skinny_matmul", cpu, [x, w, bias], [out]))
     return graph
 
 
@@ -96,8 +108,7 @@ def host_bandwidth_probe() -> BandwidthProbe:
         bandwidth = {}
         for name, product in products.items():
             # The other runtime's threads spin a while after their last call (OpenBLAS's, MAX's) and
-            # take a core from this one's: on a 2-core EPYC NumPy's figure here read 15.9-16.7 GB/s
-            # without the pause and 16.9-19.4 with it (three runs of each, alternated).
+            # take a core from this one's: a pause lets them stop, and the figures rise.
             time.sleep(0.5)
             bandwidth[name] = matrix.nbytes / best_seconds(product, repeat)
         return bandwidth

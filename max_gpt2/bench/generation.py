@@ -1,7 +1,7 @@
 """Text generation side by side: what `max-gpt2 bench-generate` runs (also `make bench-generate`).
 
 Contenders, all loading the same checkpoint (`max_gpt2.bench.generation_contenders`):
-`max` (our `CompiledLM`), with `--weights` also ours with packed weights
+`max` (our `CompiledLM`), with `--weight-format` also ours with packed weights
 (`max-bfloat16`, `max-q8_0`, `max-q4_0`; their KV cache float16 by default, float32
 weights' float32), with `--kv-cache float32,float16` each of those also with the
 other cache (`-kv16`, `-kv32`), when PyTorch and `transformers` are
@@ -224,11 +224,11 @@ def demo_checkpoint_for(name: str, cache_dir: Path, progress: Progress) -> Path:
 def contenders(
     path: Path, args: argparse.Namespace, skipped: dict[str, str], device: Device
 ) -> list[Generator]:
-    """Every contender on the checkpoint at `path`: ours per `--weights` and Hugging Face's on
+    """Every contender on the checkpoint at `path`: ours per `--weight-format` and Hugging Face's on
     `device`, llama.cpp's on the host."""
     generators = [
-        max_generator(path, args.device, args.dtype, weights, kv_cache)
-        for weights in args.weights
+        max_generator(path, args.device, args.dtype, weight_format, kv_cache)
+        for weight_format in args.weight_format
         for kv_cache in args.kv_cache
     ]
     wanted = [c for c in args.contenders if c != "max" and c not in skipped]

@@ -6,7 +6,7 @@ logits). `max` is ours in float32, `max-bfloat16`, `max-q8_0` and `max-q4_0` our
 with packed weights; `hf-eager` and `hf-sdpa` are Hugging Face's
 `GPT2LMHeadModel` with each attention implementation, loaded from the same
 files, when PyTorch and `transformers` are installed (optional peers);
-`llama.cpp-<weights>` is llama.cpp's `llama-bench` on a GGUF of the same weights.
+`llama.cpp-<format>` is llama.cpp's `llama-bench` on a GGUF of the same weights.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
 
 
 def max_generator(
-    checkpoint: Path, device: str, dtype: str, weights: str = "float32", kv_cache: str | None = None
+    checkpoint: Path, device: str, dtype: str, weight_format: str = "float32", kv_cache: str | None = None
 ) -> Generator:
-    """Our `CompiledLM`, its weights in `weights`: named `max`, or `max-<weights>` when packed, and
+    """Our `CompiledLM`, its weights in `weight_format`: named `max`, or `max-<format>` when packed, and
     `-kv16` or `-kv32` after it with a KV cache other than the format's default
     (`kv_cache`; None: `lm_graphs.default_kv_cache`)."""
-    lm = load_lm(checkpoint, device, dtype, weights=weights, kv_cache=kv_cache)
+    lm = load_lm(checkpoint, device, dtype, weight_format=weight_format, kv_cache=kv_cache)
     warm = np.zeros((1, 8), dtype=np.int64)
 
     def clocked(ids: np.ndarray, new: int) -> list[float]:
@@ -69,12 +69,12 @@ def max_generator(
         times += [time.perf_counter() for _ in lm.stream(ids, new)]
         return times
 
-    name = "max" if weights == "float32" else f"max-{weights}"
-    if lm.kv_dtype != default_kv_cache(weights, lm.dtype):
+    name = "max" if weight_format == "float32" else f"max-{weight_format}"
+    if lm.kv_dtype != default_kv_cache(weight_format, lm.dtype):
         name += "-kv16" if lm.kv_dtype == DType.float16 else "-kv32"
     return Generator(
         name,
-        dtype if weights == "float32" else weights,  # float32 weights are bound in the compute dtype
+        dtype if weight_format == "float32" else weight_format,  # float32 weights: the compute dtype
         clocked,
         lambda ids: _timed(lm.logits, ids),
         lambda: harness.settle(lm.logits, warm),
@@ -82,8 +82,9 @@ def max_generator(
     )
 
 
-def llama_cpp_generator(binary: Path, gguf: Path, weights: str, threads: int) -> Generator:
-    """llama.cpp's `llama-bench` on a GGUF of the same weights in `weights` (`max_gpt2.bench.llama_cpp`)."""
+def llama_cpp_generator(binary: Path, gguf: Path, weight_format: str, threads: int) -> Generator:
+    """llama.cpp's `llama-bench` on a GGUF of the same weights in `weight_format`
+    (`max_gpt2.bench.llama_cpp`)."""
 
     def prefill_seconds(ids: np.ndarray) -> float:
         return ids.shape[1] / float(llama_cpp.bench(binary, gguf, ids.shape[1], 0, threads)["avg_ts"])
@@ -94,8 +95,8 @@ def llama_cpp_generator(binary: Path, gguf: Path, weights: str, threads: int) ->
         return [0.0, *(prefill + step / rate for step in range(new))]
 
     return Generator(
-        f"llama.cpp-{weights}",
-        weights,
+        f"llama.cpp-{weight_format}",
+        weight_format,
         clocked,
         prefill_seconds,
         lambda: None,  # a process of its own: nothing of ours spins while it runs

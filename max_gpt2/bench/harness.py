@@ -29,9 +29,9 @@ from max.driver import Device
 from max_gpt2.model.config import GPT2Config
 
 SETTLE_SECONDS = 0.2
-"""Untimed running before a timed call. Measured on 2 cores at GPT-2 small, 1 x 128: MAX's 3.8 ms
-call took 8.8 ms right after a PyTorch call; PyTorch eager took 8.9 ms instead of 4.8 ms 50 ms after
-a NumPy call, and 4.8 ms after 200 ms."""
+"""Untimed running before a timed call: right after another runtime's call (PyTorch's, NumPy's), whose
+threads spin a while, a call took about twice as long; after this long it took its usual time
+(docs/performance.md)."""
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """llama.cpp as an optional peer: its `llama-bench` beside our decoding, on GGUF files of the same weights.
 
 llama.cpp is never built or installed by this package: point `--llama-bench` at a
-build (README: "llama.cpp beside us") and `--gguf` at the checkpoint converted by
+build (docs/performance.md) and `--gguf` at the checkpoint converted by
 its `convert_hf_to_gguf.py` (f32, bf16) and quantized by its `llama-quantize`
 (Q8_0, Q4_0): `--gguf float32=x-f32.gguf,bfloat16=x-bf16.gguf,q8_0=x-q8_0.gguf,q4_0=x-q4_0.gguf`.
 

@@ -2,7 +2,7 @@
 
     max-gpt2 bench-generate --models small --cases 1x32+128,8x32+128 --rounds 5
     max-gpt2 bench-generate --models "" --checkpoint ~/models/gpt2 --no-curve
-    max-gpt2 bench-generate --models small --weights float32,bfloat16,q8_0,q4_0 \
+    max-gpt2 bench-generate --models small --weight-format float32,bfloat16,q8_0,q4_0 \
         --llama-bench llama.cpp/build/bin/llama-bench --gguf float32=small-f32.gguf,q8_0=small-q8_0.gguf
 
 Results: `bench-results/bench-generate-<device>-<dtype>.json` and `.png`, and tables on stdout.
@@ -19,7 +19,7 @@ from max_gpt2.bench.generation_contenders import CONTENDERS
 from max_gpt2.bench.generation_report import format_table, plot
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
-from max_gpt2.cli.console import positive_int
+from max_gpt2.cli.console import DeprecatedAlias, positive_int
 from max_gpt2.model.weight_formats import FORMATS, check_format
 from max_gpt2.outputs import Progress
 
@@ -50,7 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
     formats = ", ".join(FORMATS)
     parser.add_argument(
-        "--weights", default="float32", help=f"ours in these, from {formats} (default: float32)"
+        "--weight-format", default="float32", help=f"ours in these, from {formats} (default: float32)"
+    )
+    parser.add_argument(
+        "--weights",
+        dest="weight_format",
+        default=argparse.SUPPRESS,
+        action=DeprecatedAlias,
+        new="--weight-format",
+        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--kv-cache",
@@ -94,7 +102,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
         )
-    args.weights = list(dict.fromkeys(check_format(name.strip()) for name in args.weights.split(",")))
+    formats = (check_format(name.strip(), "--weight-format") for name in args.weight_format.split(","))
+    args.weight_format = list(dict.fromkeys(formats))
     caches = [name.strip() for name in args.kv_cache.split(",") if name.strip()]
     if unknown := [name for name in caches if name not in ("float32", "float16")]:
         raise ValueError(f"--kv-cache takes float32 and float16; got {', '.join(unknown)}")

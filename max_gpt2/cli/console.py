@@ -1,20 +1,23 @@
-"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt, compiling."""
+"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt, storage options.
+
+The commands load the language model with `max_gpt2.load_lm`, as a user does, handing it their
+`Progress` to report the reading and the compiling.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.inference.lm import CompiledLM, compile_lm
-from max_gpt2.inference.lm_graphs import check_kv_cache, check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
@@ -100,57 +103,56 @@ def open_prompt(
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
 
 
-def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """`--weights`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
+class DeprecatedAlias(argparse.Action):
+    """An option's old spelling: stores into the new option's `dest`, and warns on stderr to use `new`."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **options: Any) -> None:
+        super().__init__(option_strings, dest, **options)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_weight_format_argument(parser: argparse.ArgumentParser) -> None:
+    """`--weight-format`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`);
+    `--weights`, its deprecated spelling, still works with a warning."""
     parser.add_argument(
-        "--weights",
+        "--weight-format",
         default="float32",
         choices=FORMATS,
         help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
     )
+    parser.add_argument(
+        "--weights",
+        dest="weight_format",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        action=DeprecatedAlias,
+        new="--weight-format",
+        help=argparse.SUPPRESS,
+    )
 
 
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--weights` and `--kv-cache`: how the projections and the LM head, and the KV cache, are stored."""
-    add_weights_argument(parser)
+    """`--weight-format` and `--kv-cache`: how the projections and the LM head, and the KV cache, are
+    stored."""
+    add_weight_format_argument(parser)
     parser.add_argument(
         "--kv-cache",
         choices=["float32", "float16"],
         help="the KV cache's dtype; float16 is half the bytes (float32 compute; default: float16 with "
-        "packed --weights, else the compute dtype)",
+        "a packed --weight-format, else the compute dtype)",
     )
 
 
-def load_model(
-    checkpoint: Checkpoint,
-    args: argparse.Namespace,
-    progress: Progress,
-    output_attentions: bool = False,
-    weights: str = "float32",
-    kv_cache: str | None = None,
-) -> CompiledLM:
-    """Reads `checkpoint`'s weights and compiles GPT-2 for `--device` and `--dtype`, saying so as it goes.
-
-    `weights` is the format they are packed in (`max_gpt2.model.weight_formats`) and `kv_cache`
-    the KV cache's dtype (None: `lm_graphs.default_kv_cache`), both checked first.
-    """
-    device, dtype = resolve_device(args.device), parse_dtype(args.dtype)
-    check_weight_format(weights, device, dtype)
-    cache = check_kv_cache(kv_cache, dtype, weights)
-    with progress.step(f"reading the weights of {checkpoint.path}"):
-        parameters = checkpoint.model_weights()
-    progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
-    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    stored = "" if weights == "float32" else f", weights in {weights}"
-    if weights != "float32" or cache != dtype:  # not what a plain GPT-2 keeps
-        stored += f", KV cache in {cache.name}"
-    with progress.step(f"compiling {what} for {device_name(device)} {args.dtype}{stored}"):
-        return compile_lm(
-            checkpoint.config,
-            parameters,
-            device,
-            args.dtype,
-            output_attentions,
-            weight_format=weights,
-            kv_cache=kv_cache,
-        )
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What `add_storage_arguments` parsed, as `load_lm`'s keywords."""
+    return {"weight_format": args.weight_format, "kv_cache": args.kv_cache}

@@ -22,7 +22,8 @@ import numpy as np
 
 from max_gpt2.analysis.gallery import draw_gallery, require_matplotlib
 from max_gpt2.analysis.head_summary import format_summary, summarize
-from max_gpt2.cli.console import add_prompt_arguments, load_model, open_prompt, parse_layers
+from max_gpt2.cli.console import add_prompt_arguments, open_prompt, parse_layers
+from max_gpt2.inference.lm import load_lm
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.outputs import Progress
 
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     if not args.out.parent.is_dir():
         raise ValueError(f"--out {args.out}: the directory {args.out.parent} does not exist")
 
-    lm = load_model(checkpoint, args, progress, output_attentions=True)
+    lm = load_lm(checkpoint.path, args.device, args.dtype, output_attentions=True, progress=progress)
     attentions = lm.attentions(ids)[layers, 0]  # [layers, heads, seq, seq]
     summaries = summarize(attentions[:, None], layers=layers)
 

@@ -17,7 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from max_gpt2.cli.console import add_storage_arguments, demo_checkpoint, load_model, positive_int
+from max_gpt2.cli.console import add_storage_arguments, demo_checkpoint, positive_int, storage_options
+from max_gpt2.inference.lm import load_lm
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.outputs import Progress, default_cache_dir
@@ -60,7 +61,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     for file, text in texts.items():
         if len(tokenizer.encode(text).ids) < 2:
             raise ValueError(f"{file} has fewer than 2 tokens: there is nothing to score")
-    lm = load_model(checkpoint, args, progress, weights=args.weights, kv_cache=args.kv_cache)
+    lm = load_lm(checkpoint.path, args.device, args.dtype, progress=progress, **storage_options(args))
     results = {}
     for file, text in texts.items():
 

@@ -1,10 +1,10 @@
 """Running GPT-2: compiled graphs on a device, the steps of generation, and text in and out.
 
-devices.py     device names; NumPy arrays to and from devices
+devices.py     device names, what runs where; NumPy arrays and a model's weights to buffers
 compiled.py    graph variants compiled on demand, several as one module; CompiledModel
 attention.py   compile_attention, from_pretrained: CompiledAttention, one layer's attention
 lm.py          compile_lm, load_lm: CompiledLM (logits, new_cache, prefill, decode_step, attentions)
-lm_graphs.py   the LM's graph variants (prompt, CPU decoding step, attentions), compiled when first needed
+lm_graphs.py   the LM's graph variants (prompt, CPU decoding step, attentions) and the checks on its options
 kv_cache.py    KVCache: one buffer per layer, written in place by the steps
 generation.py  stream and generate, built on prefill and decode_step
 scoring.py     logprobs and perplexity, built on logits

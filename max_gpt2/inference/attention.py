@@ -55,9 +55,9 @@ from max_gpt2.model.wrapper import PerHeadWrapperAttention
 IMPLEMENTATIONS = ("auto", "graph", "flash", "wrapper")
 
 CPU_FLASH_TILES = 4
-"""Sequence tiles of the CPU flash graph. Measured on a 2-core EPYC at GPT-2 small, 1 x 1024
-tokens: 2 tiles 52.1 ms, 4 tiles 47.1 ms, 8 tiles 48.7 ms, untiled graph 52.0 ms; every tile
-adds a few dozen small ops, which is what makes more tiles slower at short lengths."""
+"""Sequence tiles of the CPU flash graph: the fastest of 2, 4 and 8 at GPT-2 small, 1 x 1024 tokens
+(docs/performance.md); every tile adds a few dozen small ops, which is what makes more tiles slower
+at short lengths."""
 
 
 def resolve_impl(impl: str, device: Device, dtype: DType) -> str:
@@ -65,9 +65,8 @@ def resolve_impl(impl: str, device: Device, dtype: DType) -> str:
 
     GPU, bfloat16 and float16: `flash` (MAX's fused kernel). GPU float32 and
     every CPU dtype: `graph`. On CPU the tiled `flash` graph wins only on long
-    sequences (15 % at 1 x 1024 for GPT-2 small, even at 512) and loses at short ones,
-    where its extra ops cost more than the masked half it skips
-    (`benchmarks/README.md`).
+    sequences (past about 512 tokens for GPT-2 small) and loses at short ones,
+    where its extra ops cost more than the masked half it skips (docs/performance.md).
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLEMENTATIONS))}; got {impl!r}")

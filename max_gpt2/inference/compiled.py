@@ -12,9 +12,8 @@ never carries the extra output.
     bound.execute("attentions", ...)
 
 Variants wanted together compile together (`GraphVariants.compile`): as one
-module, the kernels they share are compiled once. The test LM's prompt and step
-graphs on the CPU took 89 s against 123 s apart (2-core Zen 4, MAX's cache
-empty; a trivial graph alone takes 12 s there).
+module, the kernels they share are compiled once, and MAX's fixed cost of a
+compile is paid once (docs/performance.md).
 
 Every `BoundVariants` made from one `GraphVariants` shares its compiled graphs,
 which is how `with_weights` swaps checkpoints without compiling again.
@@ -31,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from max import engine
-from max.driver import CPU, Buffer, Device
+from max.driver import Buffer, Device
 from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import Graph
 
-from max_gpt2.inference.devices import device_name, to_buffer
+from max_gpt2.inference.devices import device_name, weight_buffers
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
 
@@ -150,12 +149,9 @@ class CompiledModel(ABC):
         self._bound = BoundVariants(graph, self.buffers(weights))
 
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
-        """The host buffers bound for `weights`: each array in the compute dtype, converted once."""
-        converted: dict[int, Buffer] = {}
-        for array in weights.values():
-            if id(array) not in converted:
-                converted[id(array)] = to_buffer(array, self.dtype, CPU())
-        return {name: converted[id(array)] for name, array in weights.items()}
+        """The host buffers bound for `weights`: each array in the compute dtype, converted once
+        (`devices.weight_buffers`)."""
+        return weight_buffers(weights, "float32", self.dtype)
 
     @staticmethod
     @abstractmethod

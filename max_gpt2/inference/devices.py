@@ -1,19 +1,24 @@
-"""Devices, and moving NumPy arrays to and from them in a compute dtype.
+"""Devices, what runs on each, and moving NumPy arrays to and from them in a compute dtype.
 
 Device names are what users type: `"cpu"`, `"gpu"`, `"gpu:N"` or `"auto"` (an
-accelerator when MAX sees one). NumPy has no bfloat16, so bfloat16 crosses the
-boundary as float32 (rounded on the way in, widened on the way out).
+accelerator when MAX sees one). The Mojo decoding kernels run on the CPU in
+float32 (`kernels_run_on`); what MAX 26.7 cannot compile, or computes wrong, on
+NVIDIA Hopper is refused before compiling (`check_compiles_on`,
+`check_attention_weights_on`). NumPy has no bfloat16, so bfloat16 crosses the
+boundary as float32 (rounded on the way in, widened on the way out);
+`weight_buffers` turns a model's adapted weights into the buffers a compiled graph binds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
 
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.weight_formats import is_stored_packed, pack
 
 NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
 """What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
@@ -42,6 +47,11 @@ def device_name(device: Device) -> str:
     return "cpu" if device.is_host else f"gpu:{device.id}"
 
 
+def kernels_run_on(device: Device, dtype: DType) -> bool:
+    """Whether the Mojo decoding kernels (`max_gpt2.kernels`) serve `device` in `dtype`: the CPU, float32."""
+    return device.is_host and dtype == DType.float32
+
+
 def hopper_refusal(architecture: str, dtype: DType, n_embd: int) -> str | None:
     """Why MAX 26.7 cannot compile GPT-2 of width `n_embd` in `dtype` on an NVIDIA GPU of
     `architecture` (`Device.architecture_name`), or None where it can.
@@ -67,12 +77,12 @@ def hopper_attention_weights_refusal(architecture: str, dtype: DType) -> str | N
     """Why MAX 26.7 returns wrong attention weights (the `"attentions"` graph variant) in `dtype`
     on an NVIDIA GPU of `architecture`, or None where they were found right or never checked.
 
-    Measured on an H200 (2026-11-27, GPT-2 of width 64, 3 layers): in bfloat16 the weights
-    from MAX's softmax lack the causal mask (each row spreads over every key, later ones
-    included; written out as exp / sum they keep it), and in every form tried the first one
-    to three runs in a process return some layers' weights as zeros (waiting for the device
-    before or after reading changes nothing). The float32 weights there matched the reference
-    from the first run, and the bfloat16 logits are right.
+    Found on an H200 (`tests/test_gpu.py`): in bfloat16 the weights from MAX's softmax lack
+    the causal mask (each row spreads over every key, later ones included; written out as
+    exp / sum they keep it), and in every form tried the first one to three runs in a process
+    return some layers' weights as zeros (waiting for the device before or after reading
+    changes nothing). The float32 weights there match the reference from the first run, and
+    the bfloat16 logits are right.
     """
     if architecture.startswith("sm_90") and dtype == DType.bfloat16:
         return (
@@ -109,6 +119,31 @@ def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
     else:
         buffer = Buffer.from_numpy(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[dtype]))
     return buffer if device.is_host else buffer.to(device)
+
+
+def weight_buffers(
+    weights: Mapping[str, np.ndarray], weight_format: str, dtype: DType, device: Device | None = None
+) -> dict[str, Buffer]:
+    """The buffers a compiled GPT-2 binds for `weights` (float32, MAX layout: `Checkpoint.model_weights()`),
+    on `device` (None: the host).
+
+    The projections and the LM head are packed into `weight_format` and kept as stored
+    (`max_gpt2.model.weight_formats`); every other array is converted to the compute `dtype`. An
+    array bound under several names (a tied LM head is `wte`'s array) is converted once and bound
+    as one buffer.
+    """
+    device = CPU() if device is None else device
+    packed = pack(weights, weight_format)
+    converted: dict[int, Buffer] = {}
+    for name, array in packed.items():
+        if id(array) in converted:
+            continue
+        if is_stored_packed(name, weight_format):
+            buffer = packed_buffer(array)
+            converted[id(array)] = buffer if device.is_host else buffer.to(device)
+        else:
+            converted[id(array)] = to_buffer(array, dtype, device)
+    return {name: converted[id(array)] for name, array in packed.items()}
 
 
 def packed_buffer(values: np.ndarray) -> Buffer:

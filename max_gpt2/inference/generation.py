@@ -1,14 +1,14 @@
 """Generating tokens from a compiled language model: the prefill, then one decoding step per token.
 
-    for step in stream(lm, input_ids, 20, sampler=Sampler(do_sample=True, top_k=40, seed=1)):
+    for step in lm.stream(input_ids, 20, sampler=Sampler(do_sample=True, top_k=40, seed=1)):
         step.tokens                                    # int64 [batch], chosen from step.logits [batch, vocab]
-    out = generate(lm, input_ids, 20)                  # int64 [batch, seq + 20], greedy
+    out = lm.generate(input_ids, 20)                   # int64 [batch, seq + 20], greedy
 
-Built on the model's public steps (`new_cache`, `prefill`, `decode_step`), as
-gpt-fast has it: the prompt runs once into a cache sized for prompt plus new
-tokens, then each step feeds the tokens just chosen. How tokens are chosen is
-one `Sampler` (greedy by default); `eos_token_id` ends rows. `CompiledLM.generate`
-and `CompiledLM.stream` call these.
+`stream` and `generate` are `CompiledLM`'s methods, written here on its public
+steps (`new_cache`, `prefill`, `decode_step`), as gpt-fast has it: the prompt runs
+once into a cache sized for prompt plus new tokens, then each step feeds the
+tokens just chosen. How tokens are chosen is one `Sampler` (greedy by default);
+`eos_token_id` ends rows.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def _steps(
     cache = lm.new_cache(batch, seq_len + max_new_tokens)
     logits = lm.prefill(ids, cache, mask)
     rng = sampler.generator()
-    # A few microseconds a NumPy call add up against a batch-1 step of ~3 ms: without end-of-text
-    # ids there is nothing to track, and `np.isin` cost ~50 us a step where a comparison costs ~5.
+    # A few microseconds a NumPy call add up against a batch-1 step of a few milliseconds: without
+    # end-of-text ids there is nothing to track, and `np.isin` costs ten times a comparison.
     stop_ids = np.array(eos, dtype=np.int64)
     ended_with = np.full(batch, -1)  # the end-of-text id each finished row produced; -1: not finished
     for step in range(max_new_tokens):
@@ -105,7 +105,7 @@ def generate(
     As `stream`, all at once; once every row has produced `eos_token_id`, the
     rest is filled with it without running the model.
     """
-    steps = list(stream(lm, input_ids, max_new_tokens, attention_mask, **options))
+    steps = list(lm.stream(input_ids, max_new_tokens, attention_mask, **options))
     new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]
     # Fewer steps than asked: every row ended, so the last step is end-of-text throughout.
     rest = np.repeat(new[:, -1:], max_new_tokens - new.shape[1], axis=1)

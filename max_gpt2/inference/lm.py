@@ -1,6 +1,6 @@
 """The compiled GPT-2 language model: logits, and the steps generation is made of, from token ids.
 
-    lm = load_lm("path/to/gpt2", device="auto", dtype="float32")   # read, adapt, compile, bind
+    lm = load_lm("path/to/gpt2", device="auto", dtype="float32")   # read, check, compile, bind
     logits = lm.logits(input_ids, attention_mask)                  # float32 [batch, seq, vocab]
     cache = lm.new_cache(batch, max_length)                        # KV cache for prompt + new tokens
     logits = lm.prefill(input_ids, cache, attention_mask)          # float32 [batch, vocab], last position
@@ -24,10 +24,13 @@ step's attention reads.
 
 Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
 is left-padded, `attention_mask` marks real tokens with 1, padding is never
-attended to, and positions count real tokens only. Generation itself (sampling,
-end of text, streaming) is `max_gpt2.inference.generation`, built on `prefill`
-and `decode_step`; scoring (log-probabilities, perplexity) is
-`max_gpt2.inference.scoring`, built on `logits`.
+attended to, and positions count real tokens only. Generation (sampling, end of
+text, streaming: `lm.generate`, `lm.stream`) is written in `max_gpt2.inference.generation`
+on `prefill` and `decode_step`; scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in
+`max_gpt2.inference.scoring` on `logits`. They are called as these methods.
+
+`load_lm` and `compile_lm` take one path, each check once (`max_gpt2.inference.lm_graphs`:
+nothing is read or compiled before the options pass), then compile and bind the weights.
 
 Attention weights come from a variant of the graph that also outputs them
 (`output_attentions=True`), compiled the first time `attentions` is called: the
@@ -37,8 +40,9 @@ plain graph, which everything else runs, never carries them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from max.driver import CPU, Buffer, Device
@@ -47,21 +51,15 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
-from max_gpt2.inference.devices import (
-    check_attention_weights_on,
-    check_compiles_on,
-    packed_buffer,
-    resolve_device,
-)
+from max_gpt2.inference.devices import check_attention_weights_on, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
-from max_gpt2.inference.lm_graphs import LMGraphs, check_kv_cache, check_weight_format
+from max_gpt2.inference.lm_graphs import LMGraphs, LMOptions
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_adapters import check_model_weights
-from max_gpt2.model.weight_formats import is_stored_packed, pack
+from max_gpt2.model.weight_formats import renamed_weights_keyword
 
 
 class CompiledLM(CompiledModel):
@@ -80,28 +78,25 @@ class CompiledLM(CompiledModel):
 
     @property
     def weight_format(self) -> str:
-        return self.graph.weight_format
+        return self.graph.options.weight_format
 
     @property
     def kv_dtype(self) -> DType:
-        return self.graph.kv_dtype
+        return self.graph.options.kv_dtype
 
     def describe(self) -> dict[str, Any]:
         c = self.config
         fields = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
         fields |= self.placement()
         if self.weight_format != "float32":
-            fields["weights"] = self.weight_format
+            fields["weight_format"] = self.weight_format
         if self.weight_format != "float32" or self.kv_dtype != self.dtype:  # as the CLI names it
             fields["kv_cache"] = self.kv_dtype.name
         return fields
 
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
-        """The float32 weights packed into `weight_format`; packed ones bound as they are stored."""
-        packed = pack(weights, self.weight_format)
-        stored = {name for name in packed if is_stored_packed(name, self.weight_format)}
-        plain = super().buffers({name: array for name, array in packed.items() if name not in stored})
-        return plain | {name: packed_buffer(packed[name]) for name in stored}
+        """The weights packed into `weight_format`, the rest in the compute dtype (`weight_buffers`)."""
+        return weight_buffers(weights, self.weight_format, self.dtype)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions (prompt, padding, new tokens)."""
@@ -214,6 +209,16 @@ class CompiledLM(CompiledModel):
         return [Buffer.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device) for a in arrays]
 
 
+class LoadProgress(Protocol):
+    """Where `load_lm` reports its long steps (the CLI's `max_gpt2.outputs.Progress` is one)."""
+
+    def note(self, message: str) -> None:
+        """A line of its own."""
+
+    def step(self, label: str) -> AbstractContextManager[Any]:
+        """Around a step that takes a while: reading the weights, compiling."""
+
+
 def compile_lm(
     config: GPT2Config,
     weights: Mapping[str, np.ndarray],
@@ -226,31 +231,19 @@ def compile_lm(
 ) -> CompiledLM:
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
 
-    The graphs compiled now are those `generate` runs (the prompt's and the
-    steps', as one module: the kernels they share compile once), or with
-    `output_attentions` only the variant that
-    `CompiledLM.attentions` runs (for a caller that wants only attention
-    weights); any other is compiled the first time it is needed. `kernels`:
-    whether decoding steps run through the Mojo kernels; None (the default)
-    where they run (the CPU, float32), False for MAX's own ops everywhere.
-    `weight_format` stores the projections and the LM head as "float32",
-    "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`), packed from
-    the float32 `weights` here; formats other than float32 are for the CPU in float32.
-    `kv_cache`: the KV cache's dtype, the compute dtype or "float16" with float32
-    compute (half the bytes a step's attention reads; keys and values rounded to
-    float16, attention computed in float32); by default float16 beside packed
-    weights, else the compute dtype (`lm_graphs.default_kv_cache`). What MAX cannot
-    compile on the device (`devices.hopper_refusal`), or computes wrong there
-    (`devices.hopper_attention_weights_refusal`), is refused before compiling.
+    Compiled now: the graphs `generate` runs (prompt and steps, as one module: the kernels they
+    share compile once), or with `output_attentions` only the variant `CompiledLM.attentions`
+    runs; any other the first time it is needed. `kernels`: whether decoding steps run through
+    the Mojo kernels; None where they run (the CPU, float32), False for MAX's ops everywhere.
+    `weight_format` stores the projections and the LM head as "float32", "bfloat16", "q8_0" or
+    "q4_0" (`max_gpt2.model.weight_formats`; all but float32 for the CPU in float32), packed
+    from the float32 `weights` here. `kv_cache`: the KV cache's dtype, the compute dtype or
+    "float16" with float32 compute (half the bytes a step's attention reads; attention computed
+    in float32); None: `lm_graphs.default_kv_cache`. What MAX cannot compile on the device
+    (`devices.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
-    target, compute_dtype = resolve_device(device), parse_dtype(dtype)
-    check_compiles_on(target, compute_dtype, config.n_embd)
-    if output_attentions:
-        check_attention_weights_on(target, compute_dtype)
-    checked = check_model_weights(weights, config)  # before spending time compiling
-    graph = LMGraphs(config, target, compute_dtype, kernels, weight_format, kv_cache)
-    graph.compile(*(["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]))
-    return CompiledLM(config, target, compute_dtype, graph, checked)
+    options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
+    return _compiled(LMGraphs(config, options), weights, output_attentions)
 
 
 def load_lm(
@@ -258,29 +251,48 @@ def load_lm(
     device: str | Device = "auto",
     dtype: str | DType = "float32",
     kernels: bool | None = None,
-    weights: str = "float32",
+    weight_format: str | None = None,
     kv_cache: str | DType | None = None,
+    *,
+    output_attentions: bool = False,
+    progress: LoadProgress | None = None,
+    weights: str | None = None,
 ) -> CompiledLM:
     """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights.
 
-    `weights` is the format the projections and the LM head are stored in for
-    decoding: "float32", "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`),
-    converted from the checkpoint here. `kv_cache` is the KV cache's dtype (`compile_lm`).
+    `weight_format` is how the projections and the LM head are stored for decoding:
+    "float32" (None: the default), "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`),
+    converted from the checkpoint here; `weights` is its deprecated name. `kv_cache`,
+    `kernels` and `output_attentions` are `compile_lm`'s. Every option is checked before a
+    tensor is read. `progress`, if given, hears of the reading and the compiling (`LoadProgress`).
     The checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
     """
-    target, compute_dtype = resolve_device(device), parse_dtype(dtype)
-    check_weight_format(weights, target, compute_dtype)  # before reading any tensor
-    check_kv_cache(kv_cache, compute_dtype, weights)
+    weight_format = renamed_weights_keyword("load_lm", weight_format, weights)
+    options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
     opened = Checkpoint(checkpoint)  # its config and keys; the tensors are read below
-    check_compiles_on(target, compute_dtype, opened.config.n_embd)
-    lm = compile_lm(
-        opened.config,
-        opened.model_weights(),
-        device,
-        dtype,
-        kernels=kernels,
-        weight_format=weights,
-        kv_cache=kv_cache,
-    )
+    graph = LMGraphs(opened.config, options)
+    with _step(progress, f"reading the weights of {opened.path}"):
+        parameters = opened.model_weights()
+    lm = _compiled(graph, parameters, output_attentions, progress)
     lm.tokenizer = load_tokenizer(opened.path)
     return lm
+
+
+def _compiled(
+    graph: LMGraphs,
+    weights: Mapping[str, np.ndarray],
+    output_attentions: bool,
+    progress: LoadProgress | None = None,
+) -> CompiledLM:
+    """The graphs a load wants compiled and `weights`, checked against the config first, bound."""
+    checked = check_model_weights(weights, graph.config)  # before spending time compiling
+    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
+    if progress is not None:
+        progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
+    with _step(progress, f"compiling {what} for {graph.options.describe()}"):
+        graph.compile(*(["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]))
+    return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, checked)
+
+
+def _step(progress: LoadProgress | None, label: str) -> AbstractContextManager[Any]:
+    return nullcontext() if progress is None else progress.step(label)

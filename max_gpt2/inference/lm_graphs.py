@@ -1,15 +1,14 @@
-"""The language model's graph variants, each compiled the first time it is needed.
+"""The language model's graph variants, each compiled the first time it is needed, and the checks on
+what they are compiled for.
 
     "plain"       `GPT2LMHeadModel` with MAX's ops: prompts, `logits`, and steps off the CPU
     "decode"      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
                   and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
     "attentions"  the plain graph that also outputs every head's attention weights
 
-Packed weights run prompts through the kernels as well: one graph per format,
-the same arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and
-q4_0 quantize the activations of both), and measured on GPT-2 small q8_0 (2-core
-EPYC) 89 ms against 104 ms for a 32-token prompt through MAX's matmul on unpacked
-weights, 3.3 s against 3.1 s for 1024 tokens.
+Packed weights run prompts through the kernels as well: one graph per format, the same
+arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and q4_0 quantize the
+activations of both), at about the speed of MAX's matmul on unpacked weights (docs/performance.md).
 
 Every variant takes the same inputs, every length symbolic: input ids and
 position ids `[batch, seq]` int64, the attention mask `[batch, total]` int64, the
@@ -18,9 +17,14 @@ layer `[2, batch, n_head, max_len, head_dim]`, written in place, in the compute
 dtype or float16 (`kv_cache="float16"` with float32 compute, and by default beside
 packed weights): half the bytes a decoding step's attention reads, as llama.cpp
 keeps its cache by default.
+
+`LMOptions.check` refuses what cannot run before anything is read or compiled, and
+`LMGraphs` what MAX cannot compile for the config: each check once per load.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from max.driver import Device
 from max.dtype import DType
@@ -29,8 +33,13 @@ from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
 
 from max_gpt2.inference.compiled import GraphVariants
-from max_gpt2.inference.devices import device_name
-from max_gpt2.kernels import kernels_run_on
+from max_gpt2.inference.devices import (
+    check_attention_weights_on,
+    check_compiles_on,
+    device_name,
+    kernels_run_on,
+    resolve_device,
+)
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
@@ -42,7 +51,8 @@ def check_weight_format(weight_format: str, device: Device, dtype: DType) -> str
     check_format(weight_format)
     if weight_format != "float32" and not kernels_run_on(device, dtype):
         raise ValueError(
-            f"weights={weight_format!r} is for decoding on the CPU in float32, not on {_where(device, dtype)}"
+            f"weight_format={weight_format!r} is for decoding on the CPU in float32, not on "
+            f"{_where(device, dtype)}"
         )
     return weight_format
 
@@ -55,10 +65,9 @@ def default_kv_cache(weight_format: str, dtype: DType) -> DType:
     """The KV cache's dtype when none is asked for: float16 beside packed weights (which run in float32
     compute), as llama.cpp keeps its cache; else the compute dtype.
 
-    Beside a packed format's own rounding a float16 cache's does not show (README, "Correctness and
-    tolerances": perplexity within 0.01 %), and a batch's steps read half the cache's bytes: GPT-2 small
-    q4_0 at 8 rows of 150..189 positions took 0.84x the time (2-core Zen 5, `kernel_ab.py --kv-cache`).
-    Float32 weights keep the cache in their dtype, Hugging Face's numbers.
+    Beside a packed format's own rounding a float16 cache's does not show in perplexity, and a
+    batch's steps read half the cache's bytes (docs/performance.md). Float32 weights keep the cache
+    in their dtype, Hugging Face's numbers.
     """
     return DType.float16 if weight_format != "float32" and dtype == DType.float32 else dtype
 
@@ -82,46 +91,84 @@ def check_kv_cache(kv_cache: str | DType | None, dtype: DType, weight_format: st
     return cache_dtype
 
 
-class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for a config, device, dtype and cache dtype: "plain", "attentions", "decode".
+@dataclass(frozen=True)
+class LMOptions:
+    """What the language model is compiled for, checked (`check`): device, compute dtype, how the
+    projections and the LM head are stored, the KV cache's dtype, and whether decoding steps run
+    through the Mojo kernels."""
 
-    `"decode"` is the plain graph with the Mojo decoding kernels, staged only
-    where they run (`kernels_run_on`); `step_variant` and `prompt_variant` name
-    the variants that run decoding steps and prompts here.
-    """
+    device: Device
+    dtype: DType
+    weight_format: str
+    kv_dtype: DType
+    kernels: bool
 
-    def __init__(
-        self,
-        config: GPT2Config,
-        device: Device,
-        dtype: DType,
+    @classmethod
+    def check(
+        cls,
+        device: str | Device = "auto",
+        dtype: str | DType = "float32",
         kernels: bool | None = None,
         weight_format: str = "float32",
         kv_cache: str | DType | None = None,
-    ) -> None:
-        super().__init__(device, self._trace)
-        self.config, self.device, self.dtype = config, device, dtype
-        self.weight_format = check_weight_format(weight_format, device, dtype)
-        self.kv_dtype = check_kv_cache(kv_cache, dtype, self.weight_format)
-        runs_here = kernels_run_on(device, dtype)
+        output_attentions: bool = False,
+    ) -> LMOptions:
+        """The options, or a ValueError for what cannot run, before any weight is read: a weight format
+        off the CPU in float32 (`check_weight_format`), a KV cache dtype (`check_kv_cache`), the
+        kernels where they do not run (`kernels`: None, where they run), and attention weights
+        MAX computes wrong on the device (`devices.check_attention_weights_on`)."""
+        target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+        check_weight_format(weight_format, target, compute_dtype)
+        kv_dtype = check_kv_cache(kv_cache, compute_dtype, weight_format)
+        runs_here = kernels_run_on(target, compute_dtype)
         if kernels and not runs_here:
             raise ValueError(
-                f"the decoding kernels run on the CPU in float32, not on {_where(device, dtype)}"
+                f"the decoding kernels run on the CPU in float32, not on {_where(target, compute_dtype)}"
             )
-        self.step_variant = "decode" if runs_here and kernels is not False else "plain"
-        self.prompt_variant = self.step_variant if weight_format != "float32" else "plain"
+        if output_attentions:
+            check_attention_weights_on(target, compute_dtype)
+        return cls(target, compute_dtype, weight_format, kv_dtype, runs_here and kernels is not False)
+
+    def describe(self) -> str:
+        """`"cpu float32"`, and the weights' format and the KV cache's dtype where not the plain ones."""
+        stored = "" if self.weight_format == "float32" else f", weights in {self.weight_format}"
+        if self.weight_format != "float32" or self.kv_dtype != self.dtype:
+            stored += f", KV cache in {self.kv_dtype.name}"
+        return f"{device_name(self.device)} {self.dtype.name}{stored}"
+
+
+class LMGraphs(GraphVariants):
+    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode".
+
+    `"decode"` is the plain graph with the Mojo decoding kernels, staged only
+    where they run (`LMOptions.kernels`); `step_variant` and `prompt_variant` name
+    the variants that run decoding steps and prompts here. What MAX cannot compile
+    for the config on the device (`devices.check_compiles_on`) is refused here.
+    """
+
+    def __init__(self, config: GPT2Config, options: LMOptions) -> None:
+        check_compiles_on(options.device, options.dtype, config.n_embd)
+        super().__init__(options.device, self._trace)
+        self.config, self.options = config, options
+        self.step_variant = "decode" if options.kernels else "plain"
+        self.prompt_variant = self.step_variant if options.weight_format != "float32" else "plain"
 
     def _trace(self, variant: str) -> Graph:
-        config, device = self.config, self.device
-        with F.lazy(), default_device(device), default_dtype(self.dtype):
+        config, device, options = self.config, self.device, self.options
+        with F.lazy(), default_device(device), default_dtype(options.dtype):
             # lazy: random initial weights are never made
             module = GPT2LMHeadModel(
-                config, variant == "attentions", kernels=variant == "decode", weights=self.weight_format
+                config,
+                variant == "attentions",
+                kernels=variant == "decode",
+                weight_format=options.weight_format,
             )
         tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
         mask = TensorType(DType.int64, ["batch", "total"], device=device)
         logit_index = TensorType(DType.int64, ["logits"], device=device)
         device_ref = DeviceRef.from_device(device)
-        cache = BufferType(self.kv_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref)
+        cache = BufferType(
+            options.kv_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref
+        )
         inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
         return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph

@@ -4,6 +4,7 @@
     scores = lm.score(input_ids, top_k=5)         # the same, and the 5 likeliest tokens at each position
     result = lm.perplexity("some text")           # Perplexity(tokens, nll, perplexity, bits_per_byte)
 
+`score`, `logprobs` and `perplexity` are `CompiledLM`'s methods, written here on its `logits`.
 A token's log-probability comes from the logits at the position before it, through
 a log-softmax over the vocabulary computed stably (the largest logit subtracted
 before exponentiating, sums in float64). A position with no token before it
@@ -95,7 +96,7 @@ def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int
 
 def logprobs(lm: CompiledLM, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
     """Each token's log-probability given the tokens before it, float32 `[batch, seq]` (NaN: none)."""
-    return score(lm, input_ids, attention_mask).logprobs
+    return lm.score(input_ids, attention_mask).logprobs
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -137,7 +138,7 @@ def perplexity(
     total_nll, scored_ids, previous_end = 0.0, [], 0
     for done, begin in enumerate(starts, start=1):
         end = min(begin + window, ids.size)
-        new = logprobs(lm, ids[None, begin:end])[0, max(1, previous_end - begin) :]  # the unscored ones
+        new = lm.logprobs(ids[None, begin:end])[0, max(1, previous_end - begin) :]  # the unscored ones
         total_nll -= float(new.astype(np.float64).sum())
         scored_ids.append(ids[end - new.size : end])
         previous_end = end

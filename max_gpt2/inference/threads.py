@@ -3,10 +3,9 @@
 At a process's first graph execution MAX 26.7 starts a thread that waits on a timed condition
 variable and wakes about 6,000 times a second for as long as the process lives, busy or idle.
 Where MAX has a worker on every core (its default), each wake-up preempts a worker in the
-middle of a product: on a 2-core EPYC a GPT-2 small decoding step took about 270 involuntary
-context switches, one per wake-up. Under `SCHED_BATCH` the thread still runs, at its fair share,
-but no longer preempts on waking: 9 in 10 of those switches went, and the median step took
-0.92-0.95x the time (37.6 against 40.5 ms, ten alternated rounds in one process).
+middle of a product: a decoding step takes an involuntary context switch per wake-up. Under
+`SCHED_BATCH` the thread still runs, at its fair share, but no longer preempts on waking: most
+of those switches go, and the steps are shorter (docs/performance.md).
 
 MAX names no such thread and offers no setting for it, so it is found by what it does: a
 thread of this process, other than the caller, that woke at least `WAKES_PER_SECOND` times in

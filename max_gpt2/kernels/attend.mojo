@@ -18,10 +18,9 @@ comptime LANES = 16  # float32 lanes of an AVX-512 register
 comptime ROW = 64  # GPT-2's head size at every scale: a query and the output kept in registers
 comptime KEYS = 16  # keys a query is dotted with at once (head size ROW): one score a lane
 comptime TASKS = 8  # chunks of (request, head) pairs, when the work is worth more than one thread
-# Key-dimension products (H * new * seen * d, summed) under which one thread does it all. At
-# 1 << 20 a batch of 8 at 100 positions (614 K) attended on one thread while the other waited: GPT-2
-# small q4_0 steps 1.15x slower than at 1 << 18; 1 << 15 against 1 << 18, three runs: 0.90-0.94x
-# at 8 x 8..47 positions, 0.96x at 1 x 300, the same at 1 x 32 and 1 x 100 (`kernel_ab.py --steps`).
+# Key-dimension products (H * new * seen * d, summed) under which one thread does it all: higher
+# thresholds left a batch's attention on one thread while the others waited, and this one measured
+# the fastest of those tried (docs/performance.md).
 comptime SERIAL_BELOW = 1 << 15
 
 
@@ -98,7 +97,7 @@ def _fold[s: Int](x: SIMD[F32, LANES], y: SIMD[F32, LANES]) -> SIMD[F32, LANES]:
 def _key_dots[CT: DType](query: UnsafePointer[Float32, ImmutAnyOrigin], key: UnsafePointer[Scalar[CT], MutAnyOrigin], slot_stride: Int) -> SIMD[F32, KEYS]:
     """query . key for `KEYS` keys slot_stride apart, ROW values each: lane i, key i. Each key's
     products are summed into one register's lanes, and the 16 registers folded together, 3
-    operations a key, where a horizontal sum a key took 8 (q4_0 steps 1-4 % faster on a Zen 5)."""
+    operations a key, where a horizontal sum a key takes 8 (docs/performance.md)."""
     comptime assert KEYS == LANES and ROW == 4 * LANES, "a key a lane, a key in 4 registers"
     var sums = Array[SIMD[F32, LANES], KEYS](uninitialized=True)
     comptime for i in range(KEYS):

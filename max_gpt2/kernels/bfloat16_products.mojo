@@ -1,18 +1,17 @@
 # How the bfloat16 products meet x: each row of x is first rounded to bfloat16, as llama.cpp rounds
 # it for its bf16 weights, so that the product of a weight and a value of x is exact in float32 and
 # only the float32 sums round. With AVX-512 BF16, vdpbf16ps then adds two such products to each of
-# 16 float32 lanes in one instruction, twice a multiply-add's work: against several rows of x a
-# 2-core Zen 4's multiply-add pipes, not memory, bound the products, and a batch of 8's decoding
-# steps took 0.79-0.81x the time (benchmarks/kernel_ab.py --steps 8x32,8x100). Against one row memory
-# is the bound and the pairs made the steps 1.05x as long, so one row (and a CPU without the
-# instruction) widens both to float32 and multiplies and adds lane by lane.
+# 16 float32 lanes in one instruction, twice a multiply-add's work: against several rows of x the
+# multiply-add pipes, not memory, bound the products, and the pairs shorten a batch's steps. Against
+# one row memory is the bound and the pairs made the steps longer, so one row (and a CPU without the
+# instruction) widens both to float32 and multiplies and adds lane by lane (docs/performance.md).
 #
 # Where the CPU has no bfloat16 instructions (AVX2, and AVX-512 without BF16) LLVM keeps a
 # bfloat16 vector as float32 and rounds it back through a library call a value whenever it
 # materialises one: there the products hold no bfloat16 vector at all, only its bits (uint16),
-# widened by a shift and rounded by integer operations (a 2-core Zen 3's bfloat16 products had
-# run 11x slower through bfloat16 vectors), and x is kept as float32 holding the rounded values,
-# widened once a product instead of at every multiply-add (whole steps 0.93-0.96x the time there).
+# widened by a shift and rounded by integer operations (through bfloat16 vectors the products ran
+# an order of magnitude slower), and x is kept as float32 holding the rounded values, widened once a
+# product instead of at every multiply-add.
 from std.memory import UnsafePointer, alloc, bitcast
 from std.sys.info import CompilationTarget
 from std.sys.intrinsics import llvm_intrinsic

@@ -3,8 +3,8 @@
 # On AVX2, vpmaddubsw takes an unsigned and a signed operand; q8_0 pairs |x| with w carrying x's
 # sign (|x|, |w| <= 127: a pair of products cannot saturate 16 bits); q4_0's values are already
 # unsigned (0..15), and the offset comes off as 8 * sum(x). With AVX-512 VNNI (AVX-VNNI alone takes
-# the AVX2 path), vpdpbusd sums 4 such products into int32 in one instruction (batch 8 about 1.3x
-# faster; batch 1 is bound by memory either way), with no 16-bit pair to saturate.
+# the AVX2 path), vpdpbusd sums 4 such products into int32 in one instruction (faster against
+# several rows of x; one row is bound by memory either way), with no 16-bit pair to saturate.
 from std.memory import UnsafePointer, bitcast
 from std.sys.info import CompilationTarget
 from std.sys.intrinsics import llvm_intrinsic

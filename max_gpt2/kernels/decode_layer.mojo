@@ -139,10 +139,8 @@ def decode_layer[
     var hidden_q = QuantizedRows[FORMAT](quantized, wide)
     var phases = Phases[PHASES]()
     var pairs = B * H
-    # One run of pairs a core, each pair requesting the next one's keys and values as it goes: GPT-2
-    # small q4_0/q8_0 steps of a batch of 8 took 0.89-0.95x the time against 8 runs without the
-    # requests on a 2-core Zen 4 (batch 1 0.98-1.03x, float32 0.99-1.01x); the runs alone took 1.02-1.03x, 8 runs with
-    # the requests 0.95-1.01x (benchmarks/kernel_ab.py --steps).
+    # One run of pairs a core, each pair requesting the next one's keys and values as it goes: the
+    # requests shorten a batch's packed steps and leave one row's unchanged (docs/performance.md).
     var attend_chunks = min(pairs, num_physical_cores())
 
     def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
@@ -160,8 +158,8 @@ def decode_layer[
 
         # A thread takes a run of neighbouring (row, head) pairs, as gpt2_paged_attention splits them:
         # in MAX's pages a token's heads lie side by side. Handed out one pair at a time, the two
-        # threads read alternate heads of the same tokens, and a served step of 16 requests took
-        # ~4 % longer (benchmarks/serving_step.py, 2026-11-27); one request's steps are unchanged.
+        # threads read alternate heads of the same tokens, which made a served step of many requests
+        # longer (docs/performance.md); one request's steps are unchanged.
         @parameter
         def attend(chunk: Int):
             var scratch = alloc[Float32](kv.longest + d)

@@ -20,17 +20,16 @@ from .bfloat16_products import BF16_PAIRS, load_operand, multiply_add, operand_d
 from .epilogue import finish
 from .packed_layout import CHUNK, F32, GROUP, LANES, requests_ahead
 
-# Bytes of W requested ahead of the loads (`requests_ahead`); into L2 alone, 16 KB left a GPT-2
-# small step's 49 products 4 % slower in float32 and 10 % in bfloat16, 128 KB as slow again.
+# Bytes of W requested ahead of the loads (`requests_ahead`): less left the products slower, more
+# gained nothing (docs/performance.md).
 comptime PREFETCH_BYTES = 65536
 # Rows of x a block of W dots at once: on AVX2, 4 x-rows by 3 W-rows fill the 16 registers
-# (8 by 1 were 3 % slower at batch 8).
+# (8 by 1 measured slower).
 comptime X_ROWS = 8 if CompilationTarget.has_avx512f() else 4
 comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, while they are in cache
 # Rows of W that whole groups of X_ROWS rows of x take at a time where there are several groups:
 # two blocks (of 3 rows at X_ROWS), so that a block of W is still in L1, not L2, when the next group
-# reads it (2-core Zen 3, a step's products at 8 rows: bfloat16 0.91-0.96x the time, float32
-# 0.95-1.01x; 3 and 12 rows gained less).
+# reads it (3 and 12 rows gained less: docs/performance.md).
 comptime SHARED_PASS_ROWS = 6
 
 
@@ -38,11 +37,9 @@ def w_rows[WT: DType, MB: Int]() -> Int:
     """Rows of W a block dots with MB rows of x: MB x RB accumulators, the RB rows and x in the
     vector registers (32 on AVX-512, 16 on AVX2), RB dividing `PASS_ROWS`. Float32 W against one row
     of x reads fewer rows at a time than registers allow, one from each of RB runs (`_runs`): on
-    AVX-512 a row at a time, one stream of memory a thread, which a 2-core Zen 5 read 8 % faster
-    than 8 rows (a decoding step 0.87-0.91x the time); on AVX2 4 rows, where a 2-core Zen 3 took
-    0.95-0.98x the time for a step with 4 neighbouring rows (2 and 6 rows 0.96-0.99x, 1 row
-    1.00-1.04x) against 8, and 4 runs then took 0.83-0.87x. bfloat16's interleaved groups read a row at
-    a time were 1.2x slower."""
+    AVX-512 a row at a time, one stream of memory a thread; on AVX2 4 rows. Each measured faster
+    than 8 neighbouring rows, and bfloat16's interleaved groups slower read a row at a time
+    (docs/performance.md)."""
     comptime if WT == F32 and MB == 1:
         return 1 if CompilationTarget.has_avx512f() else 4
     comptime if CompilationTarget.has_avx512f():
@@ -81,8 +78,8 @@ def _block[
     comptime PAIRS = WT != F32 and MB > 1 and BF16_PAIRS
     comptime STEP = 2 * LANES if PAIRS else LANES  # values a multiply-add takes
     # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
-    # past W): 2-core Zen 4, whole steps 0.83-0.98x the time. Against several rows the check cost
-    # more than it saved (a batch of 8's steps 1.04x), and float32 gained nothing (1.007-1.015x).
+    # past W), which shortens its steps; against several rows the check costs more than it saves,
+    # and float32 gains nothing (docs/performance.md).
     comptime WITHIN_CHUNK = WT != F32 and MB == 1
     var stride = x_stride[WT](K)
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
@@ -94,9 +91,8 @@ def _block[
     var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
     while k < vector_end:
         # A bfloat16 row's line (`CHUNK` values) takes CHUNK / STEP passes (on AVX-512 one in pairs,
-        # two lane by lane); against several rows of x it is requested on the first only (Zen 5:
-        # steps of a batch of 8 took 0.86-0.88x the time, 16: 0.93x, when each took two passes; at
-        # one row of x the second request paid, 1.03x without it).
+        # two lane by lane); against several rows of x it is requested on the first only, against
+        # one row on every pass (each the faster there: docs/performance.md).
         var request = WT == F32 or MB == 1 or at % CHUNK == 0
         var rows = Array[SIMD[operand_dtype[PAIRS](), STEP], RB](uninitialized=True)
         comptime for r in range(RB):
@@ -163,9 +159,8 @@ def _runs[
 ):
     """Float32 rows first..last-1 of W against one row of x, cut into RB runs (`w_rows`), a block
     taking the i-th row of each: RB streams as long as a run, where RB neighbouring rows start RB
-    new streams every RB rows (at K = 768, every 12 KB). On a 2-core Zen 3, whole batch-1 steps of
-    GPT-2 small 0.83-0.87x the time, the products alone 0.90-0.91x (`kernel_ab.py`; the same bytes
-    requested ahead each stream, or 4x as many, the same), outputs identical."""
+    new streams every RB rows (at K = 768, every 12 KB): faster batch-1 steps, outputs identical
+    (docs/performance.md)."""
     comptime RB = w_rows[F32, 1]()
     var run = (last - first) // RB
     var chunk_end = last * K

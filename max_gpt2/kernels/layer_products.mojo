@@ -41,10 +41,8 @@ struct Product[WT: DType](ImplicitlyCopyable):
 
     def chunks(self) -> Int:
         """One chunk of outputs a core, claimed one at a time, so a thread that arrives late finds its
-        share taken. Each thread then streams one run of W: whole steps of GPT-2 small on a 2-core
-        Zen 5 against 8 chunks (benchmarks/kernel_ab.py --steps) float32 0.96-1.00x the time at batch 1
-        and 0.97x at batch 8, q4_0 0.94-1.00x and 0.98x, q8_0 0.99x and 0.98x (on a Zen 3, 8 had been
-        1-4 % ahead; bfloat16 ran best at one a core on both)."""
+        share taken. Each thread then streams one run of W, as fast as or faster than more chunks
+        (docs/performance.md)."""
         return min(self.units(), row_chunks())
 
     def run[

@@ -1,7 +1,7 @@
 """Our Mojo kernels compiled once into a `.mojoc` and kept, instead of once per op a graph stages.
 
 Given a Mojo source directory as `custom_extensions`, MAX runs `mojo precompile`
-on it each time an op names it (about 4 s on a 2-core CPU), and a GPT-2 graph
+on it each time an op names it (seconds each time), and a GPT-2 graph
 stages some 60 of our ops: minutes of building before the (cached) compile. Given
 a compiled package, MAX only loads it. The package is kept under the cache
 directory, named by a hash of its sources and MAX's version, so an edited kernel

@@ -18,8 +18,8 @@ from std.sys.info import num_physical_cores, simd_width_of
 from std.sys.intrinsics import PrefetchOptions
 
 comptime F32 = DType.float32
-# One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spilled skinny_matmul's
-# accumulators (batch 8 ran 1.5x slower on a 2-core AVX2 EPYC).
+# One register's float32 lanes: 16 on AVX-512, 8 on AVX2, where 16 spill skinny_matmul's
+# accumulators.
 comptime LANES = simd_width_of[F32]()
 comptime BLOCK = 32  # weights sharing a scale
 comptime GROUP = 8  # rows stored interleaved
@@ -33,10 +33,9 @@ comptime Q4_0 = 2
 
 def requests_ahead[INTO_L1: Bool]() -> PrefetchOptions:
     """How a product requests W ahead of its loads: into L1 and L2 (prefetcht0), or into L2 only
-    (prefetcht2; prefetcht1 ran the same). Against one row of x a 2-core Zen 4 streamed float32,
-    q8_0 and q4_0 faster with the first (whole steps of GPT-2 small 0.90-0.97x, 0.87-0.94x and
-    0.95-0.99x the time), so those ask for it there; bfloat16 against one row and every format
-    against several rows ran slower with it (a float32 batch of 8 1.5x the time). Why is not
+    (prefetcht2; prefetcht1 ran the same). Against one row of x float32, q8_0 and q4_0 stream
+    faster with the first, so those ask for it there; bfloat16 against one row and every format
+    against several rows ran slower with it (docs/performance.md). Why is not
     known: float32's requests run 64 KB ahead, and most of those lines leave the 32 KB L1 before
     their loads come."""
     return PrefetchOptions().for_read().high_locality() if INTO_L1 else PrefetchOptions().for_read().low_locality()
@@ -45,7 +44,7 @@ def requests_ahead[INTO_L1: Bool]() -> PrefetchOptions:
 def row_chunks() -> Int:
     """Chunks of W's rows a product is split into, when it is worth more than one thread: one per
     core. Smaller chunks balance better but cost more hand-offs, and at 1 or 0.56 bytes a weight
-    the hand-offs weigh more: 8 chunks decoded q4_0 about 15 % slower than 2 on a 2-core EPYC."""
+    the hand-offs weigh more: more chunks decoded q4_0 slower (docs/performance.md)."""
     return num_physical_cores()
 
 

@@ -9,11 +9,11 @@
 # each), as llama.cpp does, so a block's dot products are integer multiply-adds
 # (byte_products.mojo). With VNNI, for several rows of x, q8_0 takes x + 128 (1..255) as the
 # unsigned operand and w as stored, and 128 * sum(w) comes off once a block for all of them
-# (no sign flip of w per row of x: a batch of 8's products 1.43x faster; for one row, summing
-# w is the extra work, 2-4 % slower, so one row keeps the sign flip).
+# (no sign flip of w per row of x: faster for a batch; for one row, summing w is the extra work,
+# so one row keeps the sign flip).
 # Streaming W is the work: every cache line of a block is prefetched ahead of its loads
-# (one prefetch a block left half of q4_0's lines and 3 in 4 of q8_0's to the hardware,
-# and the products ran at 17 and 19.5 GB/s instead of 22).
+# (one prefetch a block left most lines to the hardware prefetcher, and the products streamed
+# slower: docs/performance.md).
 
 import extensibility
 from extensibility import InputTensor, OutputTensor
@@ -81,7 +81,7 @@ def _group_blocks[
         # With VNNI, every row of x's dot products with this block, chunk by chunk across the rows:
         # the MB chains of multiply-adds are independent and run side by side, and q4_0's chains start
         # from the -8 offset loaded from memory instead of subtracting it from a register made
-        # for it (a q4_0 batch of 8's products 1.11x faster on a Zen 4; one row the same).
+        # for it (faster for a batch; one row the same).
         var dots = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
         comptime if OFFSET_X:
             var w_sums = SIMD[DType.int32, L](0)  # 128 * sum(w) of each row over the block
@@ -95,8 +95,7 @@ def _group_blocks[
                 dots[m] -= w_sums  # the + 128 of every x, times sum(w)
         elif FORMAT == Q8_0:
             # Row by row, each chunk reloaded from L1: with 16 vector registers (AVX2), 8 rows' sums
-            # side by side beside their 8 accumulators spilled to memory, and a batch of 8's products
-            # took 1.14x the time (2-core Zen 3; whole steps 1.12x).
+            # side by side beside their 8 accumulators spill to memory, which measured slower.
             comptime assert GROUPS == 1, "vpsignb takes 32 bytes"
             comptime for m in range(MB):
                 var row = (m0 + m) * nb + b
@@ -186,9 +185,8 @@ def block_groups[
     """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
     y [M, N] as EPILOGUE says (epilogue.mojo)."""
     # Two groups side by side halve the multiply-adds but read W as two streams, which costs at
-    # few rows of x, where memory bounds the product (2-core Zen 5, products of a GPT-2 small step:
-    # q8_0 1.06-1.20x the time at 2-4 rows, 0.86-0.88x at 8; q4_0 0.98-1.08x at 2-3, 0.82-0.89x
-    # at 4, 0.72-0.81x at 8).
+    # few rows of x, where memory bounds the product: pairs from `PAIRED_FROM` rows, where they
+    # measured faster (docs/performance.md).
     comptime PAIRED = CompilationTarget.has_avx512f() and CompilationTarget.has_vnni()
     comptime PAIRED_FROM = 8 if FORMAT == Q8_0 else 4  # rows of x
     var g = first

@@ -16,16 +16,15 @@ from .epilogue import STORE
 from .packed_layout import F32, SERIAL_BELOW, check_bias, check_chunks, check_dense, row_chunks
 
 # Multiply-adds (N * K * rows) under which one thread does float32: 1 << 20 left GPT-2 small's
-# 768 x 768 c_proj on one thread at batch 1, and its step's products took 1.06x the time.
+# 768 x 768 c_proj on one thread at batch 1, and its step slower.
 comptime F32_SERIAL_BELOW = 1 << 19
 
 
 def chunks_of[WT: DType](M: Int, K: Int, N: Int) -> Int:
     """Chunks of W's rows a product is split into: one a core (`row_chunks`), or 1 where this thread
     does it all (waking the others costs more than a small product gains): float32 below 1 << 19
-    multiply-adds, bfloat16 below `SERIAL_BELOW` bytes. A step's float32 products alone in 2 chunks
-    against 8 on a 2-core Zen 5: 0.96-0.98x the time at one row, 0.98-1.00x at 8; bfloat16 in 8:
-    1.03-1.08x at one row (slower on a Zen 4 too)."""
+    multiply-adds, bfloat16 below `SERIAL_BELOW` bytes. One chunk a core is as fast as or faster
+    than more (docs/performance.md)."""
     var small = N * K * M < F32_SERIAL_BELOW if WT == F32 else N * K * 2 < SERIAL_BELOW
     return 1 if small else row_chunks()
 

@@ -11,7 +11,9 @@ No sessions and no compiling here (that is `max_gpt2.inference`), only definitio
     flash.py            impl "flash": GPU flash kernel; CPU tiled causal graph
     wrapper.py          impl "wrapper": one head at a time, the benchmark baseline
     cached_attention.py CachedAttention: attention over a KV cache written in place
-    kernel_layers.py    SkinnyLinear, KernelCachedAttention, KernelBlock: the same layers through Mojo kernels
+    kernel_layers.py    SkinnyLinear, KernelCachedAttention, KernelBlock: the same layers through Mojo
+                        kernels; block_for: the kernel block where it fits, else Block
+    weight_formats.py   how the projections and the LM head are stored: float32, bfloat16, q8_0, q4_0
     packed_linear.py    PackedLinear: a projection with its weight in a packed format
     block.py            Block: ln_1, the attention it is given, ln_2, MLP
     gpt2.py             GPT2LMHeadModel: embeddings, blocks, ln_f, LM head

@@ -9,7 +9,7 @@
         ln_f
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
-With `weights` other than "float32" (`max_gpt2.model.weight_formats`) every
+With a `weight_format` other than "float32" (`max_gpt2.model.weight_formats`) every
 projection and the LM head are `PackedLinear`s, their weights in that format; the
 embeddings stay float32.
 
@@ -46,14 +46,15 @@ from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layers import KernelBlock, KernelCachedAttention, SkinnyLinear
+from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
 from max_gpt2.model.packed_linear import PackedLinear
+from max_gpt2.model.weight_formats import renamed_weights_keyword
 
 
-def linear_for(weights: str, kernels: bool) -> LinearFactory:
+def linear_for(weight_format: str, kernels: bool) -> LinearFactory:
     """The projections' module for a weight format, through the decoding kernels or MAX's ops."""
-    if weights != "float32":
-        return partial(PackedLinear, format=weights, kernels=kernels)
+    if weight_format != "float32":
+        return partial(PackedLinear, format=weight_format, kernels=kernels)
     return SkinnyLinear if kernels else Linear
 
 
@@ -104,17 +105,20 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         config: GPT2Config,
         output_attentions: bool = False,
         kernels: bool = False,
-        weights: str = "float32",
+        weight_format: str | None = None,
+        *,
+        weights: str | None = None,
     ) -> None:
         """`kernels`: the projections and attention through the Mojo decoding kernels (`max_gpt2.kernels`),
-        same parameters, for a few new tokens; `weights`: the projections' format
-        (`max_gpt2.model.weight_formats`)."""
+        same parameters, for a few new tokens; `weight_format`: how the projections and the LM head
+        are stored (`max_gpt2.model.weight_formats`; None: float32). `weights` is its deprecated name."""
+        weight_format = renamed_weights_keyword("GPT2LMHeadModel", weight_format, weights)
         if kernels and output_attentions:
             raise ValueError("the decoding kernels do not output attention weights")
         self.output_attentions = output_attentions
         attention = KernelCachedAttention if kernels else CachedAttention
-        linear = linear_for(weights, kernels)
-        block = KernelBlock if kernels and KernelBlock.fits(config) else Block  # one op a block
+        linear = linear_for(weight_format, kernels)
+        block = block_for(config, kernels)
         block_graph = "kernel_block" if kernels else "block_with_weights" if output_attentions else "block"
         self.transformer = GPT2Model(
             config, lambda: attention(config, output_attentions, linear), linear, block, block_graph

@@ -5,26 +5,35 @@ call has few rows (MAX's matmul past them), `KernelCachedAttention` is
 `CachedAttention` through `gpt2_cached_attention`, and `KernelBlock` is a whole
 `Block` as one `gpt2_decode_layer` op; the step graph of the language model swaps
 them in on the CPU in float32, where a decoding step is bound by memory bandwidth
-(`KernelBlock` where the MLP's activation is GELU's tanh form, the kernel's). The
-server's decoding graph takes `KernelLinear` (its steps have a token a request,
+(`KernelBlock` where the MLP's activation is GELU's tanh form, the kernel's: `block_for`
+chooses). The server's decoding graph takes `KernelLinear` (its steps have a token a request,
 `SKINNY_ROWS` requests at most) and its graph for prompts `SkinnyLinear`.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from max.experimental import functional as F
 from max.experimental.nn import Linear
 from max.experimental.tensor import Tensor, TensorType
 
-from max_gpt2.kernels import LayerParameters, StoredProduct, cached_attention, decode_layer, skinny_matmul
+from max_gpt2.kernels import (
+    LAYER_NORMS,
+    LAYER_PRODUCTS,
+    LayerParameters,
+    StoredProduct,
+    cached_attention,
+    decode_layer,
+    skinny_matmul,
+)
 from max_gpt2.model.block import Block
 from max_gpt2.model.cached_attention import CachedAttention
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 
 SKINNY_ROWS = 16
-"""Up to this many rows `skinny_matmul` is the faster. The 49 products of a GPT-2 small decoding
-step alone on a 2-core AVX2 EPYC, MAX's matmul time over `skinny_matmul`'s: 1.58 at 1 row, 1.43 at
-8, 1.20 at 16, 0.90 at 32 (many rows are bound by arithmetic, where MAX's matmul is the better)."""
+"""Up to this many rows `skinny_matmul` is the faster; past them a product is bound by arithmetic, where
+MAX's matmul is the better (docs/performance.md)."""
 
 
 class KernelLinear(Linear):
@@ -39,7 +48,7 @@ class KernelLinear(Linear):
     def stored(self) -> StoredProduct:
         """The product as `gpt2_decode_layer` takes it: W [out, in], no scales, the bias."""
         weight, bias = self._weight_and_bias()
-        return weight, None, bias
+        return StoredProduct(weight, None, bias)
 
     def _weight_and_bias(self) -> tuple[Tensor, Tensor | None]:
         """W [out, in] and the bias [out], or None."""
@@ -95,7 +104,16 @@ class KernelBlock(Block):
         return decode_layer(x, cache, bias, self.layer_parameters())
 
     def layer_parameters(self) -> LayerParameters:
-        """The block as the decode-layer ops take it: its layer norms and products as stored."""
-        norms = (self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
-        linears = (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
-        return norms, self.ln_1.eps, tuple(linear.stored() for linear in linears)  # type: ignore[operator]
+        """The block as the decode-layer ops take it: its layer norms and products as stored, in the
+        order of `LAYER_NORMS` and `LAYER_PRODUCTS`."""
+        norms = tuple(attrgetter(name)(self) for name in LAYER_NORMS)
+        products = tuple(attrgetter(name)(self).stored() for name in LAYER_PRODUCTS)
+        return LayerParameters(norms, self.ln_1.eps, products)
+
+
+def block_for(
+    config: GPT2Config, kernels: bool, kernel_block: type[KernelBlock] = KernelBlock
+) -> type[Block]:
+    """The block a graph builds its layers of: `kernel_block` (one decode-layer op a block) where the
+    graph runs the kernels and the op computes `config`'s activation (`KernelBlock.fits`), else `Block`."""
+    return kernel_block if kernels and kernel_block.fits(config) else Block

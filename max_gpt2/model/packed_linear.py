@@ -56,7 +56,7 @@ class PackedLinear(Module[[Tensor], Tensor]):
         """The product as `gpt2_decode_layer` takes it: the packed weight, its scales (None for
         bfloat16), the bias (None without)."""
         scales = None if self.format == "bfloat16" else self.scales
-        return self.weight, scales, self.bias if isinstance(self.bias, Tensor) else None
+        return StoredProduct(self.weight, scales, self.bias if isinstance(self.bias, Tensor) else None)
 
     def _deinterleaved(self) -> Tensor:
         """The bfloat16 weight back in rows, [out, in]."""

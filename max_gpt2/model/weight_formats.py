@@ -15,9 +15,9 @@ q8_0 and q4_0 are llama.cpp's values and rounding rules (`quantize_q8_0`,
 `quantize_q4_0`, row by row, K padded with zeros to whole blocks). Every format
 but float32 is stored for our kernels (`max_gpt2/kernels/`) with 8 rows
 interleaved, N padded with zero rows to a multiple of 8: a decoding step then
-reads each group of 8 rows as one stream of memory, not 8 (benchmarks/README.md
-has what that gained and cost). q8_0 and q4_0 (`interleave`) also put 4
-consecutive values of each of the 8 rows in one register:
+reads each group of 8 rows as one stream of memory, not 8 (docs/performance.md).
+q8_0 and q4_0 (`interleave`) also put 4 consecutive values of each of the 8 rows
+in one register:
 
     bfloat16     uint16 [N8 / 8, Kp * 8]   group g, chunk c, row r, element e (0..31), K padded to
                                            a multiple of 32: at c * 256 + r * 32 + e: W[8g + r, 32c + e]
@@ -34,6 +34,7 @@ these; `unpack` gives back exactly the float32 weights they stand for.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -46,13 +47,26 @@ BLOCK = 32  # weights sharing a scale
 GROUP = 8  # rows stored interleaved
 CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # the format `max-gpt2 serve --weights` hands MAX's server
+SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # what `max-gpt2 serve --weight-format` hands MAX's server
+RENAMED_SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # its deprecated name, still read
 
 
-def check_format(weights: str, source: str = "weights") -> str:
-    """`weights` if it names a format, else a ValueError listing them that names where it came from."""
-    if weights not in FORMATS:
-        raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {weights!r}")
+def check_format(weight_format: str, source: str = "weight_format") -> str:
+    """`weight_format` if it names a format, else a ValueError listing them that names where it came from."""
+    if weight_format not in FORMATS:
+        raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {weight_format!r}")
+    return weight_format
+
+
+def renamed_weights_keyword(where: str, weight_format: str | None, weights: str | None) -> str:
+    """The format a caller of `where` asked for: `weight_format`, or `weights`, its deprecated name
+    (with a DeprecationWarning), or float32 when neither is given; both at once is a TypeError."""
+    if weights is None:
+        return "float32" if weight_format is None else weight_format
+    if weight_format is not None:
+        raise TypeError(f"{where} takes weight_format= or its deprecated name weights=, not both")
+    message = f"{where}: weights= is deprecated and will be removed; pass weight_format={weights!r}"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
     return weights
 
 

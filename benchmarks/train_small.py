@@ -33,7 +33,7 @@ from max_gpt2.outputs import default_cache_dir
 from max_gpt2.testing import CORPUS, write_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXTS = [CORPUS, ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+TEXTS = [CORPUS, ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 SHAPES = {"n_embd": 256, "n_head": 4, "n_layer": 4, "n_positions": 128}
 
 

@@ -1,19 +1,28 @@
-"""Every example runs to completion, so the examples never rot."""
+"""Every example and every Python block of the README and docs/ runs, so none of them rots.
+
+A page's ```python blocks run in order in one namespace, as a reader would type them, with
+`"path/to/gpt2"` replaced by the `LM` checkpoint (the suite's small model, with a tokenizer, whose
+graphs the suite compiles anyway) and `"path/to/text.txt"` by a file of the text we ship. A block
+right after a line `<!-- doctest: skip, REASON -->` (it needs a server, a GPU or a peer) is
+reported skipped with that reason. Each block is a test of its own; a test first runs the page's
+earlier blocks that have not run yet, so `-k` can pick any one.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 
-from max_gpt2.testing import write_checkpoint
-from max_gpt2.verify import compare
+from max_gpt2.testing import CORPUS
 from tests.support import GPT2_SMALL, LM, run_python
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+ROOT = Path(__file__).parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 EXPECTED = {
     "01_shapes.py": [
         "reduce.softmax",
@@ -25,6 +34,29 @@ EXPECTED = {
     "03_gpu_bfloat16.py": [],  # prints either the GPU result or that there is no GPU
     "04_generate.py": ["CompiledLM(n_layer=3", "agrees: True", "same in the padded batch: True"],
 }
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(
+    r"(?:^<!-- doctest: skip, (?P<reason>[^\n]*?) -->\n)?^```python\n(?P<code>.*?)^```", re.M | re.S
+)
+
+
+class Block(NamedTuple):
+    page: str  # relative to the repository
+    index: int  # among the page's python blocks
+    code: str
+    skip: str | None  # the reason, for a block that cannot run here
+
+
+def blocks(page: Path) -> list[Block]:
+    name = str(page.relative_to(ROOT))
+    return [
+        Block(name, index, match["code"], match["reason"])
+        for index, match in enumerate(BLOCK.finditer(page.read_text()))
+    ]
+
+
+BLOCKS = [block for page in PAGES for block in blocks(page)]
 
 
 def test_every_example_is_checked():
@@ -44,30 +76,92 @@ def test_example_runs(compiled, compiled_lm, example):
         assert expected in done.stdout
 
 
-def test_readme_python_example_runs(compiled, tmp_path):
-    compiled(GPT2_SMALL)
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    snippet = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    write_checkpoint(tmp_path, dataclasses.replace(GPT2_SMALL, n_layer=2, vocab_size=300))
-    namespace: dict = {}
-    exec(snippet.replace('"path/to/gpt2"', repr(str(tmp_path))), namespace)
-    assert namespace["y"].shape == (2, 128, 768)
-    assert compare(namespace["y"], namespace["expected"], "float32").passed
+def test_the_readme_and_docs_have_python_blocks_and_well_formed_skips():
+    pages = {block.page for block in BLOCKS}
+    assert {"README.md", "docs/generation.md", "docs/scoring.md"} <= pages
+    for page in PAGES:
+        text = page.read_text()
+        assert text.count("```python") == sum(block.page == str(page.relative_to(ROOT)) for block in BLOCKS)
+        for marker in re.finditer(r"<!-- doctest:[^\n]*-->", text):
+            assert re.match(r"<!-- doctest: skip, \S[^\n]* -->\n```python\n", text[marker.start() :]), (
+                f"{page.name}: write '<!-- doctest: skip, REASON -->' on the line above ```python"
+            )
 
 
-def test_readme_generation_example_runs(compiled_lm, lm_checkpoint, capsys):
-    compiled_lm(LM)
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    snippet = re.search(r"## Generating text\n\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    namespace: dict = {}
-    exec(snippet.replace('"path/to/gpt2"', repr(str(lm_checkpoint(LM)))), namespace)
-    lm, ids, batch, mask = (namespace[name] for name in ("lm", "ids", "batch", "mask"))
-    assert namespace["logits"].shape == (1, ids.shape[1], LM.vocab_size)
-    assert namespace["sampled"].shape == (1, ids.shape[1] + 20)
-    assert namespace["out"].shape == (2, batch.shape[1] + 20)
-    assert capsys.readouterr().out  # the streamed text
+def check_readme(ns: dict[str, Any]) -> None:
+    assert ns["comparison"].passed and ns["y"].shape == ns["x"].shape
+    ids = ns["ids"]
+    assert ns["out"].shape == (1, ids.shape[1] + 20)
+    assert ns["scores"].logprobs.shape == ids.shape and np.isnan(ns["scores"].logprobs[0, 0])
+    assert np.isfinite(ns["result"].perplexity) and ns["result"].tokens > 0
+
+
+def check_generation(ns: dict[str, Any]) -> None:
+    lm, ids, batch, mask = (ns[name] for name in ("lm", "ids", "batch", "mask"))
+    assert ns["logits"].shape == (1, ids.shape[1], LM.vocab_size)
+    assert ns["sampled"].shape == (1, ids.shape[1] + 20)
     assert mask[0, 0] == 0 and mask[:, -1].all()  # padded on the left
     greedy = lm.generate(ids, 20)[0, ids.shape[1] :]
-    np.testing.assert_array_equal(np.concatenate(namespace["by_hand"]), greedy)  # the steps, by hand
+    np.testing.assert_array_equal(np.concatenate(ns["by_hand"]), greedy)  # the steps, by hand
     short = int(mask[0].sum())
-    np.testing.assert_array_equal(namespace["out"][0, -short - 20 :], lm.generate(batch[:1, -short:], 20)[0])
+    np.testing.assert_array_equal(ns["out"][0, -short - 20 :], lm.generate(batch[:1, -short:], 20)[0])
+    np.testing.assert_allclose(ns["other"].logits(ids), lm.logits(ids), rtol=1e-6, atol=1e-6)  # rebound
+
+
+def check_correctness(ns: dict[str, Any]) -> None:
+    assert ns["result"].passed
+
+
+# What a page's blocks must have left behind, checked after its last block.
+CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "README.md": check_readme,
+    "docs/generation.md": check_generation,
+    "docs/correctness.md": check_correctness,
+}
+
+
+class Page:
+    """One page's namespace, and how many of its blocks have run in it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.namespace: dict[str, Any] = {}
+        self.done = 0
+
+
+@pytest.fixture(scope="module")
+def doc_pages(tmp_path_factory, lm_checkpoint) -> dict[str, Any]:
+    """Each page's state, and the placeholders' replacements."""
+    text = tmp_path_factory.mktemp("text") / "text.txt"
+    text.write_text(CORPUS.read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    replacements = {'"path/to/gpt2"': repr(str(lm_checkpoint(LM))), '"path/to/text.txt"': repr(str(text))}
+    pages = {name: Page(tmp_path_factory.mktemp("page")) for name in {block.page for block in BLOCKS}}
+    return {"pages": pages, "replacements": replacements}
+
+
+def run(block: Block, page: Page, replacements: dict[str, str]) -> None:
+    code = block.code
+    for placeholder, value in replacements.items():
+        code = code.replace(placeholder, value)
+    exec(compile(code, f"{block.page}, python block {block.index}", "exec"), page.namespace)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: f"{block.page}-{block.index}")
+def test_doc_block_runs(block, doc_pages, compiled_lm, monkeypatch):
+    compiled_lm(LM)  # the graphs the blocks load, compiled (or found in MAX's cache) once for the suite
+    page = doc_pages["pages"][block.page]
+    monkeypatch.chdir(page.directory)  # whatever a block writes lands in a scratch folder
+    earlier = [b for b in BLOCKS if b.page == block.page and page.done <= b.index < block.index]
+    for before in earlier:
+        if before.skip is None:
+            run(before, page, doc_pages["replacements"])
+        page.done = before.index + 1
+    if block.skip is not None:
+        page.done = max(page.done, block.index + 1)
+        pytest.skip(f"{block.page}, python block {block.index}: {block.skip}")
+    if page.done <= block.index:
+        run(block, page, doc_pages["replacements"])
+        page.done = block.index + 1
+    last = max(b.index for b in BLOCKS if b.page == block.page and b.skip is None)
+    if block.index == last and block.page in CHECKS:
+        CHECKS[block.page](page.namespace)

@@ -2,7 +2,7 @@
 
     python benchmarks/serving.py                       # the demo checkpoint, CPU, 1/4/16/64 clients
     python benchmarks/serving.py --checkpoint DIR --llama-server build/bin/llama-server --gguf f32.gguf
-    python benchmarks/serving.py --checkpoint DIR --weights q4_0 --llama-server ... --gguf q4_0.gguf
+    python benchmarks/serving.py --checkpoint DIR --weight-format q4_0 --llama-server ... --gguf q4_0.gguf
 
 For each number of clients C, C threads each send `--requests` streamed
 completions one after another (greedy, `--max-tokens` new tokens, end-of-text
@@ -13,8 +13,8 @@ between a request's streamed chunks, as a client sees them), median and p95, and
 the time a token (a request's last arrival less its first, over its tokens less
 one): our server sends up to `--decode-steps` tokens a chunk (the server's default
 unless given; `--decode-steps 1,4` runs our server once with each, side by side).
-`--weights` serves the projections and the LM head packed (`max-gpt2 serve
---weights`); `generate` then runs the same format with its default KV cache
+`--weight-format` serves the projections and the LM head packed (`max-gpt2 serve
+--weight-format`); `generate` then runs the same format with its default KV cache
 (float16 beside packed weights, where the server's paged cache is float32), and
 `--gguf` should be the same format's GGUF.
 
@@ -67,7 +67,7 @@ def in_process(
     """`lm.generate`'s tokens/s at each batch: new tokens over the wall time of 3 generations, prefill
     included, as a server's are its tokens over its run's wall time (not the fastest of the 3: that
     took generate's best moment against the server's whole run)."""
-    lm = load_lm(checkpoint, "cpu", weights=weights)
+    lm = load_lm(checkpoint, "cpu", weight_format=weights)
     lm.generate(np.array([prompt_ids]), 2)  # warm-up
     rates = {}
     for batch in batches:
@@ -165,7 +165,14 @@ def measure_round(
     """Our server, then llama-server (if given), then in-process `generate`, one after the other."""
     servers = {}
     log = args.output.with_suffix(".server.log")
-    options = ("--device", "cpu", "--max-batch-size", str(args.max_batch_size), "--weights", args.weights)
+    options = (
+        "--device",
+        "cpu",
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--weight-format",
+        args.weight_format,
+    )
     for steps in args.decode_steps or [None]:
         name, steps_option = (
             ("max-gpt2 serve", ())
@@ -191,7 +198,7 @@ def measure_round(
             stop_group(llama.pid, llama.poll)
     batches = sorted({min(clients, args.max_batch_size) for clients in args.clients})
     with progress.step(f"in-process generate at batch {', '.join(map(str, batches))}"):
-        rates = in_child_process(checkpoint, prompt_ids, batches, args.max_tokens, args.weights)
+        rates = in_child_process(checkpoint, prompt_ids, batches, args.max_tokens, args.weight_format)
     return {"servers": servers, "in_process_tokens_per_second": {str(b): rate for b, rate in rates.items()}}
 
 
@@ -208,7 +215,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=CPU_BATCH_SIZE, help="the server's batch")
     parser.add_argument(
-        "--weights", default="float32", choices=FORMATS, help="how ours store the projections and head"
+        "--weight-format", default="float32", choices=FORMATS, help="how ours store the projections and head"
     )
     parser.add_argument(
         "--decode-steps",
@@ -239,7 +246,7 @@ def main() -> int:
         "machine": machine_description(resolve_device("cpu")),
         "checkpoint": str(checkpoint),
         "server_batch": args.max_batch_size,
-        "weights": args.weights,
+        "weights": args.weight_format,
         "prompt_tokens": len(prompt_ids),
         "max_tokens": args.max_tokens,
         "clients": args.clients,

@@ -46,10 +46,13 @@ from tests import op_graphs
 from tests.support import LM, die_with_parent, serving_missing
 
 SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
-# The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options on LM's
-# seed-0 checkpoint, started at collection only where a collected test uses its fixture.
+# The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
+# LM's seed-0 checkpoint, started at collection only where a collected test uses its fixture.
 # The first decodes `DECODE_STEPS` tokens a scheduler step (the default), the second 3.
-SERVED = {"served_lm": (), "served_q4_0_lm": ("--weights", "q4_0", "--decode-steps", "3")}
+SERVED = {
+    "served_lm": ((), None),
+    "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key"),
+}
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
 
@@ -80,7 +83,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             while port in (server.port for server in servers.values()):  # free, but perhaps not yet bound
                 port = free_port()
             log = scratch / f"{name}.log"
-            servers[name] = ServerProcess(checkpoint, log, port, "--device", "cpu", *SERVED[name])
+            options, api_key = SERVED[name]
+            servers[name] = ServerProcess(checkpoint, log, port, "--device", "cpu", *options, api_key=api_key)
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(
@@ -119,8 +123,8 @@ def served_lm(request) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_q4_0_lm(request) -> ServerProcess:
-    """The same checkpoint served with its projections and head in q4_0 (`--weights q4_0`), up to 3
-    tokens a scheduler step (`--decode-steps 3`)."""
+    """The same checkpoint served with its projections and head in q4_0 (`--weight-format q4_0`), up to 3
+    tokens a scheduler step (`--decode-steps 3`), answering only requests with its API key."""
     return ready_server(request)
 
 

@@ -34,13 +34,17 @@ NEW_TOKENS = 12
 def complete(server: ServerProcess, prompt: str, **options: Any) -> Any:
     """A completion (greedy unless `options` say otherwise) through the OpenAI client, with the token
     ids (MAX's and vLLM's extension)."""
-    import openai
-
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
     options = {"max_tokens": NEW_TOKENS, "temperature": 0, **options}
-    return client.completions.create(
+    return client(server).completions.create(
         model="gpt2", prompt=prompt, extra_body={"return_token_ids": True}, **options
     )
+
+
+def client(server: ServerProcess) -> Any:
+    """The OpenAI client for `server`, with its API key if it has one."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key or "none", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +126,8 @@ def test_requests_arriving_while_others_decode_get_the_tokens_they_get_alone(ser
 
     with ThreadPoolExecutor(len(cases)) as pool:
         got = list(pool.map(late_request, range(len(cases))))
-    # Seen once in 8 runs (2026-11-27): one request's last token wrong, under the load of the second
-    # server compiling; benchmarks/serving_stress.py reproduces it (what is ruled out: benchmarks/README.md).
+    # Guards the stale cache-length copy GPT2PipelineModel.execute waits for: under load it once gave a
+    # request a wrong last token here (docs/performance.md).
     assert got == [expected[prompt].ids[:max_tokens] for prompt, max_tokens in cases], server.tail(80)
 
 
@@ -148,10 +152,7 @@ def test_sampled_requests_beside_greedy_ones_leave_them_their_tokens(server, exp
 def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):
     """A streamed request dropped after two tokens is cancelled; the others finish right, and then
     as many requests as a batch holds are answered together."""
-    import openai
-
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-    stream = client.completions.create(
+    stream = client(server).completions.create(
         model="gpt2", prompt=PROMPTS[0], max_tokens=LM.n_positions - 8, temperature=0, stream=True
     )
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -163,44 +164,6 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(server, expected):
     with ThreadPoolExecutor(16) as pool:
         choices = list(pool.map(lambda prompt: complete(server, prompt).choices[0], PROMPTS * 4))
     assert [served(choice) for choice in choices] == [expected[prompt] for prompt in PROMPTS * 4]
-
-
-def test_64_concurrent_requests_some_refused_some_streamed(server, expected):
-    """More clients than a batch holds: the valid ones (every other one streamed) are queued and
-    answered right, the prompts past the context get a 400 each, and the server answers afterwards."""
-    import openai
-
-    too_long = "word " * LM.n_positions
-
-    def request(i: int) -> Completion | str:
-        prompt = PROMPTS[i % len(PROMPTS)]
-        if i % 8 == 7:
-            try:
-                complete(server, too_long)
-            except openai.BadRequestError as refused:
-                return f"400 {refused.status_code}"
-            return "served"
-        if i % 2:
-            chunks = [chunk.choices[0] for chunk in complete(server, prompt, stream=True) if chunk.choices]
-            return Completion(
-                [t for chunk in chunks for t in served(chunk).ids], "".join(c.text for c in chunks)
-            )
-        return served(complete(server, prompt).choices[0])
-
-    with ThreadPoolExecutor(64) as pool:
-        results = list(pool.map(request, range(64)))
-    for i, result in enumerate(results):
-        assert result == ("400 400" if i % 8 == 7 else expected[PROMPTS[i % len(PROMPTS)]]), i
-    assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
-
-
-def test_a_prompt_longer_than_the_context_is_refused_and_the_server_goes_on(server, expected):
-    import openai
-
-    with pytest.raises(openai.BadRequestError) as refused:
-        complete(server, "word " * LM.n_positions)
-    assert f"maximum context length of {LM.n_positions}" in str(refused.value)
-    assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
 
 
 def test_logprobs_are_our_models_with_the_true_top_alternatives(server, expected, lm):

@@ -42,9 +42,10 @@ def text_context(sampling: dict[str, Any], max_length: int = 16, **asks: Any) ->
         ({"top_k": 1, "temperature": 0.7}, {}, True),
         ({"temperature": 0, "top_p": 0.5, "min_p": 0.1}, {}, True),
         ({"temperature": 0.7}, {}, False),
-        ({"temperature": 0, "frequency_penalty": 0.5}, {}, False),
-        ({"temperature": 0, "repetition_penalty": 1.2}, {}, False),
-        ({"temperature": 0, "min_new_tokens": 3}, {}, False),
+        # Penalties and a minimum length edit the logits before either way picks (`controlled`).
+        ({"temperature": 0, "frequency_penalty": 0.5}, {}, True),
+        ({"temperature": 0, "repetition_penalty": 1.2}, {}, True),
+        ({"temperature": 0, "min_new_tokens": 3}, {}, True),
         ({"temperature": 0, "logits_processors": [lambda inputs: None]}, {}, False),
         ({"temperature": 0}, {"log_probabilities": 1}, False),
         ({"temperature": 0}, {"json_schema": "{}"}, False),
@@ -55,6 +56,35 @@ def test_only_requests_whose_token_is_the_argmax_skip_maxs_sampler(params, asks,
     from max_gpt2.serving.pipeline import argmax_applies
 
     assert argmax_applies(text_context(params, **asks)) is argmax
+
+
+def test_penalties_and_a_minimum_length_edit_only_their_own_requests_logits(monkeypatch):
+    """What the model gives goes to MAX's sampler and our argmax with each request's penalties applied
+    (its prompt is ids 0, 1, 2) and, before `min_new_tokens`, its end-of-text banned; a request
+    asking for neither keeps its row as it was."""
+    from max.pipelines.context import EOSTracker
+    from max.pipelines.lib import ModelOutputs, TextGenerationPipeline
+
+    from max_gpt2.inference.logit_controls import LOWEST
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    rows = np.array([[2.0, -1.0, 4.0, 1.0, 3.0]] * 3, np.float32)
+    given = Buffer.from_numpy(rows)
+    monkeypatch.setattr(
+        TextGenerationPipeline,
+        "_launch_forward_pass",
+        lambda self, *args, **kwargs: ModelOutputs(given, given),
+    )
+    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
+    contexts = [
+        text_context({"temperature": 0, "repetition_penalty": 2.0}),
+        text_context({"temperature": 0}),
+        text_context({"temperature": 0.5, "min_new_tokens": 2}, eos_tracker=EOSTracker(eos_token_ids={4})),
+    ]
+    got = pipeline._launch_forward_pass(None, contexts, 0).next_token_logits.to_numpy()
+    np.testing.assert_array_equal(got[0], [1.0, -2.0, 2.0, 1.0, 3.0])  # ids 0-2 penalised, 3 and 4 not
+    np.testing.assert_array_equal(got[1], rows[1])
+    np.testing.assert_array_equal(got[2], [2.0, -1.0, 4.0, 1.0, LOWEST])
 
 
 def stub_pipeline(

@@ -1,14 +1,17 @@
-"""`max-gpt2 serve` as a process: a port in use refused up front, and nothing left behind once it is stopped.
+"""`max-gpt2 serve` as a process: a port in use refused up front, a dead worker ends the server, and
+nothing is left behind once it is gone.
 
 MAX's server makes its ZMQ sockets in the temporary directory and leaves them
 there when it stops; `max-gpt2 serve` hands it a directory of its own and has
-a watching shell remove it once the server is gone. Starts a server of its
+a watching shell remove it once the server is gone, however it ended. Starts a server of its
 own (on LM's shapes, as the session's: its graphs are in MAX's cache by then).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import stat
 import tempfile
@@ -36,6 +39,21 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
+def spawned_children(parent: int) -> list[int]:
+    """The processes `parent` started through multiprocessing's spawn (MAX's model worker among them)."""
+    children = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            command = (status.parent / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields.get("PPid", "0")) == parent and b"spawn_main" in command:
+            children.append(int(status.parent.name))
+    assert children, f"no spawned worker under process {parent}"
+    return children
+
+
 @pytest.fixture
 def short_temporary_directory():
     """An empty directory under /tmp, short enough for MAX's socket paths (see `socket_directory`)."""
@@ -45,12 +63,13 @@ def short_temporary_directory():
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
-def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(
+def test_a_server_whose_worker_dies_exits_with_the_cause_and_leaves_nothing_behind(
     served_lm, lm_checkpoint, short_temporary_directory, tmp_path
 ):
-    """While it runs, MAX's sockets lie in the server's own directory under TMPDIR; once the server
-    is stopped (SIGTERM to its process group, as `stop` sends), that directory and the shell that
-    watched for the end are gone."""
+    """While it runs, MAX's sockets lie in the server's own directory under TMPDIR. When its worker
+    processes die (killed here, as a crash would end them), the server does not linger answering
+    nothing: it exits non-zero saying so, and then that directory and the shell that watched for
+    the end are gone."""
     temporary = short_temporary_directory
     server = ServerProcess(
         lm_checkpoint(LM),
@@ -66,6 +85,10 @@ def test_a_stopped_server_leaves_nothing_in_the_temporary_directory(
         assert own.name.startswith("max-gpt2-serve-")
         assert any(stat.S_ISSOCK(entry.lstat().st_mode) for entry in own.iterdir()), list(own.iterdir())
         assert processes_naming(str(own))  # the watching shell
+        for worker in spawned_children(server.process.pid):
+            os.kill(worker, signal.SIGKILL)
+        assert server.process.wait(timeout=120) != 0
+        assert "Worker crashed" in server.tail(), server.tail()
     finally:
         server.stop()
     deadline = time.monotonic() + 15

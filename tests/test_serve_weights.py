@@ -4,7 +4,7 @@ same format.
 A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint with its weights in
 q4_0; `lm.generate` and `lm.logprobs` on `CompiledLM` with the same format and a float32 KV cache (the
 paged cache's dtype) are what it must answer, token for token and log-probability for log-probability.
-How the format reaches the server (`MAX_GPT2_WEIGHTS`) is checked without one.
+How the format reaches the server (`MAX_GPT2_WEIGHT_FORMAT`) is checked without one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
@@ -70,24 +70,18 @@ def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_l
     )
 
 
-def serve_arguments(checkpoint, weights: str, decode_steps: int | None = None) -> argparse.Namespace:
-    return argparse.Namespace(
-        device="cpu",
-        dtype="float32",
-        checkpoint=str(checkpoint),
-        cache_dir=None,
-        served_model_name="gpt2",
-        host="127.0.0.1",
-        port=8000,
-        max_batch_size=None,
-        weights=weights,
-        decode_steps=decode_steps,
-    )
+def serve_arguments(checkpoint, weight_format: str, decode_steps: int | None = None) -> argparse.Namespace:
+    """`max-gpt2 serve`'s options, as its parser reads them."""
+    from max_gpt2.cli import build_parser
+
+    steps = [] if decode_steps is None else ["--decode-steps", str(decode_steps)]
+    options = ["--checkpoint", str(checkpoint), "--device", "cpu", "--weight-format", weight_format, *steps]
+    return build_parser().parse_args(["serve", *options])
 
 
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "q8_0", "q4_0"])
 def test_serve_hands_its_weights_format_to_the_server_and_only_that(weights, lm_checkpoint, monkeypatch):
-    """A format left in the environment is not served: `--weights` (float32 by default) decides."""
+    """A format left in the environment is not served: `--weight-format` (float32 by default) decides."""
     from max_gpt2.cli.serve import serve_command
 
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q8_0" if weights != "q8_0" else "q4_0")
@@ -122,12 +116,24 @@ def test_the_server_refuses_decode_steps_that_are_not_a_positive_count(value, mo
 
 
 def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):
-    from max_gpt2.serving.model_config import served_weights
+    from max_gpt2.serving.model_config import served_weight_format
 
+    monkeypatch.delenv(RENAMED_SERVED_FORMAT_VARIABLE, raising=False)
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
     with pytest.raises(
-        ValueError, match="MAX_GPT2_WEIGHTS must be one of float32, bfloat16, q8_0, q4_0; got 'q5_1'"
+        ValueError, match="MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0; got 'q5_1'"
     ):
-        served_weights()
+        served_weight_format()
     monkeypatch.delenv(SERVED_FORMAT_VARIABLE)
-    assert served_weights() == "float32"
+    assert served_weight_format() == "float32"
+
+
+def test_the_old_variable_still_names_the_format_with_a_warning(monkeypatch):
+    from max_gpt2.serving.model_config import served_weight_format
+
+    monkeypatch.delenv(SERVED_FORMAT_VARIABLE, raising=False)
+    monkeypatch.setenv(RENAMED_SERVED_FORMAT_VARIABLE, "q8_0")
+    with pytest.warns(DeprecationWarning, match="MAX_GPT2_WEIGHTS is deprecated; set MAX_GPT2_WEIGHT_FORMAT"):
+        assert served_weight_format() == "q8_0"
+    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q4_0")  # the new name wins
+    assert served_weight_format() == "q4_0"

@@ -35,10 +35,18 @@ class ServerProcess:
     """
 
     def __init__(
-        self, checkpoint: Path, log: Path, port: int, *options: str, env: dict[str, str] | None = None
+        self,
+        checkpoint: Path,
+        log: Path,
+        port: int,
+        *options: str,
+        env: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
-        """`env`: variables set for the server on top of this process's environment."""
-        self.checkpoint, self.port, self.log = checkpoint, port, log
+        """`env`: variables set for the server on top of this process's environment; `api_key`: the
+        key it requires (`max-gpt2 serve --api-key`, passed in the environment), or None for none."""
+        self.checkpoint, self.port, self.log, self.api_key = checkpoint, port, log, api_key
+        key = {"MAX_GPT2_API_KEY": api_key} if api_key else {}
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint.resolve())]
         with log.open("w") as output:
@@ -47,7 +55,12 @@ class ServerProcess:
                 cwd=SOURCE_ROOT,  # `-m` imports from the working directory first
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "MAX_SERVE_DISABLE_TELEMETRY": "1", **(env or {})},  # no telemetry offline
+                env={
+                    **{name: value for name, value in os.environ.items() if name != "MAX_GPT2_API_KEY"},
+                    "MAX_SERVE_DISABLE_TELEMETRY": "1",  # no telemetry offline
+                    **key,
+                    **(env or {}),
+                },
                 start_new_session=True,
             )
         self.watchdog = subprocess.Popen(

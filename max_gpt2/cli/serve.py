@@ -1,32 +1,37 @@
 """`max-gpt2 serve`: our GPT-2 behind MAX's own OpenAI-compatible server (`max serve`).
 
-    max-gpt2 serve --checkpoint ~/models/gpt2 --port 8000
+    max-gpt2 serve --checkpoint ~/models/gpt2 --port 8000 [--api-key KEY]
     curl localhost:8000/v1/completions -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
 
 It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
 then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
-local checkpoint, offline; it prints that command, so it can be run without us.
+local checkpoint, offline, through `max_gpt2.serving.server`, which puts our guard
+in front of MAX's routes (an API key, the routes GPT-2 answers, every completion
+field honoured or refused by name: docs/serving.md); it prints that command.
 Keys and values live in MAX's paged KV cache. Up to `--max-batch-size` requests
-share each step (`max_gpt2.serving.arch.CPU_BATCH_SIZE` on a CPU), and a new
-prompt joins the step of those decoding (in-flight batching). MAX serves float32 on CPU;
-bfloat16 is for GPUs. On a CPU `--weights` stores the projections and the LM head
-as bfloat16, q8_0 or q4_0 (`max_gpt2.model.weight_formats`), converted when the
-server loads; the server learns it from `MAX_GPT2_WEIGHTS`, which the printed
-command sets. On a CPU a step of greedy requests that are all decoding runs up to
-`--decode-steps` tokens, within about 50 ms, before MAX's scheduler sees it again
-(`MAX_GPT2_DECODE_STEPS`; `max_gpt2.serving.pipeline`): streamed tokens then come a
-few at a time. The server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
+share each step (`max_gpt2.serving.memory_planner.CPU_BATCH_SIZE` on a CPU), and
+a new prompt joins the step of those decoding (in-flight batching). MAX serves
+float32 on CPU; bfloat16 is for GPUs. On a CPU `--weight-format` stores the
+projections and the LM head as bfloat16, q8_0 or q4_0
+(`max_gpt2.model.weight_formats`), packed when the server loads. On a CPU a step of
+greedy requests that are all decoding runs up to `--decode-steps` tokens, within
+about 50 ms, before MAX's scheduler sees it again (`max_gpt2.serving.pipeline`):
+streamed tokens then come a few at a time. What MAX's command line cannot carry
+(the format, the steps, the API key) goes in environment variables (`our_variables`).
+The server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
 `--enable-echo` as here, `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every
-prompt token computed. MAX's server leaves its ZMQ sockets in the temporary directory
-when it stops, however it stops; it gets a directory of its own (`TMPDIR`), removed
-once the server is gone.
+prompt token computed. If MAX's model worker dies the server exits non-zero and
+says why. MAX's server leaves its ZMQ sockets in the temporary directory when it
+stops, however it stops; it gets a directory of its own (`TMPDIR`), removed once
+the server is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import json
 import os
 import shlex
@@ -37,13 +42,13 @@ import tempfile
 from pathlib import Path
 
 import max_gpt2
-from max_gpt2.cli.console import add_weights_argument, demo_checkpoint, positive_int
+from max_gpt2.cli.console import add_weight_format_argument, demo_checkpoint, positive_int
 from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.dtypes import parse_dtype
-from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -59,7 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
-    add_weights_argument(parser)  # the paged KV cache stays float32: no --kv-cache
+    parser.add_argument(
+        "--api-key",
+        help="answer only requests bearing 'Authorization: Bearer KEY' (/health stays open; "
+        "default: the environment's MAX_GPT2_API_KEY)",
+    )
+    add_weight_format_argument(parser)  # the paged KV cache stays float32: no --kv-cache
     parser.add_argument(
         "--max-batch-size",
         type=positive_int,
@@ -76,13 +86,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, progress: Progress) -> int:
     check_port_free(args.port)
     command, env = serve_command(args, progress)
+    *_, key_variable = our_variables()
     progress.note("starting MAX's server; the same, by hand:")
-    settings = [f"{name}={value}" for name, value in env.items() if name in ("PYTHONPATH", *our_variables())]
-    progress.note("  " + shlex.join([*settings, "max", *command[3:]]))
+    settings = [
+        f"{name}={'<key>' if name == key_variable else value}"
+        for name, value in env.items()
+        if name in ("PYTHONPATH", *our_variables())
+    ]
+    progress.note("  " + shlex.join([*settings, "python", *command[1:]]))
     sys.stderr.flush()
     sockets = socket_directory()
     remove_when_gone(sockets)
     os.execve(sys.executable, command, {**env, "TMPDIR": sockets})  # the server takes over this process
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine alone."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_port_free(port: int) -> None:
@@ -170,11 +193,11 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     check_servable(checkpoint)
     dtype = parse_dtype(args.dtype)
     check_compiles_on(device, dtype, checkpoint.config.n_embd)
-    check_weight_format(args.weights, device, dtype)
+    check_weight_format(args.weight_format, device, dtype)
     command = [
         sys.executable,
         "-m",
-        "max._entrypoints.pipelines",  # what MAX's `max` command runs
+        "max_gpt2.serving.server",  # MAX's `max` command, with our guard on its HTTP app
         "serve",
         "--custom-architectures=max_gpt2.serving",
         f"--model-path={checkpoint.path.resolve()}",
@@ -194,19 +217,28 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    weights_variable, steps_variable = our_variables()
-    for name in (weights_variable, steps_variable):  # our options decide, not what the caller's env holds
+    weights_variable, steps_variable, key_variable = our_variables()
+    api_key = args.api_key or os.environ.get(key_variable)
+    for name in (*our_variables(), RENAMED_SERVED_FORMAT_VARIABLE):  # our options decide, not the env
         env.pop(name, None)
-    if args.weights != "float32":
-        env[weights_variable] = args.weights
+    if args.weight_format != "float32":
+        env[weights_variable] = args.weight_format
     if args.decode_steps is not None:
         env[steps_variable] = str(args.decode_steps)
+    if api_key:
+        env[key_variable] = api_key  # not on the command line, where every user of the machine reads it
+    elif not is_loopback(args.host):
+        progress.note(
+            f"warning: --host {args.host} lets other machines reach the model, and no --api-key is set: "
+            f"anyone who can reach port {args.port} can use it"
+        )
     return command, env
 
 
-def our_variables() -> tuple[str, str]:
-    """How `--weights` and `--decode-steps` reach MAX's model worker: its command line has no option
-    an architecture may add."""
+def our_variables() -> tuple[str, str, str]:
+    """How `--weight-format`, `--decode-steps` and `--api-key` reach MAX's processes: its command line
+    has no option an architecture may add."""
     from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE  # the serving extra, checked by now
+    from max_gpt2.serving.server import API_KEY_VARIABLE
 
-    return SERVED_FORMAT_VARIABLE, DECODE_STEPS_VARIABLE
+    return SERVED_FORMAT_VARIABLE, DECODE_STEPS_VARIABLE, API_KEY_VARIABLE

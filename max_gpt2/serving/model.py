@@ -2,31 +2,31 @@
 
 On the CPU in float32 it compiles two graphs over the same weights (as one
 module, so the kernels they share compile once), as `CompiledLM` keeps a prefill
-and a step graph: a decoding one (each block one
-`gpt2_paged_decode_layer` op, its projections in `skinny_matmul`'s loops) for steps
-where each of at most `SKINNY_ROWS` requests brings one token, and the general
-one (MAX's flash attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul
-past them) for the rest; elsewhere only the general one, with MAX's ops. With
-packed weights (`GPT2ServingConfig.weights`: bfloat16, q8_0 or q4_0, converted
-here at load time, CPU and float32 only) both graphs take every projection and
-the LM head through the packed kernels (`PackedLinear`), prompts too, as
-`CompiledLM` does; the paged cache stays float32.
+and a step graph: a decoding one (each block one `gpt2_paged_decode_layer` op,
+its projections in `skinny_matmul`'s loops) for steps where each of at most
+`SKINNY_ROWS` requests brings one token, and the general one (MAX's flash
+attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul past them) for
+the rest; elsewhere only the general one, with MAX's ops. With packed weights
+(`GPT2ServingConfig.weight_format`: bfloat16, q8_0 or q4_0, packed here at load
+time, CPU and float32 only) both graphs take every projection and the LM head
+through the packed kernels (`PackedLinear`), prompts too, as `CompiledLM` does;
+the paged cache stays float32.
+
 MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
 flattened cache) and runs a graph once per step; `GPT2TextGenerationPipeline`
-picks the tokens (an argmax when every request is greedy, else MAX's sampler). MAX's
-`LogProbabilitiesMixin` answers OpenAI's `logprobs` (up to 7 alternatives) from
-the graph's logits, and with `echo` the prompt's too, from every token's logits
-(a server started with `--enable-echo`; `max-gpt2 serve` starts it so). Such a
-server compiles the general graph a second time returning only each request's last
-logits, for the prompt steps where no request asks for log-probabilities: the LM
-head over every prompt token took a 32-token prompt's step from 91 to 105 ms on a
-2-core EPYC.
+picks the tokens. MAX's `LogProbabilitiesMixin` answers OpenAI's `logprobs` (up
+to 7 alternatives) from the graph's logits, and with `echo` the prompt's too, from
+every token's logits (a server started with `--enable-echo`, as `max-gpt2 serve`
+starts it). Such a server compiles the general graph a second time returning only
+each request's last logits, for the prompt steps where no request asks for
+log-probabilities: the LM head over every prompt token would cost those steps
+time (docs/performance.md).
 
-Weights are read by `max_gpt2.model.checkpoint.Checkpoint`, the adapter `load_lm` uses:
-both key layouts, Conv1D transposed, the head tied to `wte` unless the
-checkpoint unties it, every shape checked against `config.json`, the same errors.
+The tensors are read by the library's `Checkpoint` (its file checks, bfloat16
+widened) and adapted by the adapter `arch.py` registers for safetensors, the one
+`load_lm` uses; `weight_buffers` binds them as `CompiledLM` does.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from max import tree
-from max.driver import CPU, Buffer
+from max.driver import Buffer
 from max.engine import InferenceSession, Model
 from max.experimental import functional as F
 from max.experimental.compilation import CompiledCallable
@@ -53,15 +53,13 @@ from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
 from max.profiler import traced
 
 from max_gpt2.inference.compiled import compile_together
-from max_gpt2.inference.devices import packed_buffer, to_buffer
+from max_gpt2.inference.devices import kernels_run_on, weight_buffers
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
-from max_gpt2.kernels import kernels_run_on
 from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.gpt2 import linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
-from max_gpt2.model.weight_formats import is_stored_packed, pack
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -87,7 +85,11 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
 
     def _load_state_dict(self) -> dict[str, np.ndarray]:
-        return Checkpoint(self.pipeline_config.model.model_path).model_weights()  # float32, MAX layout
+        """The checkpoint's parameters, float32, MAX layout, through the adapter `arch.py` registers."""
+        checkpoint = Checkpoint(self.pipeline_config.model.model_path)
+        source = ", ".join(str(file) for file in checkpoint.files)
+        assert self.adapter is not None, "arch.py registers the safetensors adapter"
+        return self.adapter(checkpoint.tensors, checkpoint.config, source)
 
     def _create_model_config(self, state_dict: dict[str, Any]) -> GPT2ServingConfig:
         return GPT2ServingConfig.initialize(self.pipeline_config, max_seq_len=self.max_seq_len)
@@ -95,14 +97,9 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     def _prepare_state_dict(
         self, state_dict: dict[str, Any], model_config: GPT2ServingConfig
     ) -> dict[str, Any]:
-        """The float32 weights packed into the served format; the rest in the compute dtype."""
-        weights = model_config.weights
-        return {
-            name: packed_buffer(array)
-            if is_stored_packed(name, weights)
-            else to_buffer(array, model_config.dtype, CPU())
-            for name, array in pack(state_dict, weights).items()
-        }
+        """The host buffers bound: the projections and head packed into the served format, the rest
+        in the compute dtype (`max_gpt2.inference.devices.weight_buffers`)."""
+        return weight_buffers(state_dict, model_config.weight_format, model_config.dtype)
 
     @traced
     def load_model(self) -> CompiledCallable | ServedGraph:
@@ -110,13 +107,13 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         on the host as one module (`max_gpt2.inference.compiled.compile_together`)."""
         state_dict = self._load_state_dict()
         config = self._create_model_config(state_dict)
-        check_weight_format(config.weights, self.devices[0], config.dtype)
+        check_weight_format(config.weight_format, self.devices[0], config.dtype)
         weights = self._prepare_state_dict(state_dict, config)
         self._init_distributed_runtime(config)
         kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
-        linear = linear_for(config.weights, kernels)
-        decoder_linear = KernelLinear if config.weights == "float32" else linear
+        linear = linear_for(config.weight_format, kernels)
+        decoder_linear = KernelLinear if config.weight_format == "float32" else linear
         modules = {"general": self._module(config, linear, self.return_logits)}
         if kernels:
             modules["decoder"] = self._module(config, decoder_linear, ReturnLogits.LAST_TOKEN, True)
@@ -184,12 +181,10 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         if self.devices[0].is_host:
             # MAX 26.7 copies each step's cache lengths into the graph's input buffers with an
             # asynchronous copy, and on the CPU the graph may read them before it lands: a stale
-            # length makes a request's token and cache wrong from then on. Under load (2 cores,
-            # another server compiling) a quarter of the steps found the copy not done, and about
-            # 1 request in 1,000 went wrong; waiting here, none in 12,905 (benchmarks/README.md).
+            # length makes a request's token and cache wrong from then on (docs/performance.md).
             self.devices[0].synchronize()
         # MAX's batch processor made these buffers for this graph's inputs: the callable's own
-        # call would check and wrap each again as a tensor, 0.6 ms a step on a 2-core EPYC.
+        # call would check and wrap each again as a tensor, a cost every step (docs/performance.md).
         outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))
         self._after_first_run.ran()
         if outputs.logits is not None:

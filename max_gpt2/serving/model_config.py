@@ -6,14 +6,16 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
 same message. How the projections and the LM head are stored (`weight_formats`:
 float32, bfloat16, q8_0, q4_0) comes from the environment variable
-`MAX_GPT2_WEIGHTS` (`max-gpt2 serve --weights` sets it): MAX's command line has
-no option an architecture may add, and its `--quantization-encoding` knows
-neither q8_0 nor bfloat16 on a CPU.
+`MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve --weight-format` sets it; its old name
+`MAX_GPT2_WEIGHTS` is still read, with a warning): MAX's command line has no
+option an architecture may add, and its `--quantization-encoding` knows neither
+q8_0 nor bfloat16 on a CPU.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,7 +31,11 @@ from transformers import AutoConfig
 from typing_extensions import Self
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import SERVED_FORMAT_VARIABLE, check_format
+from max_gpt2.model.weight_formats import (
+    RENAMED_SERVED_FORMAT_VARIABLE,
+    SERVED_FORMAT_VARIABLE,
+    check_format,
+)
 
 
 @dataclass(kw_only=True)
@@ -45,7 +51,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
     kv_params: KVCacheParams
     max_seq_len: int
     devices: list[DeviceRef]
-    weights: str = "float32"
+    weight_format: str = "float32"
 
     @classmethod
     def construct_kv_params(
@@ -88,10 +94,19 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
             ),
             max_seq_len=max_seq_len,
             devices=devices,
-            weights=served_weights(),
+            weight_format=served_weight_format(),
         )
 
 
-def served_weights() -> str:
-    """The weight format `MAX_GPT2_WEIGHTS` names (float32 when unset); a ValueError lists the valid ones."""
-    return check_format(os.environ.get(SERVED_FORMAT_VARIABLE, "float32"), SERVED_FORMAT_VARIABLE)
+def served_weight_format() -> str:
+    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (or its deprecated name `MAX_GPT2_WEIGHTS`,
+    with a DeprecationWarning; float32 when neither is set); a ValueError lists the valid ones."""
+    variable = SERVED_FORMAT_VARIABLE
+    if variable not in os.environ and RENAMED_SERVED_FORMAT_VARIABLE in os.environ:
+        variable = RENAMED_SERVED_FORMAT_VARIABLE
+        warnings.warn(
+            f"{variable} is deprecated; set {SERVED_FORMAT_VARIABLE} instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return check_format(os.environ.get(variable, "float32"), variable)

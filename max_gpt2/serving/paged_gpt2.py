@@ -48,9 +48,9 @@ from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.kernels import paged_attention, paged_decode_layer
 from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.block import Block, LinearFactory, layer_norm
+from max_gpt2.model.block import LinearFactory, layer_norm
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layers import KernelBlock
+from max_gpt2.model.kernel_layers import KernelBlock, block_for
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -151,7 +151,7 @@ class PagedGPT2Model(Module[..., Tensor]):
     ) -> None:
         self.wte = Embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        block = PagedKernelBlock if decoding and PagedKernelBlock.fits(config) else Block  # one op a block
+        block = block_for(config, decoding, PagedKernelBlock)  # one op a block where it fits
         self.h = ModuleList(
             block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
             for layer in range(config.n_layer)
@@ -176,8 +176,8 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     are the next-token logits. `linear` makes the projections and the head. Built with
     `decoding` (for steps where each request brings one token) every token is its request's
     last: the graph returns their logits once, gathered from neither the hidden states nor the
-    logits (MAX's gather of the [R, V] copy cost 1.6 ms a step at batch 1 and 8 on a 2-core
-    EPYC), and `PagedAttention` takes its decoding kernel.
+    logits (MAX's gather of an [R, V] copy costs every step: docs/performance.md), and
+    `PagedAttention` takes its decoding kernel.
     """
 
     def __init__(

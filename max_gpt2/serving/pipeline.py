@@ -1,59 +1,98 @@
-"""MAX's text-generation pipeline, picking greedy tokens on the host without MAX's sampler, several a step.
+"""MAX's text-generation pipeline: penalties applied on the host, greedy tokens picked without MAX's
+sampler, several a step.
 
 `max serve` runs one `TextGenerationPipeline.execute` per step: the batch's
 inputs, the model's graph, then MAX's sampler, a second graph that takes
-temperature, top-k, top-p, seeds, penalties and masks for every request. When
-every request of a step is greedy and asks for nothing the sampler alone gives
-(log-probabilities, penalties, a minimum length, a grammar, logits processors,
-label scores), its token is the argmax of its row of logits `[R, V]`: on a CPU
-NumPy finds it in microseconds, and a step of GPT-2 small on a 2-core EPYC took
-42.2 ms this way against 46.0 ms through the sampler at batch 1, 54.6 against
-57.1 at batch 8 (`benchmarks/serving_step.py`). Any other step, and every step
-on an accelerator, goes through MAX's `_execute` unchanged.
+temperature, top-k, top-p, min-p and seeds for every request. Three things change here:
 
-Such a step, when every request in it is decoding (one new token each, no prompt),
-goes on for up to `DECODE_STEPS` tokens (`MAX_GPT2_DECODE_STEPS`, which `max-gpt2
-serve --decode-steps` sets) before it returns to MAX's scheduler, as vLLM's
-multi-step scheduling did: each request's tokens then reach its client together.
-Between two of our graph runs MAX's own step (scheduler, batch, metrics, the
-response to the API process) took ~2 ms of a ~11 ms token on a 2-core EPYC, and
-the API and telemetry processes took CPU from the next graph; one scheduler step
-for four tokens served one client 1.04-1.13x the tokens/s (benchmarks/README.md).
-A step stops early when a request ends (end-of-text, its length), when the KV
-cache has no page for a next token, or when one more token would take it past
-`DECODE_BUDGET_S`: a new prompt waits for the step to end, so a step lasts about
-as long whether a token takes 3 ms (q4_0) or 20 ms (float32 on a slower CPU).
+- Penalties and `min_tokens`: each request's next-token logits are edited before
+  any token is picked (`controlled`): Hugging Face's repetition penalty over the
+  prompt and the tokens so far, OpenAI's frequency and presence penalties over the
+  generated ones, end-of-text banned until `min_tokens`. MAX's own support for
+  them is left off: in MAX 26.7 it cannot be built beside `--enable-echo`.
+- Greedy steps: when every request of a step is greedy and asks for nothing the
+  sampler alone gives (log-probabilities, a grammar, logits processors, label
+  scores), its token is the argmax of its row of logits `[R, V]`, which NumPy finds
+  in microseconds on a CPU, cheaper than the sampler's graph (docs/performance.md).
+  Any other step, and every step on an accelerator, goes through MAX's `_execute`.
+- Several tokens a scheduler step: such a step, when every request in it is
+  decoding (one new token each, no prompt), goes on for up to `DECODE_STEPS`
+  tokens (`MAX_GPT2_DECODE_STEPS`, which `max-gpt2 serve --decode-steps` sets)
+  before it returns to MAX's scheduler, as vLLM's multi-step scheduling did: MAX's
+  own work between two graph runs (scheduler, batch, metrics, the response to the
+  API process) is then paid once for several tokens (docs/performance.md). A step
+  stops early when a request ends (end-of-text, its length), when the KV cache has
+  no page for a next token, or when one more token would take it past
+  `DECODE_BUDGET_S`: a new prompt waits for the step to end, so a step lasts about
+  as long whether a token takes a few milliseconds or twenty.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import time
 from typing import Any
 
 import numpy as np
+from max.driver import CPU, Buffer
 from max.pipelines.context import TextContext, TextGenerationOutput
 from max.pipelines.context.sampling_params import SamplingParams
 from max.pipelines.kv_cache import InsufficientBlocksError
-from max.pipelines.lib import TextGenerationPipeline
+from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
+
+from max_gpt2.inference.logit_controls import ban, penalize
 
 DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
 DECODE_STEPS = 16
 # Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
-# per cent of it, and a prompt that arrives meanwhile waits no longer. GPT-2 small on 2-core EPYCs:
-# float32's ~11 ms tokens (Zen 5) 4 a step, q4_0's ~4.4 ms ones (Zen 4) about 11.
+# per cent of it, and a prompt that arrives meanwhile waits no longer (docs/performance.md).
 DECODE_BUDGET_S = 0.05
 
 
 def greedy_as_is(params: SamplingParams) -> bool:
-    """Whether MAX's sampler would pick the argmax of the raw logits for a request with `params`."""
+    """Whether MAX's sampler would pick the argmax of the logits (penalised by `controlled` first) for a
+    request with `params`."""
     return (
         params.top_k == 1  # temperature 0 sets it; top-p and min-p then keep the top token
-        and not params.needs_penalties
-        and params.min_new_tokens == 0
         and params.logits_processors is None
     )
+
+
+def needs_controls(context: TextContext) -> bool:
+    """Whether `context`'s next logits are penalised or have end-of-text banned (`controlled`)."""
+    return context.sampling_params.needs_penalties or context.tokens.generated_length < context.min_tokens
+
+
+def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
+    """`context`'s next-token logits [V] with its penalties applied and, until it has `min_tokens`
+    tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition over the
+    prompt and the tokens generated so far, as Hugging Face; frequency and presence over the
+    generated ones, as OpenAI."""
+    params, tokens = context.sampling_params, context.tokens
+    row = penalize(
+        row,
+        tokens.all,
+        tokens.generated,
+        params.repetition_penalty,
+        params.frequency_penalty,
+        params.presence_penalty,
+    )
+    if tokens.generated_length < context.min_tokens:
+        row = ban(row, sorted(context.eos_tracker.eos_token_ids))
+    return row
+
+
+class _ControlsApplied(logging.Filter):
+    """Drops MAX's warnings that penalties and min_tokens are ignored: this pipeline applies them
+    (`controlled`), and MAX's own support is left off (MAX 26.7 cannot build its penalties into the
+    sampler beside `--enable-echo`'s variable logits)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not message.startswith(("Penalties are provided in the request", "min_tokens is provided"))
 
 
 def argmax_applies(context: TextContext) -> bool:
@@ -73,6 +112,23 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._decode_steps = served_decode_steps()
+        logging.getLogger("max.pipelines").addFilter(_ControlsApplied())
+
+    def _launch_forward_pass(
+        self, curr_step_inputs: ModelInputs, flat_batch: list[TextContext], step: int
+    ) -> ModelOutputs:
+        """The model's outputs for a step, each request's next-token logits `controlled` where it asks
+        for penalties or a minimum length: MAX's sampler and our argmax both pick from those."""
+        outputs = super()._launch_forward_pass(curr_step_inputs, flat_batch, step)
+        if not any(needs_controls(context) for context in flat_batch):
+            return outputs
+        last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
+        assert last_rows is not None
+        rows = np.array(last_rows.to(CPU()).to_numpy())  # [R, V], ours to edit
+        for row, context in enumerate(flat_batch):
+            if needs_controls(context):
+                rows[row] = controlled(rows[row], context)
+        return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(
         self, inputs: TextGenerationInputs[TextContext]

@@ -1,28 +1,40 @@
-"""The server's tokenizer: MAX's `TextTokenizer`, refusing what this server cannot answer.
+"""The server's tokenizer: MAX's `TextTokenizer`, refusing what the model worker could not run.
 
 It runs in MAX's API process, before a request reaches the model worker, so an
 `InputError` raised here is an HTTP 400 for that request alone and the server
-goes on. `echo` with `logprobs` asks for the prompt's log-probabilities, which
-need every token's logits: a server started without `--enable-echo` would raise
-inside the worker for it, and take the whole server down.
+goes on; the same request let through would raise inside the worker and take the
+whole server down with it. Every prompt is seen here as token ids, whether it came
+as text or as ids, so this is where they are checked: each id inside the model's
+vocabulary (the embedding's gather has no other guard), at least one token, and
+room in the context for a new one. `echo` with `logprobs` asks for the prompt's
+log-probabilities, which need every token's logits: a server started without
+`--enable-echo` would fail on it inside the worker too. MAX's own checks here
+raise ValueError, which its route answers with "Value error." alone: they are
+passed on as an `InputError`, so the client reads what was wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from max.pipelines.context import TextContext
 from max.pipelines.context.exceptions import InputError
 from max.pipelines.lib import PipelineConfig, TextTokenizer
 from max.pipelines.modeling.types import TextGenerationRequest
 
+from max_gpt2.model.config import GPT2Config
+
 
 class GPT2TextTokenizer(TextTokenizer):
-    """`TextTokenizer` that answers echo-with-logprobs requests with a 400 where echo is off."""
+    """`TextTokenizer` that refuses, with a 400 naming the field, prompts the model cannot run."""
 
     def __init__(self, model_path: str, pipeline_config: PipelineConfig, **kwargs: Any) -> None:
         super().__init__(model_path, pipeline_config, **kwargs)
         self.echo_enabled = pipeline_config.model.enable_echo
+        config = GPT2Config.from_pretrained(pipeline_config.model.model_path)
+        self.model_vocab_size, self.n_positions = config.vocab_size, config.n_positions
 
     async def new_context(self, request: TextGenerationRequest) -> TextContext:
         if request.echo and request.logprobs and not self.echo_enabled:
@@ -30,4 +42,28 @@ class GPT2TextTokenizer(TextTokenizer):
                 "echo with logprobs needs the prompt's log-probabilities, and this server was started "
                 "without them: start it with --enable-echo (max-gpt2 serve does)"
             )
-        return await super().new_context(request)
+        if isinstance(request.prompt, Sequence) and not isinstance(request.prompt, str):
+            self.check_ids(request.prompt)  # before MAX builds anything from them
+        try:
+            context = await super().new_context(request)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+        self.check_ids(context.tokens.prompt)
+        return context
+
+    def check_ids(self, ids: Sequence[int] | np.ndarray) -> None:
+        """Refuses a prompt of no tokens, of an id outside the vocabulary, or too long to add one."""
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            raise InputError("prompt: empty; GPT-2 needs at least one token to continue")
+        outside = np.flatnonzero((ids < 0) | (ids >= self.model_vocab_size))
+        if outside.size:
+            raise InputError(
+                f"prompt: token id {int(ids[outside[0]])} at position {int(outside[0])} is outside the "
+                f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
+            )
+        if ids.size >= self.n_positions:
+            raise InputError(
+                f"prompt: {ids.size} tokens leave no room for a new one in the model's maximum context "
+                f"length of {self.n_positions}"
+            )

@@ -57,7 +57,7 @@ from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
-from max_gpt2.serving.arch import CPU_BATCH_SIZE
+from max_gpt2.serving.memory_planner import CPU_BATCH_SIZE
 from max_gpt2.testing import CORPUS
 
 

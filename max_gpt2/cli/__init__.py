@@ -8,6 +8,7 @@
     serve            our GPT-2 behind MAX's OpenAI-compatible server
     bench            the attention implementations side by side
     bench-generate   text generation against Hugging Face
+    convert          a checkpoint to a GGUF file in one of our weight formats
 
 Progress goes to stderr, results to stdout. The exit status is 0 on success, 1
 when a check fails, 2 for bad input (checked before anything compiles).
@@ -19,7 +20,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from max_gpt2.cli import bench, bench_generate, demo, generate, heads, perplexity, score, serve, verify
+from max_gpt2.cli import (
+    bench,
+    bench_generate,
+    convert,
+    demo,
+    generate,
+    heads,
+    perplexity,
+    score,
+    serve,
+    verify,
+)
 from max_gpt2.model.dtypes import DTYPES
 from max_gpt2.outputs import Progress
 
@@ -33,6 +45,7 @@ COMMANDS = {
     "serve": serve,
     "bench": bench,
     "bench-generate": bench_generate,
+    "convert": convert,
 }
 
 

@@ -25,6 +25,7 @@ keeps its cache by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from max.driver import Device
 from max.dtype import DType
@@ -32,6 +33,7 @@ from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
 
+from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.compiled import GraphVariants
 from max_gpt2.inference.devices import (
     check_attention_weights_on,
@@ -44,6 +46,7 @@ from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.weight_formats import check_format
+from max_gpt2.outputs import default_cache_dir
 
 
 def check_weight_format(weight_format: str, device: Device, dtype: DType) -> str:
@@ -146,9 +149,15 @@ class LMGraphs(GraphVariants):
     for the config on the device (`devices.check_compiles_on`) is refused here.
     """
 
-    def __init__(self, config: GPT2Config, options: LMOptions) -> None:
+    def __init__(self, config: GPT2Config, options: LMOptions, cache: Path | None = None) -> None:
+        """`cache`: where compiled graphs are kept on the CPU (`max_gpt2.inference.artifacts`; None:
+        the cache directory's `graphs`)."""
         check_compiles_on(options.device, options.dtype, config.n_embd)
-        super().__init__(options.device, self._trace)
+        artifacts = None
+        if options.device.is_host:
+            identity = {"config": config.to_dict(), "options": options.describe(), "kernels": options.kernels}
+            artifacts = ArtifactCache(cache or default_cache_dir() / "graphs", identity)
+        super().__init__(options.device, self._trace, artifacts)
         self.config, self.options = config, options
         self.step_variant = "decode" if options.kernels else "plain"
         self.prompt_variant = self.step_variant if options.weight_format != "float32" else "plain"

@@ -16,13 +16,23 @@ tokenizer.py   load_tokenizer (tokenizer.json, vocab.json + merges.txt, or a GGU
 threads.py     keeps MAX's restless helper thread off the compute workers' cores
 """
 
-from max_gpt2.inference.attention import CompiledAttention, compile_attention, from_pretrained
-from max_gpt2.inference.generation import Step
-from max_gpt2.inference.kv_cache import KVCache
-from max_gpt2.inference.lm import CompiledLM, compile_lm
-from max_gpt2.inference.loading import load_lm
-from max_gpt2.inference.sampling import Sampler
-from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CompiledAttention": "max_gpt2.inference.attention",
+        "compile_attention": "max_gpt2.inference.attention",
+        "from_pretrained": "max_gpt2.inference.attention",
+        "Step": "max_gpt2.inference.generation",
+        "KVCache": "max_gpt2.inference.kv_cache",
+        "CompiledLM": "max_gpt2.inference.lm",
+        "compile_lm": "max_gpt2.inference.lm",
+        "load_lm": "max_gpt2.inference.loading",
+        "Sampler": "max_gpt2.inference.sampling",
+        "load_tokenizer": "max_gpt2.inference.tokenizer",
+    },
+)
 
 __all__ = [
     "CompiledAttention",

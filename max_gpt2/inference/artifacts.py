@@ -9,7 +9,7 @@ artifact MAX compiled is exported here once (`CompiledModel.export_mef`) and rea
     CACHE/graphs/KEY.json    the graph name of each variant in it, written first
 
 KEY is a hash of what makes the graphs: the caller's identity (config, device, dtype,
-weight format, KV cache, the variants), this package's Python and Mojo sources, MAX's
+weight format, KV cache, the variants), the sources they are made from (`GRAPH_SOURCES`), MAX's
 version and the CPU's model and features (MAX compiles for the host's instructions). An
 artifact MAX cannot read is compiled again and replaced. Files are renamed into place whole.
 """
@@ -29,13 +29,22 @@ from max import engine
 from max_gpt2.outputs import write_atomically
 
 PACKAGE = Path(__file__).resolve().parents[1]
+GRAPH_SOURCES = (
+    "model/*.py",
+    "kernels/*.py",
+    "kernels/*.mojo",
+    "inference/lm_graphs.py",
+    "inference/devices.py",
+)
+"""What the graphs are made from: the modules, the kernels and the staging of the variants."""
 
 
 @cache
 def environment_digest() -> str:
-    """What every artifact depends on besides its graphs: our sources, MAX's version, the CPU."""
+    """What every artifact depends on besides its graphs: the sources they are made from, MAX's version,
+    the CPU."""
     digest = hashlib.sha256(importlib.metadata.version("max").encode())
-    for file in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.mojo")]):
+    for file in sorted(file for pattern in GRAPH_SOURCES for file in PACKAGE.glob(pattern)):
         digest.update(str(file.relative_to(PACKAGE)).encode() + b"\0" + file.read_bytes())
     digest.update(_cpu().encode())
     return digest.hexdigest()

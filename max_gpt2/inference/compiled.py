@@ -33,7 +33,6 @@ from max import engine
 from max.driver import Buffer, Device
 from max.dtype import DType
 from max.engine import InferenceSession, Model
-from max.graph import Graph
 
 from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.devices import device_name, weight_buffers
@@ -41,6 +40,7 @@ from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
 
 if TYPE_CHECKING:
+    from max.graph import Graph  # building graphs is the tracer's business: imported there
     from typing_extensions import Self
 
 

@@ -19,12 +19,22 @@ No sessions and no compiling here (that is `max_gpt2.inference`), only definitio
     gpt2.py             GPT2LMHeadModel: embeddings, blocks, ln_f, LM head
 """
 
-from max_gpt2.model.attention import GPT2Attention, causal_mask
-from max_gpt2.model.block import Block
-from max_gpt2.model.checkpoint import Checkpoint, load_attention_weights
-from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gpt2 import GPT2LMHeadModel, GPT2Model
-from max_gpt2.model.weight_adapters import CheckpointError
+from max_gpt2.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GPT2Attention": "max_gpt2.model.attention",
+        "causal_mask": "max_gpt2.model.attention",
+        "Block": "max_gpt2.model.block",
+        "Checkpoint": "max_gpt2.model.checkpoint",
+        "load_attention_weights": "max_gpt2.model.checkpoint",
+        "GPT2Config": "max_gpt2.model.config",
+        "GPT2LMHeadModel": "max_gpt2.model.gpt2",
+        "GPT2Model": "max_gpt2.model.gpt2",
+        "CheckpointError": "max_gpt2.model.weight_adapters",
+    },
+)
 
 __all__ = [
     "Block",

@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors
 from max.dtype import DType
-from max.graph.weights import SafetensorWeights
 
 from max_gpt2.model import hub
 from max_gpt2.model.config import GPT2Config
@@ -107,13 +107,22 @@ class StoredTensors(Mapping[str, np.ndarray]):
     def __init__(self, files: list[Path]) -> None:
         self.files = files
         self.file_of = {key: file for file in files for key in _keys_of(file)}
-        self._reader = SafetensorWeights(files)
+        self._reader: Any = None  # MAX's reader, made when a tensor is first read
+
+    def _read(self, key: str) -> Any:
+        """MAX's buffer of tensor `key`. MAX's graph package takes about half a second to import and is
+        needed only to read tensors (a first conversion into the weights cache), so it is imported here."""
+        if self._reader is None:
+            from max.graph.weights import SafetensorWeights
+
+            self._reader = SafetensorWeights(self.files)
+        return self._reader[key].data().to_buffer()
 
     def __getitem__(self, key: str) -> np.ndarray:
         """One tensor as float32 (exact for float16 and bfloat16 sources)."""
         if key not in self.file_of:
             raise KeyError(key)
-        buffer = self._reader[key].data().to_buffer()
+        buffer = self._read(key)
         if buffer.dtype == DType.bfloat16:
             return bfloat16_bits_to_float32(np.from_dlpack(buffer.view(DType.uint16)))
         if buffer.dtype in (DType.float32, DType.float16):

@@ -50,6 +50,7 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 # Metadata value types: number -> (struct code, size) for scalars; 8 is a string, 9 an array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,28 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not UTF-8 text") from None
 
+    def strings(self, count: int, key: str) -> list[str]:
+        """`count` strings, each its u64 length then its bytes (a tokenizer's 50,000 tokens: a tight loop)."""
+        if count > len(self.data) // 8:  # each string takes at least its 8-byte length
+            raise self.fail(f"{key} claims {count} strings, more than the file can hold")
+        data, at, end, length_of = self.data, self.at, len(self.data), _LENGTH.unpack_from
+        strings = []
+        try:
+            for _ in range(count):
+                (length,) = length_of(data, at)
+                if at + 8 + length > end:
+                    raise struct.error
+                strings.append(str(data[at + 8 : at + 8 + length], "utf-8"))
+                at += 8 + length
+        except struct.error:
+            self.at = at
+            raise self.fail(f"element {len(strings)} of {key} runs past the end of the file") from None
+        except UnicodeDecodeError:
+            self.at = at
+            raise self.fail(f"element {len(strings)} of {key} is not UTF-8 text") from None
+        self.at = at
+        return strings
+
     def value(self, kind: int, key: str) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind], f"the value of {key}")
@@ -102,9 +125,7 @@ class _Cursor:
             raw = self.take(count * struct.calcsize(code), f"the {count} elements of {key}")
             return np.frombuffer(raw, np.dtype(code).newbyteorder("<")).copy()
         if element == STRING:
-            if count > len(self.data) // 8:  # each string takes at least its 8-byte length
-                raise self.fail(f"{key} claims {count} strings, more than the file can hold")
-            return [self.string(f"element {i} of {key}") for i in range(count)]
+            return self.strings(count, key)
         raise self.fail(f"{key} is an array of value type {element}, which is not supported")
 
 

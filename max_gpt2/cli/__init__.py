@@ -8,6 +8,7 @@
     serve            our GPT-2 behind MAX's OpenAI-compatible server
     bench            the attention implementations side by side
     bench-generate   text generation against Hugging Face
+    bench-startup    start to first token and peak memory against llama.cpp
     convert          a checkpoint to a GGUF file in one of our weight formats
 
 Progress goes to stderr, results to stdout. The exit status is 0 on success, 1
@@ -37,6 +38,7 @@ COMMANDS = {
     "serve": "serve",
     "bench": "bench",
     "bench-generate": "bench_generate",
+    "bench-startup": "bench_startup",
     "convert": "convert",
 }
 """Each command's module in this package. Only the command run is imported (the benchmarks' modules,

@@ -24,7 +24,9 @@ needs while the tests compile from the first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import shutil
 import signal
@@ -81,7 +83,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
         gguf_file = scratch / "served-gguf" / "lm.gguf"  # no tokenizer file beside it: the file's own
         gguf_file.parent.mkdir()
-        cli.main(["convert", "--checkpoint", str(checkpoint), "--out", str(gguf_file)])
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
+            assert cli.main(["convert", "--checkpoint", str(checkpoint), "--out", str(gguf_file)]) == 0
         for name in sorted(wanted):
             port = free_port()
             while port in (server.port for server in servers.values()):  # free, but perhaps not yet bound

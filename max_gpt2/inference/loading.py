@@ -24,7 +24,7 @@ from pathlib import Path
 from max.driver import Device
 from max.dtype import DType
 
-from max_gpt2.inference.lm import CompiledLM, LoadProgress, compiled_with, step
+from max_gpt2.inference.lm import CompiledLM, LoadProgress, compiled_with
 from max_gpt2.inference.lm_graphs import LMGraphs, LMOptions
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
@@ -72,8 +72,7 @@ def load_lm(
     check_conversion(opened.source_format, chosen, str(opened.path))
     cache = None if cache_dir is None else Path(cache_dir)
     graph = LMGraphs(opened.config, options, None if cache is None else cache / "graphs")
-    with step(progress, f"mapping the weights of {opened.path} in {chosen}"):
-        stored = bound_weights(opened, chosen, cache, None if progress is None else progress.step)
+    stored = bound_weights(opened, chosen, cache, None if progress is None else progress.step)
     lm = compiled_with(graph, stored, output_attentions, progress)
     metadata = opened.gguf.metadata if isinstance(opened, GGUFCheckpoint) else None
     lm.tokenizer = load_tokenizer(opened.path, metadata)

@@ -153,6 +153,7 @@ class Source(WeightSource, Protocol):
     """A checkpoint `bound_weights` reads: its tensors (`WeightSource`) and files, and whether a float32
     load binds them as they lie (`GGUFCheckpoint.maps_as_bound`)."""
 
+    path: Path
     files: list[Path]
     maps_as_bound: bool
 
@@ -189,7 +190,7 @@ def cached_weights(
         except CheckpointError:
             pass  # not what it should be (another version's, or damaged): written again below
     file.parent.mkdir(parents=True, exist_ok=True)
-    label = f"converting the weights to {weight_format}, once (kept in {file.parent})"
+    label = f"converting the weights of {source.path} to {weight_format}, once (kept in {file.parent})"
     with nullcontext() if step is None else step(label):
         metadata = {"format": weight_format, "digest": digest, "config": json.dumps(config.to_dict())}
         write_stored(file, layout, stored_tensors(source, weight_format), metadata)

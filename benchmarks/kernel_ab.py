@@ -63,7 +63,8 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 from max_gpt2.bench.generation import MODELS, demo_checkpoint_for
 from max_gpt2.bench.harness import in_turn, machine_description
 from max_gpt2.inference.devices import packed_buffer
-from max_gpt2.inference.lm import CompiledLM, load_lm
+from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library, matmul_op_name
 from max_gpt2.kernels.package import compiled_package

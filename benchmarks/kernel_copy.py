@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import max_gpt2.kernels.ops
-from max_gpt2.inference.lm import CompiledLM, load_lm
+from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.inference.loading import load_lm
 
 SUFFIX = "_b"
 

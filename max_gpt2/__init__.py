@@ -16,25 +16,28 @@ use the library: `analysis` (attention heads), `cli` (the `max-gpt2` command)
 and `bench` (side-by-side benchmarks).
 """
 
-from max_gpt2.inference import (
-    CompiledAttention,
-    CompiledLM,
-    KVCache,
-    Sampler,
-    Step,
-    compile_attention,
-    compile_lm,
-    from_pretrained,
-    load_lm,
-    load_tokenizer,
-)
-from max_gpt2.model import (
-    Checkpoint,
-    CheckpointError,
-    GPT2Attention,
-    GPT2Config,
-    causal_mask,
-    load_attention_weights,
+from max_gpt2.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CompiledAttention": "max_gpt2.inference",
+        "CompiledLM": "max_gpt2.inference",
+        "KVCache": "max_gpt2.inference",
+        "Sampler": "max_gpt2.inference",
+        "Step": "max_gpt2.inference",
+        "compile_attention": "max_gpt2.inference",
+        "compile_lm": "max_gpt2.inference",
+        "from_pretrained": "max_gpt2.inference",
+        "load_lm": "max_gpt2.inference",
+        "load_tokenizer": "max_gpt2.inference",
+        "Checkpoint": "max_gpt2.model",
+        "CheckpointError": "max_gpt2.model",
+        "GPT2Attention": "max_gpt2.model",
+        "GPT2Config": "max_gpt2.model",
+        "causal_mask": "max_gpt2.model",
+        "load_attention_weights": "max_gpt2.model",
+    },
 )
 
 __all__ = [

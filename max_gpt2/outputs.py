@@ -63,10 +63,16 @@ def default_cache_dir() -> Path:
 
 
 def write_atomically(file: Path, write: Callable[[Path], Any]) -> None:
-    """Calls `write` on a temporary name beside `file`, then renames it into place."""
-    partial = file.with_name(file.name + ".partial")
-    write(partial)
-    os.replace(partial, file)
+    """Calls `write` on a temporary name beside `file`, then renames it into place; a failed or
+    interrupted write leaves no partial file. The name is this process's own, so processes writing
+    the same file at once do not mix their bytes: the last rename wins, whole."""
+    partial = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        write(partial)
+        os.replace(partial, file)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def require_matplotlib() -> Any:

@@ -24,7 +24,9 @@ needs while the tests compile from the first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import shutil
 import signal
@@ -38,7 +40,7 @@ import numpy as np
 import pytest
 from max.engine import Model
 
-from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, compile_attention, compile_lm
+from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, cli, compile_attention, compile_lm
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
@@ -47,11 +49,12 @@ from tests.support import LM, die_with_parent, serving_missing
 
 SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
 # The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
-# LM's seed-0 checkpoint, started at collection only where a collected test uses its fixture.
-# The first decodes `DECODE_STEPS` tokens a scheduler step (the default), the second 3.
+# LM's seed-0 checkpoint (the second on it converted to an F32 GGUF file, served quantized to q4_0),
+# started at collection only where a collected test uses its fixture. The first decodes
+# `DECODE_STEPS` tokens a scheduler step (the default), the second 3.
 SERVED = {
-    "served_lm": ((), None),
-    "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key"),
+    "served_lm": ((), None, False),
+    "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key", True),
 }
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
@@ -78,13 +81,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in SERVED}
     if wanted and not serving_missing():
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
+        gguf_file = scratch / "served-gguf" / "lm.gguf"  # no tokenizer file beside it: the file's own
+        gguf_file.parent.mkdir()
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
+            assert cli.main(["convert", "--checkpoint", str(checkpoint), "--out", str(gguf_file)]) == 0
         for name in sorted(wanted):
             port = free_port()
             while port in (server.port for server in servers.values()):  # free, but perhaps not yet bound
                 port = free_port()
             log = scratch / f"{name}.log"
-            options, api_key = SERVED[name]
-            servers[name] = ServerProcess(checkpoint, log, port, "--device", "cpu", *options, api_key=api_key)
+            options, api_key, from_gguf = SERVED[name]
+            served = gguf_file if from_gguf else checkpoint
+            servers[name] = ServerProcess(served, log, port, "--device", "cpu", *options, api_key=api_key)
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(
@@ -123,8 +131,9 @@ def served_lm(request) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_q4_0_lm(request) -> ServerProcess:
-    """The same checkpoint served with its projections and head in q4_0 (`--weight-format q4_0`), up to 3
-    tokens a scheduler step (`--decode-steps 3`), answering only requests with its API key."""
+    """The same checkpoint as an F32 GGUF file, served with its projections and head in q4_0
+    (`--weight-format q4_0`), up to 3 tokens a scheduler step (`--decode-steps 3`), answering only
+    requests with its API key."""
     return ready_server(request)
 
 

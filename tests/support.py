@@ -36,11 +36,13 @@ SEQ_LENS = [1, 2, 7, 64, 129]
 
 # Whole language models. Each is one compiled graph (about two minutes on 2 cores), so there are two:
 # three layers of the ODD head layout with a vocabulary big enough for the test tokenizer, and one
-# layer with a single head, a non-default MLP width and the exact GELU. examples/04_generate.py
-# uses LM's shapes, so it finds LM's graph in MAX's cache.
+# layer with a single head, a non-default MLP width and the exact GELU, every width a whole number of
+# q8_0 and q4_0 blocks so that GGUF can store it quantized (tests/test_gguf.py; LM's 60 and 240 keep
+# the kernels' partial blocks tested). examples/04_generate.py uses LM's shapes, so it finds LM's
+# graph in MAX's cache.
 LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
 LM_ONE_LAYER = GPT2Config(
-    n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=72, activation_function="gelu"
+    n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=96, activation_function="gelu"
 )
 
 LOWEST = -1.7e38  # what `padding_bias` gives padding

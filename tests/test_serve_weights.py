@@ -1,24 +1,29 @@
 """`max-gpt2 serve --weights`: the projections and the LM head served packed, against `CompiledLM` in the
 same format.
 
-A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint with its weights in
-q4_0; `lm.generate` and `lm.logprobs` on `CompiledLM` with the same format and a float32 KV cache (the
-paged cache's dtype) are what it must answer, token for token and log-probability for log-probability.
-How the format reaches the server (`MAX_GPT2_WEIGHT_FORMAT`) is checked without one.
+A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint, as an F32 GGUF file
+with the tokenizer it carries, with its weights in q4_0; `lm.generate` and `lm.logprobs` on
+`CompiledLM` with the same format and a float32 KV cache (the paged cache's dtype) are what it must
+answer, token for token and log-probability for log-probability. How the format reaches the server
+(`MAX_GPT2_WEIGHT_FORMAT`) and a GGUF file's model directory are checked without one.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.outputs import Progress
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
@@ -27,11 +32,15 @@ from tests.test_serve import NEW_TOKENS, PROMPTS, complete, served
 pytestmark = requires_serving()
 
 
+def served_weights(server) -> dict[str, np.ndarray]:
+    """The served GGUF file's float32 parameters, as they lie in it."""
+    return dict(bound_weights(open_checkpoint(server.checkpoint), "float32"))
+
+
 @pytest.fixture(scope="module")
 def q4_0_lm(compiled_lm, served_q4_0_lm):
     """`CompiledLM` with the served checkpoint's weights in q4_0, its KV cache float32 as the server's."""
-    weights = Checkpoint(served_q4_0_lm.checkpoint).model_weights()
-    return compiled_lm(LM, weights="q4_0", kv_cache="float32").with_weights(weights)
+    return compiled_lm(LM, weights="q4_0", kv_cache="float32").with_weights(served_weights(served_q4_0_lm))
 
 
 def greedy_ids(lm, prompt_ids: list[int], eos: int) -> list[int]:
@@ -48,7 +57,7 @@ def test_packed_weights_are_served_as_our_model_generates_with_them(served_q4_0_
     prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS]
     expected = [greedy_ids(q4_0_lm, prompt_ids, eos) for prompt_ids in prompts]
     assert sum(map(len, expected)) > 2 * len(PROMPTS)  # not vacuous
-    float32_lm = compiled_lm(LM).with_weights(Checkpoint(served_q4_0_lm.checkpoint).model_weights())
+    float32_lm = compiled_lm(LM).with_weights(served_weights(served_q4_0_lm))
     assert expected != [greedy_ids(float32_lm, prompt_ids, eos) for prompt_ids in prompts]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         choices = list(pool.map(lambda prompt: complete(served_q4_0_lm, prompt).choices[0], PROMPTS))
@@ -137,3 +146,31 @@ def test_the_old_variable_still_names_the_format_with_a_warning(monkeypatch):
         assert served_weight_format() == "q8_0"
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q4_0")  # the new name wins
     assert served_weight_format() == "q4_0"
+
+
+def test_serve_makes_a_model_directory_for_a_gguf_file(tmp_path, monkeypatch):
+    """A GGUF file is served in its own format from a directory made in the cache: `config.json` naming
+    our architecture with the file's shapes, the file's tokenizer, and the file itself as MAX's weights."""
+    from max_gpt2 import GPT2Config, cli
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.testing import write_checkpoint
+
+    monkeypatch.setenv("MAX_GPT2_CACHE", str(tmp_path / "cache"))
+    config = GPT2Config(n_embd=64, n_head=2, n_layer=1, n_positions=16, vocab_size=300)
+    checkpoint = write_checkpoint(tmp_path / "small", config, tokenizer=True)
+    gguf_file = tmp_path / "small-q8_0.gguf"
+    convert = ["convert", "--checkpoint", str(checkpoint), "--weight-format", "q8_0", "--out", str(gguf_file)]
+    assert cli.main(convert) == 0
+    arguments = cli.build_parser().parse_args(["serve", "--checkpoint", str(gguf_file), "--device", "cpu"])
+    command, env = serve_command(arguments, Progress(io.StringIO()))
+    assert env[SERVED_FORMAT_VARIABLE] == "q8_0"
+    options = dict(argument.removeprefix("--").split("=", 1) for argument in command if "=" in argument)
+    model = Path(options["model-path"])
+    assert model.is_relative_to(tmp_path / "cache" / "served")
+    assert (
+        Path(options["weight-path"]) == model / "model.gguf" and (model / "model.gguf").resolve() == gguf_file
+    )
+    assert json.loads((model / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+    assert GPT2Config.from_pretrained(model) == dataclasses.replace(config, tie_word_embeddings=False)
+    text = "The cat sat on the mat."
+    assert load_tokenizer(model).encode(text).ids == load_tokenizer(checkpoint).encode(text).ids

@@ -16,6 +16,7 @@ from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.packed_linear import PackedLinear
+from max_gpt2.model.stored_weights import pack, unpack
 from max_gpt2.model.weight_adapters import model_parameter_shapes
 from tests.support import LM, LM_ONE_LAYER, prompt_and_steps
 
@@ -29,8 +30,22 @@ ON_CHECKPOINT_WEIGHTS = {"bfloat16": 3e-2, "q8_0": 6e-2, "q4_0": 0.3}
 SHAPES = [(7, 32), (5, 60), (3, 100), (2, 768), (1, 1)]  # whole blocks, tails, a single value
 
 
+def _steps(weight: np.ndarray, scales: np.ndarray, divisor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per weight [N, K], float64: the block's exact step (its largest magnitude over `divisor`, what the
+    values are rounded with) and how far the stored float16 scale is from it."""
+    blocks = -(-weight.shape[1] // wf.BLOCK)
+    padded = np.zeros((weight.shape[0], blocks * wf.BLOCK))
+    padded[:, : weight.shape[1]] = weight
+    exact = np.abs(padded.reshape(len(weight), blocks, wf.BLOCK)).max(axis=-1) / divisor
+    rounding = np.abs(np.abs(scales.astype(np.float64)) - exact)
+    spread = [np.repeat(part, wf.BLOCK, axis=1)[:, : weight.shape[1]] for part in (exact, rounding)]
+    return spread[0], spread[1]
+
+
 @pytest.mark.parametrize("shape", SHAPES)
-def test_q8_0_keeps_each_weight_within_half_a_step(shape):
+def test_q8_0_keeps_each_weight_within_half_a_step_and_the_scales_rounding(shape):
+    """llama.cpp rounds each value with the exact step (largest magnitude / 127) and stores the step
+    rounded to float16: a weight comes back within half a step plus its value times that rounding."""
     weight = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
     values, scales = wf.quantize_q8_0(weight)
     blocks = -(-shape[1] // wf.BLOCK)
@@ -38,30 +53,48 @@ def test_q8_0_keeps_each_weight_within_half_a_step(shape):
     assert scales.shape == (shape[0], blocks) and scales.dtype == np.float16
     assert (values[:, shape[1] :] == 0).all() and np.abs(values).max() <= 127
     restored = wf.dequantize(values, scales, "q8_0", shape[1])
-    step = np.repeat(scales.astype(np.float32), wf.BLOCK, axis=1)[:, : shape[1]]
-    assert (np.abs(restored - weight) <= step / 2 + 1e-6 * np.abs(weight)).all()
+    step, rounding = _steps(weight, scales, 127)
+    bound = step / 2 + np.abs(values[:, : shape[1]]) * rounding + 1e-6 * np.abs(weight)
+    assert (np.abs(restored - weight) <= bound).all()
     # A block's largest weight keeps its magnitude up to the scale's float16 rounding.
     assert np.allclose(np.abs(restored).max(axis=1), np.abs(weight).max(axis=1), rtol=2e-3)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_q4_0_keeps_each_weight_within_half_a_step_but_the_clamped(shape):
-    """The largest magnitude maps to -8 steps exactly; the other side ends at +7, so values past
-    +7.5 steps are clamped there, within a step."""
+    """The largest magnitude maps to -8 steps; the other side ends at +7, so values past +7.5 steps
+    are clamped there, within a step (each plus its value times the float16 scale's rounding)."""
     weight = np.random.default_rng(sum(shape) + 1).standard_normal(shape).astype(np.float32)
     values, scales = wf.quantize_q4_0(weight)
     blocks = -(-shape[1] // wf.BLOCK)
     assert values.shape == (shape[0], blocks * wf.BLOCK) and values.dtype == np.uint8
     assert values.max() <= 15
     restored = wf.dequantize(values, scales, "q4_0", shape[1])
-    step = np.abs(np.repeat(scales.astype(np.float32), wf.BLOCK, axis=1)[:, : shape[1]])
-    error, slack = np.abs(restored - weight), 1e-6 * np.abs(weight)
-    clamped = np.isclose(
-        restored / np.where(step > 0, step, 1),
-        7 * np.sign(scales.astype(np.float32)).repeat(wf.BLOCK, 1)[:, : shape[1]],
-    )
+    step, rounding = _steps(weight, scales, 8)
+    slack = np.abs(values[:, : shape[1]].astype(np.float64) - 8) * rounding + 1e-6 * np.abs(weight)
+    error = np.abs(restored - weight)
+    clamped = values[:, : shape[1]] == 15  # +7 steps: where values past +7.5 steps end
     assert (error[~clamped] <= step[~clamped] / 2 + slack[~clamped]).all()
     assert (error <= step + slack).all()
+
+
+@pytest.mark.parametrize("format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("shape", [(7, 32), (2, 768), (300, 96)])
+def test_quantizing_gives_llama_cpps_blocks_bit_for_bit(format, shape):
+    """Our quantizer, written as GGUF's blocks, against the `gguf` package's, which reproduces
+    llama.cpp's `quantize_row_q8_0_ref` and `quantize_row_q4_0_ref` (their float32 arithmetic, the
+    unrounded step, C's rounding): the same bytes, so a GGUF of ours and llama-quantize's agree."""
+    gguf = pytest.importorskip("gguf")
+    weight = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    weight[0, :32] = 0  # a block of zeros: scale 0
+    weight[-1, -32:] = np.linspace(-1, 1, 32)  # values landing on halves of a step
+    expected = gguf.quants.quantize(weight, gguf.GGMLQuantizationType[format.upper()])
+    np.testing.assert_array_equal(wf.to_blocks(*wf.quantize(weight, format), format), expected)
+    values, scales = wf.from_blocks(expected, format)
+    np.testing.assert_array_equal(
+        wf.dequantize(values, scales, format, shape[1]),
+        gguf.quants.dequantize(expected, gguf.GGMLQuantizationType[format.upper()]),
+    )
 
 
 def test_q4_0_maps_the_largest_magnitude_to_minus_8_steps():
@@ -133,11 +166,11 @@ def test_packing_a_model_packs_the_projections_and_the_head_only(format):
     shapes = model_parameter_shapes(LM)
     rng = np.random.default_rng(0)
     weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
-    packed = wf.pack(weights, format)
+    packed = pack(weights, format)
     for name, array in weights.items():
         if format == "float32" or not wf.is_packed(name):
             assert packed[name] is array  # embeddings, norms and biases stay float32, uncopied
-    restored = wf.unpack(packed, format, shapes)
+    restored = unpack(packed, format, shapes)
     for name in ("transformer.h.0.attn.c_attn.weight", "transformer.h.2.mlp.c_proj.weight", "lm_head.weight"):
         error = np.abs(restored[name] - weights[name]).max() / np.abs(weights[name]).max()
         assert error <= {"float32": 0, "bfloat16": 2**-8, "q8_0": 1 / 127, "q4_0": 1 / 8}[format], name
@@ -163,7 +196,7 @@ def test_weight_buffers_bind_the_packed_bytes_as_stored_and_a_tied_head_once(for
     }
     weights["lm_head.weight"] = weights["transformer.wte.weight"]  # tied, as `Checkpoint` hands it out
     buffers = weight_buffers(weights, format, DType.float32)
-    packed = wf.pack(weights, format)
+    packed = pack(weights, format)
     assert set(buffers) == set(packed)
     for name, array in packed.items():  # bfloat16 compared as its bits, as `pack` stores it
         np.testing.assert_array_equal(host_array(buffers[name]), array)
@@ -193,7 +226,7 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
     lm, weights = compiled_lm(config, weights=format, kv_cache=kv_cache), lm_weights(config)
     assert lm.kv_dtype.name == (kv_cache or "float16")
     assert f"kv_cache='{lm.kv_dtype.name}'" in repr(lm)  # named beside packed weights, default or not
-    stored = wf.unpack(wf.pack(weights, format), format, model_parameter_shapes(config))
+    stored = unpack(pack(weights, format), format, model_parameter_shapes(config))
     ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))
     got = prompt_and_steps(lm, ids, 7)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'
     for parameters, tolerance in ((stored, ON_STORED_WEIGHTS), (weights, ON_CHECKPOINT_WEIGHTS)):

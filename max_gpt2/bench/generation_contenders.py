@@ -22,8 +22,8 @@ from max.driver import Device
 from max.dtype import DType
 
 from max_gpt2.bench import harness, llama_cpp
-from max_gpt2.inference.lm import load_lm
 from max_gpt2.inference.lm_graphs import default_kv_cache
+from max_gpt2.inference.loading import load_lm
 
 CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 

@@ -8,6 +8,8 @@
     serve            our GPT-2 behind MAX's OpenAI-compatible server
     bench            the attention implementations side by side
     bench-generate   text generation against Hugging Face
+    bench-startup    start to first token and peak memory against llama.cpp
+    convert          a checkpoint to a GGUF file in one of our weight formats
 
 Progress goes to stderr, results to stdout. The exit status is 0 on success, 1
 when a check fails, 2 for bad input (checked before anything compiles).
@@ -16,35 +18,52 @@ when a check fails, 2 for bad input (checked before anything compiles).
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from max_gpt2.cli import bench, bench_generate, demo, generate, heads, perplexity, score, serve, verify
 from max_gpt2.model.dtypes import DTYPES
 from max_gpt2.outputs import Progress
 
 COMMANDS = {
-    "demo": demo,
-    "verify": verify,
-    "generate": generate,
-    "score": score,
-    "perplexity": perplexity,
-    "heads": heads,
-    "serve": serve,
-    "bench": bench,
-    "bench-generate": bench_generate,
+    "demo": "demo",
+    "verify": "verify",
+    "generate": "generate",
+    "score": "score",
+    "perplexity": "perplexity",
+    "heads": "heads",
+    "serve": "serve",
+    "bench": "bench",
+    "bench-generate": "bench_generate",
+    "bench-startup": "bench_startup",
+    "convert": "convert",
 }
+"""Each command's module in this package. Only the command run is imported (the benchmarks' modules,
+say, take a second): the others' help lines are read from their sources."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _help_line(module: str) -> str:
+    """The first line of a command module's docstring, after its name: read, not imported."""
+    spec = importlib.util.find_spec(f"{__name__}.{module}")
+    assert spec is not None and spec.origin is not None
+    docstring = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
+    return docstring.split("\n")[0].split(": ", 1)[-1]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command's options, or with `command` only that one's (the rest by name)."""
     parser = argparse.ArgumentParser(prog="max-gpt2", description="GPT-2 on MAX, checked against NumPy")
     commands = parser.add_subparsers(dest="command", required=True)
     target = argparse.ArgumentParser(add_help=False)  # every command's device and dtype
     target.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
     target.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    for name, command in COMMANDS.items():
-        help_line = (command.__doc__ or "").split("\n")[0].split(": ", 1)[-1]
-        command.add_arguments(commands.add_parser(name, parents=[target], help=help_line))
+    for name, module in COMMANDS.items():
+        subparser = commands.add_parser(name, parents=[target], help=_help_line(module))
+        if command in (None, name):
+            importlib.import_module(f"{__name__}.{module}").add_arguments(subparser)
     return parser
 
 
@@ -53,9 +72,11 @@ BAD_INPUT = (OSError, ValueError, TypeError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")
     try:
-        return COMMANDS[args.command].main(args, Progress(sys.stderr))
+        return command.main(args, Progress(sys.stderr))
     except BAD_INPUT as error:
         print(f"max-gpt2 {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -16,11 +16,14 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
+
+CHECKPOINT_HELP = "GPT-2 checkpoint directory, Hub id or GGUF file (default: the demo one)"
 
 
 def positive_int(text: str) -> int:
@@ -75,30 +78,37 @@ def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
     """`--checkpoint`, `--prompt` or `--tokens`, and `--cache-dir`: what `open_prompt` reads."""
-    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help=f"text {purpose} (needs the checkpoint's tokenizer)")
     given.add_argument("--tokens", type=token_list, help=f"token ids {purpose}, e.g. 464,3290")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
 
 
+def open_with_tokenizer(path: str | Path) -> tuple[Checkpoint | GGUFCheckpoint, Tokenizer | None]:
+    """The checkpoint at `path` (`open_checkpoint`: its files and config checked, no tensor read) and its
+    tokenizer if it has one (files beside it, else a GGUF file's own)."""
+    checkpoint = open_checkpoint(path)
+    metadata = checkpoint.gguf.metadata if isinstance(checkpoint, GGUFCheckpoint) else None
+    return checkpoint, load_tokenizer(checkpoint.path, metadata)
+
+
 def open_prompt(
     args: argparse.Namespace, progress: Progress
-) -> tuple[Checkpoint, Tokenizer | None, list[int]]:
+) -> tuple[Checkpoint | GGUFCheckpoint, Tokenizer | None, list[int]]:
     """The checkpoint (the demo one without `--checkpoint`), its tokenizer if it has one, the prompt's ids.
 
-    Reads `config.json` and the tokenizer, no tensor yet; a `--prompt` without a
+    Reads the config and the tokenizer, no tensor yet; a `--prompt` without a
     tokenizer is a `ValueError` naming the directory.
     """
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint = Checkpoint(path)  # checks the files and reads config.json
-    tokenizer = load_tokenizer(checkpoint.path)
+    checkpoint, tokenizer = open_with_tokenizer(path)
     if args.prompt is None:
         return checkpoint, tokenizer, args.tokens
     if tokenizer is None:
         raise ValueError(
             f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
-            f"and merges.txt); give the prompt as --tokens instead"
+            f"and merges.txt, or a GGUF file's own); give the prompt as --tokens instead"
         )
     return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
 
@@ -126,9 +136,9 @@ def add_weight_format_argument(parser: argparse.ArgumentParser) -> None:
     `--weights`, its deprecated spelling, still works with a warning."""
     parser.add_argument(
         "--weight-format",
-        default="float32",
         choices=FORMATS,
-        help="store the projections and the LM head as this (CPU, float32 compute; default: float32)",
+        help="store the projections and the LM head as this (CPU, float32 compute; default: the "
+        "checkpoint's own, float32 or a GGUF file's type)",
     )
     parser.add_argument(
         "--weights",

@@ -26,7 +26,7 @@ from max_gpt2.cli.console import (
     positive_int,
     storage_options,
 )
-from max_gpt2.inference.lm import load_lm
+from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.inference.sampling import Sampler
 from max_gpt2.inference.tokenizer import TextStream
@@ -54,7 +54,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     temperature = 1.0 if args.temperature is None else args.temperature
     sampler = Sampler(do_sample, temperature, args.top_k, args.top_p, args.seed)
 
-    lm = load_lm(checkpoint.path, args.device, args.dtype, progress=progress, **storage_options(args))
+    lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
 
     steps = lm.stream(ids, args.max_new_tokens, sampler=sampler, eos_token_id=config.stop_token_ids)
     if tokenizer is not None:

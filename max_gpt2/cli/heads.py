@@ -23,7 +23,7 @@ import numpy as np
 from max_gpt2.analysis.gallery import draw_gallery, require_matplotlib
 from max_gpt2.analysis.head_summary import format_summary, summarize
 from max_gpt2.cli.console import add_prompt_arguments, open_prompt, parse_layers
-from max_gpt2.inference.lm import load_lm
+from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.outputs import Progress
 

@@ -17,10 +17,16 @@ import argparse
 import json
 from pathlib import Path
 
-from max_gpt2.cli.console import add_storage_arguments, demo_checkpoint, positive_int, storage_options
-from max_gpt2.inference.lm import load_lm
-from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.cli.console import (
+    CHECKPOINT_HELP,
+    add_storage_arguments,
+    demo_checkpoint,
+    open_with_tokenizer,
+    positive_int,
+    storage_options,
+)
+from max_gpt2.inference.loading import load_lm
+from max_gpt2.inference.tokenizer import tokenizer_directory
 from max_gpt2.outputs import Progress, default_cache_dir
 
 
@@ -28,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument("files", nargs="+", type=Path, help="UTF-8 text files to score")
     add_storage_arguments(parser)
-    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     parser.add_argument(
         "--stride", type=positive_int, help="tokens between windows (default: n_positions / 2)"
     )
@@ -51,8 +57,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     """Reads every file and checks the stride first, then compiles and scores each file."""
     texts = read_texts(args.files)
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint = Checkpoint(path)
-    tokenizer = load_tokenizer(checkpoint.path)
+    checkpoint, tokenizer = open_with_tokenizer(path)
     if tokenizer is None:
         raise ValueError(f"{tokenizer_directory(checkpoint.path)} has no tokenizer to read the text with")
     window = checkpoint.config.n_positions
@@ -61,7 +66,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     for file, text in texts.items():
         if len(tokenizer.encode(text).ids) < 2:
             raise ValueError(f"{file} has fewer than 2 tokens: there is nothing to score")
-    lm = load_lm(checkpoint.path, args.device, args.dtype, progress=progress, **storage_options(args))
+    lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     results = {}
     for file, text in texts.items():
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from max_gpt2.cli.console import add_prompt_arguments, add_storage_arguments, open_prompt, storage_options
-from max_gpt2.inference.lm import load_lm
+from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.outputs import Progress
 
@@ -38,7 +38,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     ids, _ = check_prompt(checkpoint.config, np.array([prompt], dtype=np.int64))
     if not 0 <= args.top <= checkpoint.config.vocab_size:
         raise ValueError(f"--top must be in 0..{checkpoint.config.vocab_size}, got {args.top}")
-    lm = load_lm(checkpoint.path, args.device, args.dtype, progress=progress, **storage_options(args))
+    lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     scores = lm.score(ids, top_k=args.top)
 
     def shown(token: int) -> str:

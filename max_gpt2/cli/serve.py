@@ -3,8 +3,9 @@
     max-gpt2 serve --checkpoint ~/models/gpt2 --port 8000 [--api-key KEY]
     curl localhost:8000/v1/completions -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
 
-It checks the checkpoint (files, `config.json`, tokenizer) and the serving extra,
-then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
+It checks the checkpoint (files, `config.json`, tokenizer; or a GGUF file, served from a
+model directory made beside it in the cache: `max_gpt2.cli.serve_gguf`) and the serving
+extra, then becomes MAX's `max serve` with our architecture (`max_gpt2.serving`) on the
 local checkpoint, offline, through `max_gpt2.serving.server`, which puts our guard
 in front of MAX's routes (an API key, the routes GPT-2 answers, every completion
 field honoured or refused by name: docs/serving.md); it prints that command.
@@ -13,7 +14,8 @@ share each step (`max_gpt2.serving.memory_planner.CPU_BATCH_SIZE` on a CPU), and
 a new prompt joins the step of those decoding (in-flight batching). MAX serves
 float32 on CPU; bfloat16 is for GPUs. On a CPU `--weight-format` stores the
 projections and the LM head as bfloat16, q8_0 or q4_0
-(`max_gpt2.model.weight_formats`), packed when the server loads. On a CPU a step of
+(`max_gpt2.model.weight_formats`; by default the checkpoint's own, as `load_lm` picks it),
+converted once into the weights cache and memory-mapped when the server loads. On a CPU a step of
 greedy requests that are all decoding runs up to `--decode-steps` tokens, within
 about 50 ms, before MAX's scheduler sees it again (`max_gpt2.serving.pipeline`):
 streamed tokens then come a few at a time. What MAX's command line cannot carry
@@ -41,13 +43,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 import max_gpt2
-from max_gpt2.cli.console import add_weight_format_argument, demo_checkpoint, positive_int
+from max_gpt2.cli.console import CHECKPOINT_HELP, add_weight_format_argument, demo_checkpoint, positive_int
+from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
 from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
 from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.stored_weights import check_conversion
 from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
 from max_gpt2.outputs import Progress, default_cache_dir
 
@@ -59,7 +66,7 @@ SOCKET_DIRECTORY_MAX = 64  # the longest directory MAX makes its ZMQ sockets in 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
-    parser.add_argument("--checkpoint", help="GPT-2 checkpoint directory or Hub id (default: the demo one)")
+    parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     parser.add_argument("--port", type=positive_int, default=8000, help="(default: 8000)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
@@ -162,13 +169,18 @@ def require_serve_extra() -> None:
         )
 
 
-def check_servable(checkpoint: Checkpoint) -> None:
-    """A served checkpoint needs its tokenizer, and `config.json` naming the architecture MAX looks up."""
-    if load_tokenizer(checkpoint.path) is None:
+def check_servable(checkpoint: Checkpoint | GGUFCheckpoint) -> Tokenizer:
+    """A served checkpoint needs its tokenizer (returned) and, a directory, `config.json` naming the
+    architecture MAX looks up (for a GGUF file it is written: `serve_gguf.model_directory`)."""
+    metadata = checkpoint.gguf.metadata if isinstance(checkpoint, GGUFCheckpoint) else None
+    tokenizer = load_tokenizer(checkpoint.path, metadata)
+    if tokenizer is None:
         raise ValueError(
-            f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); "
-            f"a server takes and returns text"
+            f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF "
+            f"file's own); a server takes and returns text"
         )
+    if isinstance(checkpoint, GGUFCheckpoint):
+        return tokenizer
     config_file = checkpoint.path / "config.json"
     architectures = json.loads(config_file.read_text()).get("architectures") or []
     if ARCHITECTURE not in architectures:
@@ -176,6 +188,7 @@ def check_servable(checkpoint: Checkpoint) -> None:
             f"{config_file} names the architectures {architectures}, and MAX picks the model by that "
             f'list: add "architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
         )
+    return tokenizer
 
 
 def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
@@ -187,20 +200,27 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     if args.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint = Checkpoint(path)  # the files and config.json, checked as for every other command
-    if not checkpoint.path.is_dir():
+    checkpoint = open_checkpoint(path)  # the files and the config, checked as for every other command
+    gguf = isinstance(checkpoint, GGUFCheckpoint)
+    if not gguf and not checkpoint.path.is_dir():
         raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
-    check_servable(checkpoint)
+    tokenizer = check_servable(checkpoint)
     dtype = parse_dtype(args.dtype)
     check_compiles_on(device, dtype, checkpoint.config.n_embd)
-    check_weight_format(args.weight_format, device, dtype)
+    weight_format = args.weight_format or checkpoint.weight_format
+    check_weight_format(weight_format, device, dtype)
+    check_conversion(checkpoint.source_format, weight_format, str(checkpoint.path))
+    model = checkpoint.path.resolve()
+    if gguf:
+        model = model_directory(checkpoint, tokenizer, ARCHITECTURE, default_cache_dir())
     command = [
         sys.executable,
         "-m",
         "max_gpt2.serving.server",  # MAX's `max` command, with our guard on its HTTP app
         "serve",
         "--custom-architectures=max_gpt2.serving",
-        f"--model-path={checkpoint.path.resolve()}",
+        f"--model-path={model}",
+        *([f"--weight-path={model / WEIGHTS}"] if gguf else []),
         f"--served-model-name={args.served_model_name}",
         f"--devices={device_name(device)}",
         f"--quantization-encoding={args.dtype}",
@@ -221,8 +241,8 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     api_key = args.api_key or os.environ.get(key_variable)
     for name in (*our_variables(), RENAMED_SERVED_FORMAT_VARIABLE):  # our options decide, not the env
         env.pop(name, None)
-    if args.weight_format != "float32":
-        env[weights_variable] = args.weight_format
+    if weight_format != "float32":
+        env[weights_variable] = weight_format
     if args.decode_steps is not None:
         env[steps_variable] = str(args.decode_steps)
     if api_key:

@@ -33,38 +33,56 @@ from max import engine
 from max.driver import Buffer, Device
 from max.dtype import DType
 from max.engine import InferenceSession, Model
-from max.graph import Graph
 
+from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.devices import device_name, weight_buffers
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
 
 if TYPE_CHECKING:
+    from max.graph import Graph  # building graphs is the tracer's business: imported there
     from typing_extensions import Self
 
 
 class GraphVariants:
     """The compiled graph variants of one model, device and dtype."""
 
-    def __init__(self, device: Device, stage: Callable[[str], Graph]) -> None:
-        """`stage(variant)` traces that variant's graph; it runs at most once per variant.
+    def __init__(
+        self, device: Device, stage: Callable[[str], Graph], artifacts: ArtifactCache | None = None
+    ) -> None:
+        """`stage(variant)` traces that variant's graph; it runs at most once per variant, and not at all
+        where `artifacts` keeps the variants compiled by an earlier process (`max_gpt2.inference.artifacts`).
 
         Graphs staged for variants compiled together need distinct names, and so do their subgraphs.
         """
         self.device = device
         self.session = InferenceSession(devices=[device])
         self._stage = stage
+        self._artifacts = artifacts
         self._compiled: dict[str, tuple[engine.CompiledModel, str]] = {}  # variant -> (artifact, graph name)
 
     def compile(self, *variants: str) -> None:
-        """Compiles those of `variants` not compiled yet, together (`compile_together`)."""
+        """Compiles those of `variants` not compiled yet, together (`compile_together`), or reads them
+        compiled from the artifact cache."""
         wanted = [variant for variant in dict.fromkeys(variants) if variant not in self._compiled]
         if not wanted:
             return
-        graphs = [self._stage(variant) for variant in wanted]
-        artifact = compile_together(self.session, graphs)
-        for variant, graph in zip(wanted, graphs, strict=True):
-            self._compiled[variant] = artifact, graph.name
+        found = None if self._artifacts is None else self._artifacts.load(wanted)
+        if found is None:
+            graphs = [self._stage(variant) for variant in wanted]
+            artifact = compile_together(self.session, graphs)
+            names = {variant: graph.name for variant, graph in zip(wanted, graphs, strict=True)}
+            if self._artifacts is not None:
+                self._artifacts.save(wanted, artifact, names)
+        else:
+            artifact, names = found
+        for variant in wanted:
+            self._compiled[variant] = artifact, names[variant]
+
+    def kept(self, *variants: str) -> bool:
+        """Whether `variants` are compiled, or kept compiled by an earlier process: no compile ahead."""
+        wanted = [variant for variant in dict.fromkeys(variants) if variant not in self._compiled]
+        return not wanted or (self._artifacts is not None and self._artifacts.holds(wanted))
 
     def compiled(self, variant: str = "plain") -> engine.CompiledModel:
         """The artifact holding the variant, compiled now if it has not been yet."""

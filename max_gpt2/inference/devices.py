@@ -18,7 +18,8 @@ from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
 
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.weight_formats import is_stored_packed, pack
+from max_gpt2.model.stored_weights import StoredWeights, pack
+from max_gpt2.model.weight_formats import is_stored_packed
 
 NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
 """What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
@@ -124,18 +125,18 @@ def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
 def weight_buffers(
     weights: Mapping[str, np.ndarray], weight_format: str, dtype: DType, device: Device | None = None
 ) -> dict[str, Buffer]:
-    """The buffers a compiled GPT-2 binds for `weights` (float32, MAX layout: `Checkpoint.model_weights()`),
-    on `device` (None: the host).
+    """The buffers a compiled GPT-2 binds for `weights` (float32, MAX layout: `Checkpoint.model_weights()`,
+    or `StoredWeights` already in `weight_format`'s layout), on `device` (None: the host).
 
     The projections and the LM head are packed into `weight_format` and kept as stored
-    (`max_gpt2.model.weight_formats`); every other array is converted to the compute `dtype`. An
-    array bound under several names (a tied LM head is `wte`'s array) is converted once and bound
-    as one buffer.
+    (`max_gpt2.model.stored_weights`); every other array is converted to the compute `dtype`, and
+    bound without a copy where it is float32 on the host already. An array bound under several
+    names (a tied LM head is `wte`'s array) is converted once and bound as one buffer.
     """
     device = CPU() if device is None else device
-    packed = pack(weights, weight_format)
+    stored = weights if isinstance(weights, StoredWeights) else pack(weights, weight_format)
     converted: dict[int, Buffer] = {}
-    for name, array in packed.items():
+    for name, array in stored.items():
         if id(array) in converted:
             continue
         if is_stored_packed(name, weight_format):
@@ -143,7 +144,7 @@ def weight_buffers(
             converted[id(array)] = buffer if device.is_host else buffer.to(device)
         else:
             converted[id(array)] = to_buffer(array, dtype, device)
-    return {name: converted[id(array)] for name, array in packed.items()}
+    return {name: converted[id(array)] for name, array in stored.items()}
 
 
 def packed_buffer(values: np.ndarray) -> Buffer:

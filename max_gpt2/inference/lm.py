@@ -29,8 +29,9 @@ text, streaming: `lm.generate`, `lm.stream`) is written in `max_gpt2.inference.g
 on `prefill` and `decode_step`; scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in
 `max_gpt2.inference.scoring` on `logits`. They are called as these methods.
 
-`load_lm` and `compile_lm` take one path, each check once (`max_gpt2.inference.lm_graphs`:
-nothing is read or compiled before the options pass), then compile and bind the weights.
+`compile_lm` (here) and `load_lm` (`max_gpt2.inference.loading`) take one path, each check once
+(`max_gpt2.inference.lm_graphs`: nothing is read or compiled before the options pass), then compile
+and bind the weights.
 
 Attention weights come from a variant of the graph that also outputs them
 (`output_attentions=True`), compiled the first time `attentions` is called: the
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,11 +55,9 @@ from max_gpt2.inference.devices import check_attention_weights_on, weight_buffer
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs, LMOptions
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
-from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.stored_weights import StoredWeights, check_stored, stored_layout
 from max_gpt2.model.weight_adapters import check_model_weights
-from max_gpt2.model.weight_formats import renamed_weights_keyword
 
 
 class CompiledLM(CompiledModel):
@@ -73,7 +71,6 @@ class CompiledLM(CompiledModel):
     """
 
     graph: LMGraphs
-    check_weights = staticmethod(check_model_weights)
     tokenizer: Tokenizer | None = None
 
     @property
@@ -93,6 +90,10 @@ class CompiledLM(CompiledModel):
         if self.weight_format != "float32" or self.kv_dtype != self.dtype:  # as the CLI names it
             fields["kv_cache"] = self.kv_dtype.name
         return fields
+
+    def check_weights(self, weights: Mapping[str, Any], config: GPT2Config) -> Mapping[str, np.ndarray]:
+        """`check_lm_weights` for this model's weight format."""
+        return check_lm_weights(weights, config, self.weight_format)
 
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
         """The weights packed into `weight_format`, the rest in the compute dtype (`weight_buffers`)."""
@@ -243,56 +244,40 @@ def compile_lm(
     (`devices.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
     options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
-    return _compiled(LMGraphs(config, options), weights, output_attentions)
+    return compiled_with(LMGraphs(config, options), weights, output_attentions)
 
 
-def load_lm(
-    checkpoint: str | Path,
-    device: str | Device = "auto",
-    dtype: str | DType = "float32",
-    kernels: bool | None = None,
-    weight_format: str | None = None,
-    kv_cache: str | DType | None = None,
-    *,
-    output_attentions: bool = False,
-    progress: LoadProgress | None = None,
-    weights: str | None = None,
-) -> CompiledLM:
-    """Reads a GPT-2 safetensors checkpoint (path or Hub id), compiles the model and binds its weights.
-
-    `weight_format` is how the projections and the LM head are stored for decoding:
-    "float32" (None: the default), "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`),
-    converted from the checkpoint here; `weights` is its deprecated name. `kv_cache`,
-    `kernels` and `output_attentions` are `compile_lm`'s. Every option is checked before a
-    tensor is read. `progress`, if given, hears of the reading and the compiling (`LoadProgress`).
-    The checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
-    """
-    weight_format = renamed_weights_keyword("load_lm", weight_format, weights)
-    options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
-    opened = Checkpoint(checkpoint)  # its config and keys; the tensors are read below
-    graph = LMGraphs(opened.config, options)
-    with _step(progress, f"reading the weights of {opened.path}"):
-        parameters = opened.model_weights()
-    lm = _compiled(graph, parameters, output_attentions, progress)
-    lm.tokenizer = load_tokenizer(opened.path)
-    return lm
-
-
-def _compiled(
+def compiled_with(
     graph: LMGraphs,
     weights: Mapping[str, np.ndarray],
     output_attentions: bool,
     progress: LoadProgress | None = None,
 ) -> CompiledLM:
-    """The graphs a load wants compiled and `weights`, checked against the config first, bound."""
-    checked = check_model_weights(weights, graph.config)  # before spending time compiling
+    """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
+    weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    if progress is not None:
-        progress.note("(a new graph takes a minute or two to compile; MAX caches it, so reruns take seconds)")
-    with _step(progress, f"compiling {what} for {graph.options.describe()}"):
-        graph.compile(*(["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]))
-    return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, checked)
+    variants = ["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]
+    kept = graph.kept(*variants)
+    if progress is not None and not kept:
+        progress.note(
+            "(a new graph takes a minute or two to compile; kept compiled, later loads take a moment)"
+        )
+    doing = "reading compiled" if kept else "compiling"
+    with step(progress, f"{doing} {what} for {graph.options.describe()}"):
+        graph.compile(*variants)
+    return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, weights)
 
 
-def _step(progress: LoadProgress | None, label: str) -> AbstractContextManager[Any]:
+def check_lm_weights(
+    weights: Mapping[str, Any], config: GPT2Config, weight_format: str
+) -> Mapping[str, np.ndarray]:
+    """float32 parameters checked against `config` (`check_model_weights`), or `StoredWeights` checked
+    against `weight_format`'s stored layout (`stored_weights.check_stored`)."""
+    if isinstance(weights, StoredWeights):
+        check_stored(weights, stored_layout(config, weight_format, tied=False), "the stored weights")
+        return weights
+    return check_model_weights(weights, config)
+
+
+def step(progress: LoadProgress | None, label: str) -> AbstractContextManager[Any]:
     return nullcontext() if progress is None else progress.step(label)

@@ -10,13 +10,10 @@ Packed weights run prompts through the kernels as well: one graph per format, th
 arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and q4_0 quantize the
 activations of both), at about the speed of MAX's matmul on unpacked weights (docs/performance.md).
 
-Every variant takes the same inputs, every length symbolic: input ids and
-position ids `[batch, seq]` int64, the attention mask `[batch, total]` int64, the
-positions whose logits are wanted `[logits]` int64, and one KV cache buffer per
-layer `[2, batch, n_head, max_len, head_dim]`, written in place, in the compute
-dtype or float16 (`kv_cache="float16"` with float32 compute, and by default beside
-packed weights): half the bytes a decoding step's attention reads, as llama.cpp
-keeps its cache by default.
+Every variant takes the same inputs (`max_gpt2.inference.lm_trace`, which traces them), the KV
+cache in the compute dtype or float16 (`kv_cache="float16"` with float32 compute, and by default
+beside packed weights): half the bytes a decoding step's attention reads, as llama.cpp keeps its
+cache by default. On the CPU the compiled variants are kept on disk (`max_gpt2.inference.artifacts`).
 
 `LMOptions.check` refuses what cannot run before anything is read or compiled, and
 `LMGraphs` what MAX cannot compile for the config: each check once per load.
@@ -25,13 +22,13 @@ keeps its cache by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from max.driver import Device
 from max.dtype import DType
-from max.experimental import functional as F
-from max.experimental.tensor import TensorType, default_device, default_dtype
-from max.graph import BufferType, DeviceRef, Graph
 
+from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.compiled import GraphVariants
 from max_gpt2.inference.devices import (
     check_attention_weights_on,
@@ -42,8 +39,11 @@ from max_gpt2.inference.devices import (
 )
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
-from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.weight_formats import check_format
+from max_gpt2.outputs import default_cache_dir
+
+if TYPE_CHECKING:
+    from max.graph import Graph
 
 
 def check_weight_format(weight_format: str, device: Device, dtype: DType) -> str:
@@ -146,29 +146,26 @@ class LMGraphs(GraphVariants):
     for the config on the device (`devices.check_compiles_on`) is refused here.
     """
 
-    def __init__(self, config: GPT2Config, options: LMOptions) -> None:
+    def __init__(self, config: GPT2Config, options: LMOptions, cache: Path | None = None) -> None:
+        """`cache`: where compiled graphs are kept on the CPU (`max_gpt2.inference.artifacts`; None:
+        the cache directory's `graphs`)."""
         check_compiles_on(options.device, options.dtype, config.n_embd)
-        super().__init__(options.device, self._trace)
+        artifacts = None
+        if options.device.is_host:
+            # What the graphs compute: tying and the end-of-text ids are the weights' and the caller's.
+            shapes = {
+                k: v for k, v in config.to_dict().items() if k not in ("tie_word_embeddings", "eos_token_id")
+            }
+            identity = {"config": shapes, "options": options.describe(), "kernels": options.kernels}
+            artifacts = ArtifactCache(cache or default_cache_dir() / "graphs", identity)
+        super().__init__(options.device, self._trace, artifacts)
         self.config, self.options = config, options
         self.step_variant = "decode" if options.kernels else "plain"
         self.prompt_variant = self.step_variant if options.weight_format != "float32" else "plain"
 
     def _trace(self, variant: str) -> Graph:
-        config, device, options = self.config, self.device, self.options
-        with F.lazy(), default_device(device), default_dtype(options.dtype):
-            # lazy: random initial weights are never made
-            module = GPT2LMHeadModel(
-                config,
-                variant == "attentions",
-                kernels=variant == "decode",
-                weight_format=options.weight_format,
-            )
-        tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
-        mask = TensorType(DType.int64, ["batch", "total"], device=device)
-        logit_index = TensorType(DType.int64, ["logits"], device=device)
-        device_ref = DeviceRef.from_device(device)
-        cache = BufferType(
-            options.kv_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref
-        )
-        inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
-        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+        # MAX's graph-building modules take about a second to import: only a process that traces imports
+        # them (`max_gpt2.inference.lm_trace`), not one that reads its graphs compiled.
+        from max_gpt2.inference.lm_trace import trace_lm
+
+        return trace_lm(self.config, self.options, variant)

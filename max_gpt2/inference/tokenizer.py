@@ -3,20 +3,30 @@
 A GPT-2 checkpoint directory holds its tokenizer either as `tokenizer.json` or as
 the original `vocab.json` + `merges.txt`; `load_tokenizer` reads whichever is
 there, as Hugging Face does: from the original pair, `<|endoftext|>` is one special
-token (50256 in GPT-2's vocabulary), never seven pieces of text. `TextStream` turns
+token (50256 in GPT-2's vocabulary), never seven pieces of text. A GGUF file carries
+its tokenizer in its metadata (`tokenizer.ggml.tokens`, `.token_type`, `.merges`), read
+where no tokenizer file sits beside it (`gguf_tokenizer`; `gguf_vocabulary` writes one). `TextStream` turns
 generated ids back into text as they arrive, holding back the bytes of a character
 that a later token may complete. `token_bytes` gives the bytes a token stands for.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from max_gpt2.model.gguf_file import GGUFFile
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
 END_OF_TEXT = "<|endoftext|>"
 """GPT-2's document separator, its end-of-text token, and the special token of its original files."""
+NORMAL, CONTROL, UNUSED = 1, 3, 5
+"""llama.cpp's token types (`tokenizer.ggml.token_type`): a token, a special one, a placeholder id."""
 
 
 def tokenizer_directory(path: Path) -> Path:
@@ -24,9 +34,14 @@ def tokenizer_directory(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer | None:
-    """The tokenizer of the checkpoint at `path` (a directory or a file in it), or None if it has none."""
-    directory = tokenizer_directory(Path(path))
+def load_tokenizer(path: str | Path, metadata: Mapping[str, Any] | None = None) -> Tokenizer | None:
+    """The tokenizer of the checkpoint at `path` (a directory or a file in it), or None if it has none.
+
+    Files beside a GGUF file win; without them its own metadata is read (`metadata`, if the
+    caller has parsed the file already).
+    """
+    path = Path(path)
+    directory = tokenizer_directory(path)
     tokenizer_json = directory / "tokenizer.json"
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
     try:
@@ -36,7 +51,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
             return gpt2_tokenizer(vocab, merges)
     except Exception as error:  # the library reports every malformed file as a bare Exception
         raise ValueError(f"cannot read the tokenizer in {directory}: {error}") from None
-    return None
+    if metadata is None and path.suffix == ".gguf" and path.is_file():
+        metadata = GGUFFile(path).metadata
+    return None if metadata is None else gguf_tokenizer(metadata, str(path))
 
 
 def gpt2_tokenizer(vocab: Path, merges: Path) -> Tokenizer:
@@ -46,12 +63,69 @@ def gpt2_tokenizer(vocab: Path, merges: Path) -> Tokenizer:
     token is matched whole in the text, keeping its id in `vocab.json` (50256 in
     GPT-2's), or taking the next free id where the vocabulary lacks it.
     """
-    tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    return _byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))), [END_OF_TEXT])
+
+
+def _byte_level(tokenizer: Tokenizer, special: list[str]) -> Tokenizer:
+    """GPT-2's byte-level pre-tokenizer (its regex, no prefix space) and decoder around a BPE model,
+    with the `special` tokens matched whole."""
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    tokenizer.add_special_tokens([AddedToken(END_OF_TEXT, special=True, normalized=False)])
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in special])
     return tokenizer
+
+
+def gguf_tokenizer(metadata: Mapping[str, Any], source: str) -> Tokenizer | None:
+    """GPT-2's tokenizer from a GGUF file's `tokenizer.ggml.*` metadata (None if it carries none):
+    the tokens by id (placeholders, type UNUSED, left out), the merges, CONTROL tokens special.
+    Refuses, naming `source`, a tokenizer other than GPT-2's byte-level BPE and pre-tokenizer."""
+    if "tokenizer.ggml.tokens" not in metadata:
+        return None
+    kind, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre", "gpt-2")
+    if kind != "gpt2" or pre != "gpt-2":
+        raise ValueError(
+            f"{source}: its tokenizer is {kind!r} with pre-tokenizer {pre!r} (tokenizer.ggml.model, .pre); "
+            f"GPT-2's byte-level BPE ('gpt2', 'gpt-2') is read here"
+        )
+    tokens, merges = metadata["tokenizer.ggml.tokens"], metadata.get("tokenizer.ggml.merges", [])
+    types = metadata.get("tokenizer.ggml.token_type", np.full(len(tokens), NORMAL))
+    if not isinstance(tokens, list) or not isinstance(merges, list) or len(types) != len(tokens):
+        raise ValueError(f"{source}: tokenizer.ggml.tokens, .merges and .token_type do not fit together")
+    vocab = {
+        token: id_ for id_, (token, kind) in enumerate(zip(tokens, types, strict=True)) if kind != UNUSED
+    }
+    pairs = [tuple(merge.split(" ")) for merge in merges]
+    if len(vocab) != sum(1 for kind in types if kind != UNUSED) or any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"{source}: tokenizer.ggml.tokens repeats a token, or a merge is not two tokens")
+    try:
+        model = models.BPE(vocab=vocab, merges=pairs)
+    except Exception as error:  # the library reports a merge of unknown tokens as a bare Exception
+        raise ValueError(f"{source}: cannot build its tokenizer: {error}") from None
+    special = [token for token, kind in zip(tokens, types, strict=True) if kind == CONTROL]
+    return _byte_level(Tokenizer(model), special)
+
+
+def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict[str, Any]:
+    """The `tokenizer.ggml.*` metadata for `tokenizer` over a model of `vocab_size` ids, as llama.cpp's
+    converter writes GPT-2's: every id a token (`[PADn]`, UNUSED, where the tokenizer has none)."""
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]]
+    by_id = {id_: token for token, id_ in tokenizer.get_vocab(with_added_tokens=True).items()}
+    if outside := sorted(id_ for id_ in by_id if id_ >= vocab_size):
+        raise ValueError(f"the tokenizer has ids past the model's vocabulary of {vocab_size}: {outside[:5]}")
+    special = {id_ for id_, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    tokens = [by_id.get(id_, f"[PAD{id_}]") for id_ in range(vocab_size)]
+    types = [
+        UNUSED if id_ not in by_id else CONTROL if id_ in special else NORMAL for id_ in range(vocab_size)
+    ]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.merges": merges,
+    }
 
 
 def _byte_of_character() -> dict[str, int]:

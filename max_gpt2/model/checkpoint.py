@@ -1,5 +1,8 @@
 """Reading a Hugging Face GPT-2 safetensors checkpoint: its files, its config, its tensors.
 
+`open_checkpoint(path)` opens whatever a user names: a GGUF file
+(`max_gpt2.model.gguf_checkpoint.GGUFCheckpoint`) or a safetensors checkpoint, below.
+
 `Checkpoint(path)` finds the files (one `model.safetensors`, shards named by a
 `model.safetensors.index.json`, or a file given directly), refuses pickles
 (`pytorch_model.bin` can run code when loaded), reads `config.json` and hands the
@@ -19,16 +22,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors
 from max.dtype import DType
-from max.graph.weights import SafetensorWeights
 
 from max_gpt2.model import hub
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32
-from max_gpt2.model.weight_adapters import CheckpointError, WeightAdapter, layers_found
+from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.stored_weights import TIED_HEAD, SourceTensor
+from max_gpt2.model.weight_adapters import (
+    CheckpointError,
+    WeightAdapter,
+    layers_found,
+    model_parameter_shapes,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -60,7 +70,9 @@ def checkpoint_files(path: Path) -> list[Path]:
         pickles = sorted(file for file in path.iterdir() if file.suffix in _PICKLE_SUFFIXES)
         if pickles:
             raise CheckpointError(f"{path} has no safetensors checkpoint. {_conversion_hint(pickles[0])}")
-        raise FileNotFoundError(f"no model.safetensors or {INDEX_FILE} in {path}")
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f" (to load the GGUF file there, give its path: {ggufs[0]})" if ggufs else ""
+        raise FileNotFoundError(f"no model.safetensors or {INDEX_FILE} in {path}{hint}")
     if path.suffix in _PICKLE_SUFFIXES:
         raise CheckpointError(_conversion_hint(path))
     if path.name.endswith(".index.json"):
@@ -95,13 +107,22 @@ class StoredTensors(Mapping[str, np.ndarray]):
     def __init__(self, files: list[Path]) -> None:
         self.files = files
         self.file_of = {key: file for file in files for key in _keys_of(file)}
-        self._reader = SafetensorWeights(files)
+        self._reader: Any = None  # MAX's reader, made when a tensor is first read
+
+    def _read(self, key: str) -> Any:
+        """MAX's buffer of tensor `key`. MAX's graph package takes about half a second to import and is
+        needed only to read tensors (a first conversion into the weights cache), so it is imported here."""
+        if self._reader is None:
+            from max.graph.weights import SafetensorWeights
+
+            self._reader = SafetensorWeights(self.files)
+        return self._reader[key].data().to_buffer()
 
     def __getitem__(self, key: str) -> np.ndarray:
         """One tensor as float32 (exact for float16 and bfloat16 sources)."""
         if key not in self.file_of:
             raise KeyError(key)
-        buffer = self._reader[key].data().to_buffer()
+        buffer = self._read(key)
         if buffer.dtype == DType.bfloat16:
             return bfloat16_bits_to_float32(np.from_dlpack(buffer.view(DType.uint16)))
         if buffer.dtype in (DType.float32, DType.float16):
@@ -125,8 +146,13 @@ class Checkpoint:
     """An opened GPT-2 safetensors checkpoint, ready to hand out its weights in MAX layout.
 
     Opening checks every file and reads the config (from `config.json` unless
-    `config` is given); tensors are read only when weights are asked for.
+    `config` is given); tensors are read only when weights are asked for. It loads
+    as float32 unless another `weight_format` is asked for.
     """
+
+    weight_format = "float32"
+    source_format = "float32"  # what `tensor` hands out
+    maps_as_bound = False  # Conv1D weights are transposed: nothing binds as it lies in the files
 
     def __init__(self, path: str | Path, config: GPT2Config | None = None) -> None:
         self.path = hub.resolve(path)
@@ -141,6 +167,18 @@ class Checkpoint:
         """How many transformer layers hold any tensor in the files (not the config's claim)."""
         return layers_found(self.tensors)
 
+    @property
+    def tied(self) -> bool:
+        """Whether the LM head is `wte` itself (`WeightAdapter.tied`)."""
+        return self.adapter.tied
+
+    def tensor(self, name: str) -> SourceTensor:
+        """Parameter `name` (our module name), float32 in MAX layout, read now (`WeightSource`); the
+        tied head is `wte`."""
+        name = TIED_HEAD.get(name, name) if self.tied else name
+        shape = model_parameter_shapes(self.config)[name]
+        return SourceTensor("float32", self.adapter.parameter(name, shape), shape)
+
     def model_weights(self) -> dict[str, np.ndarray]:
         """Every parameter of `GPT2LMHeadModel`, float32, MAX layout, keyed by module name.
 
@@ -152,6 +190,15 @@ class Checkpoint:
     def attention_weights(self, layer: int) -> dict[str, np.ndarray]:
         """`layer`'s attention parameters, float32, in MAX `Linear` layout, keyed by parameter name."""
         return self.adapter.attention_weights(layer)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint | GGUFCheckpoint:
+    """The checkpoint at `path`: a GGUF file (`GGUFCheckpoint`), or safetensors (`Checkpoint`: a file,
+    a directory, an index or a Hub id)."""
+    resolved = hub.resolve(path)
+    if resolved.is_file() and resolved.suffix == ".gguf":
+        return GGUFCheckpoint(resolved)
+    return Checkpoint(resolved)
 
 
 def load_attention_weights(

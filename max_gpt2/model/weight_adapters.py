@@ -102,6 +102,11 @@ class WeightAdapter:
         inner = name.removeprefix("transformer.")
         return name if inner == name else self.prefix + inner
 
+    @property
+    def tied(self) -> bool:
+        """Whether the LM head is `wte` itself: the config ties them and no head is stored."""
+        return self.config.tie_word_embeddings and "lm_head.weight" not in self.tensors
+
     def model_weights(self) -> dict[str, np.ndarray]:
         """Every parameter of `GPT2LMHeadModel`, keyed by module name.
 
@@ -109,7 +114,7 @@ class WeightAdapter:
         """
         weights: dict[str, np.ndarray] = {}
         for name, shape in model_parameter_shapes(self.config).items():
-            if name == "lm_head.weight" and self.config.tie_word_embeddings and name not in self.tensors:
+            if name == "lm_head.weight" and self.tied:
                 weights[name] = weights["transformer.wte.weight"]
             else:
                 weights[name] = self.parameter(name, shape)

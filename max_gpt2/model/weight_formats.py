@@ -11,8 +11,12 @@ to bfloat16 against bfloat16 weights, to int8 blocks against q8_0 and q4_0):
     q4_0      blocks of 32, values 0..15 (4 bits) and a float16 scale: w = (q - 8) * d,
               d = (the block's weight of largest magnitude) / -8; 0.5625 bytes a weight
 
-q8_0 and q4_0 are llama.cpp's values and rounding rules (`quantize_q8_0`,
-`quantize_q4_0`, row by row, K padded with zeros to whole blocks). Every format
+q8_0 and q4_0 are llama.cpp's values and rounding rules, bit for bit (`quantize_q8_0`,
+`quantize_q4_0` are its `quantize_row_q8_0_ref` and `quantize_row_q4_0_ref`: float32
+arithmetic, values rounded with the unrounded d, d stored rounded to float16; row by row,
+K padded with zeros to whole blocks). GGUF stores them as rows of blocks, each its float16
+d then its values (`to_blocks`, `from_blocks`); `interleave_blocks` shuffles those bytes
+into the kernels' layout, below. Every format
 but float32 is stored for our kernels (`max_gpt2/kernels/`) with 8 rows
 interleaved, N padded with zero rows to a multiple of 8: a decoding step then
 reads each group of 8 rows as one stream of memory, not 8 (docs/performance.md).
@@ -28,24 +32,23 @@ in one register:
     scales       float16 [N8 / 8, Kb * 8]  at b * 8 + r: d[8g + r, b]
 
 The embeddings, biases and layer norms stay float32 (an embedding lookup reads
-one row). `pack` turns the float32 parameters (`Checkpoint.model_weights()`) into
-these; `unpack` gives back exactly the float32 weights they stand for.
+one row). `max_gpt2.model.stored_weights` puts a model's parameters into these layouts.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable
 
 import numpy as np
 
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.weight_adapters import CONV1D_WEIGHTS
 
 FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
 BLOCK = 32  # weights sharing a scale
 GROUP = 8  # rows stored interleaved
 CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}  # a block of 32 weights in GGUF: its float16 scale and values
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # what `max-gpt2 serve --weight-format` hands MAX's server
 RENAMED_SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # its deprecated name, still read
@@ -86,66 +89,141 @@ def scales_name(name: str) -> str:
     return name.removesuffix("weight") + "scales"
 
 
-def _blocks(weight: np.ndarray) -> np.ndarray:
-    """[N, K] -> [N, Kp / 32, 32] float64, zero-padded to whole blocks."""
+QUANTIZED_ROWS = 4096  # rows quantized at a time, so the float32 temporaries stay small
+
+
+def _quantize_rows(
+    weight: np.ndarray, quantize_block: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] -> values [N, Kp] of `dtype` and float16 scales [N, Kp / 32], `QUANTIZED_ROWS` rows at a
+    time, each row zero-padded to whole blocks; `quantize_block` takes float32 [n, Kb, 32]."""
     rows, columns = weight.shape
-    padded = np.zeros((rows, -(-columns // BLOCK) * BLOCK))
-    padded[:, :columns] = weight
-    return padded.reshape(rows, -1, BLOCK)
+    blocks = -(-columns // BLOCK)
+    values, scales = np.empty((rows, blocks * BLOCK), dtype), np.empty((rows, blocks), np.float16)
+    for first in range(0, rows, QUANTIZED_ROWS):
+        part = slice(first, first + QUANTIZED_ROWS)
+        chunk = np.zeros((len(range(rows)[part]), blocks * BLOCK), np.float32)
+        chunk[:, :columns] = weight[part]
+        chunk_values, scales[part] = quantize_block(chunk.reshape(len(chunk), blocks, BLOCK))
+        values[part] = chunk_values.reshape(len(chunk), -1)
+    return values, scales
+
+
+def _roundf(x: np.ndarray) -> np.ndarray:
+    """C's `roundf`: to the nearest integer, halves away from zero (exact: no rounding in between)."""
+    magnitude = np.abs(x)
+    whole = np.floor(magnitude)
+    return np.copysign(whole + np.floor(2 * (magnitude - whole)), x)
+
+
+def _q8_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_row_q8_0_ref` on float32 [n, Kb, 32], in its float32 arithmetic."""
+    d = np.abs(blocks).max(axis=-1) / np.float32(127)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return _roundf(blocks * inverse[..., None]).astype(np.int8), d.astype(np.float16)
+
+
+def _q4_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_row_q4_0_ref` on float32 [n, Kb, 32]: the first weight of largest magnitude is -8 steps."""
+    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    d = largest / np.float32(-8)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    values = np.minimum(15, np.trunc(blocks * inverse[..., None] + np.float32(8.5)))
+    return values.astype(np.uint8), d.astype(np.float16)
 
 
 def quantize_q8_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 [N, K] -> int8 values [N, Kp] and float16 scales [N, Kp / 32], row by row."""
-    blocks = _blocks(weight)
-    scales = (np.abs(blocks).max(axis=-1) / 127).astype(np.float16)
-    inverse = np.divide(1.0, scales.astype(np.float64), out=np.zeros(scales.shape), where=scales != 0)
-    values = np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
-    return values.reshape(weight.shape[0], -1), scales
+    return _quantize_rows(weight, _q8_0_blocks, np.int8)
 
 
 def quantize_q4_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 [N, K] -> values 0..15 as uint8 [N, Kp] and float16 scales [N, Kp / 32], row by row."""
-    blocks = _blocks(weight)
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    scales = (largest / -8).astype(np.float16)
-    inverse = np.divide(1.0, scales.astype(np.float64), out=np.zeros(scales.shape), where=scales != 0)
-    values = np.minimum(15, np.trunc(blocks * inverse[..., None] + 8.5)).astype(np.uint8)
-    return values.reshape(weight.shape[0], -1), scales
+    return _quantize_rows(weight, _q4_0_blocks, np.uint8)
+
+
+def quantize(weight: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_q8_0` or `quantize_q4_0`, as `format` names."""
+    return (quantize_q8_0 if format == "q8_0" else quantize_q4_0)(weight)
 
 
 def dequantize(values: np.ndarray, scales: np.ndarray, format: str, columns: int) -> np.ndarray:
-    """Row-layout q8_0 or q4_0 values [N, Kp] and scales [N, Kp / 32] -> float32 weights [N, columns]."""
+    """Row-layout q8_0 or q4_0 values [N, Kp] and scales [N, Kp / 32] -> float32 weights [N, columns]
+    (exact: a value times a float16 scale fits in float32)."""
     blocks = values.reshape(values.shape[0], -1, BLOCK).astype(np.float32) - (8 if format == "q4_0" else 0)
     return (blocks * scales.astype(np.float32)[..., None]).reshape(values.shape[0], -1)[:, :columns]
 
 
+def to_blocks(values: np.ndarray, scales: np.ndarray, format: str) -> np.ndarray:
+    """Row-layout values [N, Kp] and scales [N, Kb] -> GGUF's blocks, uint8 [N, Kb * BLOCK_BYTES]:
+    each block its float16 scale, then 32 int8 values (q8_0) or 16 bytes holding value j in the low
+    nibble of byte j and value j + 16 in its high nibble (q4_0)."""
+    rows, blocks = scales.shape
+    grouped = values.reshape(rows, blocks, BLOCK)
+    if format == "q4_0":
+        grouped = grouped[..., : BLOCK // 2] | (grouped[..., BLOCK // 2 :] << 4)
+    data = np.empty((rows, blocks, BLOCK_BYTES[format]), np.uint8)
+    data[..., :2] = scales.reshape(rows, blocks, 1).view(np.uint8)
+    data[..., 2:] = grouped.view(np.uint8)
+    return data.reshape(rows, -1)
+
+
+def from_blocks(data: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `to_blocks`: row-layout values [N, Kp] and scales [N, Kb]."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, BLOCK_BYTES[format])
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    if format == "q8_0":
+        return np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, -1), scales
+    packed = blocks[..., 2:]
+    return np.concatenate([packed & 0xF, packed >> 4], axis=-1).reshape(rows, -1), scales
+
+
+def _grouped(
+    source: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, order: tuple[int, ...]
+) -> np.ndarray:
+    """`source` [N, ...] with its rows in groups of 8, zero rows padding the last: one copy into an
+    array of `shape` [G, ...] whose axes `order` puts as [G, r, ...]."""
+    stored = np.zeros(shape, dtype)
+    view = stored.transpose(order)  # [G, r, ...]
+    full = source.shape[0] // GROUP
+    view[:full] = source[: full * GROUP].reshape(full, GROUP, *source.shape[1:])
+    if full < shape[0]:
+        view[full, : source.shape[0] - full * GROUP] = source[full * GROUP :]
+    return stored
+
+
+def interleave_blocks(data: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF's blocks [N, Kb * BLOCK_BYTES] -> the kernel's layout (module docstring): a shuffle of their
+    bytes. A q4_0 block's byte j already holds values j and j + 16, as the kernel's does."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, BLOCK_BYTES[format])
+    count, groups = blocks.shape[1], -(-rows // GROUP)
+    chunks = 8 if format == "q8_0" else 4
+    dtype = np.int8 if format == "q8_0" else np.uint8
+    values = blocks[..., 2:].view(dtype).reshape(rows, count, chunks, 4)
+    stored = _grouped(values, (groups, count, chunks, GROUP, 4), dtype, (0, 3, 1, 2, 4))
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    stored_scales = _grouped(scales, (groups, count, GROUP), np.float16, (0, 2, 1))
+    return stored.reshape(groups, -1), stored_scales.reshape(groups, -1)
+
+
 def interleave(values: np.ndarray, scales: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
     """Row-layout values [N, Kp] and scales [N, Kb] -> the kernel's layout (module docstring)."""
-    rows, padded = values.shape
-    groups, blocks = -(-rows // GROUP), padded // BLOCK
-    grouped = np.zeros((groups * GROUP, padded), values.dtype)
-    grouped[:rows] = values
-    grouped_scales = np.zeros((groups * GROUP, blocks), np.float16)
-    grouped_scales[:rows] = scales
-    if format == "q8_0":  # [g, r, b, c, e] -> [g, b, c, r, e]
-        stored = grouped.reshape(groups, GROUP, blocks, 8, 4).transpose(0, 2, 3, 1, 4)
-    else:  # an element's half of its block picks the nibble: [g, r, b, half, c, e] -> [g, b, c, r, e]
-        halves = grouped.reshape(groups, GROUP, blocks, 2, 4, 4)
-        stored = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
-    stored_scales = grouped_scales.reshape(groups, GROUP, blocks).transpose(0, 2, 1)
-    return np.ascontiguousarray(stored.reshape(groups, -1)), np.ascontiguousarray(
-        stored_scales.reshape(groups, -1)
-    )
+    return interleave_blocks(to_blocks(values, scales, format), format)
 
 
 def interleave_bfloat16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns [N, K] -> the kernel's layout, uint16 [N8 / 8, Kp * 8] (module docstring)."""
     rows, columns = bits.shape
     groups, chunks = -(-rows // GROUP), -(-columns // CHUNK)
-    padded = np.zeros((groups * GROUP, chunks * CHUNK), np.uint16)
-    padded[:rows, :columns] = bits
-    stored = padded.reshape(groups, GROUP, chunks, CHUNK).transpose(0, 2, 1, 3)  # [g, c, r, e]
-    return np.ascontiguousarray(stored.reshape(groups, -1))
+    if columns % CHUNK:
+        padded = np.zeros((rows, chunks * CHUNK), np.uint16)
+        padded[:, :columns] = bits
+        bits = padded
+    chunked = bits.reshape(rows, chunks, CHUNK)
+    stored = _grouped(chunked, (groups, chunks, GROUP, CHUNK), np.uint16, (0, 2, 1, 3))  # [g, c, r, e]
+    return stored.reshape(groups, -1)
 
 
 def deinterleave_bfloat16(stored: np.ndarray, rows: int, columns: int) -> np.ndarray:
@@ -167,40 +245,3 @@ def deinterleave(
         nibbles = stored.reshape(groups, blocks, 4, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [g, r, b, c, e]
         values = np.stack([nibbles & 0xF, nibbles >> 4], axis=3)  # [g, r, b, half, c, e]
     return values.reshape(groups * GROUP, -1)[:rows], scales[:rows]
-
-
-def pack(weights: Mapping[str, np.ndarray], format: str) -> dict[str, np.ndarray]:
-    """float32 parameters (MAX layout) -> the same with each projection and the LM head in `format`.
-
-    bfloat16 weights come back as their interleaved uint16 bit patterns; q8_0 and q4_0 as
-    their interleaved values under the weight's name and their scales under `scales_name`. Arrays
-    shared under several names (a tied head) are converted once per name they are
-    packed under.
-    """
-    check_format(format)
-    packed: dict[str, np.ndarray] = {}
-    for name, array in weights.items():
-        if format == "float32" or not is_packed(name):
-            packed[name] = array
-        elif format == "bfloat16":
-            packed[name] = interleave_bfloat16(float32_to_bfloat16_bits(array))
-        else:
-            quantize = quantize_q8_0 if format == "q8_0" else quantize_q4_0
-            packed[name], packed[scales_name(name)] = interleave(*quantize(array), format)
-    return packed
-
-
-def unpack(
-    packed: Mapping[str, np.ndarray], format: str, shapes: Mapping[str, tuple[int, ...]]
-) -> dict[str, np.ndarray]:
-    """The float32 weights the packed ones stand for (what the model computes with), by parameter name."""
-    weights = {}
-    for name, shape in shapes.items():
-        if format == "float32" or not is_packed(name):
-            weights[name] = packed[name]
-        elif format == "bfloat16":
-            weights[name] = bfloat16_bits_to_float32(deinterleave_bfloat16(packed[name], *shape))
-        else:
-            values, scales = deinterleave(packed[name], packed[scales_name(name)], format, shape[0])
-            weights[name] = dequantize(values, scales, format, shape[1])
-    return weights

@@ -9,7 +9,7 @@ KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
 
     arch.py            the registration: names, encodings, weight adapter, pipeline model and class, tokenizer
     model_config.py    config.json, settings, MAX_GPT2_WEIGHT_FORMAT -> shapes, dtype, weight format, KV cache
-    weight_adapters.py the checkpoint's tensors to our modules' parameters (the library's adapter)
+    weight_adapters.py the checkpoint's weights as load_lm binds them (safetensors or GGUF)
     memory_planner.py  how many requests a CPU step decodes together
     model.py           the pipeline model: reads and packs our checkpoint, compiles, log-probabilities
     pipeline.py        MAX's pipeline: penalties on the host, greedy CPU steps by argmax, several a step

@@ -25,7 +25,10 @@ gpt2_arch = SupportedArchitecture(
     tokenizer=GPT2TextTokenizer,
     context_type=TextContext,
     default_weights_format=WeightsFormat.safetensors,
-    weight_adapters={WeightsFormat.safetensors: weight_adapters.convert_safetensor_state_dict},
+    weight_adapters={
+        WeightsFormat.safetensors: weight_adapters.stored_state_dict,
+        WeightsFormat.gguf: weight_adapters.stored_state_dict,
+    },
     task=PipelineTask.TEXT_GENERATION,
     config=GPT2ServingConfig,
     batching=Llama3ModuleV3BatchProcessor,

@@ -24,9 +24,10 @@ each request's last logits, for the prompt steps where no request asks for
 log-probabilities: the LM head over every prompt token would cost those steps
 time (docs/performance.md).
 
-The tensors are read by the library's `Checkpoint` (its file checks, bfloat16
-widened) and adapted by the adapter `arch.py` registers for safetensors, the one
-`load_lm` uses; `weight_buffers` binds them as `CompiledLM` does.
+The checkpoint (a directory of safetensors, or a GGUF file given as MAX's weight path) is
+opened by the library's `open_checkpoint` and its weights taken by the adapter `arch.py`
+registers for its format, the way `load_lm` takes them (converted once into the weights
+cache, memory-mapped); `weight_buffers` binds them as `CompiledLM` does.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,9 +59,10 @@ from max_gpt2.inference.devices import kernels_run_on, weight_buffers
 from max_gpt2.inference.lm_graphs import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.block import LinearFactory
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.gpt2 import linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
+from max_gpt2.model.stored_weights import StoredWeights
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -84,12 +87,15 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
 
-    def _load_state_dict(self) -> dict[str, np.ndarray]:
-        """The checkpoint's parameters, float32, MAX layout, through the adapter `arch.py` registers."""
-        checkpoint = Checkpoint(self.pipeline_config.model.model_path)
-        source = ", ".join(str(file) for file in checkpoint.files)
-        assert self.adapter is not None, "arch.py registers the safetensors adapter"
-        return self.adapter(checkpoint.tensors, checkpoint.config, source)
+    def _load_state_dict(self) -> StoredWeights:
+        """The checkpoint's parameters as bound in the served weight format, through the adapter `arch.py`
+        registers for its files: a GGUF file given as MAX's weight path, else the model directory."""
+        model = self.pipeline_config.model
+        path = next(
+            (Path(file) for file in model.weight_path if Path(file).suffix == ".gguf"), model.model_path
+        )
+        assert self.adapter is not None, "arch.py registers an adapter for safetensors and GGUF"
+        return self.adapter(open_checkpoint(path), self.arch_config.weight_format)
 
     def _create_model_config(self, state_dict: dict[str, Any]) -> GPT2ServingConfig:
         return GPT2ServingConfig.initialize(self.pipeline_config, max_seq_len=self.max_seq_len)
@@ -97,8 +103,8 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     def _prepare_state_dict(
         self, state_dict: dict[str, Any], model_config: GPT2ServingConfig
     ) -> dict[str, Any]:
-        """The host buffers bound: the projections and head packed into the served format, the rest
-        in the compute dtype (`max_gpt2.inference.devices.weight_buffers`)."""
+        """The host buffers bound: the stored arrays as they are, the rest in the compute dtype
+        (`max_gpt2.inference.devices.weight_buffers`)."""
         return weight_buffers(state_dict, model_config.weight_format, model_config.dtype)
 
     @traced

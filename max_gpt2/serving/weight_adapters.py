@@ -1,26 +1,24 @@
-"""The served checkpoint's tensors to our modules' parameters, registered per weights format in `arch.py`.
+"""The served checkpoint's weights as our modules bind them, registered per weights format in `arch.py`.
 
-MAX looks an architecture's adapter up by the format of the checkpoint's files, as
-its own architectures register theirs; GPT-2 comes as safetensors. The adapter is
-the library's (`max_gpt2.model.weight_adapters.WeightAdapter`: both key layouts,
-Conv1D transposed, the head tied to `wte` unless the config unties it, every shape
-checked against `config.json`), so a served checkpoint is read as `load_lm` reads
-it and refused with the same messages.
+MAX looks an architecture's adapter up by the format of the checkpoint's files, as its own
+architectures register theirs; GPT-2 comes as safetensors (Hugging Face's) or GGUF (llama.cpp's).
+Both are read as `load_lm` reads them (`max_gpt2.model.checkpoint.open_checkpoint`: both key
+layouts, Conv1D transposed, the head tied unless the config unties it, every shape checked, a GGUF
+file's types checked) and bound as it binds them (`max_gpt2.model.weights_cache.bound_weights`:
+converted once into the weights cache, memory-mapped), so a served checkpoint is refused with the
+same messages and served with the same weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import numpy as np
-
-from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import WeightAdapter
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.stored_weights import StoredWeights, check_conversion
+from max_gpt2.model.weights_cache import bound_weights
 
 
-def convert_safetensor_state_dict(
-    state_dict: Mapping[str, np.ndarray], config: GPT2Config, source: str
-) -> dict[str, np.ndarray]:
-    """A Hugging Face GPT-2 state dict (key -> float32 array, read lazily) as float32 MAX-layout
-    parameters by module name; `source` names the files in errors."""
-    return WeightAdapter(state_dict, config, source).model_weights()
+def stored_state_dict(checkpoint: Checkpoint | GGUFCheckpoint, weight_format: str) -> StoredWeights:
+    """The opened checkpoint's parameters as bound in `weight_format`; a quantized GGUF file serves in its
+    own format or as float32 (`stored_weights.check_conversion`)."""
+    check_conversion(checkpoint.source_format, weight_format, str(checkpoint.path))
+    return bound_weights(checkpoint, weight_format)

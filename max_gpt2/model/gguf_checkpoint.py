@@ -1,0 +1,234 @@
+"""GPT-2 in a GGUF file, as llama.cpp's `convert_hf_to_gguf.py` and `llama-quantize` write it.
+
+llama.cpp's names, each our module's parameter in MAX layout (GGUF's row-major shapes are
+`[out, in]`: its converter transposes Hugging Face's Conv1D weights, so nothing is transposed here):
+
+    token_embd.weight       transformer.wte.weight     [V, D]
+    position_embd.weight    transformer.wpe.weight     [P, D]
+    blk.N.attn_norm.*       transformer.h.N.ln_1.*
+    blk.N.attn_qkv.*        transformer.h.N.attn.c_attn.*      weight [3D, D]
+    blk.N.attn_output.*     transformer.h.N.attn.c_proj.*      weight [D, D]
+    blk.N.ffn_norm.*        transformer.h.N.ln_2.*
+    blk.N.ffn_up.*          transformer.h.N.mlp.c_fc.*         weight [F, D]
+    blk.N.ffn_down.*        transformer.h.N.mlp.c_proj.*       weight [D, F]
+    output_norm.*           transformer.ln_f.*
+    output.weight           lm_head.weight             absent: tied to token_embd
+
+The shapes come from the `gpt2.*` metadata (`gpt2.embedding_length`, `gpt2.block_count`,
+`gpt2.attention.head_count`, `gpt2.context_length`, `gpt2.feed_forward_length`,
+`gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. The
+projections and the head must share one type, which is the file's weight format: F32
+(float32), F16 (widened to float32, exactly), BF16 (bfloat16), Q8_0 or Q4_0; embeddings,
+norms and biases may be any of these and become float32. Anything else is refused naming
+the tensor, its type and the types read (`llama-quantize --pure` keeps every tensor in one type).
+
+The other way, `gguf_tensors` and `gguf_metadata` give what `gguf_writer.write_gguf` writes for a
+checkpoint in one of our weight formats, as llama.cpp's converter and `llama-quantize --pure` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.gguf_file import BLOCKS, GGUFFile
+from max_gpt2.model.gguf_writer import TensorSpec
+from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format, to_float32
+from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
+from max_gpt2.model.weight_formats import is_packed
+
+ARCHITECTURE = "gpt2"
+SOURCE_FORMATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
+"""Each ggml type read here, as the format its tensors are read in."""
+GGML_TYPE_OF = {"float32": "F32", "bfloat16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+"""The ggml type each of our weight formats is written as."""
+FILE_TYPES = {"float32": 0, "bfloat16": 32, "q8_0": 7, "q4_0": 2}
+"""llama.cpp's `general.file_type` (`llama_ftype`) for a file of each format."""
+_LAYER_PARTS = {
+    "ln_1": "attn_norm",
+    "attn.c_attn": "attn_qkv",
+    "attn.c_proj": "attn_output",
+    "ln_2": "ffn_norm",
+    "mlp.c_fc": "ffn_up",
+    "mlp.c_proj": "ffn_down",
+}
+_TOP = {
+    "transformer.wte": "token_embd",
+    "transformer.wpe": "position_embd",
+    "transformer.ln_f": "output_norm",
+    "lm_head": "output",
+}
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's name for our parameter `name` (`transformer.h.3.mlp.c_fc.bias` -> `blk.3.ffn_up.bias`)."""
+    module, _, kind = name.rpartition(".")
+    if module in _TOP:
+        return f"{_TOP[module]}.{kind}"
+    layer, _, part = module.removeprefix("transformer.h.").partition(".")
+    return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
+
+
+def weight_format_of(ggml_type: str) -> str:
+    """The weight format a file whose projections are `ggml_type` loads as (F16 widens to float32)."""
+    return "float32" if ggml_type == "F16" else SOURCE_FORMATS[ggml_type]
+
+
+def config_from_gguf(file: GGUFFile) -> GPT2Config:
+    """GPT-2's shapes from a GGUF file's `gpt2.*` metadata and `token_embd`; refuses other models."""
+    meta, where = file.metadata, str(file.path)
+    architecture = meta.get("general.architecture")
+    if architecture != ARCHITECTURE:
+        raise CheckpointError(
+            f"{where} holds a {architecture!r} model (general.architecture), not GPT-2 ('gpt2')"
+        )
+
+    def value(key: str, kind: type, default: Any = None) -> Any:
+        found = meta.get(f"gpt2.{key}", default)
+        if found is None:
+            raise CheckpointError(f"{where} has no gpt2.{key}, which GPT-2's shapes need")
+        if kind is float and isinstance(found, (int, float)) and not isinstance(found, bool):
+            return float(str(np.float32(found)))  # a float32's shortest decimal: 1e-05, as config.json has it
+        if not isinstance(found, kind) or isinstance(found, bool):
+            raise CheckpointError(f"{where}: gpt2.{key} is {found!r}, not a {kind.__name__}")
+        return found
+
+    if "token_embd.weight" not in file.tensors:
+        raise CheckpointError(f"{where} has no token_embd.weight, GPT-2's token embeddings")
+    n_embd, n_head = value("embedding_length", int), value("attention.head_count", int)
+    n_inner = value("feed_forward_length", int, 4 * n_embd)
+    if value("attention.head_count_kv", int, n_head) != n_head:
+        raise CheckpointError(
+            f"{where}: gpt2.attention.head_count_kv differs from head_count; GPT-2 has none"
+        )
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    try:
+        return GPT2Config(
+            n_embd=n_embd,
+            n_head=n_head,
+            n_layer=value("block_count", int),
+            n_positions=value("context_length", int),
+            vocab_size=file.tensors["token_embd.weight"].shape[0],
+            layer_norm_epsilon=value("attention.layer_norm_epsilon", float),
+            n_inner=None if n_inner == 4 * n_embd else n_inner,  # as config.json leaves GPT-2's own
+            tie_word_embeddings="output.weight" not in file.tensors,
+            eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) else None,
+        )
+    except ValueError as error:
+        raise CheckpointError(f"{where}: {error}") from None
+
+
+class GGUFCheckpoint:
+    """An opened GGUF file of GPT-2: its config, weight format and tensors, every one checked on opening.
+
+    `weight_format` is what it loads as when no other is asked for (`weight_format_of`),
+    `source_format` how its projections and head are stored (`stored_weights.check_conversion`);
+    `tensor(name)` hands out a parameter as stored in the file, not copied (`SourceTensor`).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.files = [self.path]
+        self.gguf = GGUFFile(self.path)
+        self.config = config_from_gguf(self.gguf)
+        self.tied = self.config.tie_word_embeddings
+        shapes = model_parameter_shapes(self.config)
+        if self.tied:
+            del shapes["lm_head.weight"]
+        self._names = {gguf_name(name): name for name in shapes}
+        if unexpected := sorted(set(self.gguf.tensors) - set(self._names)):
+            raise CheckpointError(
+                f"{self.path} holds tensors GPT-2 does not have: {', '.join(unexpected[:5])}"
+            )
+        packed_types: dict[str, list[str]] = {}
+        for stored, name in self._names.items():
+            info = self.gguf.tensors.get(stored)
+            if info is None:
+                raise CheckpointError(f"{self.path} has no tensor {stored} (our {name})")
+            if info.type not in SOURCE_FORMATS:
+                raise CheckpointError(
+                    f"{self.path}: tensor {stored} is {info.type}; GGUF types read are "
+                    f"{', '.join(SOURCE_FORMATS)} (llama-quantize --pure keeps every tensor in one of them)"
+                )
+            if info.shape != shapes[name]:
+                raise CheckpointError(
+                    f"{self.path}: tensor {stored} has shape {list(info.shape)}, but the file's gpt2.* "
+                    f"metadata needs {list(shapes[name])}"
+                )
+            if is_packed(name):
+                packed_types.setdefault(info.type, []).append(stored)
+        if len(packed_types) > 1:
+            mix = "; ".join(f"{kind}: {', '.join(names[:3])}" for kind, names in packed_types.items())
+            raise CheckpointError(
+                f"{self.path} stores its projections and output in several types ({mix}); they are loaded "
+                f"in one format, so they must share one type (llama-quantize --pure writes them so)"
+            )
+        self.source_format = SOURCE_FORMATS[next(iter(packed_types))]  # what `tensor` hands out
+        self.weight_format = weight_format_of(next(iter(packed_types)))
+
+    @property
+    def maps_as_bound(self) -> bool:
+        """Whether every tensor is float32: loaded as float32, bound as it lies in the file."""
+        return all(info.type == "F32" for info in self.gguf.tensors.values())
+
+    def tensor(self, name: str) -> SourceTensor:
+        """Our parameter `name` as the file stores it, not copied; the tied head is `token_embd`."""
+        stored = "token_embd.weight" if name == "lm_head.weight" and self.tied else gguf_name(name)
+        info = self.gguf.tensors[stored]
+        return SourceTensor(SOURCE_FORMATS[info.type], self.gguf.data(stored), info.shape)
+
+
+def gguf_tensors(source: WeightSource, weight_format: str) -> tuple[list[TensorSpec], Iterator[np.ndarray]]:
+    """`source`'s parameters as a GGUF file in `weight_format` holds them, under llama.cpp's names: the
+    projections and the head in the format's type, the rest F32 (what our model binds). A tied head
+    in float32 is left out (llama.cpp ties a GPT-2 without `output.weight`); packed, it is written, as
+    it is bound, apart from `token_embd`. The data comes one tensor at a time, as the writer asks."""
+    if ACTIVATIONS[source.config.activation_function] != "gelu_tanh":
+        raise ValueError(
+            f"GGUF's GPT-2 computes GELU's tanh form (llama.cpp); this checkpoint's activation_function "
+            f"is {source.config.activation_function!r}"
+        )
+    shapes = model_parameter_shapes(source.config)
+    names = [name for name in shapes if name not in aliases(source.tied, weight_format)]
+    kind = GGML_TYPE_OF[weight_format]
+    widths = sorted({shapes[name][1] for name in names if is_packed(name)})
+    if any(width % BLOCKS[kind][0] for width in widths):
+        raise ValueError(
+            f"GGUF stores {kind} rows as whole blocks of {BLOCKS[kind][0]} weights; this model's "
+            f"projections take {', '.join(map(str, widths))} inputs"
+        )
+    specs = [TensorSpec(gguf_name(name), shapes[name], kind if is_packed(name) else "F32") for name in names]
+
+    def data() -> Iterator[np.ndarray]:
+        for name in names:
+            tensor = source.tensor(name)
+            yield in_format(tensor, weight_format) if is_packed(name) else to_float32(tensor)
+
+    return specs, data()
+
+
+def gguf_metadata(config: GPT2Config, weight_format: str, name: str) -> dict[str, Any]:
+    """The metadata llama.cpp reads for GPT-2 (`general.*`, `gpt2.*`, the end-of-text token), for a
+    file in `weight_format`."""
+    metadata: dict[str, Any] = {
+        "general.architecture": ARCHITECTURE,
+        "general.name": name,
+        "general.file_type": FILE_TYPES[weight_format],
+        "gpt2.block_count": config.n_layer,
+        "gpt2.context_length": config.n_positions,
+        "gpt2.embedding_length": config.n_embd,
+        "gpt2.feed_forward_length": config.mlp_width,
+        "gpt2.attention.head_count": config.n_head,
+        "gpt2.attention.layer_norm_epsilon": float(config.layer_norm_epsilon),
+    }
+    if weight_format in ("q8_0", "q4_0"):
+        metadata["general.quantization_version"] = 2  # ggml's block layout of Q8_0 and Q4_0
+    if config.stop_token_ids:  # GPT-2's end of text is also where a text begins
+        metadata["tokenizer.ggml.bos_token_id"] = metadata["tokenizer.ggml.eos_token_id"] = (
+            config.stop_token_ids[0]
+        )
+    return metadata

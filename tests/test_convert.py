@@ -1,0 +1,107 @@
+"""`max-gpt2 convert`: a checkpoint to GGUF, read back by the `gguf` package (llama.cpp's own reader) and
+by `generate`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from max_gpt2 import GPT2Config
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.testing import write_checkpoint
+from tests.gguf_files import gguf
+from tests.support import LM, LM_ONE_LAYER, run_python
+
+# GGUF-shaped: every projection's input a whole number of q4_0 and q8_0 blocks, GELU's tanh form.
+SMALL = GPT2Config(n_embd=64, n_head=2, n_layer=2, n_positions=16, vocab_size=300, eos_token_id=0)
+
+
+def run_cli(*args: str):
+    return run_python("-m", "max_gpt2", *args)
+
+
+def _read(path):
+    reader = gguf.GGUFReader(path)
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    return reader, tensors
+
+
+def _field(reader, key):
+    return reader.fields[key].contents()
+
+
+@pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "q8_0", "q4_0"])
+def test_convert_writes_what_llama_cpps_tools_would(tmp_path, weight_format):
+    """Read by `gguf`'s reader: llama.cpp's names (its name map) and `gpt2.*` metadata, the projections
+    and the head in the format's type with the bytes `gguf.quants` makes of the checkpoint's weights
+    (`[out, in]`), the rest F32, the tokenizer's tokens by id, its merges, `<|endoftext|>` special."""
+    checkpoint = write_checkpoint(tmp_path / "small", SMALL, seed=2, layout="save_pretrained", tokenizer=True)
+    out = tmp_path / "small.gguf"
+    done = run_cli(
+        "convert", "--checkpoint", str(checkpoint), "--weight-format", weight_format, "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"writing {4 + 12 * SMALL.n_layer + (weight_format != 'float32')} tensors" in done.stderr
+    reader, tensors = _read(out)
+    assert _field(reader, "general.architecture") == "gpt2"
+    shapes = {"block_count": 2, "context_length": 16, "embedding_length": 64, "feed_forward_length": 256}
+    for key, value in {**shapes, "attention.head_count": 2}.items():
+        assert _field(reader, f"gpt2.{key}") == value, key
+    assert _field(reader, "tokenizer.ggml.eos_token_id") == 0
+    tokenizer = load_tokenizer(checkpoint)
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    assert [tokenizer.token_to_id(token) for token in tokens[: tokenizer.get_vocab_size()]] == list(
+        range(tokenizer.get_vocab_size())
+    )
+    assert _field(reader, "tokenizer.ggml.token_type")[0] == gguf.TokenType.CONTROL  # <|endoftext|>
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, SMALL.n_layer)
+    weights = Checkpoint(checkpoint).model_weights()  # MAX layout: [out, in]
+    kind = {"float32": "F32", "bfloat16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}[weight_format]
+    expected_names = set()
+    for name, value in weights.items():
+        if name == "lm_head.weight" and weight_format == "float32":
+            continue  # tied: llama.cpp reads token_embd for it
+        stored = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        expected_names.add(stored)
+        tensor = tensors[stored]
+        projection = (
+            name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) or name == "lm_head.weight"
+        )
+        want = gguf.GGMLQuantizationType[kind if projection else "F32"]
+        assert tensor.tensor_type == want, stored
+        expected = gguf.quants.quantize(value, want) if want != gguf.GGMLQuantizationType.F32 else value
+        np.testing.assert_array_equal(
+            np.asarray(tensor.data).reshape(expected.shape), expected, err_msg=stored
+        )
+    assert set(tensors) == expected_names
+
+
+def test_convert_refuses_what_gguf_cannot_hold_before_writing(lm_checkpoint, tmp_path):
+    out = tmp_path / "x.gguf"
+    odd = run_cli(
+        "convert", "--checkpoint", str(lm_checkpoint(LM)), "--weight-format", "q4_0", "--out", str(out)
+    )
+    assert odd.returncode == 2 and "GGUF stores Q4_0 rows as whole blocks of 32 weights" in odd.stderr
+    exact_gelu = write_checkpoint(tmp_path / "gelu", LM_ONE_LAYER)
+    gelu = run_cli("convert", "--checkpoint", str(exact_gelu), "--weight-format", "q8_0", "--out", str(out))
+    assert (
+        gelu.returncode == 2
+        and "GELU's tanh form (llama.cpp); this checkpoint's activation_function is 'gelu'" in gelu.stderr
+    )
+    name = run_cli("convert", "--checkpoint", str(exact_gelu), "--out", str(tmp_path / "x.bin"))
+    assert name.returncode == 2 and "name it NAME.gguf" in name.stderr
+    assert not out.exists()
+
+
+def test_generate_reads_a_converted_file_as_the_checkpoint(compiled_lm, lm_checkpoint, tmp_path):
+    """`generate --checkpoint FILE.gguf`: the text the checkpoint generates, with the tokenizer the file
+    carries (no tokenizer file beside it)."""
+    lm, path = compiled_lm(LM), lm_checkpoint(LM)
+    out = tmp_path / "lm.gguf"
+    assert run_cli("convert", "--checkpoint", str(path), "--out", str(out)).returncode == 0
+    done = run_cli("generate", "--checkpoint", str(out), "--prompt", "The cat", "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    tokenizer = load_tokenizer(path)
+    expected = lm.generate(np.array([tokenizer.encode("The cat").ids]), 8)[0]
+    assert done.stdout == tokenizer.decode(expected.tolist()) + "\n"

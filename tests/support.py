@@ -44,6 +44,7 @@ LM_ONE_LAYER = GPT2Config(
 )
 
 LOWEST = -1.7e38  # what `padding_bias` gives padding
+BANNED = float(np.finfo(np.float32).min)  # what a banned token's logit becomes (`logit_controls.ban`)
 
 HAS_GPU = accelerator_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
@@ -80,6 +81,28 @@ def prompts(config: GPT2Config, batch: int, seq_len: int, seed: int = 0) -> np.n
 def left_padding(batch: int, seq_len: int) -> np.ndarray:
     """An attention mask `[batch, seq_len]` where row i has i * 2 padding tokens on the left (row 0 none)."""
     return (np.arange(seq_len)[None, :] >= 2 * np.arange(batch)[:, None]).astype(np.int64)
+
+
+def looped_controls(logits, prompt, generated, sampler):
+    """The controls one token at a time: bias, Hugging Face's repetition penalty, OpenAI's frequency and
+    presence penalties, then the n-gram ban over prompt and generated tokens."""
+    row = logits.astype(np.float64)
+    for token, value in (sampler.logit_bias or {}).items():
+        row[token] += value
+    for token in set(prompt + generated):
+        row[token] = (
+            row[token] * sampler.repetition_penalty
+            if row[token] < 0
+            else row[token] / sampler.repetition_penalty
+        )
+    for token in set(generated):
+        row[token] -= generated.count(token) * sampler.frequency_penalty + sampler.presence_penalty
+    n, tokens = sampler.no_repeat_ngram_size, prompt + generated
+    if n:
+        for start in range(len(tokens) - n + 1):
+            if tokens[start : start + n - 1] == tokens[len(tokens) - n + 1 :]:
+                row[tokens[start + n - 1]] = BANNED
+    return row
 
 
 def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray:

@@ -5,12 +5,14 @@ what they are compiled for.
     "decode"      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
                   and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
     "attentions"  the plain graph that also outputs every head's attention weights
+    "reorder"     beam search's cache reorder, on the CPU: each layer's rows copied from their
+                  parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
 Packed weights run prompts through the kernels as well: one graph per format, the same
 arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and q4_0 quantize the
 activations of both), at about the speed of MAX's matmul on unpacked weights (docs/performance.md).
 
-Every variant takes the same inputs, every length symbolic: input ids and
+Every model variant takes the same inputs, every length symbolic: input ids and
 position ids `[batch, seq]` int64, the attention mask `[batch, total]` int64, the
 positions whose logits are wanted `[logits]` int64, and one KV cache buffer per
 layer `[2, batch, n_head, max_len, head_dim]`, written in place, in the compute
@@ -31,6 +33,7 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
+from max.graph import TensorType as GraphTensorType
 
 from max_gpt2.inference.compiled import GraphVariants
 from max_gpt2.inference.devices import (
@@ -40,6 +43,7 @@ from max_gpt2.inference.devices import (
     kernels_run_on,
     resolve_device,
 )
+from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
@@ -154,6 +158,8 @@ class LMGraphs(GraphVariants):
         self.prompt_variant = self.step_variant if options.weight_format != "float32" else "plain"
 
     def _trace(self, variant: str) -> Graph:
+        if variant == "reorder":
+            return self._reorder_graph()
         config, device, options = self.config, self.device, self.options
         with F.lazy(), default_device(device), default_dtype(options.dtype):
             # lazy: random initial weights are never made
@@ -166,9 +172,31 @@ class LMGraphs(GraphVariants):
         tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
         mask = TensorType(DType.int64, ["batch", "total"], device=device)
         logit_index = TensorType(DType.int64, ["logits"], device=device)
-        device_ref = DeviceRef.from_device(device)
-        cache = BufferType(
+        inputs = [tokens, tokens, mask, logit_index, *[self._cache_type()] * config.n_layer]
+        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+
+    def _cache_type(self) -> BufferType:
+        """One layer's KV cache `[2, batch, n_head, max_len, head_dim]`, written in place."""
+        config, options = self.config, self.options
+        device_ref = DeviceRef.from_device(self.device)
+        return BufferType(
             options.kv_dtype, [2, "batch", config.n_head, "max_len", config.head_dim], device_ref
         )
-        inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
-        return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+
+    def _reorder_graph(self) -> Graph:
+        """ "reorder": rows [batch] and the cache's mask [batch, total], then every layer's cache; row b
+        of each takes row rows[b]'s positions, in place. On the CPU only (its op is a CPU kernel)."""
+        if not self.device.is_host:
+            raise ValueError("beam search (num_beams > 1) runs on the CPU: its cache reorder is a CPU kernel")
+        device_ref = DeviceRef.from_device(self.device)
+        rows = GraphTensorType(DType.int64, ["batch"], device_ref)
+        mask = GraphTensorType(DType.int64, ["batch", "total"], device_ref)
+        inputs = [rows, mask, *[self._cache_type()] * self.config.n_layer]
+        with Graph(
+            "GPT2LMHeadModel_reorder", input_types=inputs, custom_extensions=[kernel_library()]
+        ) as graph:
+            order, written, *caches = graph.inputs
+            for cache in caches:
+                reorder_rows(cache.buffer, order.tensor, written.tensor)
+            graph.output()
+        return graph

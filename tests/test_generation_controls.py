@@ -96,10 +96,11 @@ def test_a_stop_string_ends_generation_at_the_token_that_completes_it(compiled_l
     lm, tokenizer = compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
     ids = np.array([tokenizer.encode("The cat sat").ids])
     seq = ids.shape[1]
-    greedy = lm.generate(ids, 16)
+    sampler = Sampler(do_sample=True, seed=0)  # varied text: greedy's repeats a few tokens
+    greedy = lm.generate(ids, 16, sampler=sampler)
     string = stop_cases(tokenizer, greedy[0, seq:])[case]
     completed = first_completed(tokenizer, greedy[0, seq:], string)
-    got = lm.generate(ids, 16, stop_strings=string, tokenizer=tokenizer)
+    got = lm.generate(ids, 16, sampler=sampler, stop_strings=string, tokenizer=tokenizer)
     end = 16 if completed is None else completed + 1
     assert (completed is None) == (case == "never") and (completed == 0) == (case == "first")
     np.testing.assert_array_equal(got, greedy[:, : seq + end])
@@ -174,7 +175,7 @@ def test_a_reordered_cache_decodes_as_a_cache_of_the_reordered_prompts(compiled_
 
 def test_beams_come_best_first_by_the_references_scores(compiled_lm, lm_weights):
     """Each returned beam's score (its new tokens' float64 log-probabilities, summed, over its length)
-    is no better than the one before it, and the best beats greedy's."""
+    is no better than the one before it, and the best is at least greedy's."""
     lm, weights = compiled_lm(LM), lm_weights(LM)
     ids = prompts(LM, 1, 4, seed=5)
     beams = lm.generate(ids, 6, num_beams=4, num_return_sequences=4)
@@ -188,7 +189,7 @@ def test_beams_come_best_first_by_the_references_scores(compiled_lm, lm_weights)
     scores = [score(row) for row in beams]
     assert beams.shape == (4, 10) and len({tuple(row) for row in beams}) == 4
     assert (np.diff(scores) <= 1e-6).all()
-    assert scores[0] > score(greedy[0])
+    assert scores[0] >= score(greedy[0]) - 1e-9
 
 
 # Bad options.

@@ -114,20 +114,25 @@ def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray
     return np.concatenate(got, axis=1)
 
 
-def run_python(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """Runs this interpreter with `args` in a child process, capturing text output.
+def run_python(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs this interpreter with `args` in a child process, capturing text output (`stdin`: its input).
 
     The environment is passed explicitly: loading MAX sets PYTHONEXECUTABLE and
     PYTHONPATH in the process's C environment (not in `os.environ`), and a child
     that inherited those would start outside this virtual environment.
     """
-    return run_command(sys.executable, *args)
+    return run_command(sys.executable, *args, stdin=stdin)
 
 
-def run_command(*command: str | Path) -> subprocess.CompletedProcess[str]:
-    """Runs `command` with this process's environment (see `run_python`)."""
+def run_command(*command: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs `command` with this process's environment (see `run_python`), `stdin` as its input."""
     return subprocess.run(
-        [str(part) for part in command], capture_output=True, text=True, timeout=600, env=dict(os.environ)
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+        input=stdin,
     )
 
 

@@ -13,6 +13,10 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer, alloc
 
+# Elements moved from which the (keys or values, head) pairs are split between threads: below it,
+# waking them costs more than the copy (docs/performance.md).
+comptime PARALLEL_FROM = 1 << 20
+
 
 def reorder_rows[
     CT: DType
@@ -46,7 +50,15 @@ def reorder_rows[
                 _copy(first + b * row_stride, src, block)
         held.free()
 
-    sync_parallelize(move, 2 * H)
+    var moved = 0
+    for b in range(B):
+        if Int(rows[b]) != b:
+            moved += 1
+    if moved * block * 2 * H < PARALLEL_FROM:
+        for task in range(2 * H):
+            move(task)
+    else:
+        sync_parallelize(move, 2 * H)
 
 
 def _copy[CT: DType](dst: UnsafePointer[Scalar[CT], MutAnyOrigin], src: UnsafePointer[Scalar[CT], MutAnyOrigin], count: Int):

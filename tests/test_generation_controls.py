@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from max_gpt2 import Sampler, load_tokenizer, reference
-from max_gpt2.inference.beam_search import log_softmax
 from max_gpt2.inference.stop_strings import StopTextStream, cut
 from max_gpt2.inference.tokenizer import token_bytes
 from tests.support import BANNED, LM, looped_controls, prompts
@@ -183,7 +182,9 @@ def test_beams_come_best_first_by_the_references_scores(compiled_lm, lm_weights)
 
     def score(row):
         logits, _ = reference.lm_logits_and_largest_score(row[None, :-1], weights, LM)
-        chosen = np.take_along_axis(log_softmax(logits[0, 3:]), row[4:, None], axis=-1)
+        shifted = logits[0, 3:] - logits[0, 3:].max(axis=-1, keepdims=True)
+        log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        chosen = np.take_along_axis(log_probabilities, row[4:, None], axis=-1)
         return chosen.sum() / 6
 
     scores = [score(row) for row in beams]

@@ -46,11 +46,13 @@ def penalize(
     """`logits` (float [..., V]) with the penalties applied, float32; `seen` (bool [..., V]) marks the
     tokens of the prompt and of the generated ones, `generated` (int [..., V]) counts the latter."""
     scores = np.array(logits, dtype=np.float32)
+    # Only the tokens seen are computed: a boolean mask's pass over the vocabulary, then their values.
     if repetition != 1.0:
-        penalised = np.where(scores < 0, scores * np.float32(repetition), scores / np.float32(repetition))
-        scores = np.where(seen, penalised, scores)
+        values = scores[seen]
+        scores[seen] = np.where(values < 0, values * np.float32(repetition), values / np.float32(repetition))
     if frequency or presence:
-        scores -= (generated * frequency + (generated > 0) * presence).astype(np.float32)
+        counted = generated > 0
+        scores[counted] -= (generated[counted] * frequency + presence).astype(np.float32)
     return scores
 
 

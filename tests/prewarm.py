@@ -36,10 +36,15 @@ def attention_weights(config: GPT2Config) -> None:
 
 
 def lm(
-    config: GPT2Config, output_attentions: bool = False, weights: str = "float32", kv_cache: str | None = None
+    config: GPT2Config,
+    output_attentions: bool = False,
+    weights: str = "float32",
+    kv_cache: str | None = None,
+    variant: str | None = None,
 ) -> None:
+    """The language model's graphs for generation (or its attentions variant), and `variant` after them."""
     parameters = zeros(model_parameter_shapes(config))
-    compile_lm(
+    compiled = compile_lm(
         config,
         parameters,
         "cpu",
@@ -47,10 +52,13 @@ def lm(
         weight_format=weights,
         kv_cache=kv_cache,
     )
+    if variant is not None:
+        compiled.graph.compile(variant)
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_heads,
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights),
+# test_generation_controls (LM's beam search cache reorder), test_heads,
 # test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
@@ -58,6 +66,7 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
+    lambda: lm(LM, variant="reorder"),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),

@@ -46,6 +46,7 @@ LM_ONE_LAYER = GPT2Config(
 )
 
 LOWEST = -1.7e38  # what `padding_bias` gives padding
+BANNED = float(np.finfo(np.float32).min)  # what a banned token's logit becomes (`logit_controls.ban`)
 
 HAS_GPU = accelerator_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="MAX sees no accelerator (accelerator_count() == 0)")
@@ -84,6 +85,28 @@ def left_padding(batch: int, seq_len: int) -> np.ndarray:
     return (np.arange(seq_len)[None, :] >= 2 * np.arange(batch)[:, None]).astype(np.int64)
 
 
+def looped_controls(logits, prompt, generated, sampler):
+    """The controls one token at a time: bias, Hugging Face's repetition penalty, OpenAI's frequency and
+    presence penalties, then the n-gram ban over prompt and generated tokens."""
+    row = logits.astype(np.float64)
+    for token, value in (sampler.logit_bias or {}).items():
+        row[token] += value
+    for token in set(prompt + generated):
+        row[token] = (
+            row[token] * sampler.repetition_penalty
+            if row[token] < 0
+            else row[token] / sampler.repetition_penalty
+        )
+    for token in set(generated):
+        row[token] -= generated.count(token) * sampler.frequency_penalty + sampler.presence_penalty
+    n, tokens = sampler.no_repeat_ngram_size, prompt + generated
+    if n:
+        for start in range(len(tokens) - n + 1):
+            if tokens[start : start + n - 1] == tokens[len(tokens) - n + 1 :]:
+                row[tokens[start + n - 1]] = BANNED
+    return row
+
+
 def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray:
     """Logits `[B, S, V]` of `ids` `[B, S]`: the first `prompt` positions in one `prefill`, then one
     `decode_step` per position."""
@@ -93,20 +116,25 @@ def prompt_and_steps(lm: CompiledLM, ids: np.ndarray, prompt: int) -> np.ndarray
     return np.concatenate(got, axis=1)
 
 
-def run_python(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """Runs this interpreter with `args` in a child process, capturing text output.
+def run_python(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs this interpreter with `args` in a child process, capturing text output (`stdin`: its input).
 
     The environment is passed explicitly: loading MAX sets PYTHONEXECUTABLE and
     PYTHONPATH in the process's C environment (not in `os.environ`), and a child
     that inherited those would start outside this virtual environment.
     """
-    return run_command(sys.executable, *args)
+    return run_command(sys.executable, *args, stdin=stdin)
 
 
-def run_command(*command: str | Path) -> subprocess.CompletedProcess[str]:
-    """Runs `command` with this process's environment (see `run_python`)."""
+def run_command(*command: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs `command` with this process's environment (see `run_python`), `stdin` as its input."""
     return subprocess.run(
-        [str(part) for part in command], capture_output=True, text=True, timeout=600, env=dict(os.environ)
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+        input=stdin,
     )
 
 

@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from max_gpt2 import Sampler, cli, verify
+from max_gpt2 import Checkpoint, Sampler, cli, verify
 from max_gpt2.cli import console
+from max_gpt2.inference.stop_strings import cut
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.testing import write_checkpoint
 from tests.support import GPT2_SMALL, LM, ODD, run_command, run_python
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_python("-m", "max_gpt2", *args)
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run_python("-m", "max_gpt2", *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,45 @@ def test_a_disagreeing_layer_fails_the_run(compiled, checkpoint, monkeypatch, ca
     )
     out = capsys.readouterr().out
     assert "MISMATCH" in out and out.splitlines()[4].split()[-1] == "NO"
+
+
+def test_generate_reads_standard_input_and_ends_before_a_stop_string(compiled_lm, lm_checkpoint):
+    lm, path = compiled_lm(LM), lm_checkpoint(LM)
+    tokenizer, eos = load_tokenizer(path), Checkpoint(path).config.stop_token_ids
+    prompt = tokenizer.encode("The cat").ids
+    sampler = Sampler(do_sample=True, seed=4, repetition_penalty=1.3, logit_bias={7: -100})
+    new = lm.generate(np.array([prompt]), 12, sampler=sampler, eos_token_id=eos)[0, len(prompt) :]
+    text = tokenizer.decode(new.tolist(), skip_special_tokens=False)
+    stop = text[4:6]
+    options = [
+        "--max-new-tokens",
+        "12",
+        "--seed",
+        "4",
+        "--repetition-penalty",
+        "1.3",
+        "--logit-bias",
+        "7=-100",
+    ]
+    stops = ["--stop", stop, "--stop", "|x|"]
+    done = run_cli(
+        "generate", "--checkpoint", str(path), "--prompt-file", "-", *options, *stops, stdin="The cat"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The cat" + cut(text, [stop]) + "\n" and stop not in done.stdout[len("The cat") :]
+
+
+def test_generate_prints_each_beam(compiled_lm, lm_checkpoint, tmp_path):
+    lm, path = compiled_lm(LM), lm_checkpoint(LM)
+    tokenizer, eos = load_tokenizer(path), Checkpoint(path).config.stop_token_ids
+    (tmp_path / "prompt.txt").write_text("Once upon", encoding="utf-8")
+    args = ["--prompt-file", str(tmp_path / "prompt.txt"), "--max-new-tokens", "6", "--num-beams", "3"]
+    done = run_cli("generate", "--checkpoint", str(path), *args, "--num-return-sequences", "2")
+    assert done.returncode == 0, done.stderr
+    ids = np.array([tokenizer.encode("Once upon").ids])
+    rows = lm.generate(ids, 6, eos_token_id=eos, num_beams=3, num_return_sequences=2)
+    texts = [tokenizer.decode(row.tolist(), skip_special_tokens=False) for row in rows]
+    assert done.stdout == f"[sequence 1]\n{texts[0]}\n[sequence 2]\n{texts[1]}\n"
 
 
 @pytest.mark.parametrize(
@@ -187,7 +227,12 @@ def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
         (["--tokens", "1", "--max-new-tokens", "48"], r"1 prompt tokens \+ 48 new tokens = 49 positions"),
         (["--prompt", "hi", "--top-p", "2"], r"top_p must be a number in \(0, 1\]"),
         (["--prompt", ""], r"input_ids is empty"),
-        ([], "one of the arguments --prompt --tokens is required"),
+        ([], "one of the arguments --prompt --tokens --prompt-file is required"),
+        (["--prompt", "hi", "--num-return-sequences", "2"], "num_return_sequences=2 of greedy decoding"),
+        (["--prompt", "hi", "--min-p", "2"], r"min_p must be a number in \[0, 1\] or None, got 2.0"),
+        (["--prompt", "hi", "--logit-bias", "5"], r"must be ID=VALUE such as 50256=-100; got '5'"),
+        (["--prompt", "hi", "--early-stopping", "soon"], "must be true, false or never; got 'soon'"),
+        (["--prompt-file", "/no/such/file"], r"--prompt-file /no/such/file: \[Errno 2\]"),
         (["--prompt", "hi", "--weight-format", "q2_k"], r"--weight-format: invalid choice: 'q2_k' \(choose"),
         (["--prompt", "hi", "--weights", "q2_k"], r"--weights: invalid choice: 'q2_k' \(choose from"),
         (

@@ -100,6 +100,8 @@ def check_generation(ns: dict[str, Any]) -> None:
     lm, ids, batch, mask = (ns[name] for name in ("lm", "ids", "batch", "mask"))
     assert ns["logits"].shape == (1, ids.shape[1], LM.vocab_size)
     assert ns["sampled"].shape == (1, ids.shape[1] + 20)
+    assert ns["three"].shape == (3, ids.shape[1] + 20) and ns["beams"].shape[0] == 2
+    assert ns["eos"] not in ns["at_least_5"][0, ids.shape[1] :].tolist()  # banned by its bias
     assert mask[0, 0] == 0 and mask[:, -1].all()  # padded on the left
     greedy = lm.generate(ids, 20)[0, ids.shape[1] :]
     np.testing.assert_array_equal(np.concatenate(ns["by_hand"]), greedy)  # the steps, by hand

@@ -6,6 +6,8 @@ attention input and output; our compiled attention must give the same output.
 The whole model: Hugging Face makes and saves a GPT2LMHeadModel (both key
 layouts, tied and untied heads); we load its files and must give the same logits
 and the same 32 greedy tokens as its `generate`, on a left-padded batch.
+Generation's controls (penalties, n-gram bans, min-p, a minimum length) and beam search must give
+Hugging Face's `generate`'s tokens, token for token, on the checkpoint it saved.
 The benchmarks' PyTorch and Hugging Face contenders and `benchmarks/breakdown.py` run here too.
 """
 
@@ -17,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from max_gpt2 import Checkpoint, cli, load_attention_weights, load_lm, reference
+from max_gpt2 import Checkpoint, Sampler, cli, load_attention_weights, load_lm, reference
 from max_gpt2.testing import write_checkpoint
 from max_gpt2.verify import compare
 from tests.support import GPT2_SMALL, LM, ODD, layout_id, run_python
@@ -273,3 +277,104 @@ def test_save_pretrained_from_default_token_ids_loads_and_generates(tmp_path, vo
     for row in range(2):  # equal up to each row's end; after it Hugging Face pads, we repeat the end
         end = 6 + np.flatnonzero(np.isin(hf_stopped[row, 6:], stops))[0] + 1
         np.testing.assert_array_equal(ended[row, :end], hf_stopped[row, :end])
+
+
+# Generation's controls, several sequences and beam search against Hugging Face's generate.
+
+
+def hugging_face_generate(hf, ids, mask=None, **options) -> np.ndarray:
+    """Hugging Face's `generate` on `ids` [B, S] (int64) with `options`; int64 [B', S + new]."""
+    with torch.no_grad():
+        attention = None if mask is None else torch.from_numpy(mask)
+        return hf.generate(torch.from_numpy(ids), attention_mask=attention, **options).numpy()
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        ({"repetition_penalty": 1.6}, {"repetition_penalty": 1.6}),
+        ({"no_repeat_ngram_size": 2}, {"no_repeat_ngram_size": 2}),
+        (
+            {"repetition_penalty": 0.7, "no_repeat_ngram_size": 3},
+            {"repetition_penalty": 0.7, "no_repeat_ngram_size": 3},
+        ),
+    ],
+    ids=["repetition_penalty", "no_repeat_ngram_size", "both"],
+)
+def test_controlled_greedy_matches_hugging_face(tmp_path, compiled_lm, ours, theirs):
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path, "tied")
+    lm = load_lm(tmp_path, device="cpu")
+    ids = np.random.default_rng(7).integers(1, LM.vocab_size, (2, 6))
+    expected = hugging_face_generate(
+        hf, ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0, **theirs
+    )
+    got = lm.generate(ids, 24, sampler=Sampler(**ours))
+    np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(got, lm.generate(ids, 24))
+
+
+def test_a_penalised_left_padded_batch_matches_hugging_face(tmp_path, compiled_lm):
+    """Every row holds a real token 0, the pad id: Hugging Face penalises the pad id of a padded row as a
+    token of it (our padding is no token), so only there would the two differ."""
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path, "tied")
+    lm = load_lm(tmp_path, device="cpu")
+    ids = np.array([[0, 0, 0, 11, 0, 13, 14, 15], [21, 0, 23, 24, 25, 26, 27, 28], [0, 0, 0, 0, 0, 0, 0, 32]])
+    mask = (np.arange(8)[None, :] >= np.array([[3], [0], [6]])).astype(np.int64)
+    expected = hugging_face_generate(
+        hf,
+        ids,
+        mask,
+        max_new_tokens=20,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        repetition_penalty=1.5,
+    )
+    np.testing.assert_array_equal(
+        lm.generate(ids, 20, mask, sampler=Sampler(repetition_penalty=1.5)), expected
+    )
+
+
+def test_min_new_tokens_matches_hugging_face_where_greedy_ends_early(tmp_path, compiled_lm):
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path, "tied")
+    lm = load_lm(tmp_path, device="cpu")
+    ids = np.random.default_rng(2).integers(1, LM.vocab_size, (1, 5))
+    eos = int(lm.generate(ids, 2)[0, -1])  # greedy's second token ends the text
+    expected = hugging_face_generate(
+        hf, ids, max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos, min_new_tokens=9
+    )
+    assert expected.shape[1] > 5 + 2  # the minimum kept it going
+    got = lm.generate(ids, 16, eos_token_id=eos, min_new_tokens=9)
+    np.testing.assert_array_equal(got[:, : expected.shape[1]], expected)  # after its end, eos repeats
+
+
+@pytest.mark.parametrize(
+    ("stop", "length_penalty", "early_stopping"),
+    [(False, 1.0, False), (True, 1.0, False), (True, 0.5, True), (True, 2.0, "never"), (True, -1.0, False)],
+)
+def test_beam_search_matches_hugging_face(tmp_path, compiled_lm, stop, length_penalty, early_stopping):
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path, "tied")
+    lm = load_lm(tmp_path, device="cpu")
+    ids = np.random.default_rng(11).integers(1, LM.vocab_size, (2, 5))
+    eos = int(lm.generate(ids, 3)[0, -1]) if stop else None  # a token the beams meet early
+    options = {"num_beams": 4, "num_return_sequences": 3, "length_penalty": length_penalty}
+    options["early_stopping"] = early_stopping
+    expected = hugging_face_generate(
+        hf, ids, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos or 0, **options
+    )
+    got = lm.generate(ids, 12, eos_token_id=eos, pad_token_id=eos or 0, **options)
+    np.testing.assert_array_equal(got, expected)
+
+
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+@settings(max_examples=40, deadline=None)
+def test_min_p_keeps_the_candidates_hugging_faces_warper_keeps(seed, min_p):
+    logits = np.random.default_rng(seed).standard_normal((3, 50)) * 3
+    warper = transformers.generation.logits_process.MinPLogitsWarper(min_p)
+    theirs = np.isfinite(warper(None, torch.from_numpy(logits)).numpy())
+    ours = np.isfinite(Sampler(do_sample=True, min_p=min_p).candidates(logits))
+    np.testing.assert_array_equal(ours, theirs)

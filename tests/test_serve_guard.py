@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from max_gpt2.inference.logit_controls import LOWEST, ban, penalize
+from max_gpt2.inference.logit_controls import LOWEST, ban, penalize, token_counts
 from tests.support import requires_serving
 
 pytestmark = requires_serving()
@@ -122,9 +122,8 @@ def test_penalties_are_hugging_faces_repetition_then_openais(seed, repetition, f
     expected = openai_penalties(
         hugging_face_repetition(row, prompt + generated, repetition), generated, frequency, presence
     )
-    got = penalize(
-        row, np.array(prompt + generated), np.array(generated, int), repetition, frequency, presence
-    )
+    seen = token_counts(prompt + generated, 50) > 0
+    got = penalize(row, seen, token_counts(generated, 50), repetition, frequency, presence)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
     assert got is not row and np.array_equal(row, row.astype(np.float32))  # the input is left alone
 

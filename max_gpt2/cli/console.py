@@ -77,11 +77,15 @@ def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
-    """`--checkpoint`, `--prompt` or `--tokens`, and `--cache-dir`: what `open_prompt` reads."""
+    """`--checkpoint`, `--prompt`, `--tokens` or `--prompt-file`, and `--cache-dir`: what `open_prompt`
+    reads."""
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help=f"text {purpose} (needs the checkpoint's tokenizer)")
     given.add_argument("--tokens", type=token_list, help=f"token ids {purpose}, e.g. 464,3290")
+    given.add_argument(
+        "--prompt-file", type=Path, help=f"a UTF-8 file of text {purpose}; - reads standard input"
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
 
 
@@ -103,14 +107,25 @@ def open_prompt(
     """
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
     checkpoint, tokenizer = open_with_tokenizer(path)
-    if args.prompt is None:
+    if args.tokens is not None:
         return checkpoint, tokenizer, args.tokens
+    text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if tokenizer is None:
         raise ValueError(
             f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
             f"and merges.txt, or a GGUF file's own); give the prompt as --tokens instead"
         )
-    return checkpoint, tokenizer, tokenizer.encode(args.prompt).ids
+    return checkpoint, tokenizer, tokenizer.encode(text).ids
+
+
+def read_prompt_file(path: Path) -> str:
+    """The text of `--prompt-file` (`-`: standard input), as UTF-8; a ValueError names an unreadable file."""
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--prompt-file {path}: {error}") from None
 
 
 class DeprecatedAlias(argparse.Action):

@@ -34,6 +34,7 @@ GRAPH_SOURCES = (
     "kernels/*.py",
     "kernels/*.mojo",
     "inference/lm_graphs.py",
+    "inference/lm_trace.py",
     "inference/devices.py",
 )
 """What the graphs are made from: the modules, the kernels and the staging of the variants."""

@@ -132,7 +132,9 @@ class BoundVariants:
             artifact = self.variants.compiled(variant)
             models = self.variants.session.init_all(artifact, weights_registry=self._weights)
             for held, name in self.variants.graph_names(artifact).items():
-                self._models[held] = models[name]
+                # MAX's disk cache may hand back one graph compiled under another name from identical
+                # ops: an artifact of one graph is that graph whatever its name.
+                self._models[held] = models[name] if len(models) > 1 else next(iter(models.values()))
         return self._models[variant]
 
     def execute(self, variant: str, *inputs: Buffer) -> list[Any]:

@@ -3,12 +3,17 @@
     for step in lm.stream(input_ids, 20, sampler=Sampler(do_sample=True, top_k=40, seed=1)):
         step.tokens                                    # int64 [batch], chosen from step.logits [batch, vocab]
     out = lm.generate(input_ids, 20)                   # int64 [batch, seq + 20], greedy
+    out = lm.generate(input_ids, 20, num_beams=4)      # beam search (`max_gpt2.inference.beam_search`)
 
 `stream` and `generate` are `CompiledLM`'s methods, written here on its public
 steps (`new_cache`, `prefill`, `decode_step`), as gpt-fast has it: the prompt runs
 once into a cache sized for prompt plus new tokens, then each step feeds the
-tokens just chosen. How tokens are chosen is one `Sampler` (greedy by default);
-`eos_token_id` ends rows.
+tokens just chosen. How tokens are chosen is one `Sampler` (greedy by default),
+its logits controls included; `eos_token_id` and `stop_strings` end rows,
+`min_new_tokens` bans end-of-text until then, `num_return_sequences` runs each
+prompt several times in one batch, and `context_overflow="shift"` goes on past
+`n_positions` (`max_gpt2.inference.context_shift`). The options are checked in
+`max_gpt2.inference.generation_options`.
 """
 
 from __future__ import annotations
@@ -17,9 +22,15 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
+from tokenizers import Tokenizer
 
-from max_gpt2.inference.prompts import check_generation, check_prompt
+from max_gpt2.inference.beam_search import beam_search
+from max_gpt2.inference.context_shift import kept_tail
+from max_gpt2.inference.generation_options import Options, check_options
+from max_gpt2.inference.logit_controls import ban
+from max_gpt2.inference.prompts import check_left_padding, check_prompt
 from max_gpt2.inference.sampling import Sampler
+from max_gpt2.inference.stop_strings import StopStrings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,10 +39,31 @@ if TYPE_CHECKING:
 
 
 class Step(NamedTuple):
-    """One generated token per row, and the logits it was chosen from."""
+    """One generated token per row, and the model's logits it was chosen from (before the controls)."""
 
     tokens: np.ndarray  # int64 [batch]
     logits: np.ndarray  # float32 [batch, vocab]
+
+
+class StreamOptions(TypedDict, total=False):
+    """`stream`'s options after the attention mask (`generation_options.check_options` checks them)."""
+
+    sampler: Sampler | None
+    eos_token_id: int | Sequence[int] | None
+    min_new_tokens: int
+    stop_strings: str | Sequence[str] | None
+    tokenizer: Tokenizer | None
+    pad_token_id: int | None
+    num_return_sequences: int
+    context_overflow: str
+
+
+class GenerationOptions(StreamOptions, total=False):
+    """`generate`'s: `stream`'s, and beam search's."""
+
+    num_beams: int
+    length_penalty: float
+    early_stopping: bool | str
 
 
 def stream(
@@ -39,58 +71,86 @@ def stream(
     input_ids: Any,
     max_new_tokens: int,
     attention_mask: Any = None,
-    sampler: Sampler | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
+    **options: Unpack[StreamOptions],
 ) -> Iterator[Step]:
     """Yields each `Step` as soon as it is chosen.
 
     Every argument is checked here, before the first step runs. Greedy unless
     `sampler` samples; the same sampler (and seed) gives the same tokens.
     `eos_token_id` is one id or several: a row that produces one of them
-    produces that one from then on; the iteration ends after `max_new_tokens`
-    steps, or earlier once every row has.
+    produces that one from then on. A row whose generated text comes to hold one
+    of `stop_strings` (spelled by `tokenizer`, `lm.tokenizer` by default) produces
+    `pad_token_id` from then on (default: the first end-of-text id). The
+    iteration ends after `max_new_tokens` steps, or earlier once every row has
+    ended. With `num_return_sequences` n, each prompt's row is repeated n times,
+    together, in one batch of batch x n rows.
     """
-    sampler = Sampler() if sampler is None else sampler
-    if not isinstance(sampler, Sampler):
-        raise TypeError(f"sampler must be a Sampler, got {type(sampler).__name__}")
-    eos = check_generation(lm.config, max_new_tokens, eos_token_id)
-    ids, mask = check_prompt(lm.config, input_ids, attention_mask, int(max_new_tokens))
-    return _steps(lm, ids, mask, int(max_new_tokens), sampler, eos)
+    checked = _checked(lm, max_new_tokens, options)
+    return _steps(lm, *_prompts(lm, input_ids, attention_mask, checked), checked)
 
 
-def _steps(
-    lm: CompiledLM,
-    ids: np.ndarray,
-    mask: np.ndarray,
-    max_new_tokens: int,
-    sampler: Sampler,
-    eos: tuple[int, ...],
-) -> Iterator[Step]:
+def _checked(lm: CompiledLM, max_new_tokens: int, options: dict[str, Any]) -> Options:
+    tokenizer = options.pop("tokenizer", None) or lm.tokenizer
+    return check_options(lm.config, max_new_tokens, tokenizer=tokenizer, **options)
+
+
+def _prompts(
+    lm: CompiledLM, input_ids: Any, attention_mask: Any, options: Options
+) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts checked, each row repeated `num_return_sequences` times (beam search repeats its own)."""
+    new_tokens = 0 if options.shift else options.max_new_tokens
+    ids, mask = check_prompt(lm.config, input_ids, attention_mask, new_tokens)
+    check_left_padding(mask)
+    repeats = options.num_return_sequences if options.num_beams == 1 else 1
+    ids, mask = np.repeat(ids, repeats, axis=0), np.repeat(mask, repeats, axis=0)
+    if options.stop_strings and options.pad is None and ids.shape[0] > 1:
+        raise ValueError(
+            "stop_strings with several rows needs pad_token_id (or eos_token_id): what a row holds "
+            "once it stops"
+        )
+    return ids, mask
+
+
+def _steps(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, options: Options) -> Iterator[Step]:
+    sampler, eos, steps = options.sampler, options.eos, options.max_new_tokens
     batch, seq_len = ids.shape
-    cache = lm.new_cache(batch, seq_len + max_new_tokens)
+    positions = lm.config.n_positions
+    cache = lm.new_cache(batch, min(seq_len + steps, positions))
     logits = lm.prefill(ids, cache, mask)
     rng = sampler.generator()
+    history = sampler.history(ids, mask, lm.config.vocab_size)
+    stops = StopStrings(options.stop_strings, options.tokenizer, batch) if options.stop_strings else None
     # A few microseconds a NumPy call add up against a batch-1 step of a few milliseconds: without
-    # end-of-text ids there is nothing to track, and `np.isin` costs ten times a comparison.
+    # end-of-text ids or stop strings there is nothing to track, and `np.isin` costs ten times a comparison.
     stop_ids = np.array(eos, dtype=np.int64)
-    ended_with = np.full(batch, -1)  # the end-of-text id each finished row produced; -1: not finished
-    for step in range(max_new_tokens):
-        tokens = sampler(logits, rng)
-        if eos:
-            tokens = np.where(ended_with >= 0, ended_with, tokens)
-            stopped = (tokens[:, None] == stop_ids).any(axis=1)
-            ended_with = np.where((ended_with < 0) & stopped, tokens, ended_with)
+    finished, fill = np.zeros(batch, dtype=bool), np.zeros(batch, dtype=np.int64)
+    generated: list[np.ndarray] = []  # since the last shift, for the next one
+    for step in range(steps):
+        scores = sampler.controlled(logits, history)
+        if step < options.min_new_tokens and eos:
+            scores = ban(scores, eos)
+        tokens = sampler(scores, rng)
+        if eos or stops:
+            tokens = np.where(finished, fill, tokens)
+            hit_eos = ~finished & (tokens[:, None] == stop_ids).any(axis=1)
+            hit_stop = ~finished & stops.update(tokens) if stops else np.zeros(batch, dtype=bool)
+            fill = np.where(hit_eos, tokens, np.where(hit_stop, options.pad or 0, fill))
+            finished |= hit_eos | hit_stop
+        if history is not None:
+            history.append(tokens)
         yield Step(tokens, logits)
-        if step == max_new_tokens - 1 or (eos and (ended_with >= 0).all()):
+        if step == steps - 1 or finished.all():
             return
-        logits = lm.decode_step(tokens, cache)
-
-
-class GenerationOptions(TypedDict, total=False):
-    """`stream`'s options after the attention mask, which `generate` passes on."""
-
-    sampler: Sampler | None
-    eos_token_id: int | Sequence[int] | None
+        if options.shift:
+            generated.append(tokens)
+        if cache.length < cache.capacity:
+            logits = lm.decode_step(tokens, cache)
+            continue
+        # Only with context_overflow="shift": the cache is full and tokens remain.
+        ids, mask = kept_tail(ids, mask, np.stack(generated, axis=1), cache.capacity // 2)
+        generated = []
+        cache = lm.new_cache(batch, min(ids.shape[1] + steps - step - 1, positions))
+        logits = lm.prefill(ids, cache, mask)
 
 
 def generate(
@@ -100,13 +160,22 @@ def generate(
     attention_mask: Any = None,
     **options: Unpack[GenerationOptions],
 ) -> np.ndarray:
-    """The prompt followed by `max_new_tokens` new tokens per row, int64 `[batch, seq + new]`.
+    """The prompt followed by `max_new_tokens` new tokens per row, int64 `[batch x n, seq + new]` (n:
+    `num_return_sequences`, each prompt's rows together).
 
     As `stream`, all at once; once every row has produced `eos_token_id`, the
-    rest is filled with it without running the model.
+    rest is filled with it without running the model. With `stop_strings` the
+    ids end with the step at which the last row stopped. With `num_beams` > 1,
+    Hugging Face's beam search (`max_gpt2.inference.beam_search`): its
+    `num_return_sequences` best sequences per prompt, as long as the longest.
     """
-    steps = list(lm.stream(input_ids, max_new_tokens, attention_mask, **options))
-    new = np.stack([step.tokens for step in steps], axis=1)  # [batch, steps run]
+    checked = _checked(lm, max_new_tokens, dict(options))
+    ids, mask = _prompts(lm, input_ids, attention_mask, checked)
+    if checked.num_beams > 1:
+        return beam_search(lm, ids, mask, checked)
+    new = np.stack([step.tokens for step in _steps(lm, ids, mask, checked)], axis=1)  # [rows, steps run]
+    if checked.stop_strings:
+        return np.concatenate([ids, new], axis=1)
     # Fewer steps than asked: every row ended, so the last step is end-of-text throughout.
     rest = np.repeat(new[:, -1:], max_new_tokens - new.shape[1], axis=1)
-    return np.concatenate([np.asarray(input_ids, dtype=np.int64), new, rest], axis=1)
+    return np.concatenate([ids, new, rest], axis=1)

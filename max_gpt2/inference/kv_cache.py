@@ -5,6 +5,7 @@ How the steps use it:
     cache = lm.new_cache(batch, capacity)   # buffers [2, batch, n_head, capacity, head_dim] per layer
     lm.prefill(input_ids, cache)            # writes the prompt's positions; cache.length grows
     lm.decode_step(tokens, cache)           # writes one position per row
+    lm.reorder_cache(cache, rows)           # beam search: row b takes row rows[b]'s positions
 """
 
 from __future__ import annotations
@@ -34,3 +35,15 @@ class KVCache:
     def next_positions(self) -> np.ndarray:
         """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
         return self.attention_mask.sum(axis=1, keepdims=True)
+
+    def reorder_mask(self, rows: object) -> np.ndarray | None:
+        """Row b's mask becomes row `rows[b]`'s (int [batch], each in 0..batch-1); `rows` as int64, or
+        None where every row stays (the buffers are `CompiledLM.reorder_cache`'s to move)."""
+        order = np.asarray(rows)
+        valid = order.shape == (self.batch,) and np.issubdtype(order.dtype, np.integer)
+        if not valid or ((order < 0) | (order >= self.batch)).any():
+            raise ValueError(f"rows must be {self.batch} row indices in 0..{self.batch - 1}, got {rows!r}")
+        if (order == np.arange(self.batch)).all():
+            return None
+        self.attention_mask = self.attention_mask[order]
+        return order.astype(np.int64)

@@ -5,6 +5,7 @@
     cache = lm.new_cache(batch, max_length)                        # KV cache for prompt + new tokens
     logits = lm.prefill(input_ids, cache, attention_mask)          # float32 [batch, vocab], last position
     logits = lm.decode_step(tokens, cache)                         # tokens [batch] -> [batch, vocab]
+    lm.reorder_cache(cache, rows)                                  # row b takes row rows[b]'s, in place
     out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
     lp = lm.logprobs(input_ids, attention_mask)                    # float32 [batch, seq], NaN at first
     result = lm.perplexity("text", stride=512)                     # Perplexity: nll, perplexity, bits/byte
@@ -15,27 +16,20 @@ every prompt, and one more every decoding step, so nothing a user passes
 triggers a compile. On the CPU in float32 the step graph runs the same modules
 through the Mojo decoding kernels (`max_gpt2.kernels`), which stream each weight
 and the cache once per step; elsewhere the prompt graph serves the steps too.
-A `KVCache` holds one buffer per layer, sized for prompt plus new tokens, and
-the graphs write each step's keys and values into it in place: a step computes
-one token per row and reads the cache, never copies it. The cache is in the
+A `KVCache` holds one buffer per layer, sized for prompt plus new tokens, written
+in place by the graphs: a step reads the cache, never copies it. It is in the
 compute dtype, or in float16 (`kv_cache="float16"` with float32 compute, and by
-default beside packed weights), as llama.cpp keeps its own: half the bytes a
-step's attention reads.
+default beside packed weights), as llama.cpp keeps its own.
 
-Padding follows Hugging Face's `generate`: a batch of prompts of different lengths
-is left-padded, `attention_mask` marks real tokens with 1, padding is never
-attended to, and positions count real tokens only. Generation (sampling, end of
-text, streaming: `lm.generate`, `lm.stream`) is written in `max_gpt2.inference.generation`
-on `prefill` and `decode_step`; scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in
-`max_gpt2.inference.scoring` on `logits`. They are called as these methods.
-
-`compile_lm` (here) and `load_lm` (`max_gpt2.inference.loading`) take one path, each check once
-(`max_gpt2.inference.lm_graphs`: nothing is read or compiled before the options pass), then compile
-and bind the weights.
-
-Attention weights come from a variant of the graph that also outputs them
-(`output_attentions=True`), compiled the first time `attentions` is called: the
-plain graph, which everything else runs, never carries them.
+Padding follows Hugging Face's `generate`: prompts are left-padded, `attention_mask`
+marks real tokens with 1, padding is never attended to, and positions count real
+tokens only. Generation (`lm.generate`, `lm.stream`) is written in
+`max_gpt2.inference.generation` on `prefill`, `decode_step` and `reorder_cache`;
+scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in `max_gpt2.inference.scoring`.
+`compile_lm` (here) and `load_lm` (`max_gpt2.inference.loading`) check every option once
+(`max_gpt2.inference.lm_graphs`), then compile and bind the weights. Attention weights
+come from a variant of the graph that also outputs them, compiled the first time
+`attentions` is called.
 """
 
 from __future__ import annotations
@@ -153,6 +147,12 @@ class CompiledLM(CompiledModel):
         return self._run(self.graph.step_variant, tokens[:, None], positions, mask, np.array([0]), cache)[
             :, 0
         ]
+
+    def reorder_cache(self, cache: KVCache, rows: Any) -> None:
+        """Row b of `cache` takes row `rows[b]`'s keys, values and mask (int [batch]), in place on the
+        device (beam search; the "reorder" graph, compiled on first use); rows that stay are not touched."""
+        if (moved := cache.reorder_mask(rows)) is not None:
+            self._bound.execute("reorder", *self._inputs(moved, cache.attention_mask), *cache.buffers)
 
     def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """Next-token logits at every position, float32 `[batch, seq, vocab]`.

@@ -5,12 +5,14 @@ what they are compiled for.
     "decode"      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
                   and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
     "attentions"  the plain graph that also outputs every head's attention weights
+    "reorder"     beam search's cache reorder, on the CPU: each layer's rows copied from their
+                  parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
 Packed weights run prompts through the kernels as well: one graph per format, the same
 arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and q4_0 quantize the
 activations of both), at about the speed of MAX's matmul on unpacked weights (docs/performance.md).
 
-Every variant takes the same inputs (`max_gpt2.inference.lm_trace`, which traces them), the KV
+Every model variant takes the same inputs (`max_gpt2.inference.lm_trace`, which traces them), the KV
 cache in the compute dtype or float16 (`kv_cache="float16"` with float32 compute, and by default
 beside packed weights): half the bytes a decoding step's attention reads, as llama.cpp keeps its
 cache by default. On the CPU the compiled variants are kept on disk (`max_gpt2.inference.artifacts`).

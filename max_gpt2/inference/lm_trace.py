@@ -4,6 +4,8 @@ builds them, and so the one that imports MAX's graph-building modules.
 Every variant takes the same inputs, every length symbolic: input ids and position ids
 `[batch, seq]` int64, the attention mask `[batch, total]` int64, the positions whose logits are
 wanted `[logits]` int64, and one KV cache buffer per layer `[2, batch, n_head, max_len, head_dim]`.
+The "reorder" graph (beam search, CPU only) takes rows `[batch]` int64, the cache's mask
+`[batch, total]` int64 and the caches: row b of each takes row rows[b]'s positions, in place.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
+from max.graph import TensorType as GraphTensorType
 
+from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 
@@ -23,7 +27,9 @@ if TYPE_CHECKING:
 
 
 def trace_lm(config: GPT2Config, options: LMOptions, variant: str) -> Graph:
-    """The graph of `variant` ("plain", "decode" or "attentions") for `config` and `options`."""
+    """The graph of `variant` ("plain", "decode", "attentions" or "reorder") for `config` and `options`."""
+    if variant == "reorder":
+        return reorder_graph(config, options)
     device = options.device
     with F.lazy(), default_device(device), default_dtype(options.dtype):
         # lazy: random initial weights are never made
@@ -36,10 +42,28 @@ def trace_lm(config: GPT2Config, options: LMOptions, variant: str) -> Graph:
     tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
     mask = TensorType(DType.int64, ["batch", "total"], device=device)
     logit_index = TensorType(DType.int64, ["logits"], device=device)
-    cache = BufferType(
-        options.kv_dtype,
-        [2, "batch", config.n_head, "max_len", config.head_dim],
-        DeviceRef.from_device(device),
-    )
-    inputs = [tokens, tokens, mask, logit_index, *[cache] * config.n_layer]
+    inputs = [tokens, tokens, mask, logit_index, *[cache_type(config, options)] * config.n_layer]
     return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+
+
+def cache_type(config: GPT2Config, options: LMOptions) -> BufferType:
+    """One layer's KV cache `[2, batch, n_head, max_len, head_dim]`, written in place."""
+    shape = [2, "batch", config.n_head, "max_len", config.head_dim]
+    return BufferType(options.kv_dtype, shape, DeviceRef.from_device(options.device))
+
+
+def reorder_graph(config: GPT2Config, options: LMOptions) -> Graph:
+    """Beam search's cache reorder: every layer's rows copied from their parents in place
+    (`gpt2_reorder_rows`, a CPU kernel)."""
+    if not options.device.is_host:
+        raise ValueError("beam search (num_beams > 1) runs on the CPU: its cache reorder is a CPU kernel")
+    device_ref = DeviceRef.from_device(options.device)
+    rows = GraphTensorType(DType.int64, ["batch"], device_ref)
+    mask = GraphTensorType(DType.int64, ["batch", "total"], device_ref)
+    inputs = [rows, mask, *[cache_type(config, options)] * config.n_layer]
+    with Graph("GPT2LMHeadModel_reorder", input_types=inputs, custom_extensions=[kernel_library()]) as graph:
+        order, written, *caches = graph.inputs
+        for cache in caches:
+            reorder_rows(cache.buffer, order.tensor, written.tensor)
+        graph.output()
+    return graph

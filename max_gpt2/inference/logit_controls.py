@@ -1,51 +1,65 @@
-"""Edits of one row of next-token logits before a token is picked: penalties for repeats, and bans.
+"""Edits of next-token logits before a token is picked: penalties for repeats, bans, and biases.
 
-    row = penalize(row, seen, generated, repetition=1.3, frequency=0.5, presence=0.2)   # [vocab]
-    row = ban(row, eos_ids)                                                            # [vocab]
+    logits = penalize(logits, seen, generated, repetition=1.3, frequency=0.5, presence=0.2)  # [..., V]
+    logits = ban(logits, eos_ids)                                                           # [..., V]
+
+Every function takes logits of any leading shape, `[V]` for one row or `[B, V]` for a
+batch, and returns a new float32 array: the work is a few vectorised passes over
+the vocabulary, never a Python loop over tokens. Which tokens a row has seen is a
+boolean `[..., V]` and how often it generated each an int `[..., V]`
+(`token_counts` makes them from ids; `max_gpt2.inference.token_history` keeps them
+step by step).
 
 `repetition` is Hugging Face's `repetition_penalty` (`RepetitionPenaltyLogitsProcessor`):
-each token id in `seen` (the prompt and the tokens generated so far) has its logit
+each token seen (the prompt and the tokens generated so far) has its logit
 divided by the penalty where positive and multiplied by it where negative, once
 however often it occurs. `frequency` and `presence` are OpenAI's penalties over the
 generated tokens only: a token's logit loses `frequency` for each time it was
 generated and `presence` once if it was. Repetition goes first, then the other
 two, as MAX's sampler orders them. `ban` gives ids the lowest float32 logit, so
-no sampler or argmax picks them (Hugging Face's `min_new_tokens` bans end-of-text
-this way, with -inf).
+no sampler or argmax picks them (Hugging Face bans with -inf; the lowest finite
+value keeps a softmax over a row whose every token is banned defined).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 LOWEST = np.finfo(np.float32).min
 
 
+def token_counts(ids: np.ndarray | Sequence[int], vocab: int) -> np.ndarray:
+    """How often each token id occurs in `ids` (int [n]), int64 `[vocab]`."""
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab)[:vocab]
+
+
 def penalize(
-    row: np.ndarray,
+    logits: np.ndarray,
     seen: np.ndarray,
     generated: np.ndarray,
     repetition: float = 1.0,
     frequency: float = 0.0,
     presence: float = 0.0,
 ) -> np.ndarray:
-    """`row` (float32 [vocab]) with the penalties applied, as a new array; `seen` and `generated` are
-    token ids (int [n], repeats allowed), `generated` a part of `seen`."""
-    row = np.array(row, dtype=np.float32)
+    """`logits` (float [..., V]) with the penalties applied, float32; `seen` (bool [..., V]) marks the
+    tokens of the prompt and of the generated ones, `generated` (int [..., V]) counts the latter."""
+    scores = np.array(logits, dtype=np.float32)
+    # Only the tokens seen are computed: a boolean mask's pass over the vocabulary, then their values.
     if repetition != 1.0:
-        ids = np.unique(seen)
-        values = row[ids]
-        row[ids] = np.where(values < 0, values * repetition, values / repetition)
+        values = scores[seen]
+        scores[seen] = np.where(values < 0, values * np.float32(repetition), values / np.float32(repetition))
     if frequency or presence:
-        ids, counts = np.unique(generated, return_counts=True)
-        row[ids] -= (counts * frequency + presence).astype(np.float32)
-    return row
+        counted = generated > 0
+        scores[counted] -= (generated[counted] * frequency + presence).astype(np.float32)
+    return scores
 
 
-def ban(row: np.ndarray, ids: np.ndarray | list[int]) -> np.ndarray:
-    """`row` (float32 [vocab]) with `ids` set to the lowest float32, as a new array; ids outside the
-    row (an end-of-text id past a small vocabulary) are no token of it and are skipped."""
-    row = np.array(row, dtype=np.float32)
+def ban(logits: np.ndarray, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+    """`logits` (float [..., V]) with `ids` set to the lowest float32 in every row, as a new float32
+    array; ids outside the vocabulary (an end-of-text id past a small one) are no token and are skipped."""
+    scores = np.array(logits, dtype=np.float32)
     ids = np.asarray(list(ids), dtype=np.int64)
-    row[ids[(ids >= 0) & (ids < row.size)]] = LOWEST
-    return row
+    scores[..., ids[(ids >= 0) & (ids < scores.shape[-1])]] = LOWEST
+    return scores

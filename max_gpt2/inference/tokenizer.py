@@ -189,8 +189,9 @@ class TextStream:
 
     def flush(self) -> str:
         """Whatever is held back, invalid bytes included (as U+FFFD)."""
-        return self._take(self.tokenizer.decode(self._ids, skip_special_tokens=False))
+        return self._take(self.tokenizer.decode(self._ids, skip_special_tokens=False), final=True)
 
-    def _take(self, text: str) -> str:
+    def _take(self, text: str, final: bool = False) -> str:
+        """What of `text`, the decode of every id so far, is new; `final` on the last call."""
         new, self._emitted = text[self._emitted :], len(text)
         return new

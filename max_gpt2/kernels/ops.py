@@ -7,6 +7,7 @@
     decode_layer(x [B, S, D], cache, key_bias, LayerParameters)            -> [B, S, D]
     paged_attention(MAX's paged cache, qkv [T, 3D], row offsets, layer)    -> [T, D]
     paged_decode_layer(x [R, D], MAX's paged cache, row offsets, layer, LayerParameters) -> [R, D]
+    reorder_rows(cache [2, B, H, M, d], rows [B], written [B, T])          -> None: rows copied in place
 
 A GPT-2 block goes to the two decode-layer ops as `LayerParameters`: its layer norms in the order
 `LAYER_NORMS`, their epsilon, and its products in the order `LAYER_PRODUCTS`, each a `StoredProduct`.
@@ -25,7 +26,7 @@ from max.driver import CPU, Device
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor, TensorType
-from max.graph import BufferValue, DeviceRef
+from max.graph import BufferValue, DeviceRef, TensorValue, ops
 
 from max_gpt2.kernels.package import compiled_package
 
@@ -151,6 +152,12 @@ def decode_layer(
         custom_extensions=kernel_library(),
     )
     return y
+
+
+def reorder_rows(cache: BufferValue, rows: TensorValue, written: TensorValue) -> None:
+    """Row b of `cache` [2, B, H, M, d] takes row `rows[b]`'s (int64 [B]) first T positions, in place;
+    `written` [B, T] gives T. Rows that keep their index are not touched (beam search's reorder)."""
+    ops.inplace_custom("gpt2_reorder_rows", cache.device, [cache, rows, written])
 
 
 def paged_decode_layer(

@@ -43,7 +43,7 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
-from max_gpt2.inference.logit_controls import ban, penalize
+from max_gpt2.inference.logit_controls import ban, penalize, token_counts
 
 DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
 DECODE_STEPS = 16
@@ -71,11 +71,11 @@ def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
     tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition over the
     prompt and the tokens generated so far, as Hugging Face; frequency and presence over the
     generated ones, as OpenAI."""
-    params, tokens = context.sampling_params, context.tokens
+    params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
     row = penalize(
         row,
-        tokens.all,
-        tokens.generated,
+        token_counts(tokens.all, vocab) > 0,
+        token_counts(tokens.generated, vocab),
         params.repetition_penalty,
         params.frequency_penalty,
         params.presence_penalty,

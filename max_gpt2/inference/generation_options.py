@@ -1,0 +1,121 @@
+"""The options of `generate` and `stream`, checked together before any work (`check_options`).
+
+Each refusal names the argument and what it may be. Hugging Face's names:
+`min_new_tokens`, `stop_strings` (with the `tokenizer` that spells them),
+`pad_token_id`, `num_return_sequences`, `num_beams`, `length_penalty`,
+`early_stopping`; ours: `context_overflow`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from max_gpt2.inference.prompts import check_generation
+from max_gpt2.inference.sampling import Sampler
+from max_gpt2.model.config import GPT2Config
+
+OVERFLOWS = ("error", "shift")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Checked generation options (see `check_options`)."""
+
+    sampler: Sampler
+    max_new_tokens: int
+    eos: tuple[int, ...]
+    min_new_tokens: int = 0
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: Tokenizer | None = None
+    pad: int | None = None  # what a row holds after it stops on a stop string
+    num_return_sequences: int = 1
+    shift: bool = False  # context_overflow="shift"
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    return int(value)
+
+
+def check_options(
+    config: GPT2Config,
+    max_new_tokens: Any,
+    sampler: Sampler | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    min_new_tokens: int = 0,
+    stop_strings: str | Sequence[str] | None = None,
+    tokenizer: Tokenizer | None = None,
+    pad_token_id: int | None = None,
+    num_return_sequences: int = 1,
+    context_overflow: str = "error",
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+) -> Options:
+    """The options checked against `config`; ValueError or TypeError naming the first that is wrong."""
+    sampler = Sampler() if sampler is None else sampler
+    if not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler must be a Sampler, got {type(sampler).__name__}")
+    sampler.check_vocabulary(config.vocab_size)
+    eos = check_generation(config, max_new_tokens, eos_token_id)
+    min_new = _count("min_new_tokens", min_new_tokens, 0)
+    returned = _count("num_return_sequences", num_return_sequences, 1)
+    beams = _count("num_beams", num_beams, 1)
+    stops = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings or ())
+    if not all(isinstance(stop, str) and stop for stop in stops):
+        raise ValueError(f"stop_strings must be a non-empty string or a list of them, got {stop_strings!r}")
+    if stops and not isinstance(tokenizer, Tokenizer):
+        raise ValueError("stop_strings needs the tokenizer that spells the tokens: pass tokenizer=")
+    if pad_token_id is not None and (
+        isinstance(pad_token_id, bool)
+        or not isinstance(pad_token_id, (int, np.integer))
+        or not 0 <= pad_token_id < config.vocab_size
+    ):
+        raise ValueError(
+            f"pad_token_id must be a token id in 0..{config.vocab_size - 1}, got {pad_token_id!r}"
+        )
+    if context_overflow not in OVERFLOWS:
+        raise ValueError(f"context_overflow must be one of {OVERFLOWS}, got {context_overflow!r}")
+    if beams == 1 and returned > 1 and not sampler.do_sample:
+        raise ValueError(
+            f"num_return_sequences={returned} of greedy decoding would be {returned} copies: "
+            "sample (Sampler(do_sample=True)) or search with num_beams >= num_return_sequences"
+        )
+    if beams > 1:
+        _check_beams(sampler, beams, returned, stops, context_overflow, length_penalty, early_stopping)
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else None)
+    return Options(
+        sampler, int(max_new_tokens), eos, min_new, stops, tokenizer, pad, returned,
+        context_overflow == "shift", beams, float(length_penalty), early_stopping,
+    )  # fmt: skip
+
+
+def _check_beams(
+    sampler: Sampler,
+    beams: int,
+    returned: int,
+    stops: tuple[str, ...],
+    context_overflow: str,
+    length_penalty: Any,
+    early_stopping: Any,
+) -> None:
+    """What beam search takes: a greedy sampler, at most `beams` sequences back, no stop strings or shift."""
+    if sampler.do_sample:
+        raise ValueError("num_beams > 1 searches the most likely sequences: give a greedy Sampler")
+    if returned > beams:
+        raise ValueError(f"num_return_sequences must be at most num_beams={beams}, got {returned}")
+    if stops or context_overflow != "error":
+        raise ValueError("num_beams > 1 takes neither stop_strings nor context_overflow='shift'")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+        raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")

@@ -36,10 +36,15 @@ def attention_weights(config: GPT2Config) -> None:
 
 
 def lm(
-    config: GPT2Config, output_attentions: bool = False, weights: str = "float32", kv_cache: str | None = None
+    config: GPT2Config,
+    output_attentions: bool = False,
+    weights: str = "float32",
+    kv_cache: str | None = None,
+    scores: bool = False,
 ) -> None:
+    """The graphs `compile_lm` compiles, and with `scores` the scoring graph (`lm.logprobs`) too."""
     parameters = zeros(model_parameter_shapes(config))
-    compile_lm(
+    compiled = compile_lm(
         config,
         parameters,
         "cpu",
@@ -47,22 +52,26 @@ def lm(
         weight_format=weights,
         kv_cache=kv_cache,
     )
+    if scores:
+        compiled.graph.compile("scores")
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_heads,
-# test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache), test_weight_formats.
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_examples
+# (LM's scoring graph), test_heads, test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a
+# float32 cache, and its scoring graph), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
+    lambda: lm(LM, scores=True),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
-    lambda: lm(LM, weights="q4_0", kv_cache="float32"),
+    lambda: lm(LM, weights="q4_0", kv_cache="float32", scores=True),
     *(
         lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
         for weights in ("bfloat16", "q8_0", "q4_0")

@@ -5,6 +5,8 @@ what they are compiled for.
     "decode"      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
                   and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
     "attentions"  the plain graph that also outputs every head's attention weights
+    "scores"      the prompt graph returning each next token's log-probability [batch, K], not
+                  logits: scoring never copies [seq, vocab] to the host
 
 Packed weights run prompts through the kernels as well: one graph per format, the same
 arithmetic for a prompt's logits as for a step's (as llama.cpp, q8_0 and q4_0 quantize the
@@ -138,11 +140,12 @@ class LMOptions:
 
 
 class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode".
+    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode", "scores".
 
     `"decode"` is the plain graph with the Mojo decoding kernels, staged only
     where they run (`LMOptions.kernels`); `step_variant` and `prompt_variant` name
-    the variants that run decoding steps and prompts here. What MAX cannot compile
+    the variants that run decoding steps and prompts here, and `"scores"` is the
+    prompt variant returning log-probabilities. What MAX cannot compile
     for the config on the device (`devices.check_compiles_on`) is refused here.
     """
 
@@ -160,8 +163,9 @@ class LMGraphs(GraphVariants):
             module = GPT2LMHeadModel(
                 config,
                 variant == "attentions",
-                kernels=variant == "decode",
+                kernels=variant == "decode" or (variant == "scores" and self.prompt_variant == "decode"),
                 weight_format=options.weight_format,
+                scores=variant == "scores",
             )
         tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
         mask = TensorType(DType.int64, ["batch", "total"], device=device)

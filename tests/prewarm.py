@@ -57,21 +57,23 @@ def lm(
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights),
-# test_generation_controls (LM's beam search cache reorder), test_heads,
-# test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache), test_weight_formats.
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_examples
+# (LM's scoring graph), test_generation_controls (LM's beam search cache reorder), test_heads,
+# test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache, and its scoring
+# graph), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
     lambda: attention(GPT2_SMALL),
     lambda: attention(ODD),
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
+    lambda: lm(LM, variant="scores"),
     lambda: lm(LM, variant="reorder"),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
-    lambda: lm(LM, weights="q4_0", kv_cache="float32"),
+    lambda: lm(LM, weights="q4_0", kv_cache="float32", variant="scores"),
     *(
         lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
         for weights in ("bfloat16", "q8_0", "q4_0")

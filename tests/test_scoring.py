@@ -90,6 +90,25 @@ def test_perplexity_of_a_text_longer_than_the_context(compiled_lm, lm_weights, s
     assert result.bytes is None and result.bits_per_byte is None  # ids alone say nothing of bytes
 
 
+def test_chunks_score_as_llama_perplexity_does(compiled_lm, lm_weights):
+    """`chunks=True`: side-by-side windows of n_positions tokens (a partial last one dropped), each
+    scoring the tokens after position n_positions / 2, as llama.cpp's perplexity tool does."""
+    lm, weights, window = compiled_lm(LM), lm_weights(LM), LM.n_positions
+    ids = prompts(LM, 1, 2 * window + 7, seed=21)[0]
+    result = lm.perplexity(ids, chunks=True)
+    nll_sum, counted = 0.0, 0
+    for begin in (0, window):
+        logprobs = reference_logprobs(ids[None, begin : begin + window], weights)[0]
+        nll_sum -= logprobs[window // 2 + 1 :].sum()
+        counted += window - window // 2 - 1
+    assert (result.tokens, result.windows, result.tokens_run) == (counted, 2, 2 * window)
+    assert result.perplexity == pytest.approx(math.exp(nll_sum / counted), rel=1e-4)
+    with pytest.raises(ValueError, match="takes no stride"):
+        lm.perplexity(ids, stride=4, chunks=True)
+    with pytest.raises(ValueError, match="at least one whole window of 48 tokens"):
+        lm.perplexity(ids[: window - 1], chunks=True)
+
+
 def test_perplexity_of_text_counts_its_bytes(compiled_lm, lm_checkpoint):
     lm, tokenizer = compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
     text = CORPUS.read_text(encoding="utf-8")[:600]

@@ -5,6 +5,8 @@ what they are compiled for.
     "decode"      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
                   and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
     "attentions"  the plain graph that also outputs every head's attention weights
+    "scores"      the prompt graph returning each next token's log-probability [batch, K], not
+                  logits: scoring never copies [seq, vocab] to the host
     "reorder"     beam search's cache reorder, on the CPU: each layer's rows copied from their
                   parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
@@ -140,11 +142,12 @@ class LMOptions:
 
 
 class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode".
+    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode", "scores".
 
     `"decode"` is the plain graph with the Mojo decoding kernels, staged only
     where they run (`LMOptions.kernels`); `step_variant` and `prompt_variant` name
-    the variants that run decoding steps and prompts here. What MAX cannot compile
+    the variants that run decoding steps and prompts here, and `"scores"` is the
+    prompt variant returning log-probabilities. What MAX cannot compile
     for the config on the device (`devices.check_compiles_on`) is refused here.
     """
 
@@ -170,4 +173,5 @@ class LMGraphs(GraphVariants):
         # them (`max_gpt2.inference.lm_trace`), not one that reads its graphs compiled.
         from max_gpt2.inference.lm_trace import trace_lm
 
-        return trace_lm(self.config, self.options, variant)
+        kernels = variant == "decode" or (variant == "scores" and self.prompt_variant == "decode")
+        return trace_lm(self.config, self.options, variant, kernels)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from max_gpt2.inference.lm_graphs import LMOptions
 
 
-def trace_lm(config: GPT2Config, options: LMOptions, variant: str) -> Graph:
-    """The graph of `variant` ("plain", "decode", "attentions" or "reorder") for `config` and `options`."""
+def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool) -> Graph:
+    """The graph of `variant` ("plain", "decode", "attentions", "scores" or "reorder") for `config` and
+    `options`, through the Mojo decoding kernels if `kernels`."""
     if variant == "reorder":
         return reorder_graph(config, options)
     device = options.device
@@ -36,8 +37,9 @@ def trace_lm(config: GPT2Config, options: LMOptions, variant: str) -> Graph:
         module = GPT2LMHeadModel(
             config,
             variant == "attentions",
-            kernels=variant == "decode",
+            kernels=kernels,
             weight_format=options.weight_format,
+            scores=variant == "scores",
         )
     tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
     mask = TensorType(DType.int64, ["batch", "total"], device=device)

@@ -4,11 +4,14 @@
     scores = lm.score(input_ids, top_k=5)         # the same, and the 5 likeliest tokens at each position
     result = lm.perplexity("some text")           # Perplexity(tokens, nll, perplexity, bits_per_byte)
 
-`score`, `logprobs` and `perplexity` are `CompiledLM`'s methods, written here on its `logits`.
-A token's log-probability comes from the logits at the position before it, through
-a log-softmax over the vocabulary computed stably (the largest logit subtracted
-before exponentiating, sums in float64). A position with no token before it
-(the first of a row, its padding, and padding itself) has none: NaN.
+`score`, `logprobs` and `perplexity` are `CompiledLM`'s methods. A token's
+log-probability comes from the logits at the position before it, through a
+log-softmax over the vocabulary taken inside the graph (the "scores" variant,
+`max_gpt2.model.gpt2.next_token_logprobs`): the graph returns `[batch, seq]`, and the
+`[seq, vocab]` logits never reach the host. Only the top-k alternatives need them:
+`score(top_k=k)` reads the logits too and ranks them on the host (float64). A
+position with no token before it (the first of a row, its padding, and padding
+itself) has none: NaN.
 
 Texts longer than `n_positions` are scored with Hugging Face's sliding window
 (its "Perplexity of fixed-length models" guide): windows of `n_positions` tokens
@@ -28,11 +31,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.inference.prompts import check_prompt, position_ids
 from max_gpt2.inference.tokenizer import token_bytes
 
 if TYPE_CHECKING:
     from max_gpt2.inference.lm import CompiledLM
+
+# Most bytes of logits the scoring graph holds at once when windows are batched: one GPT-2 window of
+# 1024 tokens over 50257 ids is 206 MB, so large models score a window a call, small ones several.
+WINDOW_LOGITS_BYTES = 256 << 20
 
 
 class Scores(NamedTuple):
@@ -51,6 +58,7 @@ class Perplexity:
     nll: float  # mean negative log-likelihood per scored token, in nats
     bytes: int | None  # UTF-8 bytes of the scored tokens, where a tokenizer gives them
     windows: int
+    tokens_run: int  # tokens run through the model: every window's, context included
 
     @property
     def perplexity(self) -> float:
@@ -71,32 +79,44 @@ def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int
         raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}")
     ids, mask = check_prompt(lm.config, input_ids, attention_mask)
     top_k = min(int(top_k), lm.config.vocab_size)
-    logits = lm.logits(ids, mask)[:, :-1]  # [B, S - 1, V]: position t predicts token t + 1
+    chosen = lm.logprobs(ids, mask)  # [B, S]
     batch, seq_len = ids.shape
-    logprobs = np.full((batch, seq_len), np.nan, dtype=np.float32)
     top_ids = np.full((batch, seq_len, top_k), -1, dtype=np.int64)
     top_logprobs = np.full((batch, seq_len, top_k), np.nan, dtype=np.float32)
-    # Token t has a log-probability when it is real and a real token precedes it.
-    scored = (mask[:, 1:] == 1) & (np.cumsum(mask, axis=1)[:, :-1] > 0)  # [B, S - 1]
-    for row in range(batch):
-        positions = np.flatnonzero(scored[row])
-        if positions.size == 0:
-            continue
-        distribution = log_softmax(logits[row, positions])  # [P, V] float64, log p of each token
-        targets = ids[row, positions + 1]
-        logprobs[row, positions + 1] = distribution[np.arange(positions.size), targets]
-        if top_k:
+    if top_k:
+        logits = lm.logits(ids, mask)[:, :-1]  # [B, S - 1, V]: position t predicts token t + 1
+        for row in range(batch):
+            positions = np.flatnonzero(~np.isnan(chosen[row, 1:]))
+            if positions.size == 0:
+                continue
+            distribution = log_softmax(logits[row, positions])  # [P, V] float64, log p of each token
             best = np.argpartition(-distribution, top_k - 1, axis=-1)[:, :top_k]
             best_values = np.take_along_axis(distribution, best, axis=-1)
             order = np.argsort(-best_values, axis=-1, kind="stable")
             top_ids[row, positions + 1] = np.take_along_axis(best, order, axis=-1)
             top_logprobs[row, positions + 1] = np.take_along_axis(best_values, order, axis=-1)
-    return Scores(logprobs, top_ids, top_logprobs)
+    return Scores(chosen, top_ids, top_logprobs)
 
 
 def logprobs(lm: CompiledLM, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
     """Each token's log-probability given the tokens before it, float32 `[batch, seq]` (NaN: none)."""
-    return lm.score(input_ids, attention_mask).logprobs
+    ids, mask = check_prompt(lm.config, input_ids, attention_mask)
+    scored = np.full(ids.shape, np.nan, dtype=np.float32)
+    if ids.shape[1] > 1:
+        scored[:, 1:] = scored_from(lm, ids, mask, 1)
+    # Token t has a log-probability when it is real and a real token precedes it.
+    scored[:, 1:][~((mask[:, 1:] == 1) & (np.cumsum(mask, axis=1)[:, :-1] > 0))] = np.nan
+    return scored
+
+
+def scored_from(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, first: int) -> np.ndarray:
+    """log p(ids[:, t] | ids[:, :t]) for t = first..S-1 through the scoring graph, float32
+    `[batch, S - first]`; `ids` [batch, S] checked, `first` >= 1. The LM head runs over those
+    positions only."""
+    batch, seq_len = ids.shape
+    logit_index = np.arange(first - 1, seq_len - 1)  # position t - 1 predicts token t
+    cache = lm.new_cache(batch, seq_len)
+    return lm._run("scores", ids, position_ids(mask), mask, logit_index, cache)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,13 +131,15 @@ def perplexity(
     stride: int | None = None,
     tokenizer: Tokenizer | None = None,
     progress: Callable[[int, int], None] | None = None,
+    chunks: bool = False,
 ) -> Perplexity:
     """The perplexity of a text (a string, with `tokenizer` or `lm.tokenizer`) or of token ids `[seq]`.
 
     Windows of `n_positions` tokens every `stride` tokens (default: half of
-    `n_positions`), as in Hugging Face's guide (module docstring). `progress(done,
-    total)` is called after each window. Bytes (for bits per byte) are known
-    where a tokenizer is, given or the model's.
+    `n_positions`), as in Hugging Face's guide, or with `chunks` llama-perplexity's
+    side-by-side windows scoring their second half (module docstring; `stride` is then
+    not taken). `progress(done, total)` is called as windows finish. Bytes (for bits
+    per byte) are known where a tokenizer is, given or the model's.
     """
     tokenizer = tokenizer or lm.tokenizer
     if isinstance(text_or_ids, str):
@@ -131,19 +153,60 @@ def perplexity(
     if ids.size < 2:
         raise ValueError(f"perplexity needs at least 2 tokens (the first is never scored), got {ids.size}")
     window = lm.config.n_positions
-    stride = stride or max(1, window // 2)
-    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 0 < stride <= window:
-        raise ValueError(f"stride must be an integer in 1..n_positions={window}, got {stride!r}")
-    starts = list(range(0, max(1, ids.size - window + stride), stride))
-    total_nll, scored_ids, previous_end = 0.0, [], 0
-    for done, begin in enumerate(starts, start=1):
-        end = min(begin + window, ids.size)
-        new = lm.logprobs(ids[None, begin:end])[0, max(1, previous_end - begin) :]  # the unscored ones
+    if chunks:
+        if stride is not None:
+            raise ValueError("chunks=True scores side-by-side windows: it takes no stride")
+        if ids.size < window:
+            raise ValueError(
+                f"chunks=True needs at least one whole window of {window} tokens, got {ids.size}"
+            )
+        half = window // 2 + 1  # llama-perplexity's: the logits from position n_ctx / 2 on
+        plan = [(begin, begin + window, begin + half) for begin in range(0, ids.size - window + 1, window)]
+    else:
+        stride = stride or max(1, window // 2)
+        if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 0 < stride <= window:
+            raise ValueError(f"stride must be an integer in 1..n_positions={window}, got {stride!r}")
+        plan = sliding_windows(ids.size, window, int(stride))
+    total_nll, scored_ids, done = 0.0, [], 0
+    for group in batches(plan, lm.config.vocab_size):
+        begin, _, first = group[0]
+        rows = np.stack([ids[b:e] for b, e, _ in group])  # [W, window]
+        new = scored_from(lm, rows, np.ones_like(rows), first - begin)  # [W, tokens scored each]
         total_nll -= float(new.astype(np.float64).sum())
-        scored_ids.append(ids[end - new.size : end])
-        previous_end = end
+        scored_ids += [ids[f:e] for _, e, f in group]
+        done += len(group)
         if progress is not None:
-            progress(done, len(starts))
+            progress(done, len(plan))
     tokens = np.concatenate(scored_ids)
     n_bytes = sum(len(token_bytes(tokenizer, int(id_))) for id_ in tokens) if tokenizer else None
-    return Perplexity(int(tokens.size), total_nll / tokens.size, n_bytes, len(starts))
+    run = sum(end - begin for begin, end, _ in plan)
+    return Perplexity(int(tokens.size), total_nll / tokens.size, n_bytes, len(plan), run)
+
+
+def sliding_windows(length: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """Hugging Face's windows over `length` tokens: (begin, end, first token scored) each, every token
+    but the text's first scored once, by the earliest window that reaches it."""
+    plan, previous_end = [], 0
+    for begin in range(0, max(1, length - window + stride), stride):
+        end = min(begin + window, length)
+        plan.append((begin, end, max(begin + 1, previous_end)))
+        previous_end = end
+    return plan
+
+
+def batches(plan: list[tuple[int, int, int]], vocab: int) -> list[list[tuple[int, int, int]]]:
+    """`plan`'s windows in runs of one shape (length, first scored), each run no more windows than keep
+    its logits within `WINDOW_LOGITS_BYTES`."""
+    runs: list[list[tuple[int, int, int]]] = []
+    for begin, end, first in plan:
+        most = max(1, WINDOW_LOGITS_BYTES // ((end - first) * vocab * 4))
+        last = runs[-1] if runs else None
+        if (
+            last
+            and len(last) < most
+            and (last[0][1] - last[0][0], last[0][2] - last[0][0]) == (end - begin, first - begin)
+        ):
+            last.append((begin, end, first))
+        else:
+            runs.append([(begin, end, first)])
+    return runs

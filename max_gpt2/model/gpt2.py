@@ -29,6 +29,11 @@ are wanted:
     -> logits                [B, K, V] float32
     -> attentions            [L, B, H, S, T] float32, only with `output_attentions=True`
                              (a separate graph: the plain one never outputs them)
+
+With `scores=True` the graph returns, instead of logits, each asked-for position's
+log-probability of the token after it, `input_ids[:, k + 1]` (so every k < S - 1):
+
+    -> logprobs              [B, K] float32, log-softmax over the vocabulary, taken in the graph
 """
 
 from __future__ import annotations
@@ -107,15 +112,19 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         kernels: bool = False,
         weight_format: str | None = None,
         *,
+        scores: bool = False,
         weights: str | None = None,
     ) -> None:
         """`kernels`: the projections and attention through the Mojo decoding kernels (`max_gpt2.kernels`),
         same parameters, for a few new tokens; `weight_format`: how the projections and the LM head
-        are stored (`max_gpt2.model.weight_formats`; None: float32). `weights` is its deprecated name."""
+        are stored (`max_gpt2.model.weight_formats`; None: float32); `scores`: return the next
+        tokens' log-probabilities, not logits. `weights` is `weight_format`'s deprecated name."""
         weight_format = renamed_weights_keyword("GPT2LMHeadModel", weight_format, weights)
         if kernels and output_attentions:
             raise ValueError("the decoding kernels do not output attention weights")
-        self.output_attentions = output_attentions
+        if scores and output_attentions:
+            raise ValueError("a scoring graph does not output attention weights")
+        self.output_attentions, self.scores = output_attentions, scores
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weight_format, kernels)
         block = block_for(config, kernels)
@@ -137,4 +146,15 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         hidden, attentions = hidden if self.output_attentions else (hidden, None)
         hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
         logits = F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
+        if self.scores:
+            return next_token_logprobs(logits, F.gather(input_ids, logit_index + 1, axis=1))
         return (logits, F.cast(attentions, DType.float32)) if self.output_attentions else logits
+
+
+def next_token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(`logits` [B, K, V])[target] for `targets` [B, K] int64 -> [B, K] float32: the largest
+    logit subtracted before exponentiating, the sum of exponentials reduced as it is made."""
+    largest = F.max(logits, axis=-1)  # [B, K, 1]
+    total = F.sum(F.exp(logits - largest), axis=-1)  # [B, K, 1]
+    picked = F.gather_nd(logits, F.unsqueeze(targets, -1), batch_dims=2)  # [B, K]
+    return picked - F.squeeze(largest + F.log(total), -1)

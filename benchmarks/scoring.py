@@ -1,0 +1,155 @@
+"""Scoring speed: `lm.logprobs` beside `lm.prefill`, and `max-gpt2 perplexity` beside llama-perplexity.
+
+    python benchmarks/scoring.py --checkpoint DIR                       # in-process, every format
+    python benchmarks/scoring.py --checkpoint DIR --text FILE --chunks-only \\
+        --llama-perplexity BUILD/bin/llama-perplexity --gguf float32=f32.gguf,q4_0=q4_0.gguf
+
+In-process, per weight format, in interleaved rounds: one row of `--tokens` tokens
+(at most `n_positions`) through `lm.prefill` (logits of the last position only) and
+through `lm.logprobs` (the log-probability of every token, reduced in the graph),
+each rate in tokens/s and their ratio within a round; the median round is reported.
+
+Whole process, per format given a GGUF of the same weights: `max-gpt2 perplexity
+--chunks` on `--text` against `llama-perplexity -c n_positions` (the same windows:
+side by side, each scoring its second half), in turn for `--rounds` rounds: the
+tokens run through the model per second (ours from its JSON; llama.cpp's from its
+prompt-eval timing line) and each process's peak RSS (`wait4`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from max.driver import CPU
+
+from max_gpt2 import load_lm
+from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
+from max_gpt2.model.weight_formats import FORMATS, check_format
+
+LLAMA_RATE = re.compile(r"prompt eval time =.*?([0-9.]+) tokens per second")
+
+
+def in_process(checkpoint: Path, weight_format: str, tokens: int, rounds: int) -> dict[str, float]:
+    """Median tokens/s of `prefill` and `logprobs` on one row of `tokens` ids, and their ratio."""
+    lm = load_lm(checkpoint, "cpu", weight_format=weight_format)
+    tokens = min(tokens, lm.config.n_positions)
+    ids = np.random.default_rng(0).integers(0, lm.config.vocab_size, (1, tokens))
+    lm.prefill(ids, lm.new_cache(1, tokens)), lm.logprobs(ids)  # compiled and warm
+    prefill, scoring = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        lm.prefill(ids, lm.new_cache(1, tokens))
+        prefill.append(tokens / (time.perf_counter() - started))
+        started = time.perf_counter()
+        lm.logprobs(ids)
+        scoring.append(tokens / (time.perf_counter() - started))
+    ratios = [s / p for s, p in zip(scoring, prefill, strict=True)]
+    return {
+        "tokens": tokens,
+        "prefill_tok_s": statistics.median(prefill),
+        "logprobs_tok_s": statistics.median(scoring),
+        "ratio": statistics.median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
+    }
+
+
+def run_measured(command: list[str]) -> tuple[str, int]:
+    """`command`'s output (stdout and stderr) and its peak RSS in MB; a RuntimeError if it fails."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        output = child.stdout.read() if child.stdout else ""
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({child.returncode}):\n{output[-2000:]}")
+    return output, usage.ru_maxrss // 1024
+
+
+def ours(checkpoint: Path, weight_format: str, text: Path, threads: int) -> dict[str, float]:
+    command = [sys.executable, "-m", "max_gpt2", "perplexity", "--checkpoint", str(checkpoint)]
+    command += ["--device", "cpu", "--weight-format", weight_format, "--chunks", "--json", str(text)]
+    output, rss = run_measured(command)
+    (result,) = json.loads(output[output.index("{") :])["files"].values()
+    return {"tok_s": result["tokens_run"] / result["seconds"], "rss_mb": rss, "ppl": result["perplexity"]}
+
+
+def llama(binary: Path, gguf: Path, text: Path, context: int, threads: int) -> dict[str, float]:
+    command = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(context), "-t", str(threads)]
+    output, rss = run_measured(command)
+    rate = LLAMA_RATE.search(output)
+    final = re.search(r"Final estimate: PPL = ([0-9.]+)", output)
+    if rate is None or final is None:
+        raise RuntimeError(f"no rate or estimate in llama-perplexity's output:\n{output[-2000:]}")
+    return {"tok_s": float(rate.group(1)), "rss_mb": rss, "ppl": float(final.group(1))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="our checkpoint directory")
+    parser.add_argument("--weight-format", default=",".join(FORMATS), help="comma-separated formats")
+    parser.add_argument("--tokens", type=int, default=1024, help="tokens a row in-process (default 1024)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--text", type=Path, help="a UTF-8 file for the whole-process comparison")
+    parser.add_argument("--chunks-only", action="store_true", help="skip the in-process comparison")
+    parser.add_argument("--llama-perplexity", help="llama.cpp's llama-perplexity binary")
+    parser.add_argument("--gguf", help="FORMAT=FILE,... the same weights as GGUF, per format")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    formats = [check_format(name.strip(), "--weight-format") for name in args.weight_format.split(",")]
+    report: dict = {"machine": machine_description(CPU()), "in_process": {}, "whole_process": {}}
+    if not args.chunks_only:
+        for weight_format in formats:
+            result = in_process(args.checkpoint, weight_format, args.tokens, args.rounds)
+            report["in_process"][weight_format] = result
+            print(
+                f"{weight_format:>9}: prefill {result['prefill_tok_s']:7.1f} tok/s, logprobs "
+                f"{result['logprobs_tok_s']:7.1f} tok/s, {result['ratio']:.2f} of prefill "
+                f"({result['ratio_range'][0]:.2f}-{result['ratio_range'][1]:.2f})",
+                flush=True,
+            )
+    if args.llama_perplexity and args.gguf and args.text:
+        binary, files = check_binary(args.llama_perplexity), parse_gguf(args.gguf)
+        context = json.loads((args.checkpoint / "config.json").read_text())["n_positions"]
+        for weight_format, gguf in files.items():
+            rounds = []
+            for _ in range(args.rounds):  # in turn, so the machine's drift hits both alike
+                rounds.append(
+                    (
+                        ours(args.checkpoint, weight_format, args.text, args.threads),
+                        llama(binary, gguf, args.text, context, args.threads),
+                    )
+                )
+            ratios = [a["tok_s"] / b["tok_s"] for a, b in rounds]
+            summary = {
+                "ours_tok_s": statistics.median(a["tok_s"] for a, _ in rounds),
+                "llama_tok_s": statistics.median(b["tok_s"] for _, b in rounds),
+                "ratio": statistics.median(ratios),
+                "ratio_range": [min(ratios), max(ratios)],
+                "ours_rss_mb": max(a["rss_mb"] for a, _ in rounds),
+                "llama_rss_mb": max(b["rss_mb"] for _, b in rounds),
+                "ours_ppl": rounds[0][0]["ppl"],
+                "llama_ppl": rounds[0][1]["ppl"],
+            }
+            report["whole_process"][weight_format] = summary
+            print(
+                f"{weight_format:>9}: ours {summary['ours_tok_s']:.1f} tok/s run, llama-perplexity "
+                f"{summary['llama_tok_s']:.1f}: {summary['ratio']:.2f}x "
+                f"({min(ratios):.2f}-{max(ratios):.2f}); "
+                f"peak RSS {summary['ours_rss_mb']} MB against {summary['llama_rss_mb']}; "
+                f"PPL {summary['ours_ppl']:.4f} against {summary['llama_ppl']:.4f}",
+                flush=True,
+            )
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

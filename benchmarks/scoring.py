@@ -14,6 +14,12 @@ Whole process, per format given a GGUF of the same weights: `max-gpt2 perplexity
 side by side, each scoring its second half), in turn for `--rounds` rounds: the
 tokens run through the model per second (ours from its JSON; llama.cpp's from its
 prompt-eval timing line) and each process's peak RSS (`wait4`).
+
+With `--echo`, the server's scoring path (lm-evaluation-harness's: `echo` with
+`logprobs`): `max-gpt2 serve` in the first format, one `--tokens` prompt sent with
+`echo=true, logprobs=1, max_tokens=1` and without (the prompt's last logits only),
+in turn, tokens/s of each; and MAX's log-probability op alone (the server's,
+`compute_log_probabilities_ragged`) on that prompt's `[tokens, vocab]` logits.
 """
 
 from __future__ import annotations
@@ -25,15 +31,18 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
-from max.driver import CPU
+from max.driver import CPU, Buffer
 
 from max_gpt2 import load_lm
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
+from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.model.weight_formats import FORMATS, check_format
 
 LLAMA_RATE = re.compile(r"prompt eval time =.*?([0-9.]+) tokens per second")
@@ -92,6 +101,80 @@ def llama(binary: Path, gguf: Path, text: Path, context: int, threads: int) -> d
     return {"tok_s": float(rate.group(1)), "rss_mb": rss, "ppl": float(final.group(1))}
 
 
+def max_logprob_op(tokens: int, vocab: int, rounds: int) -> float:
+    """Median seconds of MAX's log-probability op, as the server runs it for one echoed request of
+    `tokens` tokens: logits float32 [tokens, vocab] in, each token's log-probability and top 1 out."""
+    from max.engine import InferenceSession
+    from max.graph import DeviceRef
+    from max.pipelines.lib.log_probabilities import (
+        compute_log_probabilities_ragged,
+        log_probabilities_ragged_graph,
+    )
+
+    model = InferenceSession(devices=[CPU()]).load(log_probabilities_ragged_graph(DeviceRef.CPU(), levels=3))
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((tokens, vocab), dtype=np.float32)
+    rows, last = Buffer.from_numpy(logits), Buffer.from_numpy(np.ascontiguousarray(logits[-1:]))
+    times = []
+    for _ in range(rounds + 1):  # the first warms up
+        started = time.perf_counter()
+        compute_log_probabilities_ragged(
+            CPU(),
+            model,
+            input_row_offsets=np.array([0, tokens], dtype=np.uint32),
+            logits=rows,
+            next_token_logits=last,
+            tokens=rng.integers(0, vocab, tokens),
+            sampled_tokens=np.zeros(1, dtype=np.int64),
+            batch_top_n=[1],
+            batch_echo=[True],
+        )
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])
+
+
+def served_echo(checkpoint: Path, weight_format: str, tokens: int, rounds: int) -> dict[str, float]:
+    """Median tokens/s of one prompt through `max-gpt2 serve` with echo and log-probabilities, and
+    without (the last position's logits only)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    tokens = min(tokens, config["n_positions"] - 1)
+    ids = np.random.default_rng(0).integers(0, config["vocab_size"], tokens).tolist()
+    with tempfile.TemporaryDirectory() as scratch:
+        server = ServerProcess(
+            checkpoint, Path(scratch) / "serve.log", free_port(), "--weight-format", weight_format
+        )
+        try:
+            server.wait_until_ready(1800)
+            with urllib.request.urlopen(f"{server.url}/v1/models") as response:
+                model = json.load(response)["data"][0]["id"]
+
+            def rate(**options: object) -> float:
+                body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, **options}
+                request = urllib.request.Request(
+                    f"{server.url}/v1/completions",
+                    json.dumps(body).encode(),
+                    {"Content-Type": "application/json"},
+                )
+                started = time.perf_counter()
+                with urllib.request.urlopen(request, timeout=600) as response:
+                    json.load(response)
+                return tokens / (time.perf_counter() - started)
+
+            rate(echo=True, logprobs=1), rate()  # warm
+            echoed, plain = [], []
+            for _ in range(rounds):
+                echoed.append(rate(echo=True, logprobs=1))
+                plain.append(rate())
+        finally:
+            server.stop()
+    return {
+        "tokens": tokens,
+        "echo_tok_s": statistics.median(echoed),
+        "prompt_tok_s": statistics.median(plain),
+        "max_logprob_op_s": max_logprob_op(tokens, config["vocab_size"], rounds),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="our checkpoint directory")
@@ -103,6 +186,7 @@ def main() -> None:
     parser.add_argument("--llama-perplexity", help="llama.cpp's llama-perplexity binary")
     parser.add_argument("--gguf", help="FORMAT=FILE,... the same weights as GGUF, per format")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--echo", action="store_true", help="the server's echo path too (serving extra)")
     args = parser.parse_args()
     formats = [check_format(name.strip(), "--weight-format") for name in args.weight_format.split(",")]
     report: dict = {"machine": machine_description(CPU()), "in_process": {}, "whole_process": {}}
@@ -148,6 +232,15 @@ def main() -> None:
                 f"PPL {summary['ours_ppl']:.4f} against {summary['llama_ppl']:.4f}",
                 flush=True,
             )
+    if args.echo:
+        report["echo"] = echo = served_echo(args.checkpoint, formats[0], args.tokens, args.rounds)
+        print(
+            f"server, {formats[0]}, {echo['tokens']} tokens: echo with logprobs "
+            f"{echo['echo_tok_s']:.1f} tok/s, "
+            f"the prompt alone {echo['prompt_tok_s']:.1f} tok/s; MAX's log-probability op "
+            f"{echo['max_logprob_op_s'] * 1000:.0f} ms of it",
+            flush=True,
+        )
     print(json.dumps(report, indent=2))
 
 

@@ -68,7 +68,8 @@ def test_another_checkpoint_reuses_the_graphs(compiled_lm, lm_weights):
     lm = compiled_lm(LM)
     ids = prompts(LM, 2, 6, seed=9)
     lm.attentions(ids)
-    assert sorted(lm.graph.compiled_variants()) == ["attentions", "decode", "plain"]
+    # Other tests may have compiled more variants (beam search's "reorder") on the shared graph.
+    assert {"attentions", "decode", "plain"} <= set(lm.graph.compiled_variants())
     other = lm.with_weights(lm_weights(LM, seed=1))
     assert other.graph is lm.graph
     expected = reference.lm_forward(ids, lm_weights(LM, seed=1), LM)

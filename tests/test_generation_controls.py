@@ -170,6 +170,39 @@ def test_a_reordered_cache_decodes_as_a_cache_of_the_reordered_prompts(compiled_
     np.testing.assert_array_equal(lm.decode_step(tokens, cache), lm.decode_step(tokens, fresh))
     with pytest.raises(ValueError, match=r"rows must be 3 row indices in 0..2"):
         lm.reorder_cache(cache, [0, 1, 3])
+    with pytest.raises(ValueError, match=r"kept must be 3 position counts in 0..7"):
+        lm.reorder_cache(cache, [0, 0, 1], kept=[0, 8, 0])
+
+
+def held(cache) -> np.ndarray:
+    """Every layer's keys and values, copied to the host, [layers, 2, batch, heads, capacity, d]."""
+    return np.stack([np.from_dlpack(buffer).copy() for buffer in cache.buffers])
+
+
+def test_a_reorder_copies_each_row_from_its_kept_positions_on(compiled_lm):
+    lm = compiled_lm(LM)
+    cache = lm.new_cache(3, 8)
+    lm.prefill(prompts(LM, 3, 6, seed=6), cache)
+    before = held(cache)
+    lm.reorder_cache(cache, [2, 0, 0], kept=[0, 6, 3])  # row 1 keeps all of its own, row 2 the first 3
+    after = held(cache)
+    np.testing.assert_array_equal(after[:, :, 0, :, :6], before[:, :, 2, :, :6])
+    np.testing.assert_array_equal(after[:, :, 1], before[:, :, 1])
+    np.testing.assert_array_equal(after[:, :, 2, :, :3], before[:, :, 2, :, :3])
+    np.testing.assert_array_equal(after[:, :, 2, :, 3:6], before[:, :, 0, :, 3:6])
+
+
+def test_rows_of_the_same_tokens_hold_the_same_keys_and_values(compiled_lm):
+    """What lets beam search's reorder skip the positions a row shares with its parent: equal
+    tokens give equal keys and values, bit for bit, whatever row of the batch they are in."""
+    lm = compiled_lm(LM)
+    cache = lm.new_cache(4, 9)
+    lm.prefill(np.repeat(prompts(LM, 1, 5, seed=7), 4, axis=0), cache)
+    for tokens in ([3, 3, 3, 3], [8, 8, 8, 8], [1, 1, 1, 1]):
+        lm.decode_step(np.array(tokens), cache)
+    keys_and_values = held(cache)[..., :8, :]
+    for row in range(1, 4):
+        np.testing.assert_array_equal(keys_and_values[:, :, row], keys_and_values[:, :, 0])
 
 
 def test_beams_come_best_first_by_the_references_scores(compiled_lm, lm_weights):

@@ -5,7 +5,7 @@ How the steps use it:
     cache = lm.new_cache(batch, capacity)   # buffers [2, batch, n_head, capacity, head_dim] per layer
     lm.prefill(input_ids, cache)            # writes the prompt's positions; cache.length grows
     lm.decode_step(tokens, cache)           # writes one position per row
-    lm.reorder_cache(cache, rows)           # beam search: row b takes row rows[b]'s positions
+    lm.reorder_cache(cache, rows, kept)     # beam search: row b takes row rows[b]'s positions
 """
 
 from __future__ import annotations
@@ -36,14 +36,20 @@ class KVCache:
         """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
         return self.attention_mask.sum(axis=1, keepdims=True)
 
-    def reorder_mask(self, rows: object) -> np.ndarray | None:
-        """Row b's mask becomes row `rows[b]`'s (int [batch], each in 0..batch-1); `rows` as int64, or
-        None where every row stays (the buffers are `CompiledLM.reorder_cache`'s to move)."""
+    def reorder_mask(self, rows: object, kept: object = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Row b's mask becomes row `rows[b]`'s (int [batch], each in 0..batch-1). Returns `rows` and
+        `kept` (int [batch] in 0..length, the first positions of each row not to copy; all 0 where not
+        given) as int64, or None where nothing is left to copy (the buffers are
+        `CompiledLM.reorder_cache`'s to move)."""
         order = np.asarray(rows)
         valid = order.shape == (self.batch,) and np.issubdtype(order.dtype, np.integer)
         if not valid or ((order < 0) | (order >= self.batch)).any():
             raise ValueError(f"rows must be {self.batch} row indices in 0..{self.batch - 1}, got {rows!r}")
-        if (order == np.arange(self.batch)).all():
-            return None
+        same = np.zeros(self.batch, np.int64) if kept is None else np.asarray(kept)
+        valid = same.shape == (self.batch,) and np.issubdtype(same.dtype, np.integer)
+        if not valid or ((same < 0) | (same > self.length)).any():
+            raise ValueError(f"kept must be {self.batch} position counts in 0..{self.length}, got {kept!r}")
         self.attention_mask = self.attention_mask[order]
-        return order.astype(np.int64)
+        if ((order == np.arange(self.batch)) | (same == self.length)).all():
+            return None
+        return order.astype(np.int64), same.astype(np.int64)

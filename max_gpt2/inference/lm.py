@@ -5,7 +5,7 @@
     cache = lm.new_cache(batch, max_length)                        # KV cache for prompt + new tokens
     logits = lm.prefill(input_ids, cache, attention_mask)          # float32 [batch, vocab], last position
     logits = lm.decode_step(tokens, cache)                         # tokens [batch] -> [batch, vocab]
-    lm.reorder_cache(cache, rows)                                  # row b takes row rows[b]'s, in place
+    lm.reorder_cache(cache, rows, kept)                            # row b takes row rows[b]'s, in place
     out = lm.generate(input_ids, max_new_tokens=20)                # int64 [batch, seq + 20]
     lp = lm.logprobs(input_ids, attention_mask)                    # float32 [batch, seq], NaN at first
     result = lm.perplexity("text", stride=512)                     # Perplexity: nll, perplexity, bits/byte
@@ -148,11 +148,14 @@ class CompiledLM(CompiledModel):
             :, 0
         ]
 
-    def reorder_cache(self, cache: KVCache, rows: Any) -> None:
+    def reorder_cache(self, cache: KVCache, rows: Any, kept: Any = None) -> None:
         """Row b of `cache` takes row `rows[b]`'s keys, values and mask (int [batch]), in place on the
-        device (beam search; the "reorder" graph, compiled on first use); rows that stay are not touched."""
-        if (moved := cache.reorder_mask(rows)) is not None:
-            self._bound.execute("reorder", *self._inputs(moved, cache.attention_mask), *cache.buffers)
+        device (beam search; the "reorder" graph, compiled on first use). `kept` (int [batch]) says
+        how many first positions of each row already hold what its new source holds (the same
+        tokens: beam search knows), which are not copied; rows that stay are not touched."""
+        if (moved := cache.reorder_mask(rows, kept)) is not None:
+            order, same = moved
+            self._bound.execute("reorder", *self._inputs(order, same, cache.attention_mask), *cache.buffers)
 
     def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """Next-token logits at every position, float32 `[batch, seq, vocab]`.

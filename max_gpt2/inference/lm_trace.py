@@ -4,8 +4,9 @@ builds them, and so the one that imports MAX's graph-building modules.
 Every variant takes the same inputs, every length symbolic: input ids and position ids
 `[batch, seq]` int64, the attention mask `[batch, total]` int64, the positions whose logits are
 wanted `[logits]` int64, and one KV cache buffer per layer `[2, batch, n_head, max_len, head_dim]`.
-The "reorder" graph (beam search, CPU only) takes rows `[batch]` int64, the cache's mask
-`[batch, total]` int64 and the caches: row b of each takes row rows[b]'s positions, in place.
+The "reorder" graph (beam search, CPU only) takes rows and kept `[batch]` int64, the cache's mask
+`[batch, total]` int64 and the caches: row b of each takes row rows[b]'s positions from kept[b] on,
+in place.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ def reorder_graph(config: GPT2Config, options: LMOptions) -> Graph:
     device_ref = DeviceRef.from_device(options.device)
     rows = GraphTensorType(DType.int64, ["batch"], device_ref)
     mask = GraphTensorType(DType.int64, ["batch", "total"], device_ref)
-    inputs = [rows, mask, *[cache_type(config, options)] * config.n_layer]
+    inputs = [rows, rows, mask, *[cache_type(config, options)] * config.n_layer]
     with Graph("GPT2LMHeadModel_reorder", input_types=inputs, custom_extensions=[kernel_library()]) as graph:
-        order, written, *caches = graph.inputs
+        order, kept, written, *caches = graph.inputs
         for cache in caches:
-            reorder_rows(cache.buffer, order.tensor, written.tensor)
+            reorder_rows(cache.buffer, order.tensor, kept.tensor, written.tensor)
         graph.output()
     return graph

@@ -31,8 +31,9 @@ heavy parts in one pass over memory each (CPU, float32 activations):
                            gpt2_decode_layer for a server's decoding step, x [R, D] a token a
                            request, over MAX's paged cache as gpt2_paged_attention reads it
                            (paged_decode_layer.mojo; where each row's cache lies: layer_kv.mojo)
-    gpt2_reorder_rows      cache [2, B, H, M, d], rows [B]: each row that changes copies row
-                           rows[b]'s written positions, in place (beam search; reorder_rows.mojo)
+    gpt2_reorder_rows      cache [2, B, H, M, d], rows [B], kept [B]: each row that changes copies
+                           row rows[b]'s written positions from kept[b] on, in place (beam
+                           search; reorder_rows.mojo)
 
 `ops` stages them in a graph (`skinny_matmul`, `packed_matmul`, `decode_layer`, ...: the names
 re-exported here). Graphs load this directory compiled once into a `.mojoc`

@@ -7,7 +7,7 @@
     decode_layer(x [B, S, D], cache, key_bias, LayerParameters)            -> [B, S, D]
     paged_attention(MAX's paged cache, qkv [T, 3D], row offsets, layer)    -> [T, D]
     paged_decode_layer(x [R, D], MAX's paged cache, row offsets, layer, LayerParameters) -> [R, D]
-    reorder_rows(cache [2, B, H, M, d], rows [B], written [B, T])          -> None: rows copied in place
+    reorder_rows(cache [2, B, H, M, d], rows [B], kept [B], written [B, T]) -> None: rows copied in place
 
 A GPT-2 block goes to the two decode-layer ops as `LayerParameters`: its layer norms in the order
 `LAYER_NORMS`, their epsilon, and its products in the order `LAYER_PRODUCTS`, each a `StoredProduct`.
@@ -154,10 +154,10 @@ def decode_layer(
     return y
 
 
-def reorder_rows(cache: BufferValue, rows: TensorValue, written: TensorValue) -> None:
-    """Row b of `cache` [2, B, H, M, d] takes row `rows[b]`'s (int64 [B]) first T positions, in place;
-    `written` [B, T] gives T. Rows that keep their index are not touched (beam search's reorder)."""
-    ops.inplace_custom("gpt2_reorder_rows", cache.device, [cache, rows, written])
+def reorder_rows(cache: BufferValue, rows: TensorValue, kept: TensorValue, written: TensorValue) -> None:
+    """Row b of `cache` [2, B, H, M, d] takes row `rows[b]`'s (int64 [B]) positions kept[b]..T-1, in
+    place; `written` [B, T] gives T. Rows that keep their index are not touched (beam search's reorder)."""
+    ops.inplace_custom("gpt2_reorder_rows", cache.device, [cache, rows, kept, written])
 
 
 def paged_decode_layer(

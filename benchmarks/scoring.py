@@ -12,8 +12,10 @@ each rate in tokens/s and their ratio within a round; the median round is report
 Whole process, per format given a GGUF of the same weights: `max-gpt2 perplexity
 --chunks` on `--text` against `llama-perplexity -c n_positions` (the same windows:
 side by side, each scoring its second half), in turn for `--rounds` rounds: the
-tokens run through the model per second (ours from its JSON; llama.cpp's from its
-prompt-eval timing line) and each process's peak RSS (`wait4`).
+tokens run through the model per second (ours from its JSON; llama.cpp's over the
+seconds its log stamps from the first chunk to the estimate, and its prompt
+evaluation's alone, which leaves out its log-softmax) and each process's peak RSS
+(`wait4`).
 
 With `--echo`, the server's scoring path (lm-evaluation-harness's: `echo` with
 `logprobs`): `max-gpt2 serve` in the first format, one `--tokens` prompt sent with
@@ -46,6 +48,10 @@ from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.model.weight_formats import FORMATS, check_format
 
 LLAMA_RATE = re.compile(r"prompt eval time =.*?([0-9.]+) tokens per second")
+LLAMA_START = re.compile(
+    r"(?P<at>[0-9.]+) I perplexity: calculating .* over (?P<chunks>\d+) chunks, n_ctx=(?P<n_ctx>\d+)"
+)
+LLAMA_FINAL = re.compile(r"(?P<at>[0-9.]+) I Final estimate: PPL = (?P<ppl>[0-9.]+)")
 
 
 def in_process(checkpoint: Path, weight_format: str, tokens: int, rounds: int) -> dict[str, float]:
@@ -92,13 +98,28 @@ def ours(checkpoint: Path, weight_format: str, text: Path, threads: int) -> dict
 
 
 def llama(binary: Path, gguf: Path, text: Path, context: int, threads: int) -> dict[str, float]:
-    command = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(context), "-t", str(threads)]
+    """llama-perplexity's rates: the whole perplexity's (tokens run over the seconds from its first
+    chunk to its estimate, by its log's timestamps) and its prompt evaluation's alone (`-v` prints
+    it), which leaves out the log-softmax it takes on the host."""
+    command = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(context), "-t", str(threads), "-v"]
     output, rss = run_measured(command)
-    rate = LLAMA_RATE.search(output)
-    final = re.search(r"Final estimate: PPL = ([0-9.]+)", output)
-    if rate is None or final is None:
-        raise RuntimeError(f"no rate or estimate in llama-perplexity's output:\n{output[-2000:]}")
-    return {"tok_s": float(rate.group(1)), "rss_mb": rss, "ppl": float(final.group(1))}
+    rate, start, final = LLAMA_RATE.search(output), LLAMA_START.search(output), LLAMA_FINAL.search(output)
+    if rate is None or start is None or final is None:
+        raise RuntimeError(f"no rate, chunks or estimate in llama-perplexity's output:\n{output[-2000:]}")
+    tokens = int(start.group("chunks")) * int(start.group("n_ctx"))
+    seconds = log_seconds(final.group("at")) - log_seconds(start.group("at"))
+    return {
+        "tok_s": tokens / seconds,
+        "eval_tok_s": float(rate.group(1)),
+        "rss_mb": rss,
+        "ppl": float(final.group("ppl")),
+    }
+
+
+def log_seconds(stamp: str) -> float:
+    """Seconds from a llama.cpp log line's timestamp, minutes.seconds.milliseconds.microseconds."""
+    minutes, seconds, milli, micro = (int(part) for part in stamp.split("."))
+    return minutes * 60 + seconds + milli / 1e3 + micro / 1e6
 
 
 def max_logprob_op(tokens: int, vocab: int, rounds: int) -> float:
@@ -216,6 +237,7 @@ def main() -> None:
             summary = {
                 "ours_tok_s": statistics.median(a["tok_s"] for a, _ in rounds),
                 "llama_tok_s": statistics.median(b["tok_s"] for _, b in rounds),
+                "llama_eval_tok_s": statistics.median(b["eval_tok_s"] for _, b in rounds),
                 "ratio": statistics.median(ratios),
                 "ratio_range": [min(ratios), max(ratios)],
                 "ours_rss_mb": max(a["rss_mb"] for a, _ in rounds),
@@ -226,7 +248,8 @@ def main() -> None:
             report["whole_process"][weight_format] = summary
             print(
                 f"{weight_format:>9}: ours {summary['ours_tok_s']:.1f} tok/s run, llama-perplexity "
-                f"{summary['llama_tok_s']:.1f}: {summary['ratio']:.2f}x "
+                f"{summary['llama_tok_s']:.1f} (its prompt evaluation alone "
+                f"{summary['llama_eval_tok_s']:.1f}): {summary['ratio']:.2f}x "
                 f"({min(ratios):.2f}-{max(ratios):.2f}); "
                 f"peak RSS {summary['ours_rss_mb']} MB against {summary['llama_rss_mb']}; "
                 f"PPL {summary['ours_ppl']:.4f} against {summary['llama_ppl']:.4f}",

@@ -58,7 +58,7 @@ def lm(
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
 # test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_examples
-# (LM's scoring graph), test_generation_controls (LM's beam search cache reorder), test_heads,
+# (LM's scoring graphs), test_generation_controls (LM's beam search cache reorder), test_heads,
 # test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache, and its scoring
 # graph), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
@@ -68,6 +68,7 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
     lambda: lm(LM, variant="scores"),
+    lambda: lm(LM, variant="ranked"),
     lambda: lm(LM, variant="reorder"),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),

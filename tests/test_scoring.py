@@ -76,7 +76,11 @@ def test_top_alternatives_are_the_true_top_k(compiled_lm, lm_weights):
             np.testing.assert_array_equal(scores.top_ids[row, t], order)
             np.testing.assert_allclose(scores.top_logprobs[row, t], log_softmax[row, t - 1, order], atol=1e-4)
     assert (scores.top_ids[:, 0] == -1).all() and np.isnan(scores.top_logprobs[:, 0]).all()
-    np.testing.assert_array_equal(scores.logprobs, lm.logprobs(ids))
+    np.testing.assert_allclose(scores.logprobs, lm.logprobs(ids), rtol=0, atol=1e-6)
+    padded = lm.score(ids, left_padding(2, 7), top_k=3)  # no alternatives where no log-probability
+    none = np.isnan(padded.logprobs)
+    assert none[1, :3].all() and (padded.top_ids[none] == -1).all()
+    assert (padded.top_ids[~none] >= 0).all()
 
 
 @pytest.mark.parametrize("stride", [LM.n_positions, 24, 17, 1])
@@ -136,8 +140,9 @@ def test_scoring_refuses_what_it_cannot_score(compiled_lm):
         lm.perplexity([5, 6, 7], stride=49)
     with pytest.raises(ValueError, match=r"token ids must have shape \[seq\], got \[1, 3\]"):
         lm.perplexity([[5, 6, 7]])
-    with pytest.raises(ValueError, match="top_k must be a non-negative integer, got -1"):
-        lm.score([[5, 6]], top_k=-1)
+    for top_k in (-1, 21):
+        with pytest.raises(ValueError, match=f"top_k must be an integer in 0..20, got {top_k}"):
+            lm.score([[5, 6]], top_k=top_k)
 
 
 def test_score_command_prints_each_token(compiled_lm, lm_checkpoint):

@@ -19,6 +19,7 @@ import numpy as np
 from max_gpt2.cli.console import add_prompt_arguments, add_storage_arguments, open_prompt, storage_options
 from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.inference.scoring import RANKED
 from max_gpt2.outputs import Progress
 
 
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prompt_arguments(parser, "to score")
     add_storage_arguments(parser)
     parser.add_argument(
-        "--top", type=int, default=0, help="also show the N likeliest tokens at each position"
+        "--top", type=int, default=0, help=f"also show the N (at most {RANKED}) likeliest tokens at each"
     )
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
 
@@ -36,8 +37,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     """Checks the prompt, compiles, then prints every token's log-probability."""
     checkpoint, tokenizer, prompt = open_prompt(args, progress)
     ids, _ = check_prompt(checkpoint.config, np.array([prompt], dtype=np.int64))
-    if not 0 <= args.top <= checkpoint.config.vocab_size:
-        raise ValueError(f"--top must be in 0..{checkpoint.config.vocab_size}, got {args.top}")
+    if not 0 <= args.top <= RANKED:
+        raise ValueError(f"--top must be in 0..{RANKED}, got {args.top}")
     lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     scores = lm.score(ids, top_k=args.top)
 

@@ -202,11 +202,12 @@ class CompiledLM(CompiledModel):
         mask: np.ndarray,
         logit_index: np.ndarray,
         cache: KVCache,
-    ) -> np.ndarray:
-        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for the new tokens."""
+    ) -> Any:
+        """One call of a graph variant: logits float32 [batch, len(logit_index), vocab] for the new tokens
+        (the scoring variants: their outputs, a tuple where there are several)."""
         inputs = self._inputs(ids, positions, mask, logit_index)
-        (logits,) = self._bound.execute(variant, *inputs, *cache.buffers)
-        return np.from_dlpack(logits.to(CPU()))
+        outputs = [np.from_dlpack(o.to(CPU())) for o in self._bound.execute(variant, *inputs, *cache.buffers)]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:
         """The graph's integer inputs on the device: ids, positions, mask, logit_index."""

@@ -7,6 +7,8 @@ what they are compiled for.
     "attentions"  the plain graph that also outputs every head's attention weights
     "scores"      the prompt graph returning each next token's log-probability [batch, K], not
                   logits: scoring never copies [seq, vocab] to the host
+    "ranked"      "scores" that also returns the `RANKED` likeliest tokens' log-probabilities and
+                  ids at each position [batch, K, RANKED] (`score(top_k=...)`)
     "reorder"     beam search's cache reorder, on the CPU: each layer's rows copied from their
                   parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
@@ -142,12 +144,13 @@ class LMOptions:
 
 
 class LMGraphs(GraphVariants):
-    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode", "scores".
+    """GPT-2's graph variants for a config and `LMOptions`: "plain", "attentions", "decode", "scores",
+    "ranked", "reorder".
 
     `"decode"` is the plain graph with the Mojo decoding kernels, staged only
     where they run (`LMOptions.kernels`); `step_variant` and `prompt_variant` name
-    the variants that run decoding steps and prompts here, and `"scores"` is the
-    prompt variant returning log-probabilities. What MAX cannot compile
+    the variants that run decoding steps and prompts here, and `"scores"` (`"ranked"`) is the
+    prompt variant returning log-probabilities (and the likeliest tokens'). What MAX cannot compile
     for the config on the device (`devices.check_compiles_on`) is refused here.
     """
 
@@ -173,5 +176,5 @@ class LMGraphs(GraphVariants):
         # them (`max_gpt2.inference.lm_trace`), not one that reads its graphs compiled.
         from max_gpt2.inference.lm_trace import trace_lm
 
-        kernels = variant == "decode" or (variant == "scores" and self.prompt_variant == "decode")
+        kernels = variant == "decode" or (variant in ("scores", "ranked") and self.prompt_variant == "decode")
         return trace_lm(self.config, self.options, variant, kernels)

@@ -19,6 +19,7 @@ from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
 from max.graph import TensorType as GraphTensorType
 
+from max_gpt2.inference.scoring import RANKED
 from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
 
 
 def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool) -> Graph:
-    """The graph of `variant` ("plain", "decode", "attentions", "scores" or "reorder") for `config` and
-    `options`, through the Mojo decoding kernels if `kernels`."""
+    """The graph of `variant` ("plain", "decode", "attentions", "scores", "ranked" or "reorder") for
+    `config` and `options`, through the Mojo decoding kernels if `kernels`."""
     if variant == "reorder":
         return reorder_graph(config, options)
     device = options.device
@@ -40,7 +41,8 @@ def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool
             variant == "attentions",
             kernels=kernels,
             weight_format=options.weight_format,
-            scores=variant == "scores",
+            scores=variant in ("scores", "ranked"),
+            ranked=min(RANKED, config.vocab_size) if variant == "ranked" else 0,
         )
     tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
     mask = TensorType(DType.int64, ["batch", "total"], device=device)

@@ -8,10 +8,10 @@
 log-probability comes from the logits at the position before it, through a
 log-softmax over the vocabulary taken inside the graph (the "scores" variant,
 `max_gpt2.model.gpt2.next_token_logprobs`): the graph returns `[batch, seq]`, and the
-`[seq, vocab]` logits never reach the host. Only the top-k alternatives need them:
-`score(top_k=k)` reads the logits too and ranks them on the host (float64). A
-position with no token before it (the first of a row, its padding, and padding
-itself) has none: NaN.
+`[seq, vocab]` logits never reach the host. `score(top_k=k)` takes the k likeliest
+alternatives at each position from the same graph ranking `RANKED` of them (the
+"ranked" variant). A position with no token before it (the first of a row, its
+padding, and padding itself) has none: NaN.
 
 Texts longer than `n_positions` are scored with Hugging Face's sliding window
 (its "Perplexity of fixed-length models" guide): windows of `n_positions` tokens
@@ -37,9 +37,12 @@ from max_gpt2.inference.tokenizer import token_bytes
 if TYPE_CHECKING:
     from max_gpt2.inference.lm import CompiledLM
 
-# Most bytes of logits the scoring graph holds at once when windows are batched: one GPT-2 window of
-# 1024 tokens over 50257 ids is 206 MB, so large models score a window a call, small ones several.
-WINDOW_LOGITS_BYTES = 256 << 20
+# Most bytes of logits the scoring graph holds at once when windows are batched: GPT-2's windows of
+# 1024 tokens scoring their second half hold 103 MB each. 256 MB ran no faster and held 200-340 MB
+# more at its peak (docs/performance.md).
+WINDOW_LOGITS_BYTES = 128 << 20
+# The most alternatives `score` ranks at each position (OpenAI's `top_logprobs` allows as many).
+RANKED = 20
 
 
 class Scores(NamedTuple):
@@ -71,58 +74,45 @@ class Perplexity:
 
 
 def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int = 0) -> Scores:
-    """Every token's log-probability given the tokens before it, and the `top_k` likeliest at each position.
-
-    `input_ids` [batch, seq], left-padded with `attention_mask` as for `logits`.
-    """
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}")
+    """Every token's log-probability given the tokens before it, and the `top_k` (at most `RANKED`)
+    likeliest at each position. `input_ids` [batch, seq], left-padded with `attention_mask` as for
+    `logits`."""
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 0 <= top_k <= RANKED:
+        raise ValueError(f"top_k must be an integer in 0..{RANKED}, got {top_k!r}")
     ids, mask = check_prompt(lm.config, input_ids, attention_mask)
     top_k = min(int(top_k), lm.config.vocab_size)
-    chosen = lm.logprobs(ids, mask)  # [B, S]
     batch, seq_len = ids.shape
+    chosen = np.full((batch, seq_len), np.nan, dtype=np.float32)
     top_ids = np.full((batch, seq_len, top_k), -1, dtype=np.int64)
     top_logprobs = np.full((batch, seq_len, top_k), np.nan, dtype=np.float32)
-    if top_k:
-        logits = lm.logits(ids, mask)[:, :-1]  # [B, S - 1, V]: position t predicts token t + 1
-        for row in range(batch):
-            positions = np.flatnonzero(~np.isnan(chosen[row, 1:]))
-            if positions.size == 0:
-                continue
-            distribution = log_softmax(logits[row, positions])  # [P, V] float64, log p of each token
-            best = np.argpartition(-distribution, top_k - 1, axis=-1)[:, :top_k]
-            best_values = np.take_along_axis(distribution, best, axis=-1)
-            order = np.argsort(-best_values, axis=-1, kind="stable")
-            top_ids[row, positions + 1] = np.take_along_axis(best, order, axis=-1)
-            top_logprobs[row, positions + 1] = np.take_along_axis(best_values, order, axis=-1)
+    if seq_len > 1 and top_k:
+        chosen[:, 1:], values, ranked = scored_from(lm, ids, mask, 1, ranked=True)
+        order = np.argsort(-values, axis=-1, kind="stable")[..., :top_k]  # likeliest first
+        top_logprobs[:, 1:] = np.take_along_axis(values, order, axis=-1)
+        top_ids[:, 1:] = np.take_along_axis(ranked, order, axis=-1)
+    elif seq_len > 1:
+        chosen[:, 1:] = scored_from(lm, ids, mask, 1)
+    # Token t has a log-probability when it is real and a real token precedes it.
+    none = np.zeros_like(chosen, dtype=bool)
+    none[:, 1:] = ~((mask[:, 1:] == 1) & (np.cumsum(mask, axis=1)[:, :-1] > 0))
+    chosen[none], top_ids[none], top_logprobs[none] = np.nan, -1, np.nan
     return Scores(chosen, top_ids, top_logprobs)
 
 
 def logprobs(lm: CompiledLM, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
     """Each token's log-probability given the tokens before it, float32 `[batch, seq]` (NaN: none)."""
-    ids, mask = check_prompt(lm.config, input_ids, attention_mask)
-    scored = np.full(ids.shape, np.nan, dtype=np.float32)
-    if ids.shape[1] > 1:
-        scored[:, 1:] = scored_from(lm, ids, mask, 1)
-    # Token t has a log-probability when it is real and a real token precedes it.
-    scored[:, 1:][~((mask[:, 1:] == 1) & (np.cumsum(mask, axis=1)[:, :-1] > 0))] = np.nan
-    return scored
+    return score(lm, input_ids, attention_mask).logprobs
 
 
-def scored_from(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, first: int) -> np.ndarray:
+def scored_from(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, first: int, ranked: bool = False) -> Any:
     """log p(ids[:, t] | ids[:, :t]) for t = first..S-1 through the scoring graph, float32
     `[batch, S - first]`; `ids` [batch, S] checked, `first` >= 1. The LM head runs over those
-    positions only."""
+    positions only. With `ranked`, also the `RANKED` likeliest tokens' log-probabilities (float32) and
+    ids (int64) at each, `[batch, S - first, RANKED]`, in no particular order."""
     batch, seq_len = ids.shape
     logit_index = np.arange(first - 1, seq_len - 1)  # position t - 1 predicts token t
     cache = lm.new_cache(batch, seq_len)
-    return lm._run("scores", ids, position_ids(mask), mask, logit_index, cache)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log softmax over the last axis, float64: the largest logit is subtracted before exponentiating."""
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return lm._run("ranked" if ranked else "scores", ids, position_ids(mask), mask, logit_index, cache)
 
 
 def perplexity(

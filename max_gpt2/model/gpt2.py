@@ -102,7 +102,7 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         return (hidden, F.stack(attentions)) if self.output_attentions else hidden
 
 
-class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
+class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
     """GPT-2 with its language-model head: token ids to next-token logits (and attention weights)."""
 
     def __init__(
@@ -113,18 +113,22 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         weight_format: str | None = None,
         *,
         scores: bool = False,
+        ranked: int = 0,
         weights: str | None = None,
     ) -> None:
         """`kernels`: the projections and attention through the Mojo decoding kernels (`max_gpt2.kernels`),
         same parameters, for a few new tokens; `weight_format`: how the projections and the LM head
         are stored (`max_gpt2.model.weight_formats`; None: float32); `scores`: return the next
-        tokens' log-probabilities, not logits. `weights` is `weight_format`'s deprecated name."""
+        tokens' log-probabilities, not logits, and with `ranked` the log-probabilities and ids of the
+        `ranked` likeliest tokens at each position too. `weights` is `weight_format`'s deprecated name."""
         weight_format = renamed_weights_keyword("GPT2LMHeadModel", weight_format, weights)
         if kernels and output_attentions:
             raise ValueError("the decoding kernels do not output attention weights")
         if scores and output_attentions:
             raise ValueError("a scoring graph does not output attention weights")
-        self.output_attentions, self.scores = output_attentions, scores
+        if ranked and not scores:
+            raise ValueError("only a scoring graph ranks the likeliest tokens (ranked needs scores)")
+        self.output_attentions, self.scores, self.ranked = output_attentions, scores, ranked
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weight_format, kernels)
         block = block_for(config, kernels)
@@ -141,20 +145,25 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, Tensor]]):
         attention_mask: Tensor,
         logit_index: Tensor,
         *caches: Tensor,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Tensor | tuple[Tensor, ...]:
         hidden = self.transformer(input_ids, position_ids, attention_mask, list(caches))
         hidden, attentions = hidden if self.output_attentions else (hidden, None)
         hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
         logits = F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
         if self.scores:
-            return next_token_logprobs(logits, F.gather(input_ids, logit_index + 1, axis=1))
+            return next_token_logprobs(logits, F.gather(input_ids, logit_index + 1, axis=1), self.ranked)
         return (logits, F.cast(attentions, DType.float32)) if self.output_attentions else logits
 
 
-def next_token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+def next_token_logprobs(logits: Tensor, targets: Tensor, ranked: int = 0) -> Tensor | tuple[Tensor, ...]:
     """log softmax(`logits` [B, K, V])[target] for `targets` [B, K] int64 -> [B, K] float32: the largest
-    logit subtracted before exponentiating, the sum of exponentials reduced as it is made."""
+    logit subtracted before exponentiating, the sum of exponentials reduced as it is made. With
+    `ranked`, also the log-probabilities [B, K, ranked] and ids (int64) of the likeliest tokens."""
     largest = F.max(logits, axis=-1)  # [B, K, 1]
-    total = F.sum(F.exp(logits - largest), axis=-1)  # [B, K, 1]
+    normaliser = largest + F.log(F.sum(F.exp(logits - largest), axis=-1))  # [B, K, 1]
     picked = F.gather_nd(logits, F.unsqueeze(targets, -1), batch_dims=2)  # [B, K]
-    return picked - F.squeeze(largest + F.log(total), -1)
+    chosen = picked - F.squeeze(normaliser, -1)
+    if not ranked:
+        return chosen
+    best, ids = F.top_k(logits, ranked, axis=-1)  # [B, K, ranked]: the largest logits
+    return chosen, best - normaliser, ids

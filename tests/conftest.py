@@ -73,6 +73,20 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (`pytest -m gpu -n 10 --dist loadgroup`), the accelerator tests that share a
+    compiled graph run in one process, so each graph compiles once, beside the others."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            graph = "-".join(str(params[key]) for key in ("config", "dtype", "impl") if key in params)
+            item.add_marker(
+                pytest.mark.xdist_group(graph if "config" in params else item.nodeid.split("[")[0])
+            )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Starts the servers and the prewarm compiles, if the collected tests need them."""
     scratch = session.config.stash[SCRATCH] = Path(tempfile.mkdtemp(prefix="max-gpt2-tests-"))

@@ -17,6 +17,7 @@ from max.experimental.tensor import Tensor
 
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import hopper_attention_weights_refusal, hopper_refusal
+from max_gpt2.inference.sampling import Sampler
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights
@@ -179,3 +180,36 @@ def test_lm_attentions_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype
     comparison = compare(found, expected.attentions, tolerance, expected.largest_score)
     assert comparison.passed, comparison
     assert np.all(found[:, 1, :, :, :3] == 0.0)  # padding keys, and padding queries' rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lm_logprobs_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype):
+    """The scoring graph (log-softmax and gather after the head) on the accelerator."""
+    lm, weights = compiled_lm(GPU_LM, dtype, "gpu"), lm_weights(GPU_LM)
+    ids = np.random.default_rng(3).integers(0, GPU_LM.vocab_size, (3, 20))
+    mask = (np.arange(20)[None, :] >= np.array([[0], [3], [7]])).astype(np.int64)
+    run = reference.lm_forward(ids, weights, GPU_LM, mask)
+    largest = run.logits.max(-1, keepdims=True)
+    log_softmax = run.logits - largest - np.log(np.exp(run.logits - largest).sum(-1, keepdims=True))
+    expected = np.take_along_axis(log_softmax[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    scored = (mask[:, 1:] == 1) & (np.cumsum(mask, 1)[:, :-1] > 0)
+    found = lm.logprobs(ids, mask)
+    tolerance = precision(dtype, on_accelerator=True)
+    comparison = compare(found[:, 1:][scored], expected[scored], tolerance, run.largest_score)
+    assert comparison.passed, comparison
+    assert np.isnan(found[:, 1:][~scored]).all() and np.isnan(found[:, 0]).all()
+
+
+def test_generation_controls_on_gpu_give_the_cpu_tokens(compiled_lm):
+    """Penalties, bias, min_new_tokens and context shift run on the host over the device's logits."""
+    ids = np.random.default_rng(4).integers(1, LM.vocab_size, (2, 8))
+    sampler = Sampler(
+        repetition_penalty=1.3, no_repeat_ngram_size=2, presence_penalty=0.1, logit_bias={5: 2.0}
+    )
+    options = {"sampler": sampler, "min_new_tokens": 4}
+    gpu, cpu = compiled_lm(LM, "float32", "gpu"), compiled_lm(LM)
+    np.testing.assert_array_equal(gpu.generate(ids, 16, **options), cpu.generate(ids, 16, **options))
+    long = np.random.default_rng(5).integers(1, LM.vocab_size, (1, LM.n_positions - 4))
+    np.testing.assert_array_equal(
+        gpu.generate(long, 12, context_overflow="shift"), cpu.generate(long, 12, context_overflow="shift")
+    )

@@ -116,7 +116,8 @@ def write_stored(
 
 def read_stored(file: Path, layout: Layout) -> dict[str, np.ndarray]:
     """`file`'s arrays, memory-mapped copy-on-write (bound without a copy; the file is never written);
-    a `CheckpointError` if it does not hold exactly `layout`'s arrays, whole, in order."""
+    a `CheckpointError` if it does not hold exactly `layout`'s arrays, whole, in order. Mapped, not
+    read: a faster start and less held, for a step a few % slower (docs/performance.md)."""
     size = file.stat().st_size
     with file.open("rb") as stream:
         head = stream.read(8)

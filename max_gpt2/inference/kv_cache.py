@@ -36,10 +36,10 @@ class KVCache:
         """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""
         return self.attention_mask.sum(axis=1, keepdims=True)
 
-    def reorder_mask(self, rows: object, kept: object = None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Row b's mask becomes row `rows[b]`'s (int [batch], each in 0..batch-1). Returns `rows` and
-        `kept` (int [batch] in 0..length, the first positions of each row not to copy; all 0 where not
-        given) as int64, or None where nothing is left to copy (the buffers are
+    def reorder(self, rows: object, kept: object = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Row b becomes row `rows[b]` (int [batch], each in 0..batch-1): its mask here, at once; returns
+        `rows` and `kept` (int [batch] in 0..length, the first positions of each row not to copy; all 0
+        where not given) as int64, or None where nothing is left to copy (the buffers are
         `CompiledLM.reorder_cache`'s to move)."""
         order = np.asarray(rows)
         valid = order.shape == (self.batch,) and np.issubdtype(order.dtype, np.integer)

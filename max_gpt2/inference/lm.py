@@ -153,7 +153,7 @@ class CompiledLM(CompiledModel):
         device (beam search; the "reorder" graph, compiled on first use). `kept` (int [batch]) says
         how many first positions of each row already hold what its new source holds (the same
         tokens: beam search knows), which are not copied; rows that stay are not touched."""
-        if (moved := cache.reorder_mask(rows, kept)) is not None:
+        if (moved := cache.reorder(rows, kept)) is not None:
             order, same = moved
             self._bound.execute("reorder", *self._inputs(order, same, cache.attention_mask), *cache.buffers)
 

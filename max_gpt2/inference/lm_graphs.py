@@ -48,6 +48,9 @@ from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.weight_formats import check_format
 from max_gpt2.outputs import default_cache_dir
 
+# The prompt graph reduced to log-probabilities in the graph, and with the likeliest tokens beside them.
+SCORING_VARIANTS = ("scores", "ranked")
+
 if TYPE_CHECKING:
     from max.graph import Graph
 
@@ -176,5 +179,5 @@ class LMGraphs(GraphVariants):
         # them (`max_gpt2.inference.lm_trace`), not one that reads its graphs compiled.
         from max_gpt2.inference.lm_trace import trace_lm
 
-        kernels = variant == "decode" or (variant in ("scores", "ranked") and self.prompt_variant == "decode")
+        kernels = variant == "decode" or (variant in SCORING_VARIANTS and self.prompt_variant == "decode")
         return trace_lm(self.config, self.options, variant, kernels)

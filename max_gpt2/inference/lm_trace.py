@@ -11,21 +11,17 @@ in place.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
 from max.graph import TensorType as GraphTensorType
 
+from max_gpt2.inference.lm_graphs import SCORING_VARIANTS, LMOptions
 from max_gpt2.inference.scoring import RANKED
 from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
-
-if TYPE_CHECKING:
-    from max_gpt2.inference.lm_graphs import LMOptions
 
 
 def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool) -> Graph:
@@ -41,7 +37,7 @@ def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool
             variant == "attentions",
             kernels=kernels,
             weight_format=options.weight_format,
-            scores=variant in ("scores", "ranked"),
+            scores=variant in SCORING_VARIANTS,
             ranked=min(RANKED, config.vocab_size) if variant == "ranked" else 0,
         )
     tokens = TensorType(DType.int64, ["batch", "seq"], device=device)

@@ -35,6 +35,7 @@ from tests.support import (
     random_input,
     requires_gpu,
 )
+from tests.test_scoring import reference_logprobs
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -188,16 +189,15 @@ def test_lm_logprobs_match_the_reference_on_gpu(compiled_lm, lm_weights, dtype):
     lm, weights = compiled_lm(GPU_LM, dtype, "gpu"), lm_weights(GPU_LM)
     ids = np.random.default_rng(3).integers(0, GPU_LM.vocab_size, (3, 20))
     mask = (np.arange(20)[None, :] >= np.array([[0], [3], [7]])).astype(np.int64)
-    run = reference.lm_forward(ids, weights, GPU_LM, mask)
-    largest = run.logits.max(-1, keepdims=True)
-    log_softmax = run.logits - largest - np.log(np.exp(run.logits - largest).sum(-1, keepdims=True))
-    expected = np.take_along_axis(log_softmax[:, :-1], ids[:, 1:, None], -1)[..., 0]
-    scored = (mask[:, 1:] == 1) & (np.cumsum(mask, 1)[:, :-1] > 0)
+    expected = reference_logprobs(ids, weights, mask, GPU_LM)  # NaN where a token has no score
+    _, largest_score = reference.lm_logits_and_largest_score(ids, weights, GPU_LM, mask)
     found = lm.logprobs(ids, mask)
-    tolerance = precision(dtype, on_accelerator=True)
-    comparison = compare(found[:, 1:][scored], expected[scored], tolerance, run.largest_score)
+    np.testing.assert_array_equal(np.isnan(found), np.isnan(expected))
+    scored = ~np.isnan(expected)
+    comparison = compare(
+        found[scored], expected[scored], precision(dtype, on_accelerator=True), largest_score
+    )
     assert comparison.passed, comparison
-    assert np.isnan(found[:, 1:][~scored]).all() and np.isnan(found[:, 0]).all()
 
 
 def test_generation_controls_on_gpu_give_the_cpu_tokens(compiled_lm):

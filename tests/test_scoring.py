@@ -14,15 +14,15 @@ import math
 import numpy as np
 import pytest
 
-from max_gpt2 import load_tokenizer, reference
+from max_gpt2 import GPT2Config, load_tokenizer, reference
 from max_gpt2.testing import CORPUS
 from tests.support import LM, run_python
 from tests.test_lm import left_padding, prompts
 
 
-def reference_logprobs(ids: np.ndarray, weights, mask=None) -> np.ndarray:
+def reference_logprobs(ids: np.ndarray, weights, mask=None, config: GPT2Config = LM) -> np.ndarray:
     """log p(token t | tokens before t) in float64 [batch, seq], from the reference's logits; NaN at none."""
-    logits, _ = reference.lm_logits_and_largest_score(ids, weights, LM, mask)
+    logits, _ = reference.lm_logits_and_largest_score(ids, weights, config, mask)
     shifted = logits - logits.max(-1, keepdims=True)
     log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     expected = np.full(ids.shape, np.nan)

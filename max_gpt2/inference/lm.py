@@ -153,9 +153,8 @@ class CompiledLM(CompiledModel):
         device (beam search; the "reorder" graph, compiled on first use). `kept` (int [batch]) says
         how many first positions of each row already hold what its new source holds (the same
         tokens: beam search knows), which are not copied; rows that stay are not touched."""
-        if (moved := cache.reorder(rows, kept)) is not None:
-            order, same = moved
-            self._bound.execute("reorder", *self._inputs(order, same, cache.attention_mask), *cache.buffers)
+        if (moved := cache.reorder(rows, kept)) is not None:  # (rows, kept) as int64
+            self._bound.execute("reorder", *self._inputs(*moved, cache.attention_mask), *cache.buffers)
 
     def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """Next-token logits at every position, float32 `[batch, seq, vocab]`.

@@ -131,7 +131,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def ready_server(request: pytest.FixtureRequest) -> ServerProcess:
-    """The server started at collection for the asking fixture, once it answers."""
+    """The server started at collection for the asking fixture, once it answers (skipped, saying why,
+    where MAX's serving extra is missing and none was started)."""
+    if missing := serving_missing():
+        pytest.skip(f"MAX's serving extra is not installed ({', '.join(missing)})")
     server = request.config.stash[SERVERS][request.fixturename]
     server.wait_until_ready(timeout=1800)  # three fresh compiles on a busy 2-core machine
     return server

@@ -101,9 +101,13 @@ class GraphVariants:
 def compile_together(session: InferenceSession, graphs: Sequence[Graph]) -> engine.CompiledModel:
     """One artifact holding `graphs` (`session.init_all` binds them all), several compiled as one
     module so that the kernels they share compile once. Their names must differ, their subgraphs' too.
+
+    One graph goes through MAX's store of precompiled artifacts where the process installed one
+    (`InferenceSession.default_mef_store`): a graph compiled on another machine, for a GPU it lacks,
+    is then read instead of compiled (`benchmarks/gpu_proof.py --precompile`). Without one it compiles.
     """
     if len(graphs) == 1:
-        return session.compile(graphs[0])
+        return session.compile_reusing_mefs(graphs[0])
     module = graphs[0].module
     last = list(module.mlir_module.body)[-1]
     for graph in graphs[1:]:

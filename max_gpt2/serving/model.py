@@ -56,7 +56,7 @@ from max.profiler import traced
 
 from max_gpt2.inference.compiled import compile_together
 from max_gpt2.inference.devices import kernels_run_on, weight_buffers
-from max_gpt2.inference.lm_graphs import check_weight_format
+from max_gpt2.inference.lm_options import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import open_checkpoint
@@ -119,7 +119,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
         linear = linear_for(config.weight_format, kernels)
-        decoder_linear = KernelLinear if config.weight_format == "float32" else linear
+        decoder_linear = linear if config.weight_format.kernels_only else KernelLinear
         modules = {"general": self._module(config, linear, self.return_logits)}
         if kernels:
             modules["decoder"] = self._module(config, decoder_linear, ReturnLogits.LAST_TOKEN, True)

@@ -44,8 +44,8 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import ban, penalize, token_counts
+from max_gpt2.serving.server import DECODE_STEPS_VARIABLE
 
-DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
 DECODE_STEPS = 16
 # Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
 # per cent of it, and a prompt that arrives meanwhile waits no longer (docs/performance.md).

@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # what `max-gpt2 serve --api-key` sets
+# What `max-gpt2 serve` hands MAX's server in its environment: MAX's command line has no option an
+# architecture may add. The API key never goes on a command line, where other users read it.
+API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # --api-key
+WEIGHT_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # --weight-format (`model_config.served_weight_format`)
+DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # --decode-steps (`pipeline.served_decode_steps`)
 
 
 def main() -> None:

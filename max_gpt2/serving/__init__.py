@@ -18,6 +18,7 @@ KV cache, behind MAX's OpenAI-compatible HTTP server. Needs MAX's serving extra
     requests.py        every field of a completion request: honoured, rewritten or refused by name
     guard.py           the HTTP guard: API key, the routes GPT-2 answers, checked completions
     server.py          `max serve` with the guard installed (what `max-gpt2 serve` runs)
+    max_internals.py   every use of MAX's private API, each with why (checked against the installed MAX)
 """
 
 from max_gpt2.serving.arch import gpt2_arch

@@ -23,7 +23,6 @@ from max.graph import DeviceRef
 from max.nn.kv_cache import KVCacheParams
 from max.pipelines.kv_cache import cache_dtype_for_encoding
 from max.pipelines.lib import KVCacheConfig, MAXModelConfig, PipelineConfig
-from max.pipelines.lib.config.model_config import _select_quantization_encoding
 from max.pipelines.lib.interfaces.arch_config import ArchConfigWithKVCache, ArchConfigWithStoredKVParams
 from max.pipelines.modeling.config_enums import SupportedEncoding, supported_encoding_dtype
 from transformers import AutoConfig
@@ -31,6 +30,7 @@ from typing_extensions import Self
 
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
+from max_gpt2.serving.max_internals import served_encoding
 from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
 
 
@@ -79,7 +79,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
         huggingface_config = model_config.huggingface_config
         if huggingface_config is None:
             raise ValueError(f"no config.json could be read for {model_config.model_path}")
-        encoding = _select_quantization_encoding(model_config, cls.DEFAULT_ENCODING)
+        encoding = served_encoding(model_config, cls.DEFAULT_ENCODING)
         devices = [DeviceRef(spec.device_type, spec.id) for spec in model_config.device_specs]
         cache_dtype = cache_dtype_for_encoding(encoding, model_config.kv_cache.kv_cache_format)
         return cls(

@@ -40,6 +40,7 @@ from max.experimental import functional as F
 from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.nn.common_layers.functional_kernels import flash_attention_ragged
 from max.experimental.tensor import Tensor
+from max.graph import BufferValue, TensorValue
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
@@ -120,6 +121,12 @@ class PagedKernelBlock(KernelBlock):
         return paged_decode_layer(x, kv_collection, input_row_offsets, layer, self.layer_parameters())
 
 
+def graph_value(x: Tensor) -> TensorValue | BufferValue:
+    """The value `x` (a graph input, on one device) stands for in the graph being built."""
+    (value,) = x.graph_values
+    return value
+
+
 def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:
     """The absolute position of each of the `total` tokens: [T] int64.
 
@@ -198,7 +205,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         self, tokens: Tensor, return_n_logits: Tensor, input_row_offsets: Tensor, *kv_inputs: Tensor
     ) -> ModuleV3Outputs:
         del return_n_logits  # the pipeline model picks a graph by it; each graph returns what it was built to
-        caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
+        caches = self.kv_params.unflatten_kv_inputs(graph_value(x) for x in kv_inputs)
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
         if self.decoding:  # T == R

@@ -17,6 +17,7 @@ from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
+from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
 from max_gpt2.model.weight_formats import FORMATS as WEIGHT_FORMATS
 from max_gpt2.model.weight_formats import Q8_0
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
@@ -194,13 +195,13 @@ def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused
     activations and the other graphs keep `Block`."""
     config = GPT2Config(n_embd=8, n_head=2, n_layer=2, activation_function=activation)
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        step = GPT2LMHeadModel(config, kernels=True, weight_format=Q8_0)
+        step = GPT2LMHeadModel(config, DECODE, Q8_0)
         plain = GPT2LMHeadModel(config)
     assert [isinstance(block, KernelBlock) for block in step.transformer.h] == [fused] * 2
     assert not any(isinstance(block, KernelBlock) for block in plain.transformer.h)
     kv_params = KVCacheParams(dtype=DType.float32, head_dim=4, num_layers=2, devices=[CPU_REF])
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        decoding = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear, decoding=True)
+        decoding = PagedGPT2LMHeadModel(config, kv_params, LAST_LOGITS_DECODE, KernelLinear)
         general = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear)
     assert [isinstance(block, PagedKernelBlock) for block in decoding.transformer.h] == [fused] * 2
     assert not any(isinstance(block, PagedKernelBlock) for block in general.transformer.h)

@@ -61,6 +61,8 @@ class Variant:
 PLAIN = Variant()
 DECODE = Variant(kernels=True)
 ATTENTIONS = Variant(Head.ATTENTIONS)
+LAST_LOGITS = Variant(Head.LAST_LOGITS)  # the server's prompts and steps through MAX's ops
+LAST_LOGITS_DECODE = Variant(Head.LAST_LOGITS, kernels=True)  # the server's steps through the kernels
 
 
 @dataclass(frozen=True)

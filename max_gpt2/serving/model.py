@@ -63,6 +63,7 @@ from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.gpt2 import linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.stored_weights import StoredWeights
+from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -118,11 +119,12 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
         linear = linear_for(config.weight_format, kernels)
         decoder_linear = linear if config.weight_format.kernels_only else KernelLinear
-        modules = {"general": self._module(config, linear, self.return_logits)}
+        echo = self.return_logits == ReturnLogits.ALL  # a server started with --enable-echo
+        modules = {"general": self._module(config, linear, PLAIN if echo else LAST_LOGITS)}
         if kernels:
-            modules["decoder"] = self._module(config, decoder_linear, ReturnLogits.LAST_TOKEN, True)
-        if self.return_logits == ReturnLogits.ALL:
-            modules["last_token"] = self._module(config, linear, ReturnLogits.LAST_TOKEN)
+            modules["decoder"] = self._module(config, decoder_linear, LAST_LOGITS_DECODE)
+        if echo:
+            modules["last_token"] = self._module(config, linear, LAST_LOGITS)
         assert self.batch_processor is not None, "batch_processor_cls is MAX's Llama 3 batch processor"
         input_types = self.batch_processor.get_symbolic_inputs(
             kv_params=self.kv_params, device_refs=self.device_refs
@@ -135,14 +137,10 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         return graphs["general"]
 
     def _module(
-        self,
-        config: GPT2ServingConfig,
-        linear: LinearFactory,
-        return_logits: ReturnLogits,
-        decoding: bool = False,
+        self, config: GPT2ServingConfig, linear: LinearFactory, variant: Variant
     ) -> PagedGPT2LMHeadModel:
         with F.lazy(), default_dtype(config.dtype):
-            module = PagedGPT2LMHeadModel(config.model, self.kv_params, return_logits, linear, decoding)
+            module = PagedGPT2LMHeadModel(config.model, self.kv_params, variant, linear)
             module.to(self.devices[0])
         return module
 

@@ -117,7 +117,7 @@ def stand_in(name: str, tokens: np.ndarray) -> Generator:
     """A contender that 'generates' `tokens` whatever it is asked, one millisecond a token."""
     return Generator(
         name,
-        "float32",
+        NAMED["float32"],
         lambda ids, new: [0.001 * step for step in range(new + 1)],
         lambda ids: 0.001,
         lambda: None,
@@ -171,7 +171,7 @@ def paced(name: str, rates: dict[int, list[float]], calls: list) -> Generator:
         return [0.0] + [0.001 + step * batch / rate for step in range(new)]
 
     return Generator(
-        name, "float32", clocked, lambda ids: 0.001, lambda: None, lambda ids, new: np.zeros((1, 1))
+        name, NAMED["float32"], clocked, lambda ids: 0.001, lambda: None, lambda ids, new: np.zeros((1, 1))
     )
 
 

@@ -122,7 +122,7 @@ def test_the_prompt_and_step_graphs_are_compiled_as_one_module(compiled_lm):
     artifact = lm.graph.compiled(PLAIN)
     assert lm.graph.compiled(DECODE) is artifact
     names = lm.graph.graph_names(artifact)
-    assert set(names) == {"plain", "decode"} and names["plain"] != names["decode"]
+    assert set(names) == {PLAIN, DECODE} and names[PLAIN] != names[DECODE]
 
 
 def test_the_steps_refuse_what_does_not_fit_the_cache(compiled_lm):

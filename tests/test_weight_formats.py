@@ -3,6 +3,9 @@ language model in each format against the float64 reference."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 from max.dtype import DType
@@ -244,3 +247,26 @@ def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
         ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0; got 'q2_k'"
     ):
         load_lm(tmp_path / "missing", "cpu", weight_format="q2_k")
+
+
+PACKAGE = Path(__file__).parents[1] / "max_gpt2"
+
+
+def test_no_module_but_the_formats_one_compares_a_format_by_name():
+    """Every other module asks a format object (`WeightFormat`): a comparison of something named
+    *format* with a format's name, or a quantized format's name written anywhere as a value, is
+    the string-compared variant the formats module replaced."""
+    names = set(FORMATS) | {"float16"}
+    offenders = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        if file.name == "weight_formats.py":
+            continue
+        for node in ast.walk(ast.parse(file.read_text())):
+            where = f"{file.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Compare) and "format" in ast.unparse(node):
+                literals = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+                if literals & names:
+                    offenders.append(f"{where}: {ast.unparse(node)}")
+            if isinstance(node, ast.Constant) and node.value in ("q8_0", "q4_0"):
+                offenders.append(f"{where}: the value {node.value!r}")
+    assert not offenders, "\n".join(offenders)

@@ -22,7 +22,6 @@ from max.driver import Device
 from max.dtype import DType
 
 from max_gpt2.bench import harness, llama_cpp
-from max_gpt2.inference.lm_options import default_kv_cache
 from max_gpt2.inference.loading import load_lm
 from max_gpt2.model.weight_formats import FLOAT32, NAMED, WeightFormat
 
@@ -65,7 +64,7 @@ def max_generator(
 ) -> Generator:
     """Our `CompiledLM`, its weights in `weight_format`: named `max`, or `max-<format>` when packed, and
     `-kv16` or `-kv32` after it with a KV cache other than the format's default
-    (`kv_cache`; None: `lm_graphs.default_kv_cache`)."""
+    (`kv_cache`; None: `WeightFormat.cache_dtype`'s default)."""
     lm = load_lm(checkpoint, device, dtype, weight_format=weight_format, kv_cache=kv_cache)
     warm = np.zeros((1, 8), dtype=np.int64)
 
@@ -76,7 +75,7 @@ def max_generator(
 
     packed = lm.weight_format.kernels_only
     name = f"max-{lm.weight_format}" if packed else "max"
-    if lm.kv_dtype != default_kv_cache(lm.weight_format, lm.dtype):
+    if lm.kv_dtype != lm.weight_format.cache_dtype(None, lm.dtype):
         name += "-kv16" if lm.kv_dtype == DType.float16 else "-kv32"
     return Generator(
         name,

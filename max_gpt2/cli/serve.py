@@ -43,12 +43,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from max_gpt2.cli.console import CHECKPOINT_HELP, add_weight_format_argument, demo_checkpoint, positive_int
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
-from max_gpt2.inference.devices import device_name
-from max_gpt2.inference.loading import LoadPlan, plan_load
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.loading import plan_load
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -163,45 +161,41 @@ def require_serve_extra() -> None:
         )
 
 
-def check_servable(plan: LoadPlan) -> Tokenizer:
-    """A served checkpoint needs its tokenizer (returned) and, a directory, `config.json` naming the
-    architecture MAX looks up (for a GGUF file it is written: `serve_gguf.model_directory`)."""
-    checkpoint, tokenizer = plan.checkpoint, plan.tokenizer()
+def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
+    """The `max serve` command line and its environment, after every check that can fail early: the
+    serving extra, the dtype and the environment first, then the load's plan (`plan_load`, as every
+    load), then what a server needs of the checkpoint (a tokenizer; MAX's architecture name)."""
+    require_serve_extra()
+    if args.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
+    weights_variable, *_ = our_variables()
+    env = server_environment(args, progress)
+    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    devices = device_name(resolve_device(args.device))
+    plan = plan_load(path, args.device, args.dtype, weight_format=args.weight_format)
+    checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
+    if device.is_host and args.dtype != "float32":
+        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
+    if weight_format.kernels_only:
+        env[weights_variable] = weight_format.name
+    tokenizer = plan.tokenizer()
     if tokenizer is None:
         raise ValueError(
             f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF "
             f"file's own); a server takes and returns text"
         )
-    if checkpoint.one_file:
-        return tokenizer
-    if not checkpoint.path.is_dir():
-        raise ValueError(
-            f"--checkpoint {checkpoint.path}: serving needs the checkpoint's directory, not a file in it"
-        )
     config_file = checkpoint.path / "config.json"
-    architectures = json.loads(config_file.read_text()).get("architectures") or []
-    if ARCHITECTURE not in architectures:
-        raise ValueError(
-            f"{config_file} names the architectures {architectures}, and MAX picks the model by that "
-            f'list: add "architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
-        )
-    return tokenizer
-
-
-def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
-    """The `max serve` command line and its environment, after every check that can fail early."""
-    require_serve_extra()
-    if args.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    plan = plan_load(path, args.device, args.dtype, weight_format=args.weight_format)  # as every load
-    checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
-    if device.is_host and args.dtype != "float32":
-        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
-    tokenizer = check_servable(plan)
-    model = checkpoint.path.resolve()
-    if checkpoint.one_file:
+    if checkpoint.one_file:  # a GGUF file: MAX reads a directory made for it
         model = model_directory(checkpoint, tokenizer, ARCHITECTURE, default_cache_dir())
+    elif not checkpoint.path.is_dir():
+        raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
+    elif ARCHITECTURE not in (named := json.loads(config_file.read_text()).get("architectures") or []):
+        raise ValueError(
+            f"{config_file} names the architectures {named}, and MAX picks the model by that list: add "
+            f'"architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
+        )
+    else:
+        model = checkpoint.path.resolve()
     command = [
         sys.executable,
         "-m",
@@ -211,26 +205,29 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         f"--model-path={model}",
         *([f"--weight-path={model / WEIGHTS}"] if checkpoint.one_file else []),
         f"--served-model-name={args.served_model_name}",
-        f"--devices={device_name(device)}",
+        f"--devices={devices}",
         f"--quantization-encoding={args.dtype}",
         f"--host={args.host}",
         f"--port={args.port}",
         "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
         "--no-enable-prefix-caching",  # a cached prefix would have no log-probabilities to echo
         "--enable-in-flight-batching",  # a new prompt joins the running decodes' step, not stalls them
+        *([f"--max-batch-size={args.max_batch_size}"] if args.max_batch_size is not None else []),
     ]
-    if args.max_batch_size is not None:
-        command.append(f"--max-batch-size={args.max_batch_size}")
+    return command, env
+
+
+def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str, str]:
+    """MAX's processes' environment: this one's, our options in our variables (`our_variables`: the
+    weight format is added once the load is planned), the package on the path, offline."""
     # MAX's model worker is a fresh interpreter that must import max_gpt2; an editable
     # install is not always visible to it (seen here), an explicit path always is.
     paths = [str(PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    weights_variable, steps_variable, key_variable = our_variables()
+    _, steps_variable, key_variable = our_variables()
     api_key = args.api_key or os.environ.get(key_variable)
     for name in our_variables():  # our options decide, not the env
         env.pop(name, None)
-    if weight_format.kernels_only:
-        env[weights_variable] = weight_format.name
     if args.decode_steps is not None:
         env[steps_variable] = str(args.decode_steps)
     if api_key:
@@ -240,7 +237,7 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
             f"warning: --host {args.host} lets other machines reach the model, and no --api-key is set: "
             f"anyone who can reach port {args.port} can use it"
         )
-    return command, env
+    return env
 
 
 def our_variables() -> tuple[str, str, str]:

@@ -295,7 +295,7 @@ def compile_lm(
     "q4_0" (`max_gpt2.model.weight_formats`; all but float32 for the CPU in float32), packed
     from the float32 `weights` here. `kv_cache`: the KV cache's dtype, the compute dtype or
     "float16" with float32 compute (half the bytes a step's attention reads; attention computed
-    in float32); None: `lm_graphs.default_kv_cache`. What MAX cannot compile on the device
+    in float32); None: `WeightFormat.cache_dtype`'s default. What MAX cannot compile on the device
     (`devices.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
     options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)

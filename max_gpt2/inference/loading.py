@@ -22,6 +22,7 @@ all load through it. Each step is the cheapest one that gives the same model:
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,8 +36,8 @@ from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.inference.tokenizer import checkpoint_tokenizer
 from max_gpt2.model.checkpoint import OpenedCheckpoint, open_checkpoint
-from max_gpt2.model.stored_weights import StoredWeights, choose_format
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
+from max_gpt2.model.stored_weights import StoredWeights
+from max_gpt2.model.weight_formats import WeightFormat
 from max_gpt2.model.weights_cache import bound_weights
 
 
@@ -76,13 +77,19 @@ def plan_load(
 ) -> LoadPlan:
     """Every decision and check of a load of `checkpoint` (a path, or one `open_checkpoint` opened),
     before any tensor is read; `load_lm`'s arguments."""
-    requested = None if weight_format is None else format_named(weight_format)
-    LMOptions.check(device, dtype, kernels, requested or FLOAT32, kv_cache, output_attentions)
-    opened = open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
-    chosen = choose_format(opened, requested)
-    options = LMOptions.check(device, dtype, kernels, chosen, kv_cache, output_attentions)
-    check_compiles_on(options.device, options.dtype, opened.config.n_embd)
-    return LoadPlan(opened, options, None if cache_dir is None else Path(cache_dir))
+    options = LMOptions.check(
+        device,
+        dtype,
+        kernels,
+        weight_format,
+        kv_cache,
+        output_attentions,
+        opened := cache(
+            lambda: open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+        ),
+    )
+    check_compiles_on(options.device, options.dtype, opened().config.n_embd)
+    return LoadPlan(opened(), options, None if cache_dir is None else Path(cache_dir))
 
 
 def load_lm(

@@ -21,8 +21,8 @@ checkpoints may store (GGUF's F16) and that loads as float32. A format knows:
   the kernels' layout (`kernel_layout`), from those rows and back to float32;
 - `matmul_op` / `dequantize_op`: the Mojo ops that multiply by it, or unpack it in a graph;
 - whether it runs only through the kernels (`kernels_only`: every format but float32, on the CPU
-  in float32 compute), is quantized (then it loads only as itself or as float32), and keeps the KV
-  cache in float16 by default (`half_cache`).
+  in float32 compute; `check_runs`), is quantized (then it loads only as itself or as float32),
+  and the KV cache's dtype beside it (`cache_dtype`: float16 by default beside a packed format).
 
 No other module compares a format's name; each asks its format.
 """
@@ -36,7 +36,7 @@ import numpy as np
 from max.dtype import DType
 
 from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, BlockCode
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
 from max_gpt2.model.kernel_layout import (
     CHUNK,
     GROUP,
@@ -84,6 +84,39 @@ class WeightFormat:
     def loads_as(self) -> WeightFormat:
         """The format its tensors load as when none is asked for."""
         return self
+
+    def check_runs(self, kernels_run: bool, where: str) -> WeightFormat:
+        """Itself, where it runs: a format only the kernels read needs them (`kernels_run`: whether they
+        run on the device and dtype `where` names); else a ValueError naming both."""
+        if self.kernels_only and not kernels_run:
+            raise ValueError(
+                f"weight_format={self.name!r} is for decoding on the CPU in float32, not on {where}"
+            )
+        return self
+
+    def cache_dtype(self, kv_cache: str | DType | None, compute: DType) -> DType:
+        """The KV cache's dtype beside this format: `kv_cache` if asked (the compute dtype, or float16 for
+        float32 compute), else float16 beside a packed format in float32 compute, as llama.cpp keeps
+        its cache, and the compute dtype otherwise.
+
+        Beside a packed format's own rounding a float16 cache's does not show in perplexity, and a
+        batch's steps read half the cache's bytes (docs/performance.md). Float32 weights keep the cache
+        in their dtype, Hugging Face's numbers.
+        """
+        if kv_cache is None:
+            return DType.float16 if self.half_cache and compute == DType.float32 else compute
+        try:
+            cache = parse_dtype(kv_cache)
+        except ValueError:
+            raise ValueError(
+                f"kv_cache must be float32, bfloat16 or float16 (or None); got {kv_cache!r}"
+            ) from None
+        if cache != compute and not (cache == DType.float16 and compute == DType.float32):
+            raise ValueError(
+                f"kv_cache={cache.name!r} with {compute.name} compute: the cache is kept in the "
+                "compute dtype, or in float16 for float32 compute"
+            )
+        return cache
 
     def rows(self, weight: np.ndarray) -> np.ndarray:
         """A float32 weight [N, K] in this format, row by row as GGUF stores it."""

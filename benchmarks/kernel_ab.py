@@ -66,13 +66,12 @@ from max_gpt2.inference.devices import packed_buffer
 from max_gpt2.inference.lm import CompiledLM
 from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.threads import quiet_restless_threads
-from max_gpt2.kernels import kernel_library, matmul_op_name
+from max_gpt2.kernels import kernel_library
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model import gpt2
-from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.block import Block
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import float32_to_bfloat16_bits
+from max_gpt2.model.weight_formats import FORMATS, WeightFormat
 from max_gpt2.outputs import Progress, default_cache_dir
 
 CPU_REF = DeviceRef.CPU()
@@ -91,15 +90,10 @@ def step_shapes(config: GPT2Config, part: str = "step") -> list[tuple[int, int]]
     return {"step": layers + head, "layers": layers, "head": head * 3}[part]
 
 
-def stored(weight: np.ndarray, weight_format: str, bias: np.ndarray) -> list[np.ndarray]:
+def stored(weight: np.ndarray, weight_format: WeightFormat, bias: np.ndarray) -> list[np.ndarray]:
     """`weight` [N, K] as the kernel for `weight_format` takes it: the matrix, or values and scales, then
     the bias the kernel adds (empty: none)."""
-    if weight_format == "float32":
-        return [weight, bias]
-    if weight_format == "bfloat16":
-        return [wf.interleave_bfloat16(float32_to_bfloat16_bits(weight)), bias]
-    values, scales = (wf.quantize_q8_0 if weight_format == "q8_0" else wf.quantize_q4_0)(weight)
-    return [*wf.interleave(values, scales, weight_format), bias]
+    return [*weight_format.pack(weight_format.rows(weight)).values(), bias]
 
 
 def step_graph(
@@ -126,7 +120,7 @@ def step_graph(
     return graph
 
 
-def load_op_by_op_lm(checkpoint: Path, weight_format: str) -> CompiledLM:
+def load_op_by_op_lm(checkpoint: Path, weight_format: WeightFormat) -> CompiledLM:
     """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
     with mock.patch.object(gpt2, "block_for", lambda config, kernels: Block):
         return load_lm(checkpoint, device="cpu", weight_format=weight_format)
@@ -181,7 +175,7 @@ def compare_products(args: argparse.Namespace) -> None:
     """Prints a step's products (or `--part`'s) through our op and the copy's, at each of `--rows`."""
     config = MODELS[args.model]
     shapes = step_shapes(config, args.part)
-    op = matmul_op_name(args.weight_format)
+    op = args.weight_format.matmul_op
     rng = np.random.default_rng(0)
     # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have
     # biases (zeros here), the head none.
@@ -243,7 +237,7 @@ def compare_products(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variant", type=Path, nargs="?", help="an edited copy of max_gpt2/kernels")
-    parser.add_argument("--weight-format", default="float32", choices=wf.FORMATS)
+    parser.add_argument("--weight-format", default="float32", choices=list(FORMATS))
     parser.add_argument(
         "--part",
         default="step",
@@ -264,6 +258,7 @@ def main() -> int:
     )
     parser.add_argument("--op-by-op", action="store_true", help="with --steps, no copy: against op by op")
     args = parser.parse_args()
+    args.weight_format = FORMATS[args.weight_format]
     others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
     if others != 1 or (args.variant is None and not args.steps):
         parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")

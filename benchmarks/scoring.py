@@ -45,7 +45,7 @@ from max_gpt2 import load_lm
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.server import ServerProcess, free_port
-from max_gpt2.model.weight_formats import FORMATS, check_format
+from max_gpt2.model.weight_formats import FORMATS, WeightFormat, format_named
 
 LLAMA_RATE = re.compile(r"prompt eval time =.*?([0-9.]+) tokens per second")
 LLAMA_START = re.compile(
@@ -54,7 +54,7 @@ LLAMA_START = re.compile(
 LLAMA_FINAL = re.compile(r"(?P<at>[0-9.]+) I Final estimate: PPL = (?P<ppl>[0-9.]+)")
 
 
-def in_process(checkpoint: Path, weight_format: str, tokens: int, rounds: int) -> dict[str, float]:
+def in_process(checkpoint: Path, weight_format: WeightFormat, tokens: int, rounds: int) -> dict[str, float]:
     """Median tokens/s of `prefill` and `logprobs` on one row of `tokens` ids, and their ratio."""
     lm = load_lm(checkpoint, "cpu", weight_format=weight_format)
     tokens = min(tokens, lm.config.n_positions)
@@ -89,9 +89,9 @@ def run_measured(command: list[str]) -> tuple[str, int]:
     return output, usage.ru_maxrss // 1024
 
 
-def ours(checkpoint: Path, weight_format: str, text: Path, threads: int) -> dict[str, float]:
+def ours(checkpoint: Path, weight_format: WeightFormat, text: Path, threads: int) -> dict[str, float]:
     command = [sys.executable, "-m", "max_gpt2", "perplexity", "--checkpoint", str(checkpoint)]
-    command += ["--device", "cpu", "--weight-format", weight_format, "--chunks", "--json", str(text)]
+    command += ["--device", "cpu", "--weight-format", weight_format.name, "--chunks", "--json", str(text)]
     output, rss = run_measured(command)
     (result,) = json.loads(output[output.index("{") :])["files"].values()
     return {"tok_s": result["tokens_run"] / result["seconds"], "rss_mb": rss, "ppl": result["perplexity"]}
@@ -154,7 +154,7 @@ def max_logprob_op(tokens: int, vocab: int, rounds: int) -> float:
     return statistics.median(times[1:])
 
 
-def served_echo(checkpoint: Path, weight_format: str, tokens: int, rounds: int) -> dict[str, float]:
+def served_echo(checkpoint: Path, weight_format: WeightFormat, tokens: int, rounds: int) -> dict[str, float]:
     """Median tokens/s of one prompt through `max-gpt2 serve` with echo and log-probabilities, and
     without (the last position's logits only)."""
     config = json.loads((checkpoint / "config.json").read_text())
@@ -162,7 +162,7 @@ def served_echo(checkpoint: Path, weight_format: str, tokens: int, rounds: int) 
     ids = np.random.default_rng(0).integers(0, config["vocab_size"], tokens).tolist()
     with tempfile.TemporaryDirectory() as scratch:
         server = ServerProcess(
-            checkpoint, Path(scratch) / "serve.log", free_port(), "--weight-format", weight_format
+            checkpoint, Path(scratch) / "serve.log", free_port(), "--weight-format", weight_format.name
         )
         try:
             server.wait_until_ready(1800)
@@ -209,12 +209,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--echo", action="store_true", help="the server's echo path too (serving extra)")
     args = parser.parse_args()
-    formats = [check_format(name.strip(), "--weight-format") for name in args.weight_format.split(",")]
+    formats = [format_named(name.strip(), "--weight-format") for name in args.weight_format.split(",")]
     report: dict = {"machine": machine_description(CPU()), "in_process": {}, "whole_process": {}}
     if not args.chunks_only:
         for weight_format in formats:
             result = in_process(args.checkpoint, weight_format, args.tokens, args.rounds)
-            report["in_process"][weight_format] = result
+            report["in_process"][weight_format.name] = result
             print(
                 f"{weight_format:>9}: prefill {result['prefill_tok_s']:7.1f} tok/s, logprobs "
                 f"{result['logprobs_tok_s']:7.1f} tok/s, {result['ratio']:.2f} of prefill "
@@ -245,7 +245,7 @@ def main() -> None:
                 "ours_ppl": rounds[0][0]["ppl"],
                 "llama_ppl": rounds[0][1]["ppl"],
             }
-            report["whole_process"][weight_format] = summary
+            report["whole_process"][weight_format.name] = summary
             print(
                 f"{weight_format:>9}: ours {summary['ours_tok_s']:.1f} tok/s run, llama-perplexity "
                 f"{summary['llama_tok_s']:.1f} (its prompt evaluation alone "

@@ -36,10 +36,12 @@ start, before = time.perf_counter(), peak()
 print(json.dumps({{"seconds": time.perf_counter() - start, "added_mb": peak() - before}}))
 """
 SETUP = """
-from max_gpt2.inference.lm_graphs import LMGraphs, LMOptions
+from max_gpt2.inference.lm_graphs import LMGraphs
+from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.model.checkpoint import open_checkpoint
 from pathlib import Path
-checkpoint, weight_format = open_checkpoint(sys.argv[1]), sys.argv[2]
+from max_gpt2.model.weight_formats import format_named
+checkpoint, weight_format = open_checkpoint(sys.argv[1]), format_named(sys.argv[2])
 options = LMOptions.check("cpu", "float32", None, weight_format)
 def variants(graphs):
     return graphs.prompt_variant, graphs.step_variant

@@ -36,7 +36,7 @@ from max_gpt2.bench.generation import demo_checkpoint_for
 from max_gpt2.inference.scoring import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import FORMATS, check_format
+from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
 
@@ -46,7 +46,7 @@ def measure(
     ids: np.ndarray,
     sequences: int,
     length: int,
-    formats: list[str],
+    formats: list[WeightFormat],
     caches: list[str],
     progress: Progress,
 ) -> list[dict]:
@@ -73,7 +73,7 @@ def measure(
         rows.append(
             {
                 "checkpoint": checkpoint.name,
-                "weights": format,
+                "weights": format.name,
                 "kv_cache": cache,
                 "logit_error": float(np.abs(logits - expected).max() / np.abs(expected).max()),
                 "kl": float(kl.mean()),
@@ -122,10 +122,10 @@ def main() -> None:
     parser.add_argument("--weight-format", default=",".join(FORMATS), help="comma-separated (default: all)")
     args = parser.parse_args()
     try:
-        formats = [check_format(format, "--weight-format") for format in args.weight_format.split(",")]
+        formats = [format_named(format, "--weight-format") for format in args.weight_format.split(",")]
     except ValueError as error:
         parser.error(str(error))
-    if formats[0] != "float32":
+    if formats[0] is not FLOAT32:
         parser.error(
             f"--weight-format starts with float32, which the others are compared with; "
             f"got {args.weight_format}"

@@ -6,14 +6,8 @@
     lm = load_lm("path/to/gpt2")                           # the whole model, compiled
     tokens = lm.generate(input_ids, max_new_tokens=20)     # [batch, seq + 20] int64
 
-The package follows the data path, checkpoint -> adapter -> modules -> compiled
-model -> tokens -> server: `model` (what GPT-2 is: config, checkpoint, weights
-adapter, MAX modules), `kernels` (Mojo decoding kernels), `inference` (compiled
-graphs, prefill and decode steps, generation, sampling, tokenizer) and `serving`
-(MAX's serving engine). Beside them: `reference` (NumPy, float64) and `verify`
-(tolerances) check the MAX side; `testing` writes seeded checkpoints. Tools that
-use the library: `analysis` (attention heads), `cli` (the `max-gpt2` command)
-and `bench` (side-by-side benchmarks).
+The subpackages follow the data path, checkpoint -> adapter -> stored weights -> modules ->
+compiled graphs -> tokens -> server; docs/architecture.md describes each package and module.
 """
 
 from max_gpt2.lazy import lazy_exports

@@ -199,7 +199,7 @@ def lm_weights(lm_checkpoint) -> Callable[..., dict[str, np.ndarray]]:
 def compiled_lm(lm_weights) -> Callable[..., CompiledLM]:
     """`compiled_lm(config, dtype="float32", device="cpu", weights="float32", kv_cache=None)`: a shared
     compiled model, seed-0 weights, its projections and head stored in the `weights` format, its KV
-    cache in `kv_cache` (None: the format's default, `default_kv_cache`)."""
+    cache in `kv_cache` (None: the format's default, `WeightFormat.cache_dtype`)."""
     build = functools.cache(
         lambda config, dtype, device, weights, kv_cache: compile_lm(
             config, lm_weights(config), device, dtype, weight_format=weights, kv_cache=kv_cache

@@ -14,10 +14,13 @@ is only compiled later, by the test that needs it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from max_gpt2 import GPT2Config, compile_attention, compile_lm
+from max_gpt2.inference.lm_graphs import LMGraphs
+from max_gpt2.model.variants import REORDER
 from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
 from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, ODD, serving_missing
 
@@ -40,9 +43,10 @@ def lm(
     output_attentions: bool = False,
     weights: str = "float32",
     kv_cache: str | None = None,
-    variant: str | None = None,
+    variant: Callable[[LMGraphs], Any] | None = None,
 ) -> None:
-    """The language model's graphs for generation (or its attentions variant), and `variant` after them."""
+    """The language model's graphs for generation (or its attentions variant), and `variant(graphs)` after
+    them."""
     parameters = zeros(model_parameter_shapes(config))
     compiled = compile_lm(
         config,
@@ -53,7 +57,7 @@ def lm(
         kv_cache=kv_cache,
     )
     if variant is not None:
-        compiled.graph.compile(variant)
+        compiled.graph.compile(variant(compiled.graph))
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
@@ -67,14 +71,14 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
-    lambda: lm(LM, variant="scores"),
-    lambda: lm(LM, variant="ranked"),
-    lambda: lm(LM, variant="reorder"),
+    lambda: lm(LM, variant=LMGraphs.scoring),
+    lambda: lm(LM, variant=lambda graphs: graphs.scoring(ranked=True)),
+    lambda: lm(LM, variant=lambda graphs: REORDER),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),
     lambda: attention(ODD, "bfloat16"),
-    lambda: lm(LM, weights="q4_0", kv_cache="float32", variant="scores"),
+    lambda: lm(LM, weights="q4_0", kv_cache="float32", variant=LMGraphs.scoring),
     *(
         lambda w=weights: lm(LM_ONE_LAYER, weights=w, kv_cache="float32")
         for weights in ("bfloat16", "q8_0", "q4_0")

@@ -15,7 +15,7 @@ from max.driver import accelerator_count
 
 from max_gpt2 import CompiledLM, GPT2Config
 from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
-from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.block_quants import BLOCK
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
@@ -215,9 +215,9 @@ def bfloat16_activations(x: np.ndarray) -> np.ndarray:
 def quantized_activations(x: np.ndarray) -> np.ndarray:
     """What the q8_0 and q4_0 kernels multiply by: x in blocks of 32, each rounded to int8 steps of
     its largest magnitude / 127 (llama.cpp's q8_0 for activations), float64 [M, K]."""
-    blocks = np.zeros((x.shape[0], -(-x.shape[1] // wf.BLOCK) * wf.BLOCK), np.float32)
+    blocks = np.zeros((x.shape[0], -(-x.shape[1] // BLOCK) * BLOCK), np.float32)
     blocks[:, : x.shape[1]] = x
-    blocks = blocks.reshape(x.shape[0], -1, wf.BLOCK)
+    blocks = blocks.reshape(x.shape[0], -1, BLOCK)
     largest = np.abs(blocks).max(axis=-1, keepdims=True)
     inverse = np.divide(np.float32(127), largest, out=np.zeros_like(largest), where=largest != 0)
     steps = np.rint(blocks * inverse).astype(np.float64)

@@ -15,7 +15,7 @@ from max_gpt2.bench.generation_contenders import Generator
 from max_gpt2.cli import main
 from max_gpt2.cli.bench_generate import parse_cases
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import is_packed
+from max_gpt2.model.weight_formats import NAMED, Q4_0, is_packed
 from max_gpt2.outputs import Progress
 from tests.support import LM
 
@@ -42,7 +42,9 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
         for case in ("1x4+6", "2x4+6", "2x3+9")
     )
     bandwidth = report["bandwidth_gb_per_second"] * 1e9
-    limits = {weights: bandwidth / weight_bytes_per_step(LM, weights) for weights in ("float32", "q8_0")}
+    limits = {
+        weights: bandwidth / weight_bytes_per_step(LM, NAMED[weights]) for weights in ("float32", "q8_0")
+    }
     assert model["limit_tokens_per_second"] == pytest.approx(limits)
     for row in model["cases"]:
         batch = int(row["case"].split("x")[0])
@@ -51,7 +53,7 @@ def test_every_case_is_timed_against_the_bandwidth_limit(report):
         # Each round against the bandwidth measured just before it; both rounds measured it.
         bandwidths = 1e9 * np.array(row["round_bandwidth_gb_per_second"])
         assert len(bandwidths) == 2 and (bandwidths > 0).all()
-        each = np.array(row["round_tokens_per_second"]) * weight_bytes_per_step(LM, row["weights"])
+        each = np.array(row["round_tokens_per_second"]) * weight_bytes_per_step(LM, NAMED[row["weights"]])
         assert row["fraction_of_limit"] == pytest.approx(np.median(each / (bandwidths * batch)))
         if row["case"] == "2x4+6":  # beside 1x4+6: its rate over batch 1, round by round
             (alone,) = [
@@ -88,7 +90,7 @@ def test_weight_bytes_count_every_tensor_a_step_reads(lm_checkpoint):
     assert weight_bytes_per_step(LM) == 4 * (blocks_and_norm + weights["lm_head.weight"].size + one_row_each)
     packed = sum(value.size for name, value in weights.items() if is_packed(name))
     rest = blocks_and_norm + one_row_each - (packed - weights["lm_head.weight"].size)
-    assert weight_bytes_per_step(LM, "q4_0") == round(packed * 18 / 32) + 4 * rest
+    assert weight_bytes_per_step(LM, Q4_0) == round(packed * 18 / 32) + 4 * rest
 
 
 @pytest.mark.parametrize(
@@ -115,7 +117,7 @@ def stand_in(name: str, tokens: np.ndarray) -> Generator:
     """A contender that 'generates' `tokens` whatever it is asked, one millisecond a token."""
     return Generator(
         name,
-        "float32",
+        NAMED["float32"],
         lambda ids, new: [0.001 * step for step in range(new + 1)],
         lambda ids: 0.001,
         lambda: None,
@@ -169,7 +171,7 @@ def paced(name: str, rates: dict[int, list[float]], calls: list) -> Generator:
         return [0.0] + [0.001 + step * batch / rate for step in range(new)]
 
     return Generator(
-        name, "float32", clocked, lambda ids: 0.001, lambda: None, lambda ids, new: np.zeros((1, 1))
+        name, NAMED["float32"], clocked, lambda ids: 0.001, lambda: None, lambda ids, new: np.zeros((1, 1))
     )
 
 

@@ -169,18 +169,15 @@ def test_parse_layers():
 
 
 @pytest.mark.parametrize("command", ["generate", "score", "perplexity", "serve", "bench-generate"])
-def test_weights_is_the_deprecated_spelling_of_weight_format(command, capsys):
-    """Every command that stores weights takes `--weight-format` (by default the checkpoint's own; float32
-    for bench-generate's list); `--weights`, its old spelling, sets the same option and says on stderr to
-    use the new one."""
+def test_every_command_that_stores_weights_takes_weight_format(command):
+    """`--weight-format` (by default the checkpoint's own; float32 for bench-generate's list); `--weights`,
+    its spelling before 0.1, is gone."""
     required = {"generate": ["--prompt", "hi"], "score": ["--prompt", "hi"], "perplexity": ["a.txt"]}
     parser, given = cli.build_parser(), [command, *required.get(command, [])]
     assert parser.parse_args(given).weight_format == ("float32" if command == "bench-generate" else None)
     assert parser.parse_args([*given, "--weight-format", "q4_0"]).weight_format == "q4_0"
-    assert capsys.readouterr().err == ""
-    assert parser.parse_args([*given, "--weights", "q4_0"]).weight_format == "q4_0"
-    warning = f"max-gpt2 {command}: warning: --weights is deprecated; use --weight-format\n"
-    assert capsys.readouterr().err == warning
+    with pytest.raises(SystemExit):
+        parser.parse_args([*given, "--weights", "q4_0"])
 
 
 def test_console_script_is_installed():
@@ -234,14 +231,9 @@ def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
         (["--prompt", "hi", "--early-stopping", "soon"], "must be true, false or never; got 'soon'"),
         (["--prompt-file", "/no/such/file"], r"--prompt-file /no/such/file: \[Errno 2\]"),
         (["--prompt", "hi", "--weight-format", "q2_k"], r"--weight-format: invalid choice: 'q2_k' \(choose"),
-        (["--prompt", "hi", "--weights", "q2_k"], r"--weights: invalid choice: 'q2_k' \(choose from"),
         (
             ["--prompt", "hi", "--weight-format", "q8_0", "--dtype", "bfloat16"],
             r"weight_format='q8_0' is for decoding on the CPU in float32, not on cpu in bfloat16",
-        ),
-        (  # the old spelling still reaches the same check, with a warning
-            ["--prompt", "hi", "--weights", "q8_0", "--dtype", "bfloat16"],
-            r"warning: --weights is deprecated; use --weight-format\n.*weight_format='q8_0' is for decoding",
         ),
     ],
 )

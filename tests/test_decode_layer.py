@@ -14,10 +14,12 @@ from max.graph import DeviceRef
 from max.nn.kv_cache import KVCacheParams
 
 from max_gpt2 import GPT2Config, reference
-from max_gpt2.model import weight_formats as wf
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.inference.devices import host_buffer
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
+from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
+from max_gpt2.model.weight_formats import FORMATS as WEIGHT_FORMATS
+from max_gpt2.model.weight_formats import Q8_0
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
 from tests.op_graphs import FORMATS
 from tests.support import (
@@ -47,16 +49,14 @@ def paged_layer(compiled_ops) -> Model:
 
 def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
     """W [N, K] as each format stores it (what the op takes) and the float64 weights it stands for."""
-    bits = float32_to_bfloat16_bits(w)
-    q8, q4 = wf.quantize_q8_0(w), wf.quantize_q4_0(w)
-    k = w.shape[1]
-    bfloat16 = Buffer.from_numpy(wf.interleave_bfloat16(bits)).view(DType.bfloat16)
-    return {
-        "float32": ([Buffer.from_numpy(w)], w.astype(np.float64)),
-        "bfloat16": ([bfloat16], bfloat16_bits_to_float32(bits).astype(np.float64)),
-        "q8_0": ([*map(Buffer.from_numpy, wf.interleave(*q8, "q8_0"))], wf.dequantize(*q8, "q8_0", k)),
-        "q4_0": ([*map(Buffer.from_numpy, wf.interleave(*q4, "q4_0"))], wf.dequantize(*q4, "q4_0", k)),
-    }
+    forms = {}
+    for name, format in WEIGHT_FORMATS.items():
+        stored = format.pack(format.rows(w))
+        buffers = [
+            host_buffer(stored[part], info.max_dtype) for part, info in format.stored(*w.shape).items()
+        ]
+        forms[name] = (buffers, format.unpack(stored, *w.shape).astype(np.float64))
+    return forms
 
 
 def random_block(rng, width, wide):
@@ -195,13 +195,13 @@ def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused
     activations and the other graphs keep `Block`."""
     config = GPT2Config(n_embd=8, n_head=2, n_layer=2, activation_function=activation)
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        step = GPT2LMHeadModel(config, kernels=True, weight_format="q8_0")
+        step = GPT2LMHeadModel(config, DECODE, Q8_0)
         plain = GPT2LMHeadModel(config)
     assert [isinstance(block, KernelBlock) for block in step.transformer.h] == [fused] * 2
     assert not any(isinstance(block, KernelBlock) for block in plain.transformer.h)
     kv_params = KVCacheParams(dtype=DType.float32, head_dim=4, num_layers=2, devices=[CPU_REF])
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        decoding = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear, decoding=True)
+        decoding = PagedGPT2LMHeadModel(config, kv_params, LAST_LOGITS_DECODE, KernelLinear)
         general = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear)
     assert [isinstance(block, PagedKernelBlock) for block in decoding.transformer.h] == [fused] * 2
     assert not any(isinstance(block, PagedKernelBlock) for block in general.transformer.h)

@@ -20,6 +20,7 @@ from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint, gguf_name
 from max_gpt2.model.gguf_file import GGUFFile
 from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.weight_formats import FLOAT32
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import encoded, gguf, write_gguf_file
@@ -49,7 +50,7 @@ def test_a_float_gguf_gives_the_checkpoints_logits_and_tokens(
     checkpoint's."""
     path = write_gguf_file(save_pretrained[LM], LM, tmp_path / f"lm-{kind}.gguf", kind, embeddings=kind)
     lm = load_lm(path, "cpu", cache_dir=tmp_path / "cache")
-    assert lm.weight_format == "float32" and lm.config == LM
+    assert lm.weight_format.name == "float32" and lm.config == LM
     weights = lm_weights(LM)
     if kind == "F16":
         weights = {
@@ -83,8 +84,8 @@ def test_a_quantized_gguf_binds_as_our_own_quantization(
         embeddings=kind if quantized else "F32", head=quantized,
     )  # fmt: skip
     checkpoint = GGUFCheckpoint(path)
-    assert checkpoint.weight_format == weight_format
-    stored = bound_weights(checkpoint, weight_format, tmp_path / "cache")
+    assert checkpoint.weight_format.name == weight_format
+    stored = bound_weights(checkpoint, checkpoint.weight_format, tmp_path / "cache")
     weights = dict(lm_weights(LM_ONE_LAYER))
     if quantized:
         for name in ("transformer.wte.weight", "transformer.wpe.weight"):
@@ -141,8 +142,8 @@ def test_a_gguf_of_llama_cpps_converter_loads_as_its_checkpoint(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     opened = open_checkpoint(path)
     assert opened.config == config
-    expected = pack(open_checkpoint(checkpoint).model_weights(), "float32")
-    bound = bound_weights(opened, "float32")
+    expected = pack(open_checkpoint(checkpoint).model_weights(), FLOAT32)
+    bound = bound_weights(opened, FLOAT32)
     assert all(np.array_equal(bound[name], array) for name, array in expected.items())
     assert load_tokenizer(path).encode(TEXT).ids == load_tokenizer(checkpoint).encode(TEXT).ids
 
@@ -165,7 +166,7 @@ def _edited(good_file: Path, path: Path, edit) -> Path:
 def test_the_good_file_opens(good_file):
     checkpoint = GGUFCheckpoint(good_file)
     assert checkpoint.config == dataclasses.replace(LM_ONE_LAYER, activation_function="gelu_new")
-    assert checkpoint.weight_format == "q8_0"
+    assert checkpoint.weight_format.name == "q8_0"
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from max_gpt2 import reference
 from max_gpt2.analysis.gallery import HEADS_PER_IMAGE, draw_gallery, grid_shape, grid_size
 from max_gpt2.analysis.head_summary import LABELS, summarize
 from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.variants import ATTENTIONS, DECODE, PLAIN
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import compare
 from tests.support import LM, ODD, random_input, run_python
@@ -69,7 +70,7 @@ def test_another_checkpoint_reuses_the_graphs(compiled_lm, lm_weights):
     ids = prompts(LM, 2, 6, seed=9)
     lm.attentions(ids)
     # Other tests may have compiled more variants (beam search's "reorder") on the shared graph.
-    assert {"attentions", "decode", "plain"} <= set(lm.graph.compiled_variants())
+    assert {ATTENTIONS, DECODE, PLAIN} <= set(lm.graph.compiled_variants())
     other = lm.with_weights(lm_weights(LM, seed=1))
     assert other.graph is lm.graph
     expected = reference.lm_forward(ids, lm_weights(LM, seed=1), LM)

@@ -9,9 +9,10 @@ from max.driver import Buffer
 from max.dtype import DType
 from max.engine import Model
 
+from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.package import compiled_package
-from max_gpt2.model import weight_formats as wf
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q8_0
 from tests.support import (
     LOWEST,
     attention_reference,
@@ -68,9 +69,13 @@ def packed_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> list[Buffer
     """The `packed` graph's inputs: x, W in each format, N, the bias."""
     return [
         Buffer.from_numpy(x),
-        Buffer.from_numpy(wf.interleave_bfloat16(float32_to_bfloat16_bits(w))).view(DType.bfloat16),
-        *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q8_0(w), "q8_0")),
-        *map(Buffer.from_numpy, wf.interleave(*wf.quantize_q4_0(w), "q4_0")),
+        *(
+            host_buffer(array, info.max_dtype)
+            for format in (BFLOAT16, Q8_0, Q4_0)
+            for array, info in zip(
+                format.pack(format.rows(w)).values(), format.stored(*w.shape).values(), strict=True
+            )
+        ),
         Buffer.from_numpy(np.zeros(w.shape[0], np.float32)),
         Buffer.from_numpy(bias),
     ]
@@ -90,13 +95,8 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
     w = rng.standard_normal((n, k), dtype=np.float32)
     bias = rng.standard_normal(n if (rows + k + n) % 2 else 0, dtype=np.float32)
     bits = float32_to_bfloat16_bits(w)
-    q8_values, q8_scales = wf.quantize_q8_0(w)
-    q4_values, q4_scales = wf.quantize_q4_0(w)
     y_bf16, y_q8, y_q4, w_q8, w_q4 = (out.to_numpy() for out in packed.execute(*packed_inputs(x, w, bias)))
-    stored = {
-        "q8_0": wf.dequantize(q8_values, q8_scales, "q8_0", k),
-        "q4_0": wf.dequantize(q4_values, q4_scales, "q4_0", k),
-    }
+    stored = {format.name: format.values(format.rows(w), w.shape) for format in (Q8_0, Q4_0)}
     np.testing.assert_array_equal(w_q8, stored["q8_0"])
     np.testing.assert_array_equal(w_q4, stored["q4_0"])
     x_steps = quantized_activations(x)

@@ -8,7 +8,7 @@ import pytest
 from max.dtype import DType
 
 from max_gpt2 import load_lm, reference
-from max_gpt2.inference.lm_graphs import check_kv_cache
+from max_gpt2.model.weight_formats import FLOAT32, FORMATS
 from tests.support import LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference (LM_ONE_LAYER's random
@@ -57,7 +57,7 @@ def test_steps_through_the_kernel_round_as_the_prompt_graph_does(lm):
 )
 def test_unsupported_caches_are_refused(kv_cache, dtype, message):
     with pytest.raises(ValueError, match=message):
-        check_kv_cache(kv_cache, dtype)
+        FLOAT32.cache_dtype(kv_cache, dtype)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +72,8 @@ def test_unsupported_caches_are_refused(kv_cache, dtype, message):
     ],
 )
 def test_the_default_cache_is_float16_beside_packed_weights_only(weights, dtype, expected):
-    assert check_kv_cache(None, dtype, weights) == expected
-    assert check_kv_cache("float32", DType.float32, weights) == DType.float32  # asked for: kept
+    assert FORMATS[weights].cache_dtype(None, dtype) == expected
+    assert FORMATS[weights].cache_dtype("float32", DType.float32) == DType.float32  # asked for: kept
 
 
 def test_load_lm_refuses_a_bad_cache_before_reading(tmp_path):

@@ -14,6 +14,7 @@ from max.experimental.tensor import Tensor, TensorType
 from max_gpt2 import GPT2Config, load_lm, reference
 from max_gpt2.model.block import activation
 from max_gpt2.model.config import ACTIVATIONS
+from max_gpt2.model.variants import DECODE, PLAIN
 from max_gpt2.verify import compare
 from tests.support import LM, LM_ONE_LAYER, left_padding, prompts
 
@@ -118,10 +119,10 @@ def test_the_prompt_and_step_graphs_are_compiled_as_one_module(compiled_lm):
     """On the CPU in float32 they differ (MAX's ops, the Mojo kernels) and compile together, so the
     kernels they share compile once; the tests above check what each computes."""
     lm = compiled_lm(LM)
-    artifact = lm.graph.compiled("plain")
-    assert lm.graph.compiled("decode") is artifact
+    artifact = lm.graph.compiled(PLAIN)
+    assert lm.graph.compiled(DECODE) is artifact
     names = lm.graph.graph_names(artifact)
-    assert set(names) == {"plain", "decode"} and names["plain"] != names["decode"]
+    assert set(names) == {PLAIN, DECODE} and names[PLAIN] != names[DECODE]
 
 
 def test_the_steps_refuse_what_does_not_fit_the_cache(compiled_lm):

@@ -119,13 +119,15 @@ def stub_pipeline(
         runs.append([context.tokens.active_length for context in batch])
         return ModelOutputs(rows, rows)
 
+    class Stubbed(GPT2TextGenerationPipeline):
+        kv_manager = Cache()  # in place of MAX's property
+
     runs: list[list[int]] = []
-    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
-    pipeline._devices = [type("Device", (), {"is_host": on_host})()]
+    pipeline = Stubbed.__new__(Stubbed)  # no model, no compile
+    pipeline._on_host = on_host
     pipeline._decode_steps = decode_steps
     pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
     pipeline._launch_forward_pass = forward
-    pipeline._kv_manager = Cache()
     pipeline.runs = runs
     return pipeline
 
@@ -157,9 +159,9 @@ def test_a_step_takes_the_argmax_only_when_every_request_allows_it_on_a_cpu(
     responses = pipeline._execute(TextGenerationInputs(batches=[contexts]))
     if argmax:
         assert [responses[context.request_id].tokens for context in contexts] == [[1], [3]]
-        assert pipeline._kv_manager.steps == contexts and not maxs_steps and pipeline.runs == [[3, 3]]
+        assert pipeline.kv_manager.steps == contexts and not maxs_steps and pipeline.runs == [[3, 3]]
     else:
-        assert len(maxs_steps) == 1 and not pipeline._kv_manager.steps and not responses
+        assert len(maxs_steps) == 1 and not pipeline.kv_manager.steps and not responses
 
 
 @pytest.mark.parametrize(
@@ -186,8 +188,8 @@ def test_a_decoding_step_goes_on_until_a_request_ends_or_the_cache_is_full(secon
         [vocab - 1 - run for run in range(steps)],
     ]
     assert pipeline.runs == [[1, 1]] * steps
-    assert pipeline._kv_manager.steps == contexts * steps
-    assert len(pipeline._kv_manager.claims) == 2 * (steps - 1) + (full_after is not None and full_after % 2)
+    assert pipeline.kv_manager.steps == contexts * steps
+    assert len(pipeline.kv_manager.claims) == 2 * (steps - 1) + (full_after is not None and full_after % 2)
     assert contexts[1].is_done == (second_length == 6)
 
 
@@ -211,4 +213,4 @@ def test_a_decoding_step_ends_before_one_more_run_would_pass_its_time_budget(mon
     context.to_generation_output()
     responses = pipeline._execute(TextGenerationInputs(batches=[[context]]))
     assert responses[context.request_id].tokens == [0, 1, 2, 3]
-    assert len(pipeline._kv_manager.claims) == 3
+    assert len(pipeline.kv_manager.claims) == 3

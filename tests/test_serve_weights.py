@@ -22,7 +22,7 @@ import pytest
 
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import open_checkpoint
-from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
+from max_gpt2.model.weight_formats import FLOAT32
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.outputs import Progress
 from max_gpt2.testing import END_OF_TEXT
@@ -30,11 +30,12 @@ from tests.support import LM, requires_serving
 from tests.test_serve import NEW_TOKENS, PROMPTS, complete, served
 
 pytestmark = requires_serving()
+SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # what `max-gpt2 serve --weight-format` hands MAX's server
 
 
 def served_weights(server) -> dict[str, np.ndarray]:
     """The served GGUF file's float32 parameters, as they lie in it."""
-    return dict(bound_weights(open_checkpoint(server.checkpoint), "float32"))
+    return dict(bound_weights(open_checkpoint(server.checkpoint), FLOAT32))
 
 
 @pytest.fixture(scope="module")
@@ -127,25 +128,13 @@ def test_the_server_refuses_decode_steps_that_are_not_a_positive_count(value, mo
 def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):
     from max_gpt2.serving.model_config import served_weight_format
 
-    monkeypatch.delenv(RENAMED_SERVED_FORMAT_VARIABLE, raising=False)
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
     with pytest.raises(
         ValueError, match="MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0; got 'q5_1'"
     ):
         served_weight_format()
     monkeypatch.delenv(SERVED_FORMAT_VARIABLE)
-    assert served_weight_format() == "float32"
-
-
-def test_the_old_variable_still_names_the_format_with_a_warning(monkeypatch):
-    from max_gpt2.serving.model_config import served_weight_format
-
-    monkeypatch.delenv(SERVED_FORMAT_VARIABLE, raising=False)
-    monkeypatch.setenv(RENAMED_SERVED_FORMAT_VARIABLE, "q8_0")
-    with pytest.warns(DeprecationWarning, match="MAX_GPT2_WEIGHTS is deprecated; set MAX_GPT2_WEIGHT_FORMAT"):
-        assert served_weight_format() == "q8_0"
-    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q4_0")  # the new name wins
-    assert served_weight_format() == "q4_0"
+    assert served_weight_format().name == "float32"
 
 
 def test_serve_makes_a_model_directory_for_a_gguf_file(tmp_path, monkeypatch):

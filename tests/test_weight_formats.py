@@ -3,21 +3,27 @@ language model in each format against the float64 reference."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
-from max.driver import CPU
 from max.dtype import DType
-from max.experimental import functional as F
-from max.experimental.tensor import default_device, default_dtype
 
 from max_gpt2 import load_lm, reference
 from max_gpt2.inference.devices import host_array, weight_buffers
-from max_gpt2.model import weight_formats as wf
+from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, quantize_q4_0, quantize_q8_0
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.gpt2 import GPT2LMHeadModel
-from max_gpt2.model.packed_linear import PackedLinear
+from max_gpt2.model.kernel_layout import (
+    GROUP,
+    deinterleave_bfloat16,
+    deinterleave_blocks,
+    interleave_bfloat16,
+    interleave_blocks,
+)
 from max_gpt2.model.stored_weights import pack, unpack
 from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.weight_formats import FORMATS, format_named, is_packed, stored_name
 from tests.support import LM, LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference, for LM_ONE_LAYER's random
@@ -33,12 +39,12 @@ SHAPES = [(7, 32), (5, 60), (3, 100), (2, 768), (1, 1)]  # whole blocks, tails, 
 def _steps(weight: np.ndarray, scales: np.ndarray, divisor: float) -> tuple[np.ndarray, np.ndarray]:
     """Per weight [N, K], float64: the block's exact step (its largest magnitude over `divisor`, what the
     values are rounded with) and how far the stored float16 scale is from it."""
-    blocks = -(-weight.shape[1] // wf.BLOCK)
-    padded = np.zeros((weight.shape[0], blocks * wf.BLOCK))
+    blocks = -(-weight.shape[1] // BLOCK)
+    padded = np.zeros((weight.shape[0], blocks * BLOCK))
     padded[:, : weight.shape[1]] = weight
-    exact = np.abs(padded.reshape(len(weight), blocks, wf.BLOCK)).max(axis=-1) / divisor
+    exact = np.abs(padded.reshape(len(weight), blocks, BLOCK)).max(axis=-1) / divisor
     rounding = np.abs(np.abs(scales.astype(np.float64)) - exact)
-    spread = [np.repeat(part, wf.BLOCK, axis=1)[:, : weight.shape[1]] for part in (exact, rounding)]
+    spread = [np.repeat(part, BLOCK, axis=1)[:, : weight.shape[1]] for part in (exact, rounding)]
     return spread[0], spread[1]
 
 
@@ -47,12 +53,12 @@ def test_q8_0_keeps_each_weight_within_half_a_step_and_the_scales_rounding(shape
     """llama.cpp rounds each value with the exact step (largest magnitude / 127) and stores the step
     rounded to float16: a weight comes back within half a step plus its value times that rounding."""
     weight = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
-    values, scales = wf.quantize_q8_0(weight)
-    blocks = -(-shape[1] // wf.BLOCK)
-    assert values.shape == (shape[0], blocks * wf.BLOCK) and values.dtype == np.int8
+    values, scales = quantize_q8_0(weight)
+    blocks = -(-shape[1] // BLOCK)
+    assert values.shape == (shape[0], blocks * BLOCK) and values.dtype == np.int8
     assert scales.shape == (shape[0], blocks) and scales.dtype == np.float16
     assert (values[:, shape[1] :] == 0).all() and np.abs(values).max() <= 127
-    restored = wf.dequantize(values, scales, "q8_0", shape[1])
+    restored = Q8_0_CODE.dequantize(values, scales, shape[1])
     step, rounding = _steps(weight, scales, 127)
     bound = step / 2 + np.abs(values[:, : shape[1]]) * rounding + 1e-6 * np.abs(weight)
     assert (np.abs(restored - weight) <= bound).all()
@@ -65,11 +71,11 @@ def test_q4_0_keeps_each_weight_within_half_a_step_but_the_clamped(shape):
     """The largest magnitude maps to -8 steps; the other side ends at +7, so values past +7.5 steps
     are clamped there, within a step (each plus its value times the float16 scale's rounding)."""
     weight = np.random.default_rng(sum(shape) + 1).standard_normal(shape).astype(np.float32)
-    values, scales = wf.quantize_q4_0(weight)
-    blocks = -(-shape[1] // wf.BLOCK)
-    assert values.shape == (shape[0], blocks * wf.BLOCK) and values.dtype == np.uint8
+    values, scales = quantize_q4_0(weight)
+    blocks = -(-shape[1] // BLOCK)
+    assert values.shape == (shape[0], blocks * BLOCK) and values.dtype == np.uint8
     assert values.max() <= 15
-    restored = wf.dequantize(values, scales, "q4_0", shape[1])
+    restored = Q4_0_CODE.dequantize(values, scales, shape[1])
     step, rounding = _steps(weight, scales, 8)
     slack = np.abs(values[:, : shape[1]].astype(np.float64) - 8) * rounding + 1e-6 * np.abs(weight)
     error = np.abs(restored - weight)
@@ -88,38 +94,38 @@ def test_quantizing_gives_llama_cpps_blocks_bit_for_bit(format, shape):
     weight = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
     weight[0, :32] = 0  # a block of zeros: scale 0
     weight[-1, -32:] = np.linspace(-1, 1, 32)  # values landing on halves of a step
-    expected = gguf.quants.quantize(weight, gguf.GGMLQuantizationType[format.upper()])
-    np.testing.assert_array_equal(wf.to_blocks(*wf.quantize(weight, format), format), expected)
-    values, scales = wf.from_blocks(expected, format)
+    kind = gguf.GGMLQuantizationType[format_named(format).ggml_type]
+    expected = gguf.quants.quantize(weight, kind)
+    np.testing.assert_array_equal(format_named(format).rows(weight), expected)
     np.testing.assert_array_equal(
-        wf.dequantize(values, scales, format, shape[1]),
-        gguf.quants.dequantize(expected, gguf.GGMLQuantizationType[format.upper()]),
+        format_named(format).values(expected, shape), gguf.quants.dequantize(expected, kind)
     )
 
 
 def test_q4_0_maps_the_largest_magnitude_to_minus_8_steps():
     weight = np.concatenate([np.linspace(-8, 7, 16), np.linspace(7, -8, 16)])[None].astype(np.float32)
-    values, scales = wf.quantize_q4_0(weight)
+    values, scales = quantize_q4_0(weight)
     assert scales[0, 0] == 1.0  # d = -8 / -8
     np.testing.assert_array_equal(values[0], np.round(weight[0] + 8))
-    np.testing.assert_array_equal(wf.dequantize(values, scales, "q4_0", 32), np.round(weight))
+    np.testing.assert_array_equal(Q4_0_CODE.dequantize(values, scales, 32), np.round(weight))
 
 
 @pytest.mark.parametrize("format", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 17])
 def test_interleaving_puts_each_value_where_the_kernel_reads_it(format, rows):
-    """The layout in `weight_formats`' docstring, element by element, and back."""
+    """The layout in `kernel_layout`'s docstring, element by element, and back."""
+    code = format_named(format).code
     rng = np.random.default_rng(rows)
     blocks = 3
     low, high, dtype = (-127, 128, np.int8) if format == "q8_0" else (0, 16, np.uint8)
-    values = rng.integers(low, high, (rows, blocks * wf.BLOCK)).astype(dtype)
+    values = rng.integers(low, high, (rows, blocks * BLOCK)).astype(dtype)
     scales = rng.standard_normal((rows, blocks)).astype(np.float16)
-    stored, stored_scales = wf.interleave(values, scales, format)
-    groups = -(-rows // wf.GROUP)
+    stored, stored_scales = interleave_blocks(code.to_blocks(values, scales), code)
+    groups = -(-rows // GROUP)
     assert stored.shape == (groups, blocks * (256 if format == "q8_0" else 128))
     assert stored_scales.shape == (groups, blocks * 8)
-    for row in range(groups * wf.GROUP):
-        g, r = divmod(row, wf.GROUP)
+    for row in range(groups * GROUP):
+        g, r = divmod(row, GROUP)
         for b in range(blocks):
             assert stored_scales[g, b * 8 + r] == (scales[row, b] if row < rows else 0)
             for c in range(8 if format == "q8_0" else 4):
@@ -133,59 +139,59 @@ def test_interleaving_puts_each_value_where_the_kernel_reads_it(format, rows):
                         columns = (32 * b + 4 * c + e, 32 * b + 16 + 4 * c + e)
                         want = [values[row, column] if row < rows else 0 for column in columns]
                     assert got == want, (row, b, c, e)
-    back, back_scales = wf.deinterleave(stored, stored_scales, format, rows)
+    back, back_scales = deinterleave_blocks(stored, stored_scales, code, rows)
     np.testing.assert_array_equal(back, values)
     np.testing.assert_array_equal(back_scales, scales)
 
 
 @pytest.mark.parametrize(("rows", "columns"), [(1, 32), (7, 33), (8, 96), (9, 5), (17, 40)])
 def test_bfloat16_interleaving_puts_each_value_where_the_kernel_reads_it(rows, columns):
-    """bfloat16's layout in `weight_formats`' docstring, element by element (padding zero), and back."""
+    """bfloat16's layout in `kernel_layout`'s docstring, element by element (padding zero), and back."""
     bits = np.random.default_rng(rows).integers(1, 1 << 16, (rows, columns)).astype(np.uint16)
-    stored = wf.interleave_bfloat16(bits)
-    groups, chunks = -(-rows // wf.GROUP), -(-columns // 32)
+    stored = interleave_bfloat16(bits)
+    groups, chunks = -(-rows // GROUP), -(-columns // 32)
     assert stored.shape == (groups, chunks * 256) and stored.dtype == np.uint16
-    for row in range(groups * wf.GROUP):
-        g, r = divmod(row, wf.GROUP)
+    for row in range(groups * GROUP):
+        g, r = divmod(row, GROUP)
         for column in range(chunks * 32):
             c, e = divmod(column, 32)
             want = bits[row, column] if row < rows and column < columns else 0
             assert stored[g, c * 256 + r * 32 + e] == want, (row, column)
-    np.testing.assert_array_equal(wf.deinterleave_bfloat16(stored, rows, columns), bits)
+    np.testing.assert_array_equal(deinterleave_bfloat16(stored, rows, columns), bits)
 
 
 def test_a_block_of_zeros_stays_zero():
-    for quantize, name in ((wf.quantize_q8_0, "q8_0"), (wf.quantize_q4_0, "q4_0")):
-        values, scales = quantize(np.zeros((2, 40), np.float32))
+    for code in (Q8_0_CODE, Q4_0_CODE):
+        values, scales = code.quantize(np.zeros((2, 40), np.float32))
         assert (scales == 0).all()
-        np.testing.assert_array_equal(wf.dequantize(values, scales, name, 40), np.zeros((2, 40)))
+        np.testing.assert_array_equal(code.dequantize(values, scales, 40), np.zeros((2, 40)))
 
 
-@pytest.mark.parametrize("format", wf.FORMATS)
+@pytest.mark.parametrize("format", FORMATS.values(), ids=FORMATS)
 def test_packing_a_model_packs_the_projections_and_the_head_only(format):
     shapes = model_parameter_shapes(LM)
     rng = np.random.default_rng(0)
     weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     packed = pack(weights, format)
     for name, array in weights.items():
-        if format == "float32" or not wf.is_packed(name):
+        if not format.kernels_only or not is_packed(name):
             assert packed[name] is array  # embeddings, norms and biases stay float32, uncopied
     restored = unpack(packed, format, shapes)
     for name in ("transformer.h.0.attn.c_attn.weight", "transformer.h.2.mlp.c_proj.weight", "lm_head.weight"):
         error = np.abs(restored[name] - weights[name]).max() / np.abs(weights[name]).max()
-        assert error <= {"float32": 0, "bfloat16": 2**-8, "q8_0": 1 / 127, "q4_0": 1 / 8}[format], name
-    if format == "bfloat16":
+        assert error <= {"float32": 0, "bfloat16": 2**-8, "q8_0": 1 / 127, "q4_0": 1 / 8}[format.name], name
+    if format.name == "bfloat16":
         np.testing.assert_array_equal(
             restored["lm_head.weight"],
             bfloat16_bits_to_float32(float32_to_bfloat16_bits(weights["lm_head.weight"])),
         )
     extra = set(packed) - set(weights)
     assert extra == (
-        {wf.scales_name(name) for name in weights if wf.is_packed(name)} if "q" in format else set()
+        {stored_name(name, "scales") for name in weights if is_packed(name)} if format.quantized else set()
     )
 
 
-@pytest.mark.parametrize("format", wf.FORMATS)
+@pytest.mark.parametrize("format", FORMATS.values(), ids=FORMATS)
 def test_weight_buffers_bind_the_packed_bytes_as_stored_and_a_tied_head_once(format):
     """`weight_buffers`, what `CompiledLM` (and the server) binds: every packed array as `pack` stores it,
     the rest in the compute dtype, and `wte`'s array handed out as the tied head converted once."""
@@ -200,17 +206,17 @@ def test_weight_buffers_bind_the_packed_bytes_as_stored_and_a_tied_head_once(for
     assert set(buffers) == set(packed)
     for name, array in packed.items():  # bfloat16 compared as its bits, as `pack` stores it
         np.testing.assert_array_equal(host_array(buffers[name]), array)
-    if format == "bfloat16":
+    if format.name == "bfloat16":
         assert buffers["lm_head.weight"].dtype == DType.bfloat16  # bound as bfloat16, not as its bits
     tied = buffers["lm_head.weight"] is buffers["transformer.wte.weight"]
-    assert tied == (format == "float32")  # packed, the head is an array of its own
+    assert tied == (not format.kernels_only)  # packed, the head is an array of its own
 
 
 def test_unknown_formats_are_refused_with_the_list():
     with pytest.raises(
         ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0; got 'int4'"
     ):
-        wf.check_format("int4")
+        format_named("int4")
 
 
 @pytest.mark.parametrize(
@@ -226,7 +232,8 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
     lm, weights = compiled_lm(config, weights=format, kv_cache=kv_cache), lm_weights(config)
     assert lm.kv_dtype.name == (kv_cache or "float16")
     assert f"kv_cache='{lm.kv_dtype.name}'" in repr(lm)  # named beside packed weights, default or not
-    stored = unpack(pack(weights, format), format, model_parameter_shapes(config))
+    stored_format = format_named(format)
+    stored = unpack(pack(weights, stored_format), stored_format, model_parameter_shapes(config))
     ids = np.random.default_rng(5).integers(0, config.vocab_size, (2, 9))
     got = prompt_and_steps(lm, ids, 7)  # [2, 9, vocab]: the prompt's 7 positions and the two steps'
     for parameters, tolerance in ((stored, ON_STORED_WEIGHTS), (weights, ON_CHECKPOINT_WEIGHTS)):
@@ -242,19 +249,24 @@ def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
         load_lm(tmp_path / "missing", "cpu", weight_format="q2_k")
 
 
-def test_the_old_weights_keyword_still_chooses_the_format_with_a_deprecation_warning(tmp_path):
-    """`weights=` is `weight_format=`'s old name, in `load_lm` and `GPT2LMHeadModel`: it still works,
-    with a DeprecationWarning naming the new keyword; the two at once are refused."""
-    with (
-        pytest.warns(DeprecationWarning, match=r"load_lm: weights= is deprecated .* weight_format='q2_k'"),
-        pytest.raises(ValueError, match="weight_format must be one of"),  # the old keyword's value, checked
-    ):
-        load_lm(tmp_path / "missing", "cpu", weights="q2_k")
-    with pytest.raises(TypeError, match="takes weight_format= or its deprecated name weights=, not both"):
-        load_lm(tmp_path / "missing", "cpu", weight_format="q8_0", weights="q8_0")
-    with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
-        with pytest.warns(DeprecationWarning, match="GPT2LMHeadModel: weights= is deprecated"):
-            model = GPT2LMHeadModel(LM, kernels=True, weights="q4_0")
-        with pytest.raises(TypeError, match="not both"):
-            GPT2LMHeadModel(LM, weight_format="q4_0", weights="q4_0")
-    assert isinstance(model.lm_head, PackedLinear) and model.lm_head.format == "q4_0"
+PACKAGE = Path(__file__).parents[1] / "max_gpt2"
+
+
+def test_no_module_but_the_formats_one_compares_a_format_by_name():
+    """Every other module asks a format object (`WeightFormat`): a comparison of something named
+    *format* with a format's name, or a quantized format's name written anywhere as a value, is
+    the string-compared variant the formats module replaced."""
+    names = set(FORMATS) | {"float16"}
+    offenders = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        if file.name == "weight_formats.py":
+            continue
+        for node in ast.walk(ast.parse(file.read_text())):
+            where = f"{file.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Compare) and "format" in ast.unparse(node):
+                literals = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+                if literals & names:
+                    offenders.append(f"{where}: {ast.unparse(node)}")
+            if isinstance(node, ast.Constant) and node.value in ("q8_0", "q4_0"):
+                offenders.append(f"{where}: the value {node.value!r}")
+    assert not offenders, "\n".join(offenders)

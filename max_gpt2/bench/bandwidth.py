@@ -23,17 +23,17 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import BYTES_PER_WEIGHT
+from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
 
 
-def weight_bytes_per_step(config: GPT2Config, weight_format: str = "float32") -> int:
+def weight_bytes_per_step(config: GPT2Config, weights: WeightFormat = FLOAT32) -> int:
     """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
-    and the LM head in `weight_format` (a format of `max_gpt2.model.weight_formats`, or float16)."""
+    and the LM head in `weights` (`max_gpt2.model.weight_formats.NAMED`: a compute dtype's too)."""
     width, inner = config.n_embd, config.mlp_width
     packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
     plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
     head = config.vocab_size * width  # the tied LM head reads all of wte
-    per_weight = BYTES_PER_WEIGHT.get(weight_format, 2.0)  # float16 (Hugging Face's) is 2 too
+    per_weight = weights.bytes_per_weight
     float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
     return round((config.n_layer * packed + head) * per_weight) + float32
 

@@ -136,7 +136,7 @@ def bench_model(
 ) -> dict[str, Any]:
     """Checks tokens, then times the cases, the prefill and the curve for one checkpoint."""
     config = Checkpoint(checkpoint).config
-    step_bytes = {g.weights: weight_bytes_per_step(config, g.weights) for g in generators}
+    step_bytes = {g.weights.name: weight_bytes_per_step(config, g.weights) for g in generators}
     limits = {weights: args.bandwidth / size for weights, size in step_bytes.items()}
     rng = np.random.default_rng(args.seed)
     report: dict[str, Any] = {"config": config.to_dict(), "limit_tokens_per_second": limits, "cases": []}
@@ -165,10 +165,10 @@ def bench_model(
             prefill, rate = (statistics.median(v) for v in zip(*rounds[case, g.name], strict=True))
             round_rates = [rate for _, rate in rounds[case, g.name]]
             fractions = [
-                r * step_bytes[g.weights] / (bandwidth * batch)
+                r * step_bytes[g.weights.name] / (bandwidth * batch)
                 for r, bandwidth in zip(round_rates, bandwidths, strict=True)
             ]
-            row = {"contender": g.name, "weights": g.weights, "case": case, "prefill_ms": prefill * 1e3}
+            row = {"contender": g.name, "weights": g.weights.name, "case": case, "prefill_ms": prefill * 1e3}
             row |= {"tokens_per_second": rate, "fraction_of_limit": statistics.median(fractions)}
             row |= {
                 "round_tokens_per_second": round_rates,
@@ -264,7 +264,7 @@ def run_benchmark(args: argparse.Namespace, progress: Progress) -> dict[str, Any
     }
     if args.gguf:
         report["llama_cpp"] = {"binary": str(args.llama_bench), "threads": args.threads}
-        report["llama_cpp"]["gguf"] = {weights: str(file) for weights, file in args.gguf.items()}
+        report["llama_cpp"]["gguf"] = {weights.name: str(file) for weights, file in args.gguf.items()}
     checkpoints = {str(args.checkpoint): Path(args.checkpoint)} if args.checkpoint else {}
     cache = args.cache_dir or default_cache_dir()
     checkpoints |= {name: demo_checkpoint_for(name, cache, progress) for name in args.models}

@@ -22,8 +22,8 @@ from max.driver import Device
 from max.dtype import DType
 
 from max_gpt2.bench import harness, llama_cpp
-from max_gpt2.inference.lm_graphs import default_kv_cache
 from max_gpt2.inference.loading import load_lm
+from max_gpt2.model.weight_formats import FLOAT32, NAMED, WeightFormat
 
 CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 
@@ -40,7 +40,7 @@ class Generator:
     """
 
     name: str
-    weights: str
+    weights: WeightFormat
     clocked: Callable[[np.ndarray, int], list[float]]
     prefill_seconds: Callable[[np.ndarray], float]
     settle: Callable[[], None]
@@ -56,11 +56,15 @@ def _timed(call: Callable[[np.ndarray], Any], ids: np.ndarray) -> float:
 
 
 def max_generator(
-    checkpoint: Path, device: str, dtype: str, weight_format: str = "float32", kv_cache: str | None = None
+    checkpoint: Path,
+    device: str,
+    dtype: str,
+    weight_format: WeightFormat = FLOAT32,
+    kv_cache: str | None = None,
 ) -> Generator:
     """Our `CompiledLM`, its weights in `weight_format`: named `max`, or `max-<format>` when packed, and
     `-kv16` or `-kv32` after it with a KV cache other than the format's default
-    (`kv_cache`; None: `lm_graphs.default_kv_cache`)."""
+    (`kv_cache`; None: `WeightFormat.cache_dtype`'s default)."""
     lm = load_lm(checkpoint, device, dtype, weight_format=weight_format, kv_cache=kv_cache)
     warm = np.zeros((1, 8), dtype=np.int64)
 
@@ -69,12 +73,13 @@ def max_generator(
         times += [time.perf_counter() for _ in lm.stream(ids, new)]
         return times
 
-    name = "max" if weight_format == "float32" else f"max-{weight_format}"
-    if lm.kv_dtype != default_kv_cache(weight_format, lm.dtype):
+    packed = lm.weight_format.kernels_only
+    name = f"max-{lm.weight_format}" if packed else "max"
+    if lm.kv_dtype != lm.weight_format.cache_dtype(None, lm.dtype):
         name += "-kv16" if lm.kv_dtype == DType.float16 else "-kv32"
     return Generator(
         name,
-        dtype if weight_format == "float32" else weight_format,  # float32 weights: the compute dtype
+        lm.weight_format if packed else NAMED[dtype],  # float32 weights: the compute dtype's
         clocked,
         lambda ids: _timed(lm.logits, ids),
         lambda: harness.settle(lm.logits, warm),
@@ -82,7 +87,7 @@ def max_generator(
     )
 
 
-def llama_cpp_generator(binary: Path, gguf: Path, weight_format: str, threads: int) -> Generator:
+def llama_cpp_generator(binary: Path, gguf: Path, weight_format: WeightFormat, threads: int) -> Generator:
     """llama.cpp's `llama-bench` on a GGUF of the same weights in `weight_format`
     (`max_gpt2.bench.llama_cpp`)."""
 
@@ -157,7 +162,7 @@ def hugging_face_generators(
         warm = np.zeros((1, 8), dtype=np.int64)
         return Generator(
             name,
-            dtype,
+            NAMED[dtype],
             clocked,
             lambda ids: _timed(forward, ids),
             lambda: harness.settle(forward, warm),

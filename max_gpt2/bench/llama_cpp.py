@@ -19,10 +19,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.weight_formats import FORMATS, WeightFormat, format_named
 
 
-def parse_gguf(spec: str) -> dict[str, Path]:
+def parse_gguf(spec: str) -> dict[WeightFormat, Path]:
     """`"float32=a.gguf,q8_0=b.gguf"` -> {format: file}, each format one of ours, each file present."""
     files = {}
     for item in (part.strip() for part in spec.split(",") if part.strip()):
@@ -33,7 +33,7 @@ def parse_gguf(spec: str) -> dict[str, Path]:
             )
         if not Path(name).is_file():
             raise FileNotFoundError(f"--gguf {weights}={name}: no such file")
-        files[weights] = Path(name)
+        files[format_named(weights)] = Path(name)
     if not files:
         raise ValueError("--gguf names no file")
     return files

@@ -1,18 +1,8 @@
 """The `max-gpt2` command: one module per subcommand, each with `add_arguments` and `main`.
 
-    demo, verify     a checkpoint's attention, layer by layer, against the reference
-    generate         text (or ids) in, a generation streamed out
-    score            each token's log-probability, and the likeliest alternatives
-    perplexity       text files' perplexity and bits per byte, sliding window
-    heads            what every attention head looks at: heatmaps and a summary
-    serve            our GPT-2 behind MAX's OpenAI-compatible server
-    bench            the attention implementations side by side
-    bench-generate   text generation against Hugging Face
-    bench-startup    start to first token and peak memory against llama.cpp
-    convert          a checkpoint to a GGUF file in one of our weight formats
-
-Progress goes to stderr, results to stdout. The exit status is 0 on success, 1
-when a check fails, 2 for bad input (checked before anything compiles).
+`max-gpt2 --help` lists the subcommands; docs/architecture.md lists the modules. Progress goes
+to stderr, results to stdout. The exit status is 0 on success, 1 when a check fails, 2 for bad
+input (checked before anything compiles).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from max_gpt2.bench.generation_contenders import CONTENDERS
 from max_gpt2.bench.generation_report import format_table, plot
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
-from max_gpt2.cli.console import DeprecatedAlias, positive_int
-from max_gpt2.model.weight_formats import FORMATS, check_format
+from max_gpt2.cli.console import positive_int
+from max_gpt2.model.weight_formats import FORMATS, format_named
 from max_gpt2.outputs import Progress
 
 
@@ -51,14 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     formats = ", ".join(FORMATS)
     parser.add_argument(
         "--weight-format", default="float32", help=f"ours in these, from {formats} (default: float32)"
-    )
-    parser.add_argument(
-        "--weights",
-        dest="weight_format",
-        default=argparse.SUPPRESS,
-        action=DeprecatedAlias,
-        new="--weight-format",
-        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--kv-cache",
@@ -102,7 +94,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--contenders takes max and any of hf-eager, hf-sdpa; got {','.join(args.contenders)}"
         )
-    formats = (check_format(name.strip(), "--weight-format") for name in args.weight_format.split(","))
+    formats = (format_named(name.strip(), "--weight-format") for name in args.weight_format.split(","))
     args.weight_format = list(dict.fromkeys(formats))
     caches = [name.strip() for name in args.kv_cache.split(",") if name.strip()]
     if unknown := [name for name in caches if name not in ("float32", "float16")]:

@@ -25,7 +25,7 @@ from max_gpt2.bench.llama_cpp import check_binary
 from max_gpt2.bench.report import publish
 from max_gpt2.bench.startup import contenders, cpu_description, format_table, measure, ratios
 from max_gpt2.cli.console import demo_checkpoint, positive_int
-from max_gpt2.model.weight_formats import FORMATS, check_format
+from max_gpt2.model.weight_formats import FORMATS, format_named
 from max_gpt2.outputs import Progress, default_cache_dir
 
 
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, progress: Progress) -> int:
     """Checks the options, writes the GGUF files not written yet, times, publishes."""
     formats = list(
-        dict.fromkeys(check_format(f.strip(), "--weight-format") for f in args.weight_format.split(","))
+        dict.fromkeys(format_named(f.strip(), "--weight-format").name for f in args.weight_format.split(","))
     )
     llama = None if args.llama_completion is None else check_binary(args.llama_completion)
     checkpoint = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)

@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.tokenizer import load_tokenizer, tokenizer_directory
-from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
+from max_gpt2.inference.tokenizer import checkpoint_tokenizer, tokenizer_directory
+from max_gpt2.model.checkpoint import OpenedCheckpoint, open_checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
@@ -89,17 +87,16 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
 
 
-def open_with_tokenizer(path: str | Path) -> tuple[Checkpoint | GGUFCheckpoint, Tokenizer | None]:
+def open_with_tokenizer(path: str | Path) -> tuple[OpenedCheckpoint, Tokenizer | None]:
     """The checkpoint at `path` (`open_checkpoint`: its files and config checked, no tensor read) and its
     tokenizer if it has one (files beside it, else a GGUF file's own)."""
     checkpoint = open_checkpoint(path)
-    metadata = checkpoint.gguf.metadata if isinstance(checkpoint, GGUFCheckpoint) else None
-    return checkpoint, load_tokenizer(checkpoint.path, metadata)
+    return checkpoint, checkpoint_tokenizer(checkpoint)
 
 
 def open_prompt(
     args: argparse.Namespace, progress: Progress
-) -> tuple[Checkpoint | GGUFCheckpoint, Tokenizer | None, list[int]]:
+) -> tuple[OpenedCheckpoint, Tokenizer | None, list[int]]:
     """The checkpoint (the demo one without `--checkpoint`), its tokenizer if it has one, the prompt's ids.
 
     Reads the config and the tokenizer, no tensor yet; a `--prompt` without a
@@ -128,41 +125,13 @@ def read_prompt_file(path: Path) -> str:
         raise ValueError(f"--prompt-file {path}: {error}") from None
 
 
-class DeprecatedAlias(argparse.Action):
-    """An option's old spelling: stores into the new option's `dest`, and warns on stderr to use `new`."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **options: Any) -> None:
-        super().__init__(option_strings, dest, **options)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def add_weight_format_argument(parser: argparse.ArgumentParser) -> None:
-    """`--weight-format`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`);
-    `--weights`, its deprecated spelling, still works with a warning."""
+    """`--weight-format`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
     parser.add_argument(
         "--weight-format",
-        choices=FORMATS,
+        choices=list(FORMATS),
         help="store the projections and the LM head as this (CPU, float32 compute; default: the "
         "checkpoint's own, float32 or a GGUF file's type)",
-    )
-    parser.add_argument(
-        "--weights",
-        dest="weight_format",
-        choices=FORMATS,
-        default=argparse.SUPPRESS,
-        action=DeprecatedAlias,
-        new="--weight-format",
-        help=argparse.SUPPRESS,
     )
 
 

@@ -21,7 +21,8 @@ from max_gpt2.cli.console import CHECKPOINT_HELP, add_weight_format_argument, op
 from max_gpt2.inference.tokenizer import gguf_vocabulary
 from max_gpt2.model.gguf_checkpoint import gguf_metadata, gguf_tensors
 from max_gpt2.model.gguf_writer import write_gguf
-from max_gpt2.model.stored_weights import check_conversion
+from max_gpt2.model.stored_weights import choose_format
+from max_gpt2.model.weight_formats import format_named
 from max_gpt2.outputs import Progress
 
 
@@ -39,8 +40,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     if not args.out.parent.is_dir():
         raise FileNotFoundError(f"--out {args.out}: no such directory {args.out.parent}")
     checkpoint, tokenizer = open_with_tokenizer(args.checkpoint)
-    weight_format = args.weight_format or checkpoint.weight_format
-    check_conversion(checkpoint.source_format, weight_format, str(checkpoint.path))
+    requested = None if args.weight_format is None else format_named(args.weight_format)
+    weight_format = choose_format(checkpoint, requested)
     specs, tensors = gguf_tensors(checkpoint, weight_format)
     metadata = gguf_metadata(checkpoint.config, weight_format, args.out.stem)
     if tokenizer is None:

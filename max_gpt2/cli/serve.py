@@ -43,24 +43,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
-import max_gpt2
 from max_gpt2.cli.console import CHECKPOINT_HELP, add_weight_format_argument, demo_checkpoint, positive_int
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
-from max_gpt2.inference.devices import check_compiles_on, device_name, resolve_device
-from max_gpt2.inference.lm_graphs import check_weight_format
-from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
-from max_gpt2.model.dtypes import parse_dtype
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.stored_weights import check_conversion
-from max_gpt2.model.weight_formats import RENAMED_SERVED_FORMAT_VARIABLE, SERVED_FORMAT_VARIABLE
+from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.inference.loading import plan_load
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
 SERVE_MODULES = ("fastapi", "uvicorn", "transformers", "zmq")
 ARCHITECTURE = "GPT2LMHeadModel"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where max_gpt2 lies: MAX's worker imports it from there
 SOCKET_DIRECTORY_MAX = 64  # the longest directory MAX makes its ZMQ sockets in (else /tmp)
 
 
@@ -169,50 +161,41 @@ def require_serve_extra() -> None:
         )
 
 
-def check_servable(checkpoint: Checkpoint | GGUFCheckpoint) -> Tokenizer:
-    """A served checkpoint needs its tokenizer (returned) and, a directory, `config.json` naming the
-    architecture MAX looks up (for a GGUF file it is written: `serve_gguf.model_directory`)."""
-    metadata = checkpoint.gguf.metadata if isinstance(checkpoint, GGUFCheckpoint) else None
-    tokenizer = load_tokenizer(checkpoint.path, metadata)
+def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
+    """The `max serve` command line and its environment, after every check that can fail early: the
+    serving extra, the dtype and the environment first, then the load's plan (`plan_load`, as every
+    load), then what a server needs of the checkpoint (a tokenizer; MAX's architecture name)."""
+    require_serve_extra()
+    if args.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
+    weights_variable, *_ = our_variables()
+    env = server_environment(args, progress)
+    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    devices = device_name(resolve_device(args.device))
+    plan = plan_load(path, args.device, args.dtype, weight_format=args.weight_format)
+    checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
+    if device.is_host and args.dtype != "float32":
+        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
+    if weight_format.kernels_only:
+        env[weights_variable] = weight_format.name
+    tokenizer = plan.tokenizer()
     if tokenizer is None:
         raise ValueError(
             f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF "
             f"file's own); a server takes and returns text"
         )
-    if isinstance(checkpoint, GGUFCheckpoint):
-        return tokenizer
     config_file = checkpoint.path / "config.json"
-    architectures = json.loads(config_file.read_text()).get("architectures") or []
-    if ARCHITECTURE not in architectures:
-        raise ValueError(
-            f"{config_file} names the architectures {architectures}, and MAX picks the model by that "
-            f'list: add "architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
-        )
-    return tokenizer
-
-
-def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[str], dict[str, str]]:
-    """The `max serve` command line and its environment, after every check that can fail early."""
-    require_serve_extra()
-    device = resolve_device(args.device)
-    if device.is_host and args.dtype != "float32":
-        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
-    if args.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint = open_checkpoint(path)  # the files and the config, checked as for every other command
-    gguf = isinstance(checkpoint, GGUFCheckpoint)
-    if not gguf and not checkpoint.path.is_dir():
-        raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
-    tokenizer = check_servable(checkpoint)
-    dtype = parse_dtype(args.dtype)
-    check_compiles_on(device, dtype, checkpoint.config.n_embd)
-    weight_format = args.weight_format or checkpoint.weight_format
-    check_weight_format(weight_format, device, dtype)
-    check_conversion(checkpoint.source_format, weight_format, str(checkpoint.path))
-    model = checkpoint.path.resolve()
-    if gguf:
+    if checkpoint.one_file:  # a GGUF file: MAX reads a directory made for it
         model = model_directory(checkpoint, tokenizer, ARCHITECTURE, default_cache_dir())
+    elif not checkpoint.path.is_dir():
+        raise ValueError(f"--checkpoint {path}: serving needs the checkpoint's directory, not a file in it")
+    elif ARCHITECTURE not in (named := json.loads(config_file.read_text()).get("architectures") or []):
+        raise ValueError(
+            f"{config_file} names the architectures {named}, and MAX picks the model by that list: add "
+            f'"architectures": ["{ARCHITECTURE}"] (save_pretrained writes it)'
+        )
+    else:
+        model = checkpoint.path.resolve()
     command = [
         sys.executable,
         "-m",
@@ -220,29 +203,31 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         "serve",
         "--custom-architectures=max_gpt2.serving",
         f"--model-path={model}",
-        *([f"--weight-path={model / WEIGHTS}"] if gguf else []),
+        *([f"--weight-path={model / WEIGHTS}"] if checkpoint.one_file else []),
         f"--served-model-name={args.served_model_name}",
-        f"--devices={device_name(device)}",
+        f"--devices={devices}",
         f"--quantization-encoding={args.dtype}",
         f"--host={args.host}",
         f"--port={args.port}",
         "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
         "--no-enable-prefix-caching",  # a cached prefix would have no log-probabilities to echo
         "--enable-in-flight-batching",  # a new prompt joins the running decodes' step, not stalls them
+        *([f"--max-batch-size={args.max_batch_size}"] if args.max_batch_size is not None else []),
     ]
-    if args.max_batch_size is not None:
-        command.append(f"--max-batch-size={args.max_batch_size}")
+    return command, env
+
+
+def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str, str]:
+    """MAX's processes' environment: this one's, our options in our variables (`our_variables`: the
+    weight format is added once the load is planned), the package on the path, offline."""
     # MAX's model worker is a fresh interpreter that must import max_gpt2; an editable
     # install is not always visible to it (seen here), an explicit path always is.
-    package_root = str(Path(max_gpt2.__file__).resolve().parent.parent)
-    paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [str(PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    weights_variable, steps_variable, key_variable = our_variables()
+    _, steps_variable, key_variable = our_variables()
     api_key = args.api_key or os.environ.get(key_variable)
-    for name in (*our_variables(), RENAMED_SERVED_FORMAT_VARIABLE):  # our options decide, not the env
+    for name in our_variables():  # our options decide, not the env
         env.pop(name, None)
-    if weight_format != "float32":
-        env[weights_variable] = weight_format
     if args.decode_steps is not None:
         env[steps_variable] = str(args.decode_steps)
     if api_key:
@@ -252,13 +237,12 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
             f"warning: --host {args.host} lets other machines reach the model, and no --api-key is set: "
             f"anyone who can reach port {args.port} can use it"
         )
-    return command, env
+    return env
 
 
 def our_variables() -> tuple[str, str, str]:
     """How `--weight-format`, `--decode-steps` and `--api-key` reach MAX's processes: its command line
     has no option an architecture may add."""
-    from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE  # the serving extra, checked by now
-    from max_gpt2.serving.server import API_KEY_VARIABLE
+    from max_gpt2.serving import server  # the serving extra, checked by now
 
-    return SERVED_FORMAT_VARIABLE, DECODE_STEPS_VARIABLE, API_KEY_VARIABLE
+    return server.WEIGHT_FORMAT_VARIABLE, server.DECODE_STEPS_VARIABLE, server.API_KEY_VARIABLE

@@ -49,6 +49,7 @@ from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.flash import KernelFlashAttention, TiledCausalAttention
+from max_gpt2.model.variants import ATTENTIONS, PLAIN, Head, Variant
 from max_gpt2.model.weight_adapters import check_weights
 from max_gpt2.model.wrapper import PerHeadWrapperAttention
 
@@ -100,9 +101,9 @@ class AttentionGraphs(GraphVariants):
         # > 1: the graph takes x as [batch, tiles, seq / tiles, n_embd]
         self.tiles = CPU_FLASH_TILES if impl == "flash" and device.is_host else 1
 
-    def _trace(self, variant: str) -> Graph:
+    def _trace(self, variant: Variant) -> Graph:
         config, tiles = self.config, self.tiles
-        output_attentions = variant == "attentions"
+        output_attentions = variant.head is Head.ATTENTIONS
         with F.lazy(), default_device(self.device), default_dtype(self.dtype):
             # lazy: the modules' random initial weights are never made
             if output_attentions:
@@ -181,10 +182,10 @@ class CompiledAttention(CompiledModel):
         """Runs the graph on `x` [batch, seq, n_embd], already on the device in the compute dtype."""
         tiles = self.graph.tiles
         if tiles == 1:
-            (result,) = self._bound.execute("plain", x)
+            (result,) = self._bound.execute(PLAIN, x)
             return result
         # Only CPU graphs are tiled, so padding and reshaping happen in host memory.
-        (result,) = self._bound.execute("plain", host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
+        (result,) = self._bound.execute(PLAIN, host_buffer(_pad_to_tiles(host_array(x), tiles), self.dtype))
         return host_buffer(_untile(host_array(result), x.shape[1]), self.dtype)
 
     def attentions(self, x: np.ndarray) -> np.ndarray:
@@ -206,7 +207,7 @@ class CompiledAttention(CompiledModel):
         batch, seq_len, _ = x.shape
         if x.size == 0:
             return np.zeros((batch, self.config.n_head, seq_len, seq_len), dtype=np.float32)
-        _, weights = self._bound.execute("attentions", to_buffer(x, self.dtype, self.device))
+        _, weights = self._bound.execute(ATTENTIONS, to_buffer(x, self.dtype, self.device))
         return to_numpy(weights).astype(np.float32)
 
 
@@ -231,7 +232,7 @@ def compile_attention(
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
     graph = AttentionGraphs(config, target, compute_dtype, chosen)
-    graph.compile("plain")  # the attention-weights variant waits until `attentions` is called
+    graph.compile(PLAIN)  # the attention-weights variant waits until `attentions` is called
     return CompiledAttention(config, target, compute_dtype, graph, checked)
 
 

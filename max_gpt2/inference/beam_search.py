@@ -1,4 +1,4 @@
-"""Beam search, as Hugging Face's `generate(num_beams=k)` runs it, on the KV cache of `CompiledLM`.
+"""Beam search, as Hugging Face's `generate(num_beams=k)` runs it, on the KV cache of `Steps`.
 
     out = lm.generate(ids, 20, num_beams=4, num_return_sequences=2, length_penalty=1.0, early_stopping=False)
 
@@ -14,7 +14,7 @@ Hugging Face's heuristic; "never": as False, with the longest possible length
 where `length_penalty` > 0). This is Hugging Face's vectorised `_beam_search`,
 written over NumPy arrays of `[batch, beams, ...]`.
 
-The cache follows the beams without leaving the device: `CompiledLM.reorder_cache`
+The cache follows the beams without leaving the device: `Steps.reorder_cache`
 copies each row that changes from its parent row in place, by a graph (on the CPU
 one Mojo op a layer, `gpt2_reorder_rows`); rows whose beam stays are not touched,
 nor the positions where a row's tokens equal its parent's (the prompt, and the
@@ -23,15 +23,11 @@ tokens the two beams share), whose keys and values are already the same.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from max_gpt2.inference.generation_options import Options
 from max_gpt2.inference.logit_controls import ban
-
-if TYPE_CHECKING:
-    from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.inference.steps import Steps
 
 BLOCK = 256  # values a block in `top`'s first cut
 WORST = np.float32(-1.0e9)  # Hugging Face's score for what must not be chosen
@@ -65,7 +61,7 @@ def top(scores: np.ndarray, k: int) -> np.ndarray:
     return np.stack(rows)
 
 
-def beam_search(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, options: Options) -> np.ndarray:
+def beam_search(lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options) -> np.ndarray:
     """Each prompt's `num_return_sequences` best sequences, int64 `[batch x n, seq + longest]`."""
     sampler, eos, steps, k = options.sampler, options.eos, options.max_new_tokens, options.num_beams
     batch, seq_len = ids.shape

@@ -2,14 +2,14 @@
 
 The attention and the language model each stage several graphs from the same
 parameter names: the plain one, one that also outputs every head's attention
-weights (`"attentions"`), and for the language model on the CPU one that runs
-decoding steps through the Mojo kernels (`"decode"`). Compiling costs a minute
+weights, and for the language model on the CPU one that runs decoding steps
+through the Mojo kernels (`max_gpt2.model.variants`). Compiling costs a minute
 or two, so none is compiled before something asks for it, and the plain graph
-never carries the extra output.
+never carries the extra output. A variant is any hashable value whose `str` names it.
 
-    variants = GraphVariants(device, stage)      # stage(variant name) -> Graph
+    variants = GraphVariants(device, stage)      # stage(variant) -> Graph
     bound = BoundVariants(variants, weights)     # one set of weights, bound per variant on demand
-    bound.execute("attentions", ...)
+    bound.execute(ATTENTIONS, ...)
 
 Variants wanted together compile together (`GraphVariants.compile`): as one
 module, the kernels they share are compiled once, and MAX's fixed cost of a
@@ -25,7 +25,7 @@ graph variants and one set of weights bound to them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.devices import device_name, weight_buffers
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.weight_formats import FLOAT32
 
 if TYPE_CHECKING:
     from max.graph import Graph  # building graphs is the tracer's business: imported there
@@ -48,7 +49,7 @@ class GraphVariants:
     """The compiled graph variants of one model, device and dtype."""
 
     def __init__(
-        self, device: Device, stage: Callable[[str], Graph], artifacts: ArtifactCache | None = None
+        self, device: Device, stage: Callable[[Any], Graph], artifacts: ArtifactCache | None = None
     ) -> None:
         """`stage(variant)` traces that variant's graph; it runs at most once per variant, and not at all
         where `artifacts` keeps the variants compiled by an earlier process (`max_gpt2.inference.artifacts`).
@@ -59,41 +60,42 @@ class GraphVariants:
         self.session = InferenceSession(devices=[device])
         self._stage = stage
         self._artifacts = artifacts
-        self._compiled: dict[str, tuple[engine.CompiledModel, str]] = {}  # variant -> (artifact, graph name)
+        self._compiled: dict[Hashable, tuple[engine.CompiledModel, str]] = {}  # variant -> (artifact, graph)
 
-    def compile(self, *variants: str) -> None:
+    def compile(self, *variants: Hashable) -> None:
         """Compiles those of `variants` not compiled yet, together (`compile_together`), or reads them
         compiled from the artifact cache."""
         wanted = [variant for variant in dict.fromkeys(variants) if variant not in self._compiled]
         if not wanted:
             return
-        found = None if self._artifacts is None else self._artifacts.load(wanted)
+        keys = [str(variant) for variant in wanted]  # the artifact cache knows variants by name
+        found = None if self._artifacts is None else self._artifacts.load(keys)
         if found is None:
             graphs = [self._stage(variant) for variant in wanted]
             artifact = compile_together(self.session, graphs)
-            names = {variant: graph.name for variant, graph in zip(wanted, graphs, strict=True)}
+            names = {key: graph.name for key, graph in zip(keys, graphs, strict=True)}
             if self._artifacts is not None:
-                self._artifacts.save(wanted, artifact, names)
+                self._artifacts.save(keys, artifact, names)
         else:
             artifact, names = found
-        for variant in wanted:
-            self._compiled[variant] = artifact, names[variant]
+        for variant, key in zip(wanted, keys, strict=True):
+            self._compiled[variant] = artifact, names[key]
 
-    def kept(self, *variants: str) -> bool:
+    def kept(self, *variants: Hashable) -> bool:
         """Whether `variants` are compiled, or kept compiled by an earlier process: no compile ahead."""
-        wanted = [variant for variant in dict.fromkeys(variants) if variant not in self._compiled]
+        wanted = [str(variant) for variant in dict.fromkeys(variants) if variant not in self._compiled]
         return not wanted or (self._artifacts is not None and self._artifacts.holds(wanted))
 
-    def compiled(self, variant: str = "plain") -> engine.CompiledModel:
+    def compiled(self, variant: Hashable) -> engine.CompiledModel:
         """The artifact holding the variant, compiled now if it has not been yet."""
         self.compile(variant)
         return self._compiled[variant][0]
 
-    def graph_names(self, artifact: engine.CompiledModel) -> dict[str, str]:
+    def graph_names(self, artifact: engine.CompiledModel) -> dict[Hashable, str]:
         """The variants `artifact` holds, each with its graph's name (the key `init_all` gives it)."""
         return {variant: name for variant, (held_by, name) in self._compiled.items() if held_by is artifact}
 
-    def compiled_variants(self) -> list[str]:
+    def compiled_variants(self) -> list[Hashable]:
         """The variants compiled so far."""
         return list(self._compiled)
 
@@ -124,12 +126,12 @@ class BoundVariants:
     def __init__(self, variants: GraphVariants, weights: Mapping[str, Buffer]) -> None:
         self.variants = variants
         self._weights = dict(weights)  # a bound model reads these buffers: keep them alive with it
-        self._models: dict[str, Model] = {}
+        self._models: dict[Hashable, Model] = {}
         self._after_first_run = AfterFirstRun(variants.device.is_host)
         for variant in variants.compiled_variants():  # a bad registry fails here, not later
             self.model(variant)
 
-    def model(self, variant: str = "plain") -> Model:
+    def model(self, variant: Hashable) -> Model:
         """The variant with these weights bound, compiling and binding it first if needed (and with
         it every variant compiled in the same artifact)."""
         if variant not in self._models:
@@ -141,7 +143,7 @@ class BoundVariants:
                 self._models[held] = models[name] if len(models) > 1 else next(iter(models.values()))
         return self._models[variant]
 
-    def execute(self, variant: str, *inputs: Buffer) -> list[Any]:
+    def execute(self, variant: Hashable, *inputs: Buffer) -> list[Any]:
         """The variant's outputs for `inputs`. After the first run on the host, MAX's restless
         helper thread no longer preempts its workers (`max_gpt2.inference.threads`)."""
         outputs = self.model(variant).execute(*inputs)
@@ -175,7 +177,7 @@ class CompiledModel(ABC):
     def buffers(self, weights: Mapping[str, Any]) -> dict[str, Buffer]:
         """The host buffers bound for `weights`: each array in the compute dtype, converted once
         (`devices.weight_buffers`)."""
-        return weight_buffers(weights, "float32", self.dtype)
+        return weight_buffers(weights, FLOAT32, self.dtype)
 
     @staticmethod
     @abstractmethod

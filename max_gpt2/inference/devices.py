@@ -19,7 +19,7 @@ from max.dtype import DType
 
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.stored_weights import StoredWeights, pack
-from max_gpt2.model.weight_formats import is_stored_packed
+from max_gpt2.model.weight_formats import WeightFormat, is_stored_packed
 
 NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
 """What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
@@ -123,7 +123,7 @@ def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:
 
 
 def weight_buffers(
-    weights: Mapping[str, np.ndarray], weight_format: str, dtype: DType, device: Device | None = None
+    weights: Mapping[str, np.ndarray], weight_format: WeightFormat, dtype: DType, device: Device | None = None
 ) -> dict[str, Buffer]:
     """The buffers a compiled GPT-2 binds for `weights` (float32, MAX layout: `Checkpoint.model_weights()`,
     or `StoredWeights` already in `weight_format`'s layout), on `device` (None: the host).

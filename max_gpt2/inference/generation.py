@@ -5,7 +5,7 @@
     out = lm.generate(input_ids, 20)                   # int64 [batch, seq + 20], greedy
     out = lm.generate(input_ids, 20, num_beams=4)      # beam search (`max_gpt2.inference.beam_search`)
 
-`stream` and `generate` are `CompiledLM`'s methods, written here on its public
+`stream` and `generate` are `Steps`'s methods, written here on its public
 steps (`new_cache`, `prefill`, `decode_step`), as gpt-fast has it: the prompt runs
 once into a cache sized for prompt plus new tokens, then each step feeds the
 tokens just chosen. How tokens are chosen is one `Sampler` (greedy by default),
@@ -30,12 +30,11 @@ from max_gpt2.inference.generation_options import Options, check_options
 from max_gpt2.inference.logit_controls import ban
 from max_gpt2.inference.prompts import check_left_padding, check_prompt
 from max_gpt2.inference.sampling import Sampler
+from max_gpt2.inference.steps import Steps
 from max_gpt2.inference.stop_strings import StopStrings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-    from max_gpt2.inference.lm import CompiledLM
 
 
 class Step(NamedTuple):
@@ -67,7 +66,7 @@ class GenerationOptions(StreamOptions, total=False):
 
 
 def stream(
-    lm: CompiledLM,
+    lm: Steps,
     input_ids: Any,
     max_new_tokens: int,
     attention_mask: Any = None,
@@ -89,13 +88,13 @@ def stream(
     return _steps(lm, *_prompts(lm, input_ids, attention_mask, checked), checked)
 
 
-def _checked(lm: CompiledLM, max_new_tokens: int, options: dict[str, Any]) -> Options:
+def _checked(lm: Steps, max_new_tokens: int, options: dict[str, Any]) -> Options:
     tokenizer = options.pop("tokenizer", None) or lm.tokenizer
     return check_options(lm.config, max_new_tokens, tokenizer=tokenizer, **options)
 
 
 def _prompts(
-    lm: CompiledLM, input_ids: Any, attention_mask: Any, options: Options
+    lm: Steps, input_ids: Any, attention_mask: Any, options: Options
 ) -> tuple[np.ndarray, np.ndarray]:
     """The prompts checked, each row repeated `num_return_sequences` times (beam search repeats its own)."""
     new_tokens = 0 if options.shift else options.max_new_tokens
@@ -111,7 +110,7 @@ def _prompts(
     return ids, mask
 
 
-def _steps(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, options: Options) -> Iterator[Step]:
+def _steps(lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options) -> Iterator[Step]:
     sampler, eos, steps = options.sampler, options.eos, options.max_new_tokens
     batch, seq_len = ids.shape
     positions = lm.config.n_positions
@@ -154,7 +153,7 @@ def _steps(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, options: Options) 
 
 
 def generate(
-    lm: CompiledLM,
+    lm: Steps,
     input_ids: Any,
     max_new_tokens: int,
     attention_mask: Any = None,

@@ -34,9 +34,9 @@ come from a variant of the graph that also outputs them, compiled the first time
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from max.driver import CPU, Buffer, Device
@@ -47,11 +47,17 @@ from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import check_attention_weights_on, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
-from max_gpt2.inference.lm_graphs import LMGraphs, LMOptions
+from max_gpt2.inference.lm_graphs import LMGraphs
+from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.stored_weights import StoredWeights, check_stored, stored_layout
+from max_gpt2.model.variants import ATTENTIONS, REORDER, Variant
 from max_gpt2.model.weight_adapters import check_model_weights
+from max_gpt2.model.weight_formats import WeightFormat
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class CompiledLM(CompiledModel):
@@ -68,7 +74,7 @@ class CompiledLM(CompiledModel):
     tokenizer: Tokenizer | None = None
 
     @property
-    def weight_format(self) -> str:
+    def weight_format(self) -> WeightFormat:
         return self.graph.options.weight_format
 
     @property
@@ -79,9 +85,9 @@ class CompiledLM(CompiledModel):
         c = self.config
         fields = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size}
         fields |= self.placement()
-        if self.weight_format != "float32":
-            fields["weight_format"] = self.weight_format
-        if self.weight_format != "float32" or self.kv_dtype != self.dtype:  # as the CLI names it
+        if self.weight_format.kernels_only:
+            fields["weight_format"] = self.weight_format.name
+        if self.weight_format.kernels_only or self.kv_dtype != self.dtype:  # as the CLI names it
             fields["kv_cache"] = self.kv_dtype.name
         return fields
 
@@ -150,11 +156,11 @@ class CompiledLM(CompiledModel):
 
     def reorder_cache(self, cache: KVCache, rows: Any, kept: Any = None) -> None:
         """Row b of `cache` takes row `rows[b]`'s keys, values and mask (int [batch]), in place on the
-        device (beam search; the "reorder" graph, compiled on first use). `kept` (int [batch]) says
+        device (beam search; the `REORDER` graph, compiled on first use). `kept` (int [batch]) says
         how many first positions of each row already hold what its new source holds (the same
         tokens: beam search knows), which are not copied; rows that stay are not touched."""
         if (moved := cache.reorder(rows, kept)) is not None:  # (rows, kept) as int64
-            self._bound.execute("reorder", *self._inputs(*moved, cache.attention_mask), *cache.buffers)
+            self._bound.execute(REORDER, *self._inputs(*moved, cache.attention_mask), *cache.buffers)
 
     def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """Next-token logits at every position, float32 `[batch, seq, vocab]`.
@@ -180,22 +186,68 @@ class CompiledLM(CompiledModel):
         batch, seq_len = ids.shape
         cache = self.new_cache(batch, seq_len)
         inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
-        _, weights = self._bound.execute("attentions", *inputs, *cache.buffers)
+        _, weights = self._bound.execute(ATTENTIONS, *inputs, *cache.buffers)
         real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
         return np.from_dlpack(weights.to(CPU())) * real_queries
 
-    # Generation is written on the steps above (`max_gpt2.inference.generation`); as methods,
-    # `lm.generate(ids, 20)` and `lm.stream(ids, 20)`.
-    generate = generation.generate
-    stream = generation.stream
-    # Scoring is written on `logits` (`max_gpt2.inference.scoring`).
-    logprobs = scoring.logprobs
-    score = scoring.score
-    perplexity = scoring.perplexity
+    def next_token_logprobs(self, ids: np.ndarray, mask: np.ndarray, first: int, ranked: bool = False) -> Any:
+        """log p(ids[:, t] | ids[:, :t]) for t = first..S-1 through the scoring graph, float32
+        `[batch, S - first]`; `ids` [batch, S] checked, `first` >= 1. The LM head runs over those
+        positions only. With `ranked`, also the `RANKED` likeliest tokens' log-probabilities (float32)
+        and ids (int64) at each, `[batch, S - first, RANKED]`, in no particular order."""
+        batch, seq_len = ids.shape
+        logit_index = np.arange(first - 1, seq_len - 1)  # position t - 1 predicts token t
+        cache = self.new_cache(batch, seq_len)
+        variant = self.graph.scoring(ranked)
+        return self._run(variant, ids, position_ids(mask), mask, logit_index, cache)
+
+    # Generation and scoring are written on the steps above (`max_gpt2.inference.generation`,
+    # `max_gpt2.inference.scoring`); each method says what it returns.
+
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        attention_mask: Any = None,
+        **options: Unpack[generation.GenerationOptions],
+    ) -> np.ndarray:
+        """The prompts and their new tokens, int64 `[batch x n, seq + new]`: Hugging Face's `generate`
+        (greedy, sampling, beam search; `max_gpt2.inference.generation.generate`)."""
+        return generation.generate(self, input_ids, max_new_tokens, attention_mask, **options)
+
+    def stream(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        attention_mask: Any = None,
+        **options: Unpack[generation.StreamOptions],
+    ) -> Iterator[generation.Step]:
+        """Each new token per row as soon as it is chosen (`max_gpt2.inference.generation.stream`)."""
+        return generation.stream(self, input_ids, max_new_tokens, attention_mask, **options)
+
+    def score(self, input_ids: Any, attention_mask: Any = None, top_k: int = 0) -> scoring.Scores:
+        """Every token's log-probability, and the `top_k` likeliest at each position
+        (`max_gpt2.inference.scoring.score`)."""
+        return scoring.score(self, input_ids, attention_mask, top_k)
+
+    def logprobs(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Each token's log-probability given the tokens before it, float32 `[batch, seq]` (NaN: none)."""
+        return scoring.logprobs(self, input_ids, attention_mask)
+
+    def perplexity(
+        self,
+        text_or_ids: str | Any,
+        stride: int | None = None,
+        tokenizer: Tokenizer | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        chunks: bool = False,
+    ) -> scoring.Perplexity:
+        """The perplexity of a text or of token ids, in windows (`max_gpt2.inference.scoring.perplexity`)."""
+        return scoring.perplexity(self, text_or_ids, stride, tokenizer, progress, chunks)
 
     def _run(
         self,
-        variant: str,
+        variant: Variant,
         ids: np.ndarray,
         positions: np.ndarray,
         mask: np.ndarray,
@@ -230,7 +282,7 @@ def compile_lm(
     dtype: str | DType = "float32",
     output_attentions: bool = False,
     kernels: bool | None = None,
-    weight_format: str = "float32",
+    weight_format: str | WeightFormat = "float32",
     kv_cache: str | DType | None = None,
 ) -> CompiledLM:
     """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
@@ -243,7 +295,7 @@ def compile_lm(
     "q4_0" (`max_gpt2.model.weight_formats`; all but float32 for the CPU in float32), packed
     from the float32 `weights` here. `kv_cache`: the KV cache's dtype, the compute dtype or
     "float16" with float32 compute (half the bytes a step's attention reads; attention computed
-    in float32); None: `lm_graphs.default_kv_cache`. What MAX cannot compile on the device
+    in float32); None: `WeightFormat.cache_dtype`'s default. What MAX cannot compile on the device
     (`devices.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
     options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
@@ -259,7 +311,7 @@ def compiled_with(
     """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
     weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    variants = ["attentions"] if output_attentions else [graph.prompt_variant, graph.step_variant]
+    variants = [ATTENTIONS] if output_attentions else [graph.prompt_variant, graph.step_variant]
     kept = graph.kept(*variants)
     if progress is not None and not kept:
         progress.note(
@@ -272,7 +324,7 @@ def compiled_with(
 
 
 def check_lm_weights(
-    weights: Mapping[str, Any], config: GPT2Config, weight_format: str
+    weights: Mapping[str, Any], config: GPT2Config, weight_format: WeightFormat
 ) -> Mapping[str, np.ndarray]:
     """float32 parameters checked against `config` (`check_model_weights`), or `StoredWeights` checked
     against `weight_format`'s stored layout (`stored_weights.check_stored`)."""

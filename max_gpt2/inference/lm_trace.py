@@ -17,34 +17,25 @@ from max.experimental.tensor import TensorType, default_device, default_dtype
 from max.graph import BufferType, DeviceRef, Graph
 from max.graph import TensorType as GraphTensorType
 
-from max_gpt2.inference.lm_graphs import SCORING_VARIANTS, LMOptions
-from max_gpt2.inference.scoring import RANKED
+from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
+from max_gpt2.model.variants import CacheReorder, Variant
 
 
-def trace_lm(config: GPT2Config, options: LMOptions, variant: str, kernels: bool) -> Graph:
-    """The graph of `variant` ("plain", "decode", "attentions", "scores", "ranked" or "reorder") for
-    `config` and `options`, through the Mojo decoding kernels if `kernels`."""
-    if variant == "reorder":
+def trace_lm(config: GPT2Config, options: LMOptions, variant: Variant | CacheReorder) -> Graph:
+    """The graph of `variant` (`max_gpt2.model.variants`) for `config` and `options`."""
+    if isinstance(variant, CacheReorder):
         return reorder_graph(config, options)
     device = options.device
-    with F.lazy(), default_device(device), default_dtype(options.dtype):
-        # lazy: random initial weights are never made
-        module = GPT2LMHeadModel(
-            config,
-            variant == "attentions",
-            kernels=kernels,
-            weight_format=options.weight_format,
-            scores=variant in SCORING_VARIANTS,
-            ranked=min(RANKED, config.vocab_size) if variant == "ranked" else 0,
-        )
+    with F.lazy(), default_device(device), default_dtype(options.dtype):  # no initial weights made
+        module = GPT2LMHeadModel(config, variant, options.weight_format)
     tokens = TensorType(DType.int64, ["batch", "seq"], device=device)
     mask = TensorType(DType.int64, ["batch", "total"], device=device)
     logit_index = TensorType(DType.int64, ["logits"], device=device)
     inputs = [tokens, tokens, mask, logit_index, *[cache_type(config, options)] * config.n_layer]
-    return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant}").graph
+    return module.trace(*inputs, name=f"GPT2LMHeadModel_{variant.name}").graph
 
 
 def cache_type(config: GPT2Config, options: LMOptions) -> BufferType:

@@ -4,7 +4,7 @@
     scores = lm.score(input_ids, top_k=5)         # the same, and the 5 likeliest tokens at each position
     result = lm.perplexity("some text")           # Perplexity(tokens, nll, perplexity, bits_per_byte)
 
-`score`, `logprobs` and `perplexity` are `CompiledLM`'s methods. A token's
+`score`, `logprobs` and `perplexity` are `Steps`'s methods. A token's
 log-probability comes from the logits at the position before it, through a
 log-softmax over the vocabulary taken inside the graph (the "scores" variant,
 `max_gpt2.model.gpt2.next_token_logprobs`): the graph returns `[batch, seq]`, and the
@@ -26,23 +26,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.prompts import check_prompt, position_ids
+from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.inference.steps import Steps
 from max_gpt2.inference.tokenizer import token_bytes
-
-if TYPE_CHECKING:
-    from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.model.variants import RANKED
 
 # Most bytes of logits the scoring graph holds at once when windows are batched: GPT-2's windows of
 # 1024 tokens scoring their second half hold 103 MB each. 256 MB ran no faster and held 200-340 MB
 # more at its peak (docs/performance.md).
 WINDOW_LOGITS_BYTES = 128 << 20
-# The most alternatives `score` ranks at each position (OpenAI's `top_logprobs` allows as many).
-RANKED = 20
 
 
 class Scores(NamedTuple):
@@ -73,7 +70,7 @@ class Perplexity:
         return None if not self.bytes else self.nll * self.tokens / math.log(2) / self.bytes
 
 
-def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int = 0) -> Scores:
+def score(lm: Steps, input_ids: Any, attention_mask: Any = None, top_k: int = 0) -> Scores:
     """Every token's log-probability given the tokens before it, and the `top_k` (at most `RANKED`)
     likeliest at each position. `input_ids` [batch, seq], left-padded with `attention_mask` as for
     `logits`."""
@@ -86,12 +83,12 @@ def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int
     top_ids = np.full((batch, seq_len, top_k), -1, dtype=np.int64)
     top_logprobs = np.full((batch, seq_len, top_k), np.nan, dtype=np.float32)
     if seq_len > 1 and top_k:
-        chosen[:, 1:], values, ranked = scored_from(lm, ids, mask, 1, ranked=True)
+        chosen[:, 1:], values, ranked = lm.next_token_logprobs(ids, mask, 1, ranked=True)
         order = np.argsort(-values, axis=-1, kind="stable")[..., :top_k]  # likeliest first
         top_logprobs[:, 1:] = np.take_along_axis(values, order, axis=-1)
         top_ids[:, 1:] = np.take_along_axis(ranked, order, axis=-1)
     elif seq_len > 1:
-        chosen[:, 1:] = scored_from(lm, ids, mask, 1)
+        chosen[:, 1:] = lm.next_token_logprobs(ids, mask, 1)
     # Token t has a log-probability when it is real and a real token precedes it.
     none = np.zeros_like(chosen, dtype=bool)
     none[:, 1:] = ~((mask[:, 1:] == 1) & (np.cumsum(mask, axis=1)[:, :-1] > 0))
@@ -99,24 +96,13 @@ def score(lm: CompiledLM, input_ids: Any, attention_mask: Any = None, top_k: int
     return Scores(chosen, top_ids, top_logprobs)
 
 
-def logprobs(lm: CompiledLM, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+def logprobs(lm: Steps, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
     """Each token's log-probability given the tokens before it, float32 `[batch, seq]` (NaN: none)."""
     return score(lm, input_ids, attention_mask).logprobs
 
 
-def scored_from(lm: CompiledLM, ids: np.ndarray, mask: np.ndarray, first: int, ranked: bool = False) -> Any:
-    """log p(ids[:, t] | ids[:, :t]) for t = first..S-1 through the scoring graph, float32
-    `[batch, S - first]`; `ids` [batch, S] checked, `first` >= 1. The LM head runs over those
-    positions only. With `ranked`, also the `RANKED` likeliest tokens' log-probabilities (float32) and
-    ids (int64) at each, `[batch, S - first, RANKED]`, in no particular order."""
-    batch, seq_len = ids.shape
-    logit_index = np.arange(first - 1, seq_len - 1)  # position t - 1 predicts token t
-    cache = lm.new_cache(batch, seq_len)
-    return lm._run("ranked" if ranked else "scores", ids, position_ids(mask), mask, logit_index, cache)
-
-
 def perplexity(
-    lm: CompiledLM,
+    lm: Steps,
     text_or_ids: str | Any,
     stride: int | None = None,
     tokenizer: Tokenizer | None = None,
@@ -161,7 +147,7 @@ def perplexity(
     for group in batches(plan, lm.config.vocab_size):
         begin, _, first = group[0]
         rows = np.stack([ids[b:e] for b, e, _ in group])  # [W, window]
-        new = scored_from(lm, rows, np.ones_like(rows), first - begin)  # [W, tokens scored each]
+        new = lm.next_token_logprobs(rows, np.ones_like(rows), first - begin)  # [W, tokens scored each]
         total_nll -= float(new.astype(np.float64).sum())
         scored_ids += [ids[f:e] for _, e, f in group]
         done += len(group)

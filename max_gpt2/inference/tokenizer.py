@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from max_gpt2.model.gguf_file import GGUFFile
+
+if TYPE_CHECKING:
+    from max_gpt2.model.checkpoint import OpenedCheckpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
 END_OF_TEXT = "<|endoftext|>"
@@ -54,6 +57,11 @@ def load_tokenizer(path: str | Path, metadata: Mapping[str, Any] | None = None) 
     if metadata is None and path.suffix == ".gguf" and path.is_file():
         metadata = GGUFFile(path).metadata
     return None if metadata is None else gguf_tokenizer(metadata, str(path))
+
+
+def checkpoint_tokenizer(checkpoint: OpenedCheckpoint) -> Tokenizer | None:
+    """An opened checkpoint's tokenizer (`load_tokenizer`), its metadata read already."""
+    return load_tokenizer(checkpoint.path, checkpoint.tokenizer_metadata)
 
 
 def gpt2_tokenizer(vocab: Path, merges: Path) -> Tokenizer:

@@ -1,8 +1,8 @@
 """The functions that stage our Mojo ops in a graph: each takes tensors of the graph and returns its result.
 
     skinny_matmul(x [M, K], W [N, K], bias [N])                            -> [M, N]
-    packed_matmul(x [M, K], W as stored, scales, format, N, bias)          -> [M, N]
-    dequantize(W as stored, scales, format, N, K)                          -> float32 [N, K]
+    packed_matmul(x [M, K], W as stored, scales, op, N, bias)              -> [M, N]
+    dequantize(W as stored, scales, op, N, K)                              -> float32 [N, K]
     cached_attention(cache [2, B, H, M, d], qkv [B, S, 3D], key_bias [B, T]) -> [B, S, D]
     decode_layer(x [B, S, D], cache, key_bias, LayerParameters)            -> [B, S, D]
     paged_attention(MAX's paged cache, qkv [T, 3D], row offsets, layer)    -> [T, D]
@@ -77,44 +77,31 @@ def kernel_library() -> Path:
 
 def skinny_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`x` [M, K] @ `weight` [N, K]^T + `bias` [N] -> [M, N], each row of `weight` read once."""
-    return packed_matmul(x, weight, None, "float32", int(weight.shape[0]), bias)
-
-
-def matmul_op_name(format: str) -> str:
-    """The op that multiplies by weights stored in `format` (`max_gpt2.model.weight_formats`)."""
-    return {"float32": "skinny_matmul", "bfloat16": "packed_matmul_bf16"}.get(
-        format, f"packed_matmul_{format}"
-    )
+    return packed_matmul(x, weight, None, "skinny_matmul", int(weight.shape[0]), bias)
 
 
 def packed_matmul(
-    x: Tensor, weight: Tensor, scales: Tensor | None, format: str, out_dim: int, bias: Tensor | None = None
+    x: Tensor, weight: Tensor, scales: Tensor | None, op: str, out_dim: int, bias: Tensor | None = None
 ) -> Tensor:
-    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] with W stored in `format` (`weight_formats.FORMATS`).
+    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] through the Mojo op `op` (a weight format's `matmul_op`).
 
-    `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and
-    `scales` its block scales (None for float32 and bfloat16). The kernel adds the
-    float32 `bias` [out_dim] as it writes y, which saves an op a product (docs/performance.md).
+    `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and `scales` its
+    block scales (None where it has none). The kernel adds the float32 `bias` [out_dim] as it writes
+    y, which saves an op a product (docs/performance.md).
     """
     out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
-    name = matmul_op_name(format)
     if bias is None:  # the kernels read an empty bias as none
         bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
     inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]
-    (y,) = F.custom(name, x.device, inputs, [out_type], custom_extensions=kernel_library())
+    (y,) = F.custom(op, x.device, inputs, [out_type], custom_extensions=kernel_library())
     return y
 
 
-def dequantize(weight: Tensor, scales: Tensor, format: str, rows: int, columns: int) -> Tensor:
-    """q8_0 or q4_0 `weight` and `scales` as stored -> the float32 W they stand for, [rows, columns]."""
+def dequantize(weight: Tensor, scales: Tensor, op: str, rows: int, columns: int) -> Tensor:
+    """A block format's `weight` and `scales` as stored -> the float32 W [rows, columns] they stand for,
+    through the Mojo op `op` (the format's `dequantize_op`)."""
     out_type = TensorType(DType.float32, [rows, columns], device=weight.device)
-    (w,) = F.custom(
-        f"dequantize_{format}",
-        weight.device,
-        [weight, scales],
-        [out_type],
-        custom_extensions=kernel_library(),
-    )
+    (w,) = F.custom(op, weight.device, [weight, scales], [out_type], custom_extensions=kernel_library())
     return w
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import safetensors
@@ -39,6 +39,8 @@ from max_gpt2.model.weight_adapters import (
     layers_found,
     model_parameter_shapes,
 )
+from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
+from max_gpt2.model.weights_cache import Source
 
 INDEX_FILE = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -150,9 +152,10 @@ class Checkpoint:
     as float32 unless another `weight_format` is asked for.
     """
 
-    weight_format = "float32"
-    source_format = "float32"  # what `tensor` hands out
+    weight_format = source_format = FLOAT32  # what it loads as, and what `tensor` hands out
     maps_as_bound = False  # Conv1D weights are transposed: nothing binds as it lies in the files
+    one_file = False  # config, tokenizer and weights are files of a directory
+    tokenizer_metadata = None  # a tokenizer is only ever in files beside the weights
 
     def __init__(self, path: str | Path, config: GPT2Config | None = None) -> None:
         self.path = hub.resolve(path)
@@ -177,7 +180,7 @@ class Checkpoint:
         tied head is `wte`."""
         name = TIED_HEAD.get(name, name) if self.tied else name
         shape = model_parameter_shapes(self.config)[name]
-        return SourceTensor("float32", self.adapter.parameter(name, shape), shape)
+        return SourceTensor(FLOAT32, self.adapter.parameter(name, shape), shape)
 
     def model_weights(self) -> dict[str, np.ndarray]:
         """Every parameter of `GPT2LMHeadModel`, float32, MAX layout, keyed by module name.
@@ -190,6 +193,18 @@ class Checkpoint:
     def attention_weights(self, layer: int) -> dict[str, np.ndarray]:
         """`layer`'s attention parameters, float32, in MAX `Linear` layout, keyed by parameter name."""
         return self.adapter.attention_weights(layer)
+
+
+class OpenedCheckpoint(Source, Protocol):
+    """What every kind of checkpoint gives a load (`open_checkpoint`: `Checkpoint`, `GGUFCheckpoint`): its
+    path, files, config and tensors (`weights_cache.Source`), the format it loads as when none is asked
+    for and the one its tensors are stored in, whether its config, tokenizer and weights are one file,
+    and the metadata that may hold its tokenizer (None: only files beside it can)."""
+
+    weight_format: WeightFormat
+    source_format: WeightFormat
+    one_file: bool
+    tokenizer_metadata: Mapping[str, Any] | None
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint | GGUFCheckpoint:

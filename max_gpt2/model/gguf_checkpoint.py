@@ -39,15 +39,9 @@ from max_gpt2.model.gguf_file import BLOCKS, GGUFFile
 from max_gpt2.model.gguf_writer import TensorSpec
 from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format, to_float32
 from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
-from max_gpt2.model.weight_formats import is_packed
+from max_gpt2.model.weight_formats import GGML_TYPES, WeightFormat, is_packed
 
 ARCHITECTURE = "gpt2"
-SOURCE_FORMATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
-"""Each ggml type read here, as the format its tensors are read in."""
-GGML_TYPE_OF = {"float32": "F32", "bfloat16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-"""The ggml type each of our weight formats is written as."""
-FILE_TYPES = {"float32": 0, "bfloat16": 32, "q8_0": 7, "q4_0": 2}
-"""llama.cpp's `general.file_type` (`llama_ftype`) for a file of each format."""
 _LAYER_PARTS = {
     "ln_1": "attn_norm",
     "attn.c_attn": "attn_qkv",
@@ -71,11 +65,6 @@ def gguf_name(name: str) -> str:
         return f"{_TOP[module]}.{kind}"
     layer, _, part = module.removeprefix("transformer.h.").partition(".")
     return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
-
-
-def weight_format_of(ggml_type: str) -> str:
-    """The weight format a file whose projections are `ggml_type` loads as (F16 widens to float32)."""
-    return "float32" if ggml_type == "F16" else SOURCE_FORMATS[ggml_type]
 
 
 def config_from_gguf(file: GGUFFile) -> GPT2Config:
@@ -125,8 +114,9 @@ def config_from_gguf(file: GGUFFile) -> GPT2Config:
 class GGUFCheckpoint:
     """An opened GGUF file of GPT-2: its config, weight format and tensors, every one checked on opening.
 
-    `weight_format` is what it loads as when no other is asked for (`weight_format_of`),
-    `source_format` how its projections and head are stored (`stored_weights.check_conversion`);
+    `weight_format` is what it loads as when no other is asked for (`WeightFormat.loads_as`: F16
+    as float32), `source_format` how its projections and head are stored
+    (`stored_weights.check_conversion`);
     `tensor(name)` hands out a parameter as stored in the file, not copied (`SourceTensor`).
     """
 
@@ -149,10 +139,10 @@ class GGUFCheckpoint:
             info = self.gguf.tensors.get(stored)
             if info is None:
                 raise CheckpointError(f"{self.path} has no tensor {stored} (our {name})")
-            if info.type not in SOURCE_FORMATS:
+            if info.type not in GGML_TYPES:
                 raise CheckpointError(
                     f"{self.path}: tensor {stored} is {info.type}; GGUF types read are "
-                    f"{', '.join(SOURCE_FORMATS)} (llama-quantize --pure keeps every tensor in one of them)"
+                    f"{', '.join(GGML_TYPES)} (llama-quantize --pure keeps every tensor in one of them)"
                 )
             if info.shape != shapes[name]:
                 raise CheckpointError(
@@ -167,8 +157,15 @@ class GGUFCheckpoint:
                 f"{self.path} stores its projections and output in several types ({mix}); they are loaded "
                 f"in one format, so they must share one type (llama-quantize --pure writes them so)"
             )
-        self.source_format = SOURCE_FORMATS[next(iter(packed_types))]  # what `tensor` hands out
-        self.weight_format = weight_format_of(next(iter(packed_types)))
+        self.source_format = GGML_TYPES[next(iter(packed_types))]  # what `tensor` hands out
+        self.weight_format = self.source_format.loads_as
+
+    one_file = True  # its config, tokenizer and weights
+
+    @property
+    def tokenizer_metadata(self) -> dict[str, Any]:
+        """The file's metadata, where its own tokenizer is (`tokenizer.ggml.*`)."""
+        return self.gguf.metadata
 
     @property
     def maps_as_bound(self) -> bool:
@@ -179,10 +176,12 @@ class GGUFCheckpoint:
         """Our parameter `name` as the file stores it, not copied; the tied head is `token_embd`."""
         stored = "token_embd.weight" if name == "lm_head.weight" and self.tied else gguf_name(name)
         info = self.gguf.tensors[stored]
-        return SourceTensor(SOURCE_FORMATS[info.type], self.gguf.data(stored), info.shape)
+        return SourceTensor(GGML_TYPES[info.type], self.gguf.data(stored), info.shape)
 
 
-def gguf_tensors(source: WeightSource, weight_format: str) -> tuple[list[TensorSpec], Iterator[np.ndarray]]:
+def gguf_tensors(
+    source: WeightSource, weight_format: WeightFormat
+) -> tuple[list[TensorSpec], Iterator[np.ndarray]]:
     """`source`'s parameters as a GGUF file in `weight_format` holds them, under llama.cpp's names: the
     projections and the head in the format's type, the rest F32 (what our model binds). A tied head
     in float32 is left out (llama.cpp ties a GPT-2 without `output.weight`); packed, it is written, as
@@ -194,7 +193,7 @@ def gguf_tensors(source: WeightSource, weight_format: str) -> tuple[list[TensorS
         )
     shapes = model_parameter_shapes(source.config)
     names = [name for name in shapes if name not in aliases(source.tied, weight_format)]
-    kind = GGML_TYPE_OF[weight_format]
+    kind = weight_format.ggml_type
     widths = sorted({shapes[name][1] for name in names if is_packed(name)})
     if any(width % BLOCKS[kind][0] for width in widths):
         raise ValueError(
@@ -211,13 +210,13 @@ def gguf_tensors(source: WeightSource, weight_format: str) -> tuple[list[TensorS
     return specs, data()
 
 
-def gguf_metadata(config: GPT2Config, weight_format: str, name: str) -> dict[str, Any]:
+def gguf_metadata(config: GPT2Config, weight_format: WeightFormat, name: str) -> dict[str, Any]:
     """The metadata llama.cpp reads for GPT-2 (`general.*`, `gpt2.*`, the end-of-text token), for a
     file in `weight_format`."""
     metadata: dict[str, Any] = {
         "general.architecture": ARCHITECTURE,
         "general.name": name,
-        "general.file_type": FILE_TYPES[weight_format],
+        "general.file_type": weight_format.file_type,
         "gpt2.block_count": config.n_layer,
         "gpt2.context_length": config.n_positions,
         "gpt2.embedding_length": config.n_embd,
@@ -225,7 +224,7 @@ def gguf_metadata(config: GPT2Config, weight_format: str, name: str) -> dict[str
         "gpt2.attention.head_count": config.n_head,
         "gpt2.attention.layer_norm_epsilon": float(config.layer_norm_epsilon),
     }
-    if weight_format in ("q8_0", "q4_0"):
+    if weight_format.quantized:
         metadata["general.quantization_version"] = 2  # ggml's block layout of Q8_0 and Q4_0
     if config.stop_token_ids:  # GPT-2's end of text is also where a text begins
         metadata["tokenizer.ggml.bos_token_id"] = metadata["tokenizer.ggml.eos_token_id"] = (

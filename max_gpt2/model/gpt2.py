@@ -9,9 +9,8 @@
         ln_f
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
-With a `weight_format` other than "float32" (`max_gpt2.model.weight_formats`) every
-projection and the LM head are `PackedLinear`s, their weights in that format; the
-embeddings stay float32.
+With a packed `weight_format` (`max_gpt2.model.weight_formats`) every projection and the LM
+head are `PackedLinear`s, their weights in that format; the embeddings stay float32.
 
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
@@ -27,13 +26,15 @@ are wanted:
     logit_index              [K] int64, positions in 0..S-1
     caches                   n_layer buffers [2, B, H, M, d], written in place
     -> logits                [B, K, V] float32
-    -> attentions            [L, B, H, S, T] float32, only with `output_attentions=True`
+    -> attentions            [L, B, H, S, T] float32, only for the `Head.ATTENTIONS` variant
                              (a separate graph: the plain one never outputs them)
 
-With `scores=True` the graph returns, instead of logits, each asked-for position's
+For `Head.SCORES` the graph returns, instead of logits, each asked-for position's
 log-probability of the token after it, `input_ids[:, k + 1]` (so every k < S - 1):
 
     -> logprobs              [B, K] float32, log-softmax over the vocabulary, taken in the graph
+
+and for `Head.RANKED` also the `RANKED` likeliest tokens' log-probabilities and ids [B, K, RANKED].
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
 from max_gpt2.model.packed_linear import PackedLinear
-from max_gpt2.model.weight_formats import renamed_weights_keyword
+from max_gpt2.model.variants import PLAIN, RANKED, Head, Variant
+from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
 
 
-def linear_for(weight_format: str, kernels: bool) -> LinearFactory:
+def linear_for(weight_format: WeightFormat, kernels: bool) -> LinearFactory:
     """The projections' module for a weight format, through the decoding kernels or MAX's ops."""
-    if weight_format != "float32":
+    if weight_format.kernels_only:
         return partial(PackedLinear, format=weight_format, kernels=kernels)
     return SkinnyLinear if kernels else Linear
 
@@ -106,35 +108,26 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
     """GPT-2 with its language-model head: token ids to next-token logits (and attention weights)."""
 
     def __init__(
-        self,
-        config: GPT2Config,
-        output_attentions: bool = False,
-        kernels: bool = False,
-        weight_format: str | None = None,
-        *,
-        scores: bool = False,
-        ranked: int = 0,
-        weights: str | None = None,
+        self, config: GPT2Config, variant: Variant = PLAIN, weight_format: WeightFormat = FLOAT32
     ) -> None:
-        """`kernels`: the projections and attention through the Mojo decoding kernels (`max_gpt2.kernels`),
-        same parameters, for a few new tokens; `weight_format`: how the projections and the LM head
-        are stored (`max_gpt2.model.weight_formats`; None: float32); `scores`: return the next
-        tokens' log-probabilities, not logits, and with `ranked` the log-probabilities and ids of the
-        `ranked` likeliest tokens at each position too. `weights` is `weight_format`'s deprecated name."""
-        weight_format = renamed_weights_keyword("GPT2LMHeadModel", weight_format, weights)
-        if kernels and output_attentions:
-            raise ValueError("the decoding kernels do not output attention weights")
-        if scores and output_attentions:
-            raise ValueError("a scoring graph does not output attention weights")
-        if ranked and not scores:
-            raise ValueError("only a scoring graph ranks the likeliest tokens (ranked needs scores)")
-        self.output_attentions, self.scores, self.ranked = output_attentions, scores, ranked
+        """`variant`: what the graph returns (`max_gpt2.model.variants`: logits at the positions asked
+        for, the next tokens' log-probabilities, the likeliest tokens' too, or attention weights) and
+        whether the projections and attention run through the Mojo decoding kernels
+        (`max_gpt2.kernels`; same parameters, for a few new tokens); `weight_format`: how the
+        projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
+        if variant.head is Head.LAST_LOGITS:
+            raise ValueError("GPT2LMHeadModel returns the positions it is asked for (logit_index)")
+        kernels, self.variant = variant.kernels, variant
+        self.output_attentions = variant.head is Head.ATTENTIONS
+        self.ranked = min(RANKED, config.vocab_size) if variant.head is Head.RANKED else 0
         attention = KernelCachedAttention if kernels else CachedAttention
         linear = linear_for(weight_format, kernels)
         block = block_for(config, kernels)
-        block_graph = "kernel_block" if kernels else "block_with_weights" if output_attentions else "block"
+        block_graph = (
+            "kernel_block" if kernels else "block_with_weights" if self.output_attentions else "block"
+        )
         self.transformer = GPT2Model(
-            config, lambda: attention(config, output_attentions, linear), linear, block, block_graph
+            config, lambda: attention(config, self.output_attentions, linear), linear, block, block_graph
         )
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
@@ -150,7 +143,7 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
         hidden, attentions = hidden if self.output_attentions else (hidden, None)
         hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
         logits = F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
-        if self.scores:
+        if self.variant.scores:
             return next_token_logprobs(logits, F.gather(input_ids, logit_index + 1, axis=1), self.ranked)
         return (logits, F.cast(attentions, DType.float32)) if self.output_attentions else logits
 

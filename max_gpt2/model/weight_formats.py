@@ -1,76 +1,236 @@
-"""How the language model may store its weights for decoding on the CPU: fewer bytes per weight.
+"""Weight formats: how the language model stores its projections and LM head, one object each.
 
-A decoding step reads every weight once, so its speed is bytes of weights over
-memory bandwidth. Besides float32, the projections and the LM head may be stored
-as (the sums stay float32; as in llama.cpp the kernels round each product's input
-to bfloat16 against bfloat16 weights, to int8 blocks against q8_0 and q4_0):
+A decoding step reads every weight once, so its speed is bytes of weights over memory bandwidth.
+Besides float32, the projections and the LM head may be stored in fewer bytes (the sums stay
+float32; as in llama.cpp the kernels round each product's input to bfloat16 against bfloat16
+weights, to int8 blocks against q8_0 and q4_0):
 
+    float32   4 bytes a weight; the embeddings, biases and layer norms always stay so
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
-    q8_0      blocks of 32 weights along a row, int8 values and one float16 scale a block:
-              w = q * d, d = max |w| / 127, q = round(w / d); 1.0625 bytes a weight
-    q4_0      blocks of 32, values 0..15 (4 bits) and a float16 scale: w = (q - 8) * d,
-              d = (the block's weight of largest magnitude) / -8; 0.5625 bytes a weight
+    q8_0      llama.cpp's blocks of 32 int8 values and a float16 scale, 1.0625 bytes a weight
+    q4_0      llama.cpp's blocks of 32 4-bit values and a float16 scale, 0.5625 bytes a weight
 
-q8_0 and q4_0 are llama.cpp's values and rounding rules, bit for bit (`quantize_q8_0`,
-`quantize_q4_0` are its `quantize_row_q8_0_ref` and `quantize_row_q4_0_ref`: float32
-arithmetic, values rounded with the unrounded d, d stored rounded to float16; row by row,
-K padded with zeros to whole blocks). GGUF stores them as rows of blocks, each its float16
-d then its values (`to_blocks`, `from_blocks`); `interleave_blocks` shuffles those bytes
-into the kernels' layout, below. Every format
-but float32 is stored for our kernels (`max_gpt2/kernels/`) with 8 rows
-interleaved, N padded with zero rows to a multiple of 8: a decoding step then
-reads each group of 8 rows as one stream of memory, not 8 (docs/performance.md).
-q8_0 and q4_0 (`interleave`) also put 4 consecutive values of each of the 8 rows
-in one register:
+(`block_quants` has q8_0's and q4_0's arithmetic.) `FORMATS` is the registry, by name;
+`format_named(name)` looks one up, refusing a name it lacks with the list. `FLOAT16` is a format
+checkpoints may store (GGUF's F16) and that loads as float32. A format knows:
 
-    bfloat16     uint16 [N8 / 8, Kp * 8]   group g, chunk c, row r, element e (0..31), K padded to
-                                           a multiple of 32: at c * 256 + r * 32 + e: W[8g + r, 32c + e]
-    q8_0 values  int8 [N8 / 8, Kb * 256]   group g, block b, chunk c, row r, element e:
-                                           at (b * 8 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
-    q4_0 values  uint8 [N8 / 8, Kb * 128]  at (b * 4 + c) * 32 + r * 4 + e: q[8g + r, 32b + 4c + e]
-                                           in the low nibble, q[8g + r, 32b + 16 + 4c + e] in the high
-    scales       float16 [N8 / 8, Kb * 8]  at b * 8 + r: d[8g + r, b]
+- its name, bytes a weight, llama.cpp's ggml type and `general.file_type`;
+- `rows` / `values`: a weight [N, K] to and from the rows GGUF stores (float32, float16, bfloat16
+  bits, or blocks of bytes);
+- `stored` / `pack` / `unpack`: what a linear layer binds (a "weight", and "scales" for blocks), in
+  the kernels' layout (`kernel_layout`), from those rows and back to float32;
+- `matmul_op` / `dequantize_op`: the Mojo ops that multiply by it, or unpack it in a graph;
+- whether it runs only through the kernels (`kernels_only`: every format but float32, on the CPU
+  in float32 compute; `check_runs`), is quantized (then it loads only as itself or as float32),
+  and the KV cache's dtype beside it (`cache_dtype`: float16 by default beside a packed format).
 
-The embeddings, biases and layer norms stay float32 (an embedding lookup reads
-one row). `max_gpt2.model.stored_weights` puts a model's parameters into these layouts.
+No other module compares a format's name; each asks its format.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
+from max.dtype import DType
 
+from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, BlockCode
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.model.kernel_layout import (
+    CHUNK,
+    GROUP,
+    deinterleave_bfloat16,
+    deinterleave_blocks,
+    interleave_bfloat16,
+    interleave_blocks,
+)
 from max_gpt2.model.weight_adapters import CONV1D_WEIGHTS
 
-FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
-BLOCK = 32  # weights sharing a scale
-GROUP = 8  # rows stored interleaved
-CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}  # a block of 32 weights in GGUF: its float16 scale and values
-BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # what `max-gpt2 serve --weight-format` hands MAX's server
-RENAMED_SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHTS"  # its deprecated name, still read
+
+class Stored(NamedTuple):
+    """One array a linear layer binds in a format: its shape, NumPy dtype and the dtype MAX reads it as."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    max_dtype: DType
 
 
-def check_format(weight_format: str, source: str = "weight_format") -> str:
-    """`weight_format` if it names a format, else a ValueError listing them that names where it came from."""
-    if weight_format not in FORMATS:
-        raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {weight_format!r}")
-    return weight_format
+@dataclass(frozen=True, eq=False, repr=False)
+class WeightFormat:
+    """A way to store the projections and the LM head; float32 itself (see the module docstring)."""
+
+    name: str
+    bytes_per_weight: float
+    ggml_type: str  # llama.cpp's name of its tensor type
+    file_type: int  # llama.cpp's `general.file_type` of a file whose projections are in it
+    kernels_only: bool = False  # stored in the kernels' layout, which MAX's own ops do not read
+    quantized: bool = False  # rounded to blocks: reloading it into another quantized format is refused
+    matmul_op: str = "skinny_matmul"
+    dequantize_op: str | None = None  # the op that unpacks it to float32 in a graph, if not a cast
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<weight format {self.name}>"
+
+    @property
+    def half_cache(self) -> bool:
+        """Whether the KV cache defaults to float16 beside it, as llama.cpp keeps its own (packed formats)."""
+        return self.kernels_only
+
+    @property
+    def loads_as(self) -> WeightFormat:
+        """The format its tensors load as when none is asked for."""
+        return self
+
+    def check_runs(self, kernels_run: bool, where: str) -> WeightFormat:
+        """Itself, where it runs: a format only the kernels read needs them (`kernels_run`: whether they
+        run on the device and dtype `where` names); else a ValueError naming both."""
+        if self.kernels_only and not kernels_run:
+            raise ValueError(
+                f"weight_format={self.name!r} is for decoding on the CPU in float32, not on {where}"
+            )
+        return self
+
+    def cache_dtype(self, kv_cache: str | DType | None, compute: DType) -> DType:
+        """The KV cache's dtype beside this format: `kv_cache` if asked (the compute dtype, or float16 for
+        float32 compute), else float16 beside a packed format in float32 compute, as llama.cpp keeps
+        its cache, and the compute dtype otherwise.
+
+        Beside a packed format's own rounding a float16 cache's does not show in perplexity, and a
+        batch's steps read half the cache's bytes (docs/performance.md). Float32 weights keep the cache
+        in their dtype, Hugging Face's numbers.
+        """
+        if kv_cache is None:
+            return DType.float16 if self.half_cache and compute == DType.float32 else compute
+        try:
+            cache = parse_dtype(kv_cache)
+        except ValueError:
+            raise ValueError(
+                f"kv_cache must be float32, bfloat16 or float16 (or None); got {kv_cache!r}"
+            ) from None
+        if cache != compute and not (cache == DType.float16 and compute == DType.float32):
+            raise ValueError(
+                f"kv_cache={cache.name!r} with {compute.name} compute: the cache is kept in the "
+                "compute dtype, or in float16 for float32 compute"
+            )
+        return cache
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        """A float32 weight [N, K] in this format, row by row as GGUF stores it."""
+        return weight
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The float32 values GGUF rows in this format stand for, in `shape` (exact)."""
+        return rows
+
+    def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
+        """What a linear layer of `out_dim` x `in_dim` binds, by parameter ("weight", "scales")."""
+        return {"weight": Stored((out_dim, in_dim), "float32", DType.float32)}
+
+    def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """GGUF rows in this format -> the arrays `stored` names, as the kernels read them."""
+        return {"weight": rows}
+
+    def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
+        """The inverse of `pack`, to the float32 weight [out_dim, in_dim] the arrays stand for."""
+        return arrays["weight"]
 
 
-def renamed_weights_keyword(where: str, weight_format: str | None, weights: str | None) -> str:
-    """The format a caller of `where` asked for: `weight_format`, or `weights`, its deprecated name
-    (with a DeprecationWarning), or float32 when neither is given; both at once is a TypeError."""
-    if weights is None:
-        return "float32" if weight_format is None else weight_format
-    if weight_format is not None:
-        raise TypeError(f"{where} takes weight_format= or its deprecated name weights=, not both")
-    message = f"{where}: weights= is deprecated and will be removed; pass weight_format={weights!r}"
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
-    return weights
+@dataclass(frozen=True, eq=False, repr=False)
+class Float16Format(WeightFormat):
+    """GGUF's F16, read and widened to float32 (exactly): not a format to store in."""
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return weight.astype(np.float16)
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return rows.astype(np.float32)
+
+    @property
+    def loads_as(self) -> WeightFormat:
+        return FLOAT32
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class BFloat16Format(WeightFormat):
+    """bfloat16 bit patterns (uint16), rows of 8 interleaved in chunks of 32 (`kernel_layout`)."""
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return float32_to_bfloat16_bits(weight)
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return bfloat16_bits_to_float32(rows)
+
+    def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
+        groups, chunks = -(-out_dim // GROUP), -(-in_dim // CHUNK)
+        return {"weight": Stored((groups, chunks * CHUNK * GROUP), "uint16", DType.bfloat16)}
+
+    def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {"weight": interleave_bfloat16(rows)}
+
+    def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
+        return bfloat16_bits_to_float32(deinterleave_bfloat16(arrays["weight"], out_dim, in_dim))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class BlockFormat(WeightFormat):
+    """Blocks of 32 weights and a float16 scale (`block_quants.BlockCode`), 8 rows interleaved."""
+
+    code: BlockCode = Q8_0_CODE
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return self.code.to_blocks(*self.code.quantize(weight))
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return self.code.dequantize(*self.code.from_blocks(rows), shape[-1]).reshape(shape)
+
+    def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
+        groups, blocks = -(-out_dim // GROUP), -(-in_dim // BLOCK)
+        values = GROUP * (self.code.block_bytes - 2)  # a block's value bytes, for 8 rows
+        dtype = np.dtype(self.code.dtype).name
+        return {
+            "weight": Stored((groups, blocks * values), dtype, DType[dtype]),
+            "scales": Stored((groups, blocks * GROUP), "float16", DType.float16),
+        }
+
+    def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        weight, scales = interleave_blocks(rows, self.code)
+        return {"weight": weight, "scales": scales}
+
+    def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
+        values, scales = deinterleave_blocks(arrays["weight"], arrays["scales"], self.code, out_dim)
+        return self.code.dequantize(values, scales, in_dim)
+
+
+FLOAT32 = WeightFormat("float32", 4.0, "F32", 0)
+FLOAT16 = Float16Format("float16", 2.0, "F16", 1)
+BFLOAT16 = BFloat16Format("bfloat16", 2.0, "BF16", 32, kernels_only=True, matmul_op="packed_matmul_bf16")
+Q8_0 = BlockFormat(
+    "q8_0", 34 / 32, "Q8_0", 7, True, True, "packed_matmul_q8_0", "dequantize_q8_0", code=Q8_0_CODE
+)
+Q4_0 = BlockFormat(
+    "q4_0", 18 / 32, "Q4_0", 2, True, True, "packed_matmul_q4_0", "dequantize_q4_0", code=Q4_0_CODE
+)
+
+FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0)}
+"""The formats the projections and the head may be stored in, by name."""
+GGML_TYPES = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0)}
+"""The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
+NAMED = {f.name: f for f in GGML_TYPES.values()}
+"""Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""
+
+
+def format_named(value: str | WeightFormat, source: str = "weight_format") -> WeightFormat:
+    """The format `value` names (or `value` itself), else a ValueError listing `FORMATS`, naming `source`."""
+    if isinstance(value, WeightFormat) and FORMATS.get(value.name) is value:
+        return value
+    found = FORMATS.get(value) if isinstance(value, str) else None
+    if found is None:
+        raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {value!r}")
+    return found
 
 
 def is_packed(name: str) -> bool:
@@ -78,170 +238,12 @@ def is_packed(name: str) -> bool:
     return name.endswith(CONV1D_WEIGHTS) or name == "lm_head.weight"
 
 
-def is_stored_packed(name: str, format: str) -> bool:
-    """Whether `pack` stores parameter `name` in `format`'s own dtypes (a packed weight or its scales)
-    rather than as the float32 it was."""
-    return format != "float32" and (is_packed(name) or name.endswith(".scales"))
+def is_stored_packed(name: str, weight_format: WeightFormat) -> bool:
+    """Whether the array bound as `name` is in `weight_format`'s own dtypes (a packed weight or its
+    scales) rather than float32."""
+    return weight_format.kernels_only and (is_packed(name) or name.endswith(".scales"))
 
 
-def scales_name(name: str) -> str:
-    """Where a packed weight's scales go: `...c_attn.weight` -> `...c_attn.scales`."""
-    return name.removesuffix("weight") + "scales"
-
-
-QUANTIZED_ROWS = 4096  # rows quantized at a time, so the float32 temporaries stay small
-
-
-def _quantize_rows(
-    weight: np.ndarray, quantize_block: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], dtype: type
-) -> tuple[np.ndarray, np.ndarray]:
-    """[N, K] -> values [N, Kp] of `dtype` and float16 scales [N, Kp / 32], `QUANTIZED_ROWS` rows at a
-    time, each row zero-padded to whole blocks; `quantize_block` takes float32 [n, Kb, 32]."""
-    rows, columns = weight.shape
-    blocks = -(-columns // BLOCK)
-    values, scales = np.empty((rows, blocks * BLOCK), dtype), np.empty((rows, blocks), np.float16)
-    for first in range(0, rows, QUANTIZED_ROWS):
-        part = slice(first, first + QUANTIZED_ROWS)
-        chunk = np.zeros((len(range(rows)[part]), blocks * BLOCK), np.float32)
-        chunk[:, :columns] = weight[part]
-        chunk_values, scales[part] = quantize_block(chunk.reshape(len(chunk), blocks, BLOCK))
-        values[part] = chunk_values.reshape(len(chunk), -1)
-    return values, scales
-
-
-def _roundf(x: np.ndarray) -> np.ndarray:
-    """C's `roundf`: to the nearest integer, halves away from zero (exact: no rounding in between)."""
-    magnitude = np.abs(x)
-    whole = np.floor(magnitude)
-    return np.copysign(whole + np.floor(2 * (magnitude - whole)), x)
-
-
-def _q8_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`quantize_row_q8_0_ref` on float32 [n, Kb, 32], in its float32 arithmetic."""
-    d = np.abs(blocks).max(axis=-1) / np.float32(127)
-    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    return _roundf(blocks * inverse[..., None]).astype(np.int8), d.astype(np.float16)
-
-
-def _q4_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`quantize_row_q4_0_ref` on float32 [n, Kb, 32]: the first weight of largest magnitude is -8 steps."""
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    d = largest / np.float32(-8)
-    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    values = np.minimum(15, np.trunc(blocks * inverse[..., None] + np.float32(8.5)))
-    return values.astype(np.uint8), d.astype(np.float16)
-
-
-def quantize_q8_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [N, K] -> int8 values [N, Kp] and float16 scales [N, Kp / 32], row by row."""
-    return _quantize_rows(weight, _q8_0_blocks, np.int8)
-
-
-def quantize_q4_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [N, K] -> values 0..15 as uint8 [N, Kp] and float16 scales [N, Kp / 32], row by row."""
-    return _quantize_rows(weight, _q4_0_blocks, np.uint8)
-
-
-def quantize(weight: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
-    """`quantize_q8_0` or `quantize_q4_0`, as `format` names."""
-    return (quantize_q8_0 if format == "q8_0" else quantize_q4_0)(weight)
-
-
-def dequantize(values: np.ndarray, scales: np.ndarray, format: str, columns: int) -> np.ndarray:
-    """Row-layout q8_0 or q4_0 values [N, Kp] and scales [N, Kp / 32] -> float32 weights [N, columns]
-    (exact: a value times a float16 scale fits in float32)."""
-    blocks = values.reshape(values.shape[0], -1, BLOCK).astype(np.float32) - (8 if format == "q4_0" else 0)
-    return (blocks * scales.astype(np.float32)[..., None]).reshape(values.shape[0], -1)[:, :columns]
-
-
-def to_blocks(values: np.ndarray, scales: np.ndarray, format: str) -> np.ndarray:
-    """Row-layout values [N, Kp] and scales [N, Kb] -> GGUF's blocks, uint8 [N, Kb * BLOCK_BYTES]:
-    each block its float16 scale, then 32 int8 values (q8_0) or 16 bytes holding value j in the low
-    nibble of byte j and value j + 16 in its high nibble (q4_0)."""
-    rows, blocks = scales.shape
-    grouped = values.reshape(rows, blocks, BLOCK)
-    if format == "q4_0":
-        grouped = grouped[..., : BLOCK // 2] | (grouped[..., BLOCK // 2 :] << 4)
-    data = np.empty((rows, blocks, BLOCK_BYTES[format]), np.uint8)
-    data[..., :2] = scales.reshape(rows, blocks, 1).view(np.uint8)
-    data[..., 2:] = grouped.view(np.uint8)
-    return data.reshape(rows, -1)
-
-
-def from_blocks(data: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of `to_blocks`: row-layout values [N, Kp] and scales [N, Kb]."""
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, BLOCK_BYTES[format])
-    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
-    if format == "q8_0":
-        return np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, -1), scales
-    packed = blocks[..., 2:]
-    return np.concatenate([packed & 0xF, packed >> 4], axis=-1).reshape(rows, -1), scales
-
-
-def _grouped(
-    source: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, order: tuple[int, ...]
-) -> np.ndarray:
-    """`source` [N, ...] with its rows in groups of 8, zero rows padding the last: one copy into an
-    array of `shape` [G, ...] whose axes `order` puts as [G, r, ...]."""
-    stored = np.zeros(shape, dtype)
-    view = stored.transpose(order)  # [G, r, ...]
-    full = source.shape[0] // GROUP
-    view[:full] = source[: full * GROUP].reshape(full, GROUP, *source.shape[1:])
-    if full < shape[0]:
-        view[full, : source.shape[0] - full * GROUP] = source[full * GROUP :]
-    return stored
-
-
-def interleave_blocks(data: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
-    """GGUF's blocks [N, Kb * BLOCK_BYTES] -> the kernel's layout (module docstring): a shuffle of their
-    bytes. A q4_0 block's byte j already holds values j and j + 16, as the kernel's does."""
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, BLOCK_BYTES[format])
-    count, groups = blocks.shape[1], -(-rows // GROUP)
-    chunks = 8 if format == "q8_0" else 4
-    dtype = np.int8 if format == "q8_0" else np.uint8
-    values = blocks[..., 2:].view(dtype).reshape(rows, count, chunks, 4)
-    stored = _grouped(values, (groups, count, chunks, GROUP, 4), dtype, (0, 3, 1, 2, 4))
-    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
-    stored_scales = _grouped(scales, (groups, count, GROUP), np.float16, (0, 2, 1))
-    return stored.reshape(groups, -1), stored_scales.reshape(groups, -1)
-
-
-def interleave(values: np.ndarray, scales: np.ndarray, format: str) -> tuple[np.ndarray, np.ndarray]:
-    """Row-layout values [N, Kp] and scales [N, Kb] -> the kernel's layout (module docstring)."""
-    return interleave_blocks(to_blocks(values, scales, format), format)
-
-
-def interleave_bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns [N, K] -> the kernel's layout, uint16 [N8 / 8, Kp * 8] (module docstring)."""
-    rows, columns = bits.shape
-    groups, chunks = -(-rows // GROUP), -(-columns // CHUNK)
-    if columns % CHUNK:
-        padded = np.zeros((rows, chunks * CHUNK), np.uint16)
-        padded[:, :columns] = bits
-        bits = padded
-    chunked = bits.reshape(rows, chunks, CHUNK)
-    stored = _grouped(chunked, (groups, chunks, GROUP, CHUNK), np.uint16, (0, 2, 1, 3))  # [g, c, r, e]
-    return stored.reshape(groups, -1)
-
-
-def deinterleave_bfloat16(stored: np.ndarray, rows: int, columns: int) -> np.ndarray:
-    """The inverse of `interleave_bfloat16`: bit patterns [rows, columns]."""
-    groups, chunks = stored.shape[0], stored.shape[1] // (GROUP * CHUNK)
-    bits = stored.reshape(groups, chunks, GROUP, CHUNK).transpose(0, 2, 1, 3)  # [g, r, c, e]
-    return bits.reshape(groups * GROUP, chunks * CHUNK)[:rows, :columns]
-
-
-def deinterleave(
-    stored: np.ndarray, stored_scales: np.ndarray, format: str, rows: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of `interleave`: row-layout values [rows, Kp] and scales [rows, Kb]."""
-    groups, blocks = stored_scales.shape[0], stored_scales.shape[1] // GROUP
-    scales = stored_scales.reshape(groups, blocks, GROUP).transpose(0, 2, 1).reshape(-1, blocks)
-    if format == "q8_0":
-        values = stored.reshape(groups, blocks, 8, GROUP, 4).transpose(0, 3, 1, 2, 4)
-    else:
-        nibbles = stored.reshape(groups, blocks, 4, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [g, r, b, c, e]
-        values = np.stack([nibbles & 0xF, nibbles >> 4], axis=3)  # [g, r, b, half, c, e]
-    return values.reshape(groups * GROUP, -1)[:rows], scales[:rows]
+def stored_name(name: str, part: str) -> str:
+    """Where part `part` ("weight", "scales") of packed parameter `name` (`...c_attn.weight`) is bound."""
+    return name.removesuffix("weight") + part

@@ -45,6 +45,7 @@ from max_gpt2.model.stored_weights import (
     with_aliases,
 )
 from max_gpt2.model.weight_adapters import CheckpointError
+from max_gpt2.model.weight_formats import WeightFormat
 from max_gpt2.outputs import default_cache_dir, write_atomically
 
 LAYOUT = 1
@@ -160,11 +161,11 @@ class Source(WeightSource, Protocol):
 
 
 def bound_weights(
-    source: Source, weight_format: str, cache: Path | None = None, step: Step | None = None
+    source: Source, weight_format: WeightFormat, cache: Path | None = None, step: Step | None = None
 ) -> StoredWeights:
     """`source`'s parameters as bound in `weight_format` (module docstring), from the cache under `cache`
     (None: `default_cache_dir()`); `step(label)` hears of a conversion."""
-    if weight_format == "float32" and source.maps_as_bound:
+    if not weight_format.kernels_only and source.maps_as_bound:
         return with_aliases(dict(stored_tensors(source, weight_format)), source.tied, weight_format)
     root = default_cache_dir() if cache is None else cache
     try:
@@ -177,7 +178,7 @@ def bound_weights(
 
 
 def cached_weights(
-    source: Source, weight_format: str, cache: Path, step: Step | None = None
+    source: Source, weight_format: WeightFormat, cache: Path, step: Step | None = None
 ) -> StoredWeights:
     """`source`'s parameters as bound in `weight_format`, from the cache under `cache`; the first time,
     converted into it, tensor by tensor (`step(label)` reports that work)."""
@@ -193,6 +194,6 @@ def cached_weights(
     file.parent.mkdir(parents=True, exist_ok=True)
     label = f"converting the weights of {source.path} to {weight_format}, once (kept in {file.parent})"
     with nullcontext() if step is None else step(label):
-        metadata = {"format": weight_format, "digest": digest, "config": json.dumps(config.to_dict())}
+        metadata = {"format": weight_format.name, "digest": digest, "config": json.dumps(config.to_dict())}
         write_stored(file, layout, stored_tensors(source, weight_format), metadata)
     return with_aliases(read_stored(file, layout), source.tied, weight_format)

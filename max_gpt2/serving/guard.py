@@ -23,10 +23,10 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from max.serve._error_envelope import openai_error_body
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 
+from max_gpt2.serving.max_internals import error_body
 from max_gpt2.serving.requests import Refusal, check_completion
 
 Scope = MutableMapping[str, Any]
@@ -119,8 +119,7 @@ def check_model(asked: Any, served: str) -> None:
 
 async def refuse(refusal: Refusal, scope: Scope, receive: Receive, send: Send) -> None:
     """Answers with OpenAI's error body for `refusal`, its `param` the field it names."""
-    body = openai_error_body(refusal.status, refusal.message)
-    body["error"]["param"] = refusal.param
+    body = error_body(refusal.status, refusal.message, refusal.param)
     headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
     await JSONResponse(body, status_code=refusal.status, headers=headers)(scope, receive, send)
 

@@ -56,13 +56,14 @@ from max.profiler import traced
 
 from max_gpt2.inference.compiled import compile_together
 from max_gpt2.inference.devices import kernels_run_on, weight_buffers
-from max_gpt2.inference.lm_graphs import check_weight_format
+from max_gpt2.inference.lm_options import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.gpt2 import linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.stored_weights import StoredWeights
+from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
 from max_gpt2.serving.model_config import GPT2ServingConfig
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -82,12 +83,16 @@ class ServedGraph:
 
 
 class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[TextContext]):
-    """GPT-2 for MAX's text-generation pipeline, on MAX's paged KV cache, with log-probabilities."""
+    """GPT-2 for MAX's text-generation pipeline, on MAX's paged KV cache, with log-probabilities.
+
+    Its `load_model` replaces MAX's whole (several graphs, compiled together): it overrides and calls
+    none of the private hooks MAX's `load_model` goes through (`max_gpt2.serving.max_internals`).
+    """
 
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
 
-    def _load_state_dict(self) -> StoredWeights:
+    def _checkpoint_weights(self) -> StoredWeights:
         """The checkpoint's parameters as bound in the served weight format, through the adapter `arch.py`
         registers for its files: a GGUF file given as MAX's weight path, else the model directory."""
         model = self.pipeline_config.model
@@ -97,12 +102,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         assert self.adapter is not None, "arch.py registers an adapter for safetensors and GGUF"
         return self.adapter(open_checkpoint(path), self.arch_config.weight_format)
 
-    def _create_model_config(self, state_dict: dict[str, Any]) -> GPT2ServingConfig:
-        return GPT2ServingConfig.initialize(self.pipeline_config, max_seq_len=self.max_seq_len)
-
-    def _prepare_state_dict(
-        self, state_dict: dict[str, Any], model_config: GPT2ServingConfig
-    ) -> dict[str, Any]:
+    def _bound_buffers(self, state_dict: dict[str, Any], model_config: GPT2ServingConfig) -> dict[str, Any]:
         """The host buffers bound: the stored arrays as they are, the rest in the compute dtype
         (`max_gpt2.inference.devices.weight_buffers`)."""
         return weight_buffers(state_dict, model_config.weight_format, model_config.dtype)
@@ -111,21 +111,24 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     def load_model(self) -> CompiledCallable | ServedGraph:
         """Compiles the general graph (returned: MAX keeps it as `self.model`) and the step-specific ones,
         on the host as one module (`max_gpt2.inference.compiled.compile_together`)."""
-        state_dict = self._load_state_dict()
-        config = self._create_model_config(state_dict)
+        state_dict = self._checkpoint_weights()
+        config = self.arch_config_as(GPT2ServingConfig)  # what MAX built from `model_config_cls`
         check_weight_format(config.weight_format, self.devices[0], config.dtype)
-        weights = self._prepare_state_dict(state_dict, config)
-        self._init_distributed_runtime(config)
+        weights = self._bound_buffers(state_dict, config)
         kernels = kernels_run_on(self.devices[0], config.dtype)  # the CPU in float32
         self._after_first_run = AfterFirstRun(self.devices[0].is_host)  # `max_gpt2.inference.threads`
         linear = linear_for(config.weight_format, kernels)
-        decoder_linear = KernelLinear if config.weight_format == "float32" else linear
-        modules = {"general": self._module(config, linear, self.return_logits)}
+        decoder_linear = linear if config.weight_format.kernels_only else KernelLinear
+        echo = self.return_logits == ReturnLogits.ALL  # a server started with --enable-echo
+        modules = {"general": self._module(config, linear, PLAIN if echo else LAST_LOGITS)}
         if kernels:
-            modules["decoder"] = self._module(config, decoder_linear, ReturnLogits.LAST_TOKEN, True)
-        if self.return_logits == ReturnLogits.ALL:
-            modules["last_token"] = self._module(config, linear, ReturnLogits.LAST_TOKEN)
-        input_types = self._get_compile_input_types(config)
+            modules["decoder"] = self._module(config, decoder_linear, LAST_LOGITS_DECODE)
+        if echo:
+            modules["last_token"] = self._module(config, linear, LAST_LOGITS)
+        assert self.batch_processor is not None, "batch_processor_cls is MAX's Llama 3 batch processor"
+        input_types = self.batch_processor.get_symbolic_inputs(
+            kv_params=self.kv_params, device_refs=self.device_refs
+        )
         if self.devices[0].is_host:
             graphs = self._compile_together(modules, input_types, weights)
         else:  # MAX's graph capture on an accelerator wants its own compiled callable
@@ -134,16 +137,11 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         return graphs["general"]
 
     def _module(
-        self,
-        config: GPT2ServingConfig,
-        linear: LinearFactory,
-        return_logits: ReturnLogits,
-        decoding: bool = False,
+        self, config: GPT2ServingConfig, linear: LinearFactory, variant: Variant
     ) -> PagedGPT2LMHeadModel:
         with F.lazy(), default_dtype(config.dtype):
-            module = PagedGPT2LMHeadModel(config.model, self.kv_params, return_logits, linear, decoding)
+            module = PagedGPT2LMHeadModel(config.model, self.kv_params, variant, linear)
             module.to(self.devices[0])
-        self._wire_batch_processor(module, config)
         return module
 
     def _compile_together(

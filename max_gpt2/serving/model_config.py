@@ -15,7 +15,6 @@ q8_0 nor bfloat16 on a CPU.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,18 +23,15 @@ from max.graph import DeviceRef
 from max.nn.kv_cache import KVCacheParams
 from max.pipelines.kv_cache import cache_dtype_for_encoding
 from max.pipelines.lib import KVCacheConfig, MAXModelConfig, PipelineConfig
-from max.pipelines.lib.config.model_config import _select_quantization_encoding
 from max.pipelines.lib.interfaces.arch_config import ArchConfigWithKVCache, ArchConfigWithStoredKVParams
 from max.pipelines.modeling.config_enums import SupportedEncoding, supported_encoding_dtype
 from transformers import AutoConfig
 from typing_extensions import Self
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import (
-    RENAMED_SERVED_FORMAT_VARIABLE,
-    SERVED_FORMAT_VARIABLE,
-    check_format,
-)
+from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
+from max_gpt2.serving.max_internals import served_encoding
+from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
 
 
 @dataclass(kw_only=True)
@@ -51,7 +47,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
     kv_params: KVCacheParams
     max_seq_len: int
     devices: list[DeviceRef]
-    weight_format: str = "float32"
+    weight_format: WeightFormat = FLOAT32
 
     @classmethod
     def construct_kv_params(
@@ -83,7 +79,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
         huggingface_config = model_config.huggingface_config
         if huggingface_config is None:
             raise ValueError(f"no config.json could be read for {model_config.model_path}")
-        encoding = _select_quantization_encoding(model_config, cls.DEFAULT_ENCODING)
+        encoding = served_encoding(model_config, cls.DEFAULT_ENCODING)
         devices = [DeviceRef(spec.device_type, spec.id) for spec in model_config.device_specs]
         cache_dtype = cache_dtype_for_encoding(encoding, model_config.kv_cache.kv_cache_format)
         return cls(
@@ -98,15 +94,6 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
         )
 
 
-def served_weight_format() -> str:
-    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (or its deprecated name `MAX_GPT2_WEIGHTS`,
-    with a DeprecationWarning; float32 when neither is set); a ValueError lists the valid ones."""
-    variable = SERVED_FORMAT_VARIABLE
-    if variable not in os.environ and RENAMED_SERVED_FORMAT_VARIABLE in os.environ:
-        variable = RENAMED_SERVED_FORMAT_VARIABLE
-        warnings.warn(
-            f"{variable} is deprecated; set {SERVED_FORMAT_VARIABLE} instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    return check_format(os.environ.get(variable, "float32"), variable)
+def served_weight_format() -> WeightFormat:
+    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (float32 when unset); a ValueError lists them."""
+    return format_named(os.environ.get(WEIGHT_FORMAT_VARIABLE, FLOAT32.name), WEIGHT_FORMAT_VARIABLE)

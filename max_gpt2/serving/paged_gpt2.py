@@ -12,7 +12,7 @@ the batch, R = requests, D = n_embd, H = n_head, d = D / H:
     blocks (ln_1, PagedAttention, ln_2, MLP)   [T, D]
     last token of each      [R, D]             then ln_f, lm_head
     -> next_token_logits    [R, V] float32
-    -> logits               [T, V] float32     every token's, only with ReturnLogits.ALL (echo)
+    -> logits               [T, V] float32     every token's, only for `Head.LOGITS` (echo)
 
 The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
@@ -40,10 +40,10 @@ from max.experimental import functional as F
 from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.nn.common_layers.functional_kernels import flash_attention_ragged
 from max.experimental.tensor import Tensor
+from max.graph import BufferValue, TensorValue
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import store_k_cache_ragged, store_v_cache_ragged
 from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheValues
-from max.nn.transformer import ReturnLogits
 from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.kernels import paged_attention, paged_decode_layer
@@ -51,6 +51,7 @@ from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.block import LinearFactory, layer_norm
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelBlock, block_for
+from max_gpt2.model.variants import LAST_LOGITS, Head, Variant
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -120,6 +121,12 @@ class PagedKernelBlock(KernelBlock):
         return paged_decode_layer(x, kv_collection, input_row_offsets, layer, self.layer_parameters())
 
 
+def graph_value(x: Tensor) -> TensorValue | BufferValue:
+    """The value `x` (a graph input, on one device) stands for in the graph being built."""
+    (value,) = x.graph_values
+    return value
+
+
 def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: int | str) -> Tensor:
     """The absolute position of each of the `total` tokens: [T] int64.
 
@@ -170,27 +177,30 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     """GPT-2 with its head, in the calling convention of MAX's ModuleV3 pipelines.
 
     `forward(tokens, return_n_logits, input_row_offsets, *kv_inputs)`: the KV
-    cache arrives flattened, as MAX's batch processor lays it out. With
-    `ReturnLogits.ALL` (a server started with `--enable-echo`) every token's logits
-    come out too, for the prompt's log-probabilities; the last of each request's
-    are the next-token logits. `linear` makes the projections and the head. Built with
-    `decoding` (for steps where each request brings one token) every token is its request's
-    last: the graph returns their logits once, gathered from neither the hidden states nor the
-    logits (MAX's gather of an [R, V] copy costs every step: docs/performance.md), and
-    `PagedAttention` takes its decoding kernel.
+    cache arrives flattened, as MAX's batch processor lays it out. Its `variant`
+    (`max_gpt2.model.variants`) says what comes out: `Head.LOGITS` (a server started
+    with `--enable-echo`) every token's logits too, for the prompt's log-probabilities,
+    the last of each request's the next-token logits; `Head.LAST_LOGITS` those alone.
+    `linear` makes the projections and the head. Through the kernels (for steps where each
+    request brings one token) every token is its request's last: the graph returns their
+    logits once, gathered from neither the hidden states nor the logits (MAX's gather of an
+    [R, V] copy costs every step: docs/performance.md), and `PagedAttention` takes its
+    decoding kernel.
     """
 
     def __init__(
         self,
         config: GPT2Config,
         kv_params: KVCacheParams,
-        return_logits: ReturnLogits = ReturnLogits.LAST_TOKEN,
+        variant: Variant = LAST_LOGITS,
         linear: LinearFactory = Linear,
-        decoding: bool = False,
     ) -> None:
-        if return_logits not in (ReturnLogits.LAST_TOKEN, ReturnLogits.ALL):
-            raise ValueError(f"GPT-2 returns the last token's logits or every token's, not {return_logits}")
-        self.kv_params, self.return_logits, self.decoding = kv_params, return_logits, decoding
+        if variant.head not in (Head.LAST_LOGITS, Head.LOGITS):
+            raise ValueError(
+                f"the server's GPT-2 returns the last token's logits or every token's, not {variant}"
+            )
+        decoding = variant.kernels
+        self.kv_params, self.every_token, self.decoding = kv_params, variant.head is Head.LOGITS, decoding
         self.transformer = PagedGPT2Model(config, kv_params, linear, decoding)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
@@ -198,13 +208,13 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         self, tokens: Tensor, return_n_logits: Tensor, input_row_offsets: Tensor, *kv_inputs: Tensor
     ) -> ModuleV3Outputs:
         del return_n_logits  # the pipeline model picks a graph by it; each graph returns what it was built to
-        caches = self.kv_params.unflatten_kv_inputs(iter(x._graph_value for x in kv_inputs))
+        caches = self.kv_params.unflatten_kv_inputs(graph_value(x) for x in kv_inputs)
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
         if self.decoding:  # T == R
             return ModuleV3Outputs(next_token_logits=self.logits(hidden))
         last_rows = input_row_offsets[1:] - 1  # [R]
-        if self.return_logits == ReturnLogits.ALL:
+        if self.every_token:
             logits = self.logits(hidden)  # [T, V]
             last = F.gather(logits, last_rows, axis=0)  # [R, V]
             return ModuleV3Outputs(next_token_logits=last, logits=logits, logit_offsets=input_row_offsets)

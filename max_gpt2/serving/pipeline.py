@@ -44,8 +44,8 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import ban, penalize, token_counts
+from max_gpt2.serving.server import DECODE_STEPS_VARIABLE
 
-DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # what `max-gpt2 serve --decode-steps` hands MAX's server
 DECODE_STEPS = 16
 # Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
 # per cent of it, and a prompt that arrives meanwhile waits no longer (docs/performance.md).
@@ -107,11 +107,16 @@ def argmax_applies(context: TextContext) -> bool:
 
 
 class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
-    """MAX's pipeline, with all-greedy steps on the host decided by NumPy's argmax, several a step."""
+    """MAX's pipeline, with all-greedy steps on the host decided by NumPy's argmax, several a step.
+
+    It overrides two of MAX's private hooks, `_execute` and `_launch_forward_pass`: they are listed, with
+    why, in `max_gpt2.serving.max_internals.HOOKS`, where a MAX upgrade that drops them is caught.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._decode_steps = served_decode_steps()
+        self._on_host = all(device.is_host for device in self.session.devices)  # ours, and the host
         logging.getLogger("max.pipelines").addFilter(_ControlsApplied())
 
     def _launch_forward_pass(
@@ -134,8 +139,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         self, inputs: TextGenerationInputs[TextContext]
     ) -> PipelineOutputsDict[TextGenerationOutput]:
         contexts = inputs.flat_batch
-        on_host = all(device.is_host for device in self._devices)
-        if not (contexts and on_host and all(argmax_applies(context) for context in contexts)):
+        if not (contexts and self._on_host and all(argmax_applies(context) for context in contexts)):
             return super()._execute(inputs)
         # Past its prompt, a request brings one token; a step with a prompt in it gives it its first now.
         decoding = all(c.tokens.generated_length and c.tokens.active_length == 1 for c in contexts)
@@ -154,7 +158,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
                 context.advance_token_buffer(new_token=token)  # ends the request at EOS or its length
                 context.advance_fsm(token)
             for context in contexts:
-                self._kv_manager.step(context)
+                self.kv_manager.step(context)
         outputs_now = {context.request_id: context.to_generation_output() for context in contexts}
         return {request_id: output for request_id, output in outputs_now.items() if output.tokens}
 
@@ -165,7 +169,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
             return False
         try:
             for context in contexts:
-                self._kv_manager.alloc(context)
+                self.kv_manager.alloc(context)
         except InsufficientBlocksError:
             return False
         return True

@@ -3,34 +3,27 @@
 It takes exactly `max serve`'s options and runs MAX's own entry point; the one
 difference is the HTTP app, which gets `max_gpt2.serving.guard` installed before
 it serves (MAX 26.7 has no option for middleware of one's own, so the function
-that builds the app is wrapped). The API key comes from `MAX_GPT2_API_KEY`, never
-the command line, where other users of the machine could read it.
-`max-gpt2 serve` runs this.
+that builds the app is wrapped: `max_internals.run_max_serve`). The API key comes
+from `MAX_GPT2_API_KEY`, never the command line, where other users of the machine
+could read it. `max-gpt2 serve` runs this.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
-API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # what `max-gpt2 serve --api-key` sets
+# What `max-gpt2 serve` hands MAX's server in its environment: MAX's command line has no option an
+# architecture may add. The API key never goes on a command line, where other users read it.
+API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # --api-key
+WEIGHT_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # --weight-format (`model_config.served_weight_format`)
+DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # --decode-steps (`pipeline.served_decode_steps`)
 
 
 def main() -> None:
-    from max._entrypoints.cli.serve import serve_api_and_model_worker as entry
-    from max._entrypoints.pipelines import main as max_main
-
     from max_gpt2.serving.guard import install
+    from max_gpt2.serving.max_internals import run_max_serve
 
-    build_app = entry.fastapi_app
-
-    def guarded_app(*args: Any, **kwargs: Any) -> Any:
-        app = build_app(*args, **kwargs)
-        install(app, os.environ.get(API_KEY_VARIABLE) or None)
-        return app
-
-    entry.fastapi_app = guarded_app
-    max_main()
+    run_max_serve(lambda app: install(app, os.environ.get(API_KEY_VARIABLE) or None))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ same messages and served with the same weights.
 
 from __future__ import annotations
 
-from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.stored_weights import StoredWeights, check_conversion
+from max_gpt2.model.checkpoint import OpenedCheckpoint
+from max_gpt2.model.stored_weights import StoredWeights, choose_format
+from max_gpt2.model.weight_formats import WeightFormat
 from max_gpt2.model.weights_cache import bound_weights
 
 
-def stored_state_dict(checkpoint: Checkpoint | GGUFCheckpoint, weight_format: str) -> StoredWeights:
+def stored_state_dict(checkpoint: OpenedCheckpoint, weight_format: WeightFormat) -> StoredWeights:
     """The opened checkpoint's parameters as bound in `weight_format`; a quantized GGUF file serves in its
-    own format or as float32 (`stored_weights.check_conversion`)."""
-    check_conversion(checkpoint.source_format, weight_format, str(checkpoint.path))
-    return bound_weights(checkpoint, weight_format)
+    own format or as float32 (`stored_weights.choose_format`)."""
+    return bound_weights(checkpoint, choose_format(checkpoint, weight_format))

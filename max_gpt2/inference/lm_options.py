@@ -1,0 +1,82 @@
+"""What the language model is compiled for (`LMOptions`), and the checks on it, each made once per load
+before anything is read or compiled: the device, the compute dtype, the weight format (it must run
+there; the checkpoint's own where none is asked for), the KV cache's dtype, the kernels, attention
+weights MAX computes wrong on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from max.driver import Device
+from max.dtype import DType
+
+from max_gpt2.inference.devices import check_attention_weights_on, device_name, kernels_run_on, resolve_device
+from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.model.stored_weights import Stored, choose_format
+from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
+
+
+def check_weight_format(requested: str | WeightFormat, device: Device, dtype: DType) -> WeightFormat:
+    """The format `requested` names (`weight_formats.FORMATS`), if it runs on `device` in `dtype`."""
+    return format_named(requested).check_runs(kernels_run_on(device, dtype), _where(device, dtype))
+
+
+def _where(device: Device, dtype: DType) -> str:
+    return f"{device_name(device)} in {dtype.name}"
+
+
+@dataclass(frozen=True)
+class LMOptions:
+    """What the language model is compiled for, checked (`check`): device, compute dtype, how the
+    projections and the LM head are stored, the KV cache's dtype, and whether decoding steps run
+    through the Mojo kernels."""
+
+    device: Device
+    dtype: DType
+    weight_format: WeightFormat
+    kv_dtype: DType
+    kernels: bool
+
+    @classmethod
+    def check(
+        cls,
+        device: str | Device = "auto",
+        dtype: str | DType = "float32",
+        kernels: bool | None = None,
+        weight_format: str | WeightFormat | None = None,
+        kv_cache: str | DType | None = None,
+        output_attentions: bool = False,
+        checkpoint: Callable[[], Stored] | None = None,
+    ) -> LMOptions:
+        """The options, or a ValueError for what cannot run, before any weight is read: the kernels
+        where they do not run (`kernels`: None, where they run), attention weights MAX computes wrong
+        on the device (`devices.check_attention_weights_on`), a weight format off the CPU in float32
+        (`WeightFormat.check_runs`), a KV cache dtype (`WeightFormat.cache_dtype`).
+
+        `weight_format` None is the checkpoint's own, float32 without one. `checkpoint`, called once
+        all that is checked for the format asked for (or float32), opens the checkpoint the format is
+        chosen for (`stored_weights.choose_format`: a quantized one only as itself or float32).
+        """
+        target, compute_dtype = resolve_device(device), parse_dtype(dtype)
+        runs_here, where = kernels_run_on(target, compute_dtype), _where(target, compute_dtype)
+        if kernels and not runs_here:
+            raise ValueError(f"the decoding kernels run on the CPU in float32, not on {where}")
+        if output_attentions:
+            check_attention_weights_on(target, compute_dtype)
+        requested = None if weight_format is None else format_named(weight_format)
+        asked = (requested or FLOAT32).check_runs(runs_here, where)
+        asked.cache_dtype(kv_cache, compute_dtype)  # refused before the checkpoint is opened
+        if checkpoint is not None:
+            asked = choose_format(checkpoint(), requested).check_runs(runs_here, where)
+        kv_dtype = asked.cache_dtype(kv_cache, compute_dtype)
+        return cls(target, compute_dtype, asked, kv_dtype, runs_here and kernels is not False)
+
+    def describe(self) -> str:
+        """`"cpu float32"`, and the weights' format and the KV cache's dtype where not the plain ones."""
+        packed = self.weight_format.kernels_only
+        stored = f", weights in {self.weight_format}" if packed else ""
+        if packed or self.kv_dtype != self.dtype:
+            stored += f", KV cache in {self.kv_dtype.name}"
+        return f"{device_name(self.device)} {self.dtype.name}{stored}"

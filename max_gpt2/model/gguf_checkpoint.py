@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
-from max_gpt2.model.gguf_file import BLOCKS, GGUFFile
+from max_gpt2.model.gguf_file import GGUFFile
 from max_gpt2.model.gguf_writer import TensorSpec
 from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format, to_float32
 from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
-from max_gpt2.model.weight_formats import GGML_TYPES, WeightFormat, is_packed
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, WeightFormat, is_packed
 
 ARCHITECTURE = "gpt2"
 _LAYER_PARTS = {
@@ -139,10 +139,10 @@ class GGUFCheckpoint:
             info = self.gguf.tensors.get(stored)
             if info is None:
                 raise CheckpointError(f"{self.path} has no tensor {stored} (our {name})")
-            if info.type not in GGML_TYPES:
+            if info.type not in BY_GGML_TYPE:
                 raise CheckpointError(
                     f"{self.path}: tensor {stored} is {info.type}; GGUF types read are "
-                    f"{', '.join(GGML_TYPES)} (llama-quantize --pure keeps every tensor in one of them)"
+                    f"{', '.join(BY_GGML_TYPE)} (llama-quantize --pure keeps every tensor in one of them)"
                 )
             if info.shape != shapes[name]:
                 raise CheckpointError(
@@ -157,7 +157,7 @@ class GGUFCheckpoint:
                 f"{self.path} stores its projections and output in several types ({mix}); they are loaded "
                 f"in one format, so they must share one type (llama-quantize --pure writes them so)"
             )
-        self.source_format = GGML_TYPES[next(iter(packed_types))]  # what `tensor` hands out
+        self.source_format = BY_GGML_TYPE[next(iter(packed_types))]  # what `tensor` hands out
         self.weight_format = self.source_format.loads_as
 
     one_file = True  # its config, tokenizer and weights
@@ -176,7 +176,7 @@ class GGUFCheckpoint:
         """Our parameter `name` as the file stores it, not copied; the tied head is `token_embd`."""
         stored = "token_embd.weight" if name == "lm_head.weight" and self.tied else gguf_name(name)
         info = self.gguf.tensors[stored]
-        return SourceTensor(GGML_TYPES[info.type], self.gguf.data(stored), info.shape)
+        return SourceTensor(BY_GGML_TYPE[info.type], self.gguf.data(stored), info.shape)
 
 
 def gguf_tensors(
@@ -195,9 +195,10 @@ def gguf_tensors(
     names = [name for name in shapes if name not in aliases(source.tied, weight_format)]
     kind = weight_format.ggml_type
     widths = sorted({shapes[name][1] for name in names if is_packed(name)})
-    if any(width % BLOCKS[kind][0] for width in widths):
+    block = weight_format.gguf_block[0]
+    if any(width % block for width in widths):
         raise ValueError(
-            f"GGUF stores {kind} rows as whole blocks of {BLOCKS[kind][0]} weights; this model's "
+            f"GGUF stores {kind} rows as whole blocks of {block} weights; this model's "
             f"projections take {', '.join(map(str, widths))} inputs"
         )
     specs = [TensorSpec(gguf_name(name), shapes[name], kind if is_packed(name) else "F32") for name in names]

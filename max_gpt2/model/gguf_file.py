@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from max_gpt2.model.weight_adapters import CheckpointError
+from max_gpt2.model.weight_formats import BY_GGML_TYPE
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -43,7 +44,7 @@ GGML_TYPES = {
 }  # fmt: skip
 """ggml's tensor types by number, to name them in messages."""
 TYPE_NUMBERS = {name: number for number, name in GGML_TYPES.items()}
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18)}
+BLOCKS = {kind: weight_format.gguf_block for kind, weight_format in BY_GGML_TYPE.items()}
 """The types read here: (weights a block, bytes a block)."""
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 

@@ -85,6 +85,11 @@ class WeightFormat:
         """The format its tensors load as when none is asked for."""
         return self
 
+    @property
+    def gguf_block(self) -> tuple[int, int]:
+        """A block of its GGUF rows: (weights, bytes)."""
+        return 1, int(self.bytes_per_weight)
+
     def check_runs(self, kernels_run: bool, where: str) -> WeightFormat:
         """Itself, where it runs: a format only the kernels read needs them (`kernels_run`: whether they
         run on the device and dtype `where` names); else a ValueError naming both."""
@@ -181,6 +186,10 @@ class BlockFormat(WeightFormat):
 
     code: BlockCode = Q8_0_CODE
 
+    @property
+    def gguf_block(self) -> tuple[int, int]:
+        return BLOCK, self.code.block_bytes
+
     def rows(self, weight: np.ndarray) -> np.ndarray:
         return self.code.to_blocks(*self.code.quantize(weight))
 
@@ -217,9 +226,9 @@ Q4_0 = BlockFormat(
 
 FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0)}
 """The formats the projections and the head may be stored in, by name."""
-GGML_TYPES = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0)}
+BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0)}
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
-NAMED = {f.name: f for f in GGML_TYPES.values()}
+NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""
 
 

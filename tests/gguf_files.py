@@ -86,3 +86,80 @@ def encoded(value: np.ndarray, kind: str) -> tuple[np.ndarray, ...]:
         return (value.astype(np.float16),)
     quantized = gguf.quants.quantize(value, gguf.GGMLQuantizationType[kind])
     return quantized, None, gguf.GGMLQuantizationType[kind]
+
+
+# Where each of llama.cpp's other types keeps its float16 scales (d, and m or dmin), by byte in a block.
+HALVES = {"Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(kind: str, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:
+    """`rows` rows of `columns` weights in ggml type `kind` as blocks of random bytes, uint8 [rows, row
+    bytes], with small finite float16 scales where `HALVES` knows them: blocks `gguf.quants` cannot
+    make (it reads K-quants)."""
+    weights, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    blocks = rng.integers(0, 256, (rows * columns // weights, size), dtype=np.uint8)
+    for at in HALVES.get(kind, ()):
+        scales = (rng.standard_normal(len(blocks)) / 64).astype(np.float16)
+        blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def _plausible(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random values of a GPT-2 parameter's usual size: layer norms' weights near 1, biases small, a
+    matrix scaled by its inputs' count so activations keep their spread."""
+    if len(shape) == 2:
+        return (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    center = 1.0 if name.endswith("ln_1.weight") or name.endswith(("ln_2.weight", "ln_f.weight")) else 0.0
+    return (center + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def write_typed_file(
+    path: Path,
+    config: GPT2Config,
+    types: dict[str, str],
+    rng: np.random.Generator,
+    values: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """A GGUF of `config`'s shapes, its head tied, each 2-D tensor in the ggml type `types` gives for its
+    llama.cpp name (F32 where none), 1-D tensors F32; random values (types `gguf` quantizes to: random
+    weights quantized; K-quants: `random_blocks`). Returns the float32 values each of our parameters
+    stands for, read back by `gguf.quants.dequantize`. `values` (by our parameter names) are written
+    as they are instead, F32."""
+    given = values
+    from max_gpt2.model.gguf_checkpoint import gguf_name
+    from max_gpt2.model.weight_adapters import model_parameter_shapes
+
+    writer = gguf.GGUFWriter(path, "gpt2")
+    writer.add_block_count(config.n_layer)
+    writer.add_context_length(config.n_positions)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(config.mlp_width)
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    shapes, values = model_parameter_shapes(config), {}
+    for name, shape in shapes.items():
+        if name == "lm_head.weight":
+            continue
+        stored = gguf_name(name)
+        kind = types.get(stored, "F32")
+        if given is not None:
+            data = given[name]
+            writer.add_tensor(stored, data)
+        elif kind.endswith("_K"):  # gguf reads K-quants but cannot make them
+            data = random_blocks(kind, *shape, rng)
+            writer.add_tensor(stored, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+        else:
+            data, *raw = encoded(_plausible(name, shape, rng), kind)
+            writer.add_tensor(stored, data, *raw)
+        read = (
+            data
+            if given is not None or kind == "F32"
+            else gguf.quants.dequantize(data, gguf.GGMLQuantizationType[kind])
+        )
+        values[name] = np.asarray(read, np.float32).reshape(shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    values["lm_head.weight"] = values["transformer.wte.weight"]
+    return values

@@ -22,7 +22,7 @@ from max_gpt2 import GPT2Config, compile_attention, compile_lm
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.model.variants import REORDER
 from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
-from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, ODD, serving_missing
+from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, LM_ONE_LAYER_GGUF, ODD, serving_missing
 
 
 def zeros(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -62,7 +62,8 @@ def lm(
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
 # test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_examples
-# (LM's scoring graphs), test_generation_controls (LM's beam search cache reorder), test_heads,
+# (LM's scoring graphs), test_generation_controls (LM's beam search cache reorder), test_gguf_types
+# (LM_ONE_LAYER as a GGUF file has it), test_heads,
 # test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache, and its scoring
 # graph), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
@@ -74,6 +75,7 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: lm(LM, variant=LMGraphs.scoring),
     lambda: lm(LM, variant=lambda graphs: graphs.scoring(ranked=True)),
     lambda: lm(LM, variant=lambda graphs: REORDER),
+    lambda: lm(LM_ONE_LAYER_GGUF),
     lambda: attention_weights(ODD),
     lambda: lm(LM, output_attentions=True),
     lambda: lm(LM_ONE_LAYER),

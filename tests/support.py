@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -44,6 +45,8 @@ LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
 LM_ONE_LAYER = GPT2Config(
     n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=96, activation_function="gelu"
 )
+# LM_ONE_LAYER as a GGUF file has it: GELU's tanh form, as llama.cpp computes GPT-2.
+LM_ONE_LAYER_GGUF = dataclasses.replace(LM_ONE_LAYER, activation_function="gelu_new")
 
 LOWEST = -1.7e38  # what `padding_bias` gives padding
 BANNED = float(np.finfo(np.float32).min)  # what a banned token's logit becomes (`logit_controls.ban`)

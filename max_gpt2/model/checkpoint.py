@@ -152,7 +152,8 @@ class Checkpoint:
     as float32 unless another `weight_format` is asked for.
     """
 
-    weight_format = source_format = FLOAT32  # what it loads as, and what `tensor` hands out
+    weight_format = FLOAT32  # what it loads as
+    source_formats = frozenset({FLOAT32})  # what `tensor` hands out
     maps_as_bound = False  # Conv1D weights are transposed: nothing binds as it lies in the files
     one_file = False  # config, tokenizer and weights are files of a directory
     tokenizer_metadata = None  # a tokenizer is only ever in files beside the weights
@@ -202,7 +203,7 @@ class OpenedCheckpoint(Source, Protocol):
     and the metadata that may hold its tokenizer (None: only files beside it can)."""
 
     weight_format: WeightFormat
-    source_format: WeightFormat
+    source_formats: frozenset[WeightFormat]
     one_file: bool
     tokenizer_metadata: Mapping[str, Any] | None
 

@@ -16,11 +16,13 @@ llama.cpp's names, each our module's parameter in MAX layout (GGUF's row-major s
 
 The shapes come from the `gpt2.*` metadata (`gpt2.embedding_length`, `gpt2.block_count`,
 `gpt2.attention.head_count`, `gpt2.context_length`, `gpt2.feed_forward_length`,
-`gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. The
-projections and the head must share one type, which is the file's weight format: F32
-(float32), F16 (widened to float32, exactly), BF16 (bfloat16), Q8_0 or Q4_0; embeddings,
-norms and biases may be any of these and become float32. Anything else is refused naming
-the tensor, its type and the types read (`llama-quantize --pure` keeps every tensor in one type).
+`gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. Tensors are read
+in F32, F16, BF16, Q8_0 and Q4_0, and in llama.cpp's Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
+(`weight_formats.BY_GGML_TYPE`); anything else is refused naming the tensor, its type and the
+types read. Where the projections and the head (a tied head is `token_embd`) share one of our
+formats (`llama-quantize --pure` writes them so), the file loads in it; a mix of types, as
+llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K), or llama.cpp's other types, load as the
+float32 values they stand for. Embeddings, norms and biases become float32.
 
 The other way, `gguf_tensors` and `gguf_metadata` give what `gguf_writer.write_gguf` writes for a
 checkpoint in one of our weight formats, as llama.cpp's converter and `llama-quantize --pure` would.
@@ -39,7 +41,7 @@ from max_gpt2.model.gguf_file import GGUFFile
 from max_gpt2.model.gguf_writer import TensorSpec
 from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format, to_float32
 from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, WeightFormat, is_packed
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, WeightFormat, is_packed
 
 ARCHITECTURE = "gpt2"
 _LAYER_PARTS = {
@@ -114,10 +116,12 @@ def config_from_gguf(file: GGUFFile) -> GPT2Config:
 class GGUFCheckpoint:
     """An opened GGUF file of GPT-2: its config, weight format and tensors, every one checked on opening.
 
-    `weight_format` is what it loads as when no other is asked for (`WeightFormat.loads_as`: F16
-    as float32), `source_format` how its projections and head are stored
-    (`stored_weights.check_conversion`);
-    `tensor(name)` hands out a parameter as stored in the file, not copied (`SourceTensor`).
+    `source_formats` are the types its projections and head are stored in (llama-quantize's presets
+    mix them; a tied head is `token_embd`, counted where it is quantized), `weight_format` what it
+    loads as when no other is asked
+    for: the one type's own where it is one of ours (`WeightFormat.loads_as`: F16 and llama.cpp's
+    other types as float32), float32 for a mix (`stored_weights.choose_format`). `tensor(name)`
+    hands out a parameter as stored in the file, not copied (`SourceTensor`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -134,7 +138,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"{self.path} holds tensors GPT-2 does not have: {', '.join(unexpected[:5])}"
             )
-        packed_types: dict[str, list[str]] = {}
+        packed_types: set[str] = set()
         for stored, name in self._names.items():
             info = self.gguf.tensors.get(stored)
             if info is None:
@@ -142,23 +146,21 @@ class GGUFCheckpoint:
             if info.type not in BY_GGML_TYPE:
                 raise CheckpointError(
                     f"{self.path}: tensor {stored} is {info.type}; GGUF types read are "
-                    f"{', '.join(BY_GGML_TYPE)} (llama-quantize --pure keeps every tensor in one of them)"
+                    f"{', '.join(BY_GGML_TYPE)}"
                 )
             if info.shape != shapes[name]:
                 raise CheckpointError(
                     f"{self.path}: tensor {stored} has shape {list(info.shape)}, but the file's gpt2.* "
                     f"metadata needs {list(shapes[name])}"
                 )
-            if is_packed(name):
-                packed_types.setdefault(info.type, []).append(stored)
-        if len(packed_types) > 1:
-            mix = "; ".join(f"{kind}: {', '.join(names[:3])}" for kind, names in packed_types.items())
-            raise CheckpointError(
-                f"{self.path} stores its projections and output in several types ({mix}); they are loaded "
-                f"in one format, so they must share one type (llama-quantize --pure writes them so)"
-            )
-        self.source_format = BY_GGML_TYPE[next(iter(packed_types))]  # what `tensor` hands out
-        self.weight_format = self.source_format.loads_as
+            # A tied head is `token_embd`: quantized, it keeps its own type (llama-quantize's presets
+            # keep it apart); a float one is packed as the projections are.
+            tied_head = self.tied and stored == "token_embd.weight" and BY_GGML_TYPE[info.type].quantized
+            if is_packed(name) or tied_head:
+                packed_types.add(info.type)
+        self.source_formats = frozenset(BY_GGML_TYPE[kind] for kind in packed_types)
+        (only,) = self.source_formats if len(self.source_formats) == 1 else (FLOAT32,)
+        self.weight_format = only.loads_as
 
     one_file = True  # its config, tokenizer and weights
 
@@ -176,7 +178,8 @@ class GGUFCheckpoint:
         """Our parameter `name` as the file stores it, not copied; the tied head is `token_embd`."""
         stored = "token_embd.weight" if name == "lm_head.weight" and self.tied else gguf_name(name)
         info = self.gguf.tensors[stored]
-        return SourceTensor(BY_GGML_TYPE[info.type], self.gguf.data(stored), info.shape)
+        where = f"{self.path}: tensor {stored} ({info.type})"
+        return SourceTensor(BY_GGML_TYPE[info.type], self.gguf.data(stored), info.shape, where)
 
 
 def gguf_tensors(

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, is_packed, stored_name
 
 TIED_HEAD = {"lm_head.weight": "transformer.wte.weight"}
@@ -33,11 +33,12 @@ TIED_HEAD = {"lm_head.weight": "transformer.wte.weight"}
 @dataclass(frozen=True)
 class SourceTensor:
     """One parameter as a checkpoint stores it: its `format`, its `data` (rows as the format stores them,
-    `WeightFormat.rows`) and its MAX-layout `shape`."""
+    `WeightFormat.rows`), its MAX-layout `shape`, and where it lies, for messages."""
 
     format: WeightFormat
     data: np.ndarray
     shape: tuple[int, ...]
+    where: str = "a tensor"
 
 
 class WeightSource(Protocol):
@@ -51,11 +52,12 @@ class WeightSource(Protocol):
 
 
 class Stored(Protocol):
-    """A checkpoint's formats: what it loads as when none is asked for, and what `tensor` hands out."""
+    """A checkpoint's formats: what it loads as when none is asked for, and the formats its projections
+    and head are stored in (a GGUF file may mix several)."""
 
     path: Path
     weight_format: WeightFormat
-    source_format: WeightFormat
+    source_formats: frozenset[WeightFormat]
 
 
 class StoredWeights(dict):
@@ -63,24 +65,29 @@ class StoredWeights(dict):
 
 
 def to_float32(tensor: SourceTensor) -> np.ndarray:
-    """The float32 values a stored tensor stands for (exact for each source format); float32 data as it is."""
-    return tensor.format.values(tensor.data, tensor.shape)
-
-
-def check_conversion(source_format: WeightFormat, weight_format: WeightFormat, source: str) -> None:
-    """Refuses quantizing weights already quantized into another format, naming `source`."""
-    if source_format.quantized and weight_format not in (source_format, FLOAT32):
-        raise ValueError(
-            f"{source} is {source_format}; it loads as {source_format} or as float32 (the values it "
-            f"stands for), not as {weight_format}: quantizing it again would add a second error"
-        )
+    """The float32 values a stored tensor stands for (exact for each source format); float32 data as it is.
+    Quantized blocks whose scales are not finite numbers are refused, naming the tensor (`where`)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # a corrupt scale is refused just below
+        values = tensor.format.values(tensor.data, tensor.shape)
+    if tensor.format.quantized and not np.isfinite(values).all():
+        raise CheckpointError(f"{tensor.where}: a block's scale is not a finite number (a corrupt file?)")
+    return values
 
 
 def choose_format(checkpoint: Stored, requested: WeightFormat | None) -> WeightFormat:
-    """The format `checkpoint` loads in: `requested`, else its own (`check_conversion` refusing a second
-    quantization)."""
+    """The format `checkpoint` loads in: `requested`, else its own. Weights already quantized load only as
+    the format they are in (where it is one of ours) or as the float32 values they stand for:
+    quantizing them again would add a second error."""
     chosen = checkpoint.weight_format if requested is None else requested
-    check_conversion(checkpoint.source_format, chosen, str(checkpoint.path))
+    sources = checkpoint.source_formats
+    if any(source.quantized for source in sources):
+        allowed = dict.fromkeys([*(s.loads_as for s in sources if len(sources) == 1), FLOAT32])
+        if chosen not in allowed:
+            stored = ", ".join(sorted(source.name for source in sources))
+            raise ValueError(
+                f"{checkpoint.path} is {stored}; it loads as {' or as '.join(map(str, allowed))} (the "
+                f"values it stands for), not as {chosen}: quantizing it again would add a second error"
+            )
     return chosen
 
 

@@ -11,8 +11,10 @@ weights, to int8 blocks against q8_0 and q4_0):
     q4_0      llama.cpp's blocks of 32 4-bit values and a float16 scale, 0.5625 bytes a weight
 
 (`block_quants` has q8_0's and q4_0's arithmetic.) `FORMATS` is the registry, by name;
-`format_named(name)` looks one up, refusing a name it lacks with the list. `FLOAT16` is a format
-checkpoints may store (GGUF's F16) and that loads as float32. A format knows:
+`format_named(name)` looks one up, refusing a name it lacks with the list. Checkpoints may also
+store formats that load as the float32 values they stand for: `FLOAT16` (GGUF's F16) and `READ`,
+llama.cpp's other block types (`gguf_blocks`: Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K);
+`BY_GGML_TYPE` has every format a GGUF file is read in. A format knows:
 
 - its name, bytes a weight, llama.cpp's ggml type and `general.file_type`;
 - `rows` / `values`: a weight [N, K] to and from the rows GGUF stores (float32, float16, bfloat16
@@ -29,12 +31,14 @@ No other module compares a format's name; each asks its format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from max.dtype import DType
 
+from max_gpt2.model import gguf_blocks
 from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, BlockCode
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
 from max_gpt2.model.kernel_layout import (
@@ -214,6 +218,39 @@ class BlockFormat(WeightFormat):
         return self.code.dequantize(values, scales, in_dim)
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class ReadFormat(WeightFormat):
+    """One of llama.cpp's other block types (`gguf_blocks`), read from GGUF files and loaded as the float32
+    values it stands for: no kernel reads it, and nothing here writes it."""
+
+    decode: Callable[[np.ndarray], np.ndarray] = gguf_blocks.q4_1
+    block: tuple[int, int] = (32, 20)  # weights, bytes
+
+    @property
+    def loads_as(self) -> WeightFormat:
+        return FLOAT32
+
+    @property
+    def gguf_block(self) -> tuple[int, int]:
+        return self.block
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        raise ValueError(
+            f"{self.ggml_type} is read from GGUF files, not written; write one of {', '.join(FORMATS)}"
+        )
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return self.decode(rows.reshape(-1, self.block[1])).reshape(shape)
+
+
+def _read(
+    name: str, file_type: int, decode: Callable[[np.ndarray], np.ndarray], block: tuple[int, int]
+) -> ReadFormat:
+    return ReadFormat(
+        name, block[1] / block[0], name.upper(), file_type, quantized=True, decode=decode, block=block
+    )
+
+
 FLOAT32 = WeightFormat("float32", 4.0, "F32", 0)
 FLOAT16 = Float16Format("float16", 2.0, "F16", 1)
 BFLOAT16 = BFloat16Format("bfloat16", 2.0, "BF16", 32, kernels_only=True, matmul_op="packed_matmul_bf16")
@@ -226,7 +263,16 @@ Q4_0 = BlockFormat(
 
 FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0)}
 """The formats the projections and the head may be stored in, by name."""
-BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0)}
+# llama.cpp's other types, and its `general.file_type` of a file mostly in each (Q4_K_M's, Q5_K_M's).
+READ = (
+    _read("q4_1", 3, gguf_blocks.q4_1, (32, 20)),
+    _read("q5_0", 8, gguf_blocks.q5_0, (32, 22)),
+    _read("q5_1", 9, gguf_blocks.q5_1, (32, 24)),
+    _read("q4_k", 15, gguf_blocks.q4_k, (256, 144)),
+    _read("q5_k", 17, gguf_blocks.q5_k, (256, 176)),
+    _read("q6_k", 18, gguf_blocks.q6_k, (256, 210)),
+)
+BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, *READ)}
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
 NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""

@@ -1,0 +1,103 @@
+"""llama.cpp's other block types, decoded to the float32 values they stand for (`weight_formats` uses these).
+
+A row of weights is stored as blocks; each decoder takes blocks as bytes, uint8 `[n, block bytes]`,
+and returns their values, float32 `[n, weights a block]`, with llama.cpp's own float32 arithmetic
+(`dequantize_row_*`), so the values are exact to the bit. Scales are float16.
+
+    Q4_1   32 weights, 20 bytes: d, m, 16 bytes of 4-bit q         w = d * q + m
+    Q5_0   32 weights, 22 bytes: d, 4 bytes of 5th bits, 16 of q    w = d * (q - 16)
+    Q5_1   32 weights, 24 bytes: d, m, 4 bytes of 5th bits, 16 of q w = d * q + m
+    Q4_K   256 weights, 144 bytes: d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of
+           32, 128 of 4-bit q                                       w = (d * scale) * q - dmin * min
+    Q5_K   256 weights, 176 bytes: as Q4_K, with 32 bytes of 5th bits before the 4-bit q
+    Q6_K   256 weights, 210 bytes: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales (one
+           per 16 weights), d                                       w = (d * scale) * (q - 32)
+
+In a 32-weight block, byte j of q holds weight j in its low nibble and weight j + 16 in its high
+one; the 5th bit of weight j is bit j of the little-endian 32-bit word. In Q4_K and Q5_K, the 128
+bytes of q are four runs of 32: run r holds sub-block 2r in its low nibbles and 2r + 1 in its high
+ones, and the 5th bit of sub-block s's weight l is bit s of byte l of the 32. In Q6_K, each half of
+128 weights takes 64 bytes of low bits and 32 of high ones: its four quarters of 32 are the low
+and high nibbles of the first and second 32 bytes, with bits 0-1, 2-3, 4-5, 6-7 of the high bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SUPER = 256  # weights in a K-quant super-block
+
+
+def _half(data: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block, as float32 [n, 1]."""
+    return np.ascontiguousarray(data[:, at : at + 2]).view(np.float16).astype(np.float32)
+
+
+def _nibbles(data: np.ndarray) -> np.ndarray:
+    """Bytes [..., k] -> [..., 2k]: every low nibble, then every high one."""
+    return np.concatenate([data & 0xF, data >> 4], axis=-1)
+
+
+def _fifth_bits(data: np.ndarray) -> np.ndarray:
+    """4 bytes a block, a little-endian word -> [n, 32]: bit j of the word, as 0 or 16."""
+    return np.unpackbits(data, axis=-1, bitorder="little") << 4
+
+
+def q4_1(blocks: np.ndarray) -> np.ndarray:
+    return _half(blocks, 0) * _nibbles(blocks[:, 4:20]).astype(np.float32) + _half(blocks, 2)
+
+
+def q5_0(blocks: np.ndarray) -> np.ndarray:
+    q = (_nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6])).astype(np.float32) - 16
+    return _half(blocks, 0) * q
+
+
+def q5_1(blocks: np.ndarray) -> np.ndarray:
+    q = (_nibbles(blocks[:, 8:24]) | _fifth_bits(blocks[:, 4:8])).astype(np.float32)
+    return _half(blocks, 0) * q + _half(blocks, 2)
+
+
+def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 bytes of a Q4_K or Q5_K block -> its 8 sub-blocks' 6-bit scales and mins, float32 [n, 8].
+
+    Sub-blocks 0-3 take the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
+    the low and high nibbles of bytes 8-11 as their low 4 bits, and the top 2 bits of bytes 0-3
+    (scales) and 4-7 (mins) as their high 2."""
+    first, second, third = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = np.concatenate([first & 63, (third & 0xF) | ((first >> 6) << 4)], axis=-1)
+    mins = np.concatenate([second & 63, (third >> 4) | ((second >> 6) << 4)], axis=-1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _k_quant(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q4_K's and Q5_K's values from their q [n, 8, 32]: (d * scale) * q - dmin * min, per sub-block."""
+    scales, mins = _scales_and_mins(blocks[:, 4:16])
+    step, offset = _half(blocks, 0) * scales, _half(blocks, 2) * mins  # [n, 8]
+    return (step[..., None] * q.astype(np.float32) - offset[..., None]).reshape(len(blocks), SUPER)
+
+
+def _runs(qs: np.ndarray) -> np.ndarray:
+    """128 bytes of 4-bit q -> [n, 8, 32]: run r's low nibbles are sub-block 2r, its high ones 2r + 1."""
+    runs = qs.reshape(len(qs), 4, 1, 32)
+    return np.concatenate([runs & 0xF, runs >> 4], axis=2).reshape(len(qs), 8, 32)
+
+
+def q4_k(blocks: np.ndarray) -> np.ndarray:
+    return _k_quant(blocks, _runs(blocks[:, 16:144]))
+
+
+def q5_k(blocks: np.ndarray) -> np.ndarray:
+    high = (blocks[:, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, 32 (l), 8 (s)]
+    return _k_quant(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4))
+
+
+def q6_k(blocks: np.ndarray) -> np.ndarray:
+    n = len(blocks)
+    low = blocks[:, 0:128].reshape(n, 2, 2, 32)  # [n, half, first or second 32 bytes, l]
+    low = np.concatenate([low & 0xF, low >> 4], axis=2)  # [n, half, quarter, l]
+    shifts = np.arange(0, 8, 2, dtype=np.uint8).reshape(1, 1, 4, 1)
+    high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3  # [n, half, quarter, l]
+    q = ((low | (high << 4)).astype(np.float32) - 32).reshape(n, 16, 16)
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]: one per 16 weights
+    step = _half(blocks, 208) * scales
+    return (step[..., None] * q).reshape(n, SUPER)

@@ -42,6 +42,7 @@ from max.engine import Model
 
 from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, cli, compile_attention, compile_lm
 from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.explorer.app import ExplorerApp
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests import op_graphs
@@ -51,9 +52,9 @@ SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
 # The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
 # LM's seed-0 checkpoint (the second on it converted to an F32 GGUF file, served quantized to q4_0),
 # started at collection only where a collected test uses its fixture. The first decodes
-# `DECODE_STEPS` tokens a scheduler step (the default), the second 3.
+# `DECODE_STEPS` tokens a scheduler step (the default) and serves the head explorer, the second 3.
 SERVED = {
-    "served_lm": ((), None, False),
+    "served_lm": (("--explorer",), None, False),
     "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key", True),
 }
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
@@ -142,7 +143,7 @@ def ready_server(request: pytest.FixtureRequest) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_lm(request) -> ServerProcess:
-    """`max-gpt2 serve` on LM's seed-0 checkpoint with its tokenizer, on CPU, float32."""
+    """`max-gpt2 serve --explorer` on LM's seed-0 checkpoint with its tokenizer, on CPU, float32."""
     return ready_server(request)
 
 
@@ -216,6 +217,12 @@ def compiled_lm(lm_weights) -> Callable[..., CompiledLM]:
         return build(config, dtype, device, weights, kv_cache)
 
     return get
+
+
+@pytest.fixture(scope="session")
+def explorer_app(lm_checkpoint) -> ExplorerApp:
+    """The head explorer of LM's seed-0 checkpoint with its tokenizer, on CPU (`ExplorerApp.load`)."""
+    return ExplorerApp.load(str(lm_checkpoint(LM)), "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ Everything skips, saying why, where MAX's serving extra is not installed
 
 from __future__ import annotations
 
+import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -209,3 +210,33 @@ def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expe
     with pytest.raises(openai.BadRequestError, match=f"maximum context length of {LM.n_positions}"):
         complete(server, "word " * LM.n_positions, echo=True, logprobs=1, max_tokens=1)
     assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
+
+
+def test_the_head_explorer_is_served_beside_the_api(server, lm):
+    """`--explorer`: the page at /explore/, and explorations from the served checkpoint's own weights."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.url}/explore/", timeout=60) as page:
+        assert page.status == 200 and b'"api": "/explore"' in page.read()
+    request = urllib.request.Request(
+        f"{server.url}/explore/api/explore", json.dumps({"text": PROMPTS[0]}).encode(), method="POST"
+    )
+    deadline = time.monotonic() + 900  # its model loads once the page is first asked for
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                explored = json.loads(answer.read())
+                break
+        except urllib.error.HTTPError as error:
+            assert error.code == 503 and "still loading" in json.loads(error.read())["error"], error.code
+            assert time.monotonic() < deadline
+            time.sleep(1)
+    ids = np.array([token["id"] for token in explored["tokens"]])
+    assert explored["text"] == PROMPTS[0] and len(ids) > 1
+    served_map = urllib.request.urlopen(f"{server.url}/explore/api/map?id={explored['id']}&layer=2&head=1")
+    weights = np.frombuffer(base64.b64decode(json.loads(served_map.read())["data"]), np.uint8)
+    expected_map = np.rint(lm.attentions(ids[None])[2, 0, 1] * 255).astype(np.uint8).ravel()
+    assert np.abs(weights.astype(int) - expected_map).max() <= 1  # the same weights, computed apart
+    assert served(complete(server, PROMPTS[2]).choices[0]).ids  # and completions go on

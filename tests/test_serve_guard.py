@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,9 +141,9 @@ class FakePipeline:
     model_name = "gpt2"
 
 
-def guarded_client(api_key: str | None, usage: dict[str, int] | None = None):
-    """A Starlette app behind `Guard` whose completion route answers with what it was sent (and
-    `usage`), through Starlette's test client."""
+def guarded_client(api_key: str | None, usage: dict[str, int] | None = None, explorer: Any = None):
+    """A Starlette app behind `Guard` (with `explorer`, if given) whose completion route answers with
+    what it was sent (and `usage`), through Starlette's test client."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
@@ -160,7 +162,7 @@ def guarded_client(api_key: str | None, usage: dict[str, int] | None = None):
     routes += [Route(path, ok) for path in ("/health", "/v1/models", "/v1/embeddings")]
     app = Starlette(routes=routes)
     app.state.pipeline = FakePipeline()
-    install(app, api_key)
+    install(app, api_key, explorer)
     return TestClient(app)
 
 
@@ -235,7 +237,67 @@ def test_the_api_key_reaches_the_server_in_its_environment_never_its_command_lin
 
 
 def test_only_loopback_hosts_count_as_private():
-    from max_gpt2.cli.serve import is_loopback
+    from max_gpt2.cli.console import is_loopback
 
     assert all(map(is_loopback, ["127.0.0.1", "localhost", "::1", "127.3.2.1"]))
     assert not any(map(is_loopback, ["0.0.0.0", "192.168.1.4", "example.com", "::"]))
+
+
+def test_the_explorer_answers_under_explore_once_its_model_loads_and_the_api_serves_on(lm_checkpoint):
+    from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
+    from max_gpt2.serving.guard import EXPLORER
+    from tests.support import LM
+
+    explorer = LoadingExplorer(ExplorerSettings(str(lm_checkpoint(LM)), "cpu", "float32", None), EXPLORER)
+    client = guarded_client(None, explorer=explorer)
+    deadline = time.monotonic() + 600
+    while (answer := client.post("/explore/api/explore", json={"text": "The cat sat"})).status_code == 503:
+        assert "still loading" in answer.json()["error"] and time.monotonic() < deadline
+        time.sleep(0.5)
+    assert answer.status_code == 200 and answer.json()["text"] == "The cat sat"
+    assert answer.headers["cache-control"] == "no-store"
+    page = client.get("/explore/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '"api": "/explore"' in page.text
+    layer = client.get("/explore/api/map", params={"id": answer.json()["id"], "layer": 0, "head": 1})
+    assert layer.status_code == 200 and layer.json()["size"] == len(answer.json()["tokens"])
+    empty = client.post("/explore/api/explore", json={"text": ""})
+    assert empty.status_code == 400 and empty.json() == {"error": "the text is empty: type or paste some"}
+    assert client.post("/v1/completions", json=GOOD).status_code == 200
+    assert client.get("/explorer").status_code == 404  # only /explore and under it
+
+
+def test_an_explorer_that_cannot_load_says_why_and_the_api_serves_on(tmp_path):
+    from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
+    from max_gpt2.serving.guard import EXPLORER
+
+    explorer = LoadingExplorer(ExplorerSettings(str(tmp_path / "gone"), "cpu", "float32", None), EXPLORER)
+    client = guarded_client(None, explorer=explorer)
+    deadline = time.monotonic() + 60
+    assert client.get("/explore/").status_code == 200  # the page, at once
+    while (answer := client.get("/explore/api/map")).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert answer.status_code == 500
+    assert answer.json()["error"].startswith("the explorer's model did not load: ")
+    assert str(tmp_path / "gone") in answer.json()["error"]
+    assert client.get("/v1/models").status_code == 200
+
+
+def test_serve_explorer_passes_its_load_to_the_server_and_refuses_an_api_key(lm_checkpoint, monkeypatch):
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.explorer.loading import ExplorerSettings
+    from max_gpt2.outputs import Progress
+    from max_gpt2.serving.server import API_KEY_VARIABLE, EXPLORER_VARIABLE
+    from tests.support import LM
+
+    monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
+    checkpoint = str(lm_checkpoint(LM))
+    options = ("--checkpoint", checkpoint, "--explorer", "--weight-format", "q8_0")
+    _, env = serve_command(serve_arguments(*options), Progress(io.StringIO()))
+    assert ExplorerSettings.from_json(env[EXPLORER_VARIABLE]) == ExplorerSettings(
+        checkpoint, "auto", "float32", "q8_0"
+    )
+    _, env = serve_command(serve_arguments("--checkpoint", checkpoint), Progress(io.StringIO()))
+    assert EXPLORER_VARIABLE not in env
+    with pytest.raises(ValueError, match="--explorer: the explorer's page cannot send an API key"):
+        serve_command(serve_arguments(*options, "--api-key", "k"), Progress(io.StringIO()))

@@ -25,6 +25,7 @@ COMMANDS = {
     "score": "score",
     "perplexity": "perplexity",
     "heads": "heads",
+    "explore": "explore",
     "serve": "serve",
     "bench": "bench",
     "bench-generate": "bench_generate",

@@ -1,4 +1,5 @@
-"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt, storage options.
+"""Helpers shared by the commands: argument types, the demo checkpoint, reading a prompt, storage options,
+the port a server listens on.
 
 The commands load the language model with `max_gpt2.load_lm`, as a user does, handing it their
 `Progress` to report the reading and the compiling.
@@ -7,7 +8,9 @@ The commands load the language model with `max_gpt2.load_lm`, as a user does, ha
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,3 +153,22 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     """What `add_storage_arguments` parsed, as `load_lm`'s keywords."""
     return {"weight_format": args.weight_format, "kv_cache": args.kv_cache}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine alone."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_port_free(port: int) -> None:
+    """Refuses a port something already listens on, as MAX's server would after seconds of loading
+    (the same test: bound on every interface, SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            raise ValueError(f"--port {port}: the port is in use ({error.strerror}); pick another") from None

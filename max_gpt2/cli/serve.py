@@ -26,26 +26,34 @@ lm-evaluation-harness scores with); prefix caching is off, since echo needs ever
 prompt token computed. If MAX's model worker dies the server exits non-zero and
 says why. MAX's server leaves its ZMQ sockets in the temporary directory when it
 stops, however it stops; it gets a directory of its own (`TMPDIR`), removed once
-the server is gone.
+the server is gone. With `--explorer` the head explorer (`max-gpt2 explore`'s page) is
+served at /explore/ beside the API, its own model loading in the server's process once the
+page is first asked for (`max_gpt2.explorer.loading`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from max_gpt2.cli.console import CHECKPOINT_HELP, add_weight_format_argument, demo_checkpoint, positive_int
+from max_gpt2.cli.console import (
+    CHECKPOINT_HELP,
+    add_weight_format_argument,
+    check_port_free,
+    demo_checkpoint,
+    is_loopback,
+    positive_int,
+)
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
-from max_gpt2.inference.devices import device_name, resolve_device
+from max_gpt2.explorer.loading import ExplorerSettings
+from max_gpt2.inference.devices import check_attention_weights_on, device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
 from max_gpt2.outputs import Progress, default_cache_dir
 
@@ -80,12 +88,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="greedy tokens a request may get per scheduler step on a CPU, sent together, as many "
         "as fit in about 50 ms (default: max_gpt2.serving.pipeline.DECODE_STEPS)",
     )
+    parser.add_argument(
+        "--explorer",
+        action="store_true",
+        help="also serve the head explorer's page at /explore/ (max-gpt2 explore's; not with --api-key)",
+    )
 
 
 def main(args: argparse.Namespace, progress: Progress) -> int:
     check_port_free(args.port)
     command, env = serve_command(args, progress)
-    *_, key_variable = our_variables()
+    _, _, key_variable, _ = our_variables()
     progress.note("starting MAX's server; the same, by hand:")
     settings = [
         f"{name}={'<key>' if name == key_variable else value}"
@@ -97,25 +110,6 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     sockets = socket_directory()
     remove_when_gone(sockets)
     os.execve(sys.executable, command, {**env, "TMPDIR": sockets})  # the server takes over this process
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address) is this machine alone."""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_port_free(port: int) -> None:
-    """Refuses a port something already listens on, as MAX's server would after seconds of loading
-    (the same test: bound on every interface, SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError as error:
-            raise ValueError(f"--port {port}: the port is in use ({error.strerror}); pick another") from None
 
 
 def socket_directory() -> str:
@@ -168,8 +162,13 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     require_serve_extra()
     if args.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
-    weights_variable, *_ = our_variables()
+    weights_variable, _, key_variable, explorer_variable = our_variables()
     env = server_environment(args, progress)
+    if args.explorer and env.get(key_variable):
+        raise ValueError(
+            "--explorer: the explorer's page cannot send an API key, so it is not served beside one "
+            "(--api-key or MAX_GPT2_API_KEY); run max-gpt2 explore on its own port instead"
+        )
     path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
     devices = device_name(resolve_device(args.device))
     plan = plan_load(path, args.device, args.dtype, weight_format=args.weight_format)
@@ -178,6 +177,10 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
         raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
     if weight_format.kernels_only:
         env[weights_variable] = weight_format.name
+    if args.explorer:
+        check_attention_weights_on(device, plan.options.dtype)  # what the explorer's graph needs
+        settings = ExplorerSettings(str(path), args.device, args.dtype, weight_format.name)
+        env[explorer_variable] = settings.to_json()
     tokenizer = plan.tokenizer()
     if tokenizer is None:
         raise ValueError(
@@ -224,7 +227,7 @@ def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str
     # install is not always visible to it (seen here), an explicit path always is.
     paths = [str(PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    _, steps_variable, key_variable = our_variables()
+    _, steps_variable, key_variable, _ = our_variables()
     api_key = args.api_key or os.environ.get(key_variable)
     for name in our_variables():  # our options decide, not the env
         env.pop(name, None)
@@ -240,9 +243,14 @@ def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str
     return env
 
 
-def our_variables() -> tuple[str, str, str]:
-    """How `--weight-format`, `--decode-steps` and `--api-key` reach MAX's processes: its command line
-    has no option an architecture may add."""
+def our_variables() -> tuple[str, str, str, str]:
+    """How `--weight-format`, `--decode-steps`, `--api-key` and `--explorer` reach MAX's processes: its
+    command line has no option an architecture may add."""
     from max_gpt2.serving import server  # the serving extra, checked by now
 
-    return server.WEIGHT_FORMAT_VARIABLE, server.DECODE_STEPS_VARIABLE, server.API_KEY_VARIABLE
+    return (
+        server.WEIGHT_FORMAT_VARIABLE,
+        server.DECODE_STEPS_VARIABLE,
+        server.API_KEY_VARIABLE,
+        server.EXPLORER_VARIABLE,
+    )

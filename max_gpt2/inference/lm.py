@@ -181,14 +181,27 @@ class CompiledLM(CompiledModel):
         Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
         (`devices.hopper_attention_weights_refusal`).
         """
+        return self._attentions(input_ids, attention_mask, every_position=False)[1]
+
+    def logits_and_attentions(
+        self, input_ids: Any, attention_mask: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`logits` and `attentions` of the same forward pass: float32 `[batch, seq, vocab]` and
+        `[layers, batch, heads, seq, seq]` (what the head explorer shows side by side)."""
+        return self._attentions(input_ids, attention_mask, every_position=True)
+
+    def _attentions(
+        self, input_ids: Any, attention_mask: Any, every_position: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         check_attention_weights_on(self.device, self.dtype)
         ids, mask = check_prompt(self.config, input_ids, attention_mask)
         batch, seq_len = ids.shape
         cache = self.new_cache(batch, seq_len)
-        inputs = self._inputs(ids, position_ids(mask), mask, np.array([seq_len - 1]))
-        _, weights = self._bound.execute(ATTENTIONS, *inputs, *cache.buffers)
+        logit_index = np.arange(seq_len) if every_position else np.array([seq_len - 1])
+        inputs = self._inputs(ids, position_ids(mask), mask, logit_index)
+        logits, weights = self._bound.execute(ATTENTIONS, *inputs, *cache.buffers)
         real_queries = mask[None, :, None, :, None].astype(np.float32)  # [1, B, 1, S, 1]
-        return np.from_dlpack(weights.to(CPU())) * real_queries
+        return np.from_dlpack(logits.to(CPU())), np.from_dlpack(weights.to(CPU())) * real_queries
 
     def next_token_logprobs(self, ids: np.ndarray, mask: np.ndarray, first: int, ranked: bool = False) -> Any:
         """log p(ids[:, t] | ids[:, :t]) for t = first..S-1 through the scoring graph, float32

@@ -10,6 +10,9 @@ sees each request before a route does:
   OpenAI's 404 for a model that is not a chat model (GPT-2 has no chat template);
   embeddings, speech and the rest, which MAX mounts for every model and which fail
   inside for this one, get 404 too.
+- With the head explorer (`max-gpt2 serve --explorer`), `/explore/` and what
+  lies under it are its page and JSON routes (`max_gpt2.explorer.app`), answered
+  from a worker thread by its own model (`max_gpt2.explorer.loading`).
 - A completion's body goes through `max_gpt2.serving.requests.check_completion`:
   a refusal is answered here (OpenAI's error body, `param` naming the field), an
   accepted body goes on as rewritten there, and where `n` copied each prompt the
@@ -23,9 +26,11 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio.to_thread
 from starlette.middleware import Middleware
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
+from max_gpt2.explorer.loading import LoadingExplorer
 from max_gpt2.serving.max_internals import error_body
 from max_gpt2.serving.requests import Refusal, check_completion
 
@@ -39,24 +44,29 @@ COMPLETIONS = "/v1/completions"
 ROUTES = {"/health": "GET", "/version": "GET", "/v1/models": "GET", COMPLETIONS: "POST"}
 ROUTE_PREFIXES = {"/v1/models/": "GET", "/metrics": "GET"}
 CHAT = "/v1/chat/completions"
+EXPLORER = "/explore"  # the head explorer's page, and its routes under it
 
 
-def install(app: Any, api_key: str | None) -> None:
+def install(app: Any, api_key: str | None, explorer: LoadingExplorer | None = None) -> None:
     """Puts `Guard` inside the middleware MAX gave `app` (a FastAPI app, not yet serving)."""
-    app.user_middleware.append(Middleware(Guard, api_key=api_key))
+    app.user_middleware.append(Middleware(Guard, api_key=api_key, explorer=explorer))
 
 
 class Guard:
     """ASGI middleware: the API key, the routes served, and `/v1/completions` bodies (module docstring)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None = None) -> None:
-        self.app, self.api_key = app, api_key
+    def __init__(
+        self, app: ASGIApp, api_key: str | None = None, explorer: LoadingExplorer | None = None
+    ) -> None:
+        self.app, self.api_key, self.explorer = app, api_key, explorer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         try:
             self.check_key(scope)
+            if self.explorer is not None and scope["path"].split("/")[1] == EXPLORER[1:]:
+                return await self.explore(scope, receive, send)
             self.check_route(scope["method"], scope["path"])
         except Refusal as refusal:
             return await refuse(refusal, scope, receive, send)
@@ -79,6 +89,22 @@ class Guard:
         rewritten = json.dumps(checked.body).encode()
         reply = send if checked.copies == 1 else usage_per_prompt(send, checked.copies)
         return await self.app(scope, replay(rewritten, receive), reply)
+
+    async def explore(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The explorer's answer, from a worker thread: the model runs for seconds."""
+        assert self.explorer is not None
+        body = await read_body(receive)
+        if body is None:  # the client left
+            return None
+        query = scope.get("query_string", b"").decode("latin-1")
+        handle = self.explorer.handle
+        status, kind, answer = await anyio.to_thread.run_sync(
+            handle, scope["method"], scope["path"], query, body
+        )
+        headers = {"Cache-Control": "no-store"}
+        return await Response(answer, status_code=status, media_type=kind, headers=headers)(
+            scope, receive, send
+        )
 
     def check_key(self, scope: Scope) -> None:
         """A `Refusal` (401) where a key is set and the request does not bear it (`/health` is open)."""

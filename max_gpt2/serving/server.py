@@ -3,7 +3,8 @@
 It takes exactly `max serve`'s options and runs MAX's own entry point; the one
 difference is the HTTP app, which gets `max_gpt2.serving.guard` installed before
 it serves (MAX 26.7 has no option for middleware of one's own, so the function
-that builds the app is wrapped: `max_internals.run_max_serve`). The API key comes
+that builds the app is wrapped: `max_internals.run_max_serve`), and, with `--explorer`,
+the head explorer (`max_gpt2.explorer.loading`). The API key comes
 from `MAX_GPT2_API_KEY`, never the command line, where other users of the machine
 could read it. `max-gpt2 serve` runs this.
 """
@@ -17,13 +18,20 @@ import os
 API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # --api-key
 WEIGHT_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # --weight-format (`model_config.served_weight_format`)
 DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # --decode-steps (`pipeline.served_decode_steps`)
+EXPLORER_VARIABLE = "MAX_GPT2_EXPLORER"  # --explorer: `explorer.loading.ExplorerSettings` as JSON
 
 
 def main() -> None:
-    from max_gpt2.serving.guard import install
+    from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
+    from max_gpt2.serving.guard import EXPLORER, install
     from max_gpt2.serving.max_internals import run_max_serve
 
-    run_max_serve(lambda app: install(app, os.environ.get(API_KEY_VARIABLE) or None))
+    def on_app(app: object) -> None:
+        settings = os.environ.get(EXPLORER_VARIABLE)
+        explorer = LoadingExplorer(ExplorerSettings.from_json(settings), EXPLORER) if settings else None
+        install(app, os.environ.get(API_KEY_VARIABLE) or None, explorer)
+
+    run_max_serve(on_app)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,7 @@ def write_gguf_file(
     """`checkpoint` (a save_pretrained directory) as GGUF: projections in ggml type `projections`,
     the embeddings in `embeddings`, `output.weight` (in `projections`) only with `head`; the tokenizer
     beside the checkpoint, if any, in the metadata."""
-    writer = gguf.GGUFWriter(path, "gpt2")
-    writer.add_block_count(config.n_layer)
-    writer.add_context_length(config.n_positions)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_feed_forward_length(config.mlp_width)
-    writer.add_head_count(config.n_head)
-    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    writer = gpt2_writer(path, config)
     tokenizer = load_tokenizer(checkpoint)
     if tokenizer is not None:
         vocab = tokenizer.get_vocab()
@@ -129,13 +123,7 @@ def write_typed_file(
     from max_gpt2.model.gguf_checkpoint import gguf_name
     from max_gpt2.model.weight_adapters import model_parameter_shapes
 
-    writer = gguf.GGUFWriter(path, "gpt2")
-    writer.add_block_count(config.n_layer)
-    writer.add_context_length(config.n_positions)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_feed_forward_length(config.mlp_width)
-    writer.add_head_count(config.n_head)
-    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    writer = gpt2_writer(path, config)
     shapes, values = model_parameter_shapes(config), {}
     for name, shape in shapes.items():
         if name == "lm_head.weight":
@@ -163,3 +151,15 @@ def write_typed_file(
     writer.close()
     values["lm_head.weight"] = values["transformer.wte.weight"]
     return values
+
+
+def gpt2_writer(path: Path, config: GPT2Config) -> gguf.GGUFWriter:
+    """A GGUF writer for a GPT-2 of `config`'s shapes, its hyperparameters written."""
+    writer = gguf.GGUFWriter(path, "gpt2")
+    writer.add_block_count(config.n_layer)
+    writer.add_context_length(config.n_positions)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(config.mlp_width)
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    return writer

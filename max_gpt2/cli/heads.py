@@ -64,15 +64,15 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
             raise ValueError(f"--out {args.out}: the directory {args.out.parent} does not exist")
 
     lm = load_lm(checkpoint.path, args.device, args.dtype, output_attentions=True, progress=progress)
-    exploration = explore(lm, ids[0], tokenizer)
-    attentions = exploration.attentions[layers]  # [layers, heads, seq, seq]
-    summaries = summarize(attentions[:, None], layers=layers)
     if args.html is not None:
+        exploration = explore(lm, ids[0], tokenizer)  # every position's logits too, for the page
         html = page(data=exploration.summary(with_maps=True))
         write_atomically(args.html, lambda partial: partial.write_text(html, encoding="utf-8"))
         progress.note(f"wrote {args.html} ({len(html) / 1e6:.1f} MB): open it in a browser")
-        print(format_summary(summaries))
+        print(format_summary(summarize(exploration.attentions[layers][:, None], layers=layers)))
         return 0
+    attentions = lm.attentions(ids)[layers, 0]  # [layers, heads, seq, seq]
+    summaries = summarize(attentions[:, None], layers=layers)
 
     if tokenizer is not None:
         tokens = [tokenizer.decode([token]) for token in prompt]

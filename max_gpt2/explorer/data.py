@@ -23,7 +23,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from max_gpt2.analysis.head_scores import KINDS, HeadScores, head_scores, ranking
+from max_gpt2.inference.beam_search import top
 from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.inference.sampling import softmax
 from max_gpt2.inference.tokenizer import token_bytes
 
 ALTERNATIVES = 5
@@ -91,13 +93,11 @@ class Exploration:
     def alternatives(self) -> list[list[dict[str, Any]]]:
         """After each token, the `ALTERNATIVES` likeliest next tokens, likeliest first: id, text and
         probability each."""
-        top = np.argpartition(self.probabilities, -ALTERNATIVES, axis=-1)[:, -ALTERNATIVES:]  # [S, 5]
-        chances = np.take_along_axis(self.probabilities, top, axis=-1)
-        order = np.argsort(-chances, axis=-1, kind="stable")
-        top, chances = np.take_along_axis(top, order, -1), np.take_along_axis(chances, order, -1)
+        likeliest = top(self.probabilities, ALTERNATIVES)  # [S, 5]
+        chances = np.take_along_axis(self.probabilities, likeliest, axis=-1)
         return [
             [{"id": int(t), "text": text_of(self.tokenizer, int(t)), "p": float(p)} for t, p in row]
-            for row in (zip(ts, ps, strict=True) for ts, ps in zip(top, chances, strict=True))
+            for row in (zip(ts, ps, strict=True) for ts, ps in zip(likeliest, chances, strict=True))
         ]
 
     def head_map(self, layer: int, head: int | None) -> dict[str, Any]:
@@ -107,12 +107,6 @@ class Exploration:
             raise ValueError(f"no head ({layer}, {head}): the model has {layers} layers of {heads} heads")
         weights = self.attentions[layer].mean(axis=0) if head is None else self.attentions[layer, head]
         return {"layer": layer, "head": head, "size": length, "data": encoded(weights)}
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """float32 `[S, vocab]` -> each row's probabilities, float32 (float64 sums)."""
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
 
 
 def explore(lm: CompiledLM, tokens: np.ndarray, tokenizer: Tokenizer | None = None) -> Exploration:

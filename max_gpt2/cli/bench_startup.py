@@ -24,9 +24,9 @@ from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.llama_cpp import check_binary
 from max_gpt2.bench.report import publish
 from max_gpt2.bench.startup import contenders, cpu_description, format_table, measure, ratios
-from max_gpt2.cli.console import demo_checkpoint, positive_int
+from max_gpt2.cli.console import checkpoint_path, positive_int
 from max_gpt2.model.weight_formats import FORMATS, format_named
-from max_gpt2.outputs import Progress, default_cache_dir
+from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         dict.fromkeys(format_named(f.strip(), "--weight-format").name for f in args.weight_format.split(","))
     )
     llama = None if args.llama_completion is None else check_binary(args.llama_completion)
-    checkpoint = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    checkpoint = checkpoint_path(args, progress)
     args.output.mkdir(parents=True, exist_ok=True)
     timed = []
     for weight_format in formats:

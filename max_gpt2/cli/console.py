@@ -77,6 +77,17 @@ def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
     return path
 
 
+def checkpoint_path(args: argparse.Namespace, progress: Progress) -> str | Path:
+    """`--checkpoint`, else the demo checkpoint (seed 0) in `--cache-dir` or the default cache directory."""
+    return args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+
+
+def add_listen_arguments(parser: argparse.ArgumentParser, port: int) -> None:
+    """`--port` (default `port`; `check_port_free` checks it) and `--host` of a command that serves."""
+    parser.add_argument("--port", type=positive_int, default=port, help=f"(default: {port})")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+
+
 def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
     """`--checkpoint`, `--prompt`, `--tokens` or `--prompt-file`, and `--cache-dir`: what `open_prompt`
     reads."""
@@ -105,8 +116,7 @@ def open_prompt(
     Reads the config and the tokenizer, no tensor yet; a `--prompt` without a
     tokenizer is a `ValueError` naming the directory.
     """
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
-    checkpoint, tokenizer = open_with_tokenizer(path)
+    checkpoint, tokenizer = open_with_tokenizer(checkpoint_path(args, progress))
     if args.tokens is not None:
         return checkpoint, tokenizer, args.tokens
     text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)

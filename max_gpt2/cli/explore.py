@@ -18,15 +18,15 @@ from pathlib import Path
 
 from max_gpt2.cli.console import (
     CHECKPOINT_HELP,
+    add_listen_arguments,
     add_weight_format_argument,
     check_port_free,
-    demo_checkpoint,
+    checkpoint_path,
     is_loopback,
-    positive_int,
 )
 from max_gpt2.explorer.app import ExplorerApp
 from max_gpt2.explorer.server import explorer_server
-from max_gpt2.outputs import Progress, default_cache_dir
+from max_gpt2.outputs import Progress
 
 PORT = 8010
 
@@ -34,8 +34,7 @@ PORT = 8010
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
-    parser.add_argument("--port", type=positive_int, default=PORT, help=f"(default: {PORT})")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+    add_listen_arguments(parser, PORT)
     parser.add_argument("--cache-dir", type=Path, help="where the demo checkpoint is kept")
     add_weight_format_argument(parser)
 
@@ -47,7 +46,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         progress.note(
             f"warning: --host {args.host} shows the page, and runs the model, for anyone who reaches it"
         )
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    path = checkpoint_path(args, progress)
     app = ExplorerApp.load(str(path), args.device, args.dtype, args.weight_format, progress)
     server = explorer_server(app, args.host, args.port)
     print(

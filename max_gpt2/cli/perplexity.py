@@ -25,14 +25,14 @@ from pathlib import Path
 from max_gpt2.cli.console import (
     CHECKPOINT_HELP,
     add_storage_arguments,
-    demo_checkpoint,
+    checkpoint_path,
     open_with_tokenizer,
     positive_int,
     storage_options,
 )
 from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.tokenizer import tokenizer_directory
-from max_gpt2.outputs import Progress, default_cache_dir
+from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def read_texts(files: list[Path]) -> dict[Path, str]:
 def main(args: argparse.Namespace, progress: Progress) -> int:
     """Reads every file and checks the stride first, then compiles and scores each file."""
     texts = read_texts(args.files)
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    path = checkpoint_path(args, progress)
     checkpoint, tokenizer = open_with_tokenizer(path)
     if tokenizer is None:
         raise ValueError(f"{tokenizer_directory(checkpoint.path)} has no tokenizer to read the text with")

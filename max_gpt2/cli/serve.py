@@ -45,15 +45,16 @@ from pathlib import Path
 
 from max_gpt2.cli.console import (
     CHECKPOINT_HELP,
+    add_listen_arguments,
     add_weight_format_argument,
     check_port_free,
-    demo_checkpoint,
+    checkpoint_path,
     is_loopback,
     positive_int,
 )
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
 from max_gpt2.explorer.loading import ExplorerSettings
-from max_gpt2.inference.devices import check_attention_weights_on, device_name, resolve_device
+from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
 from max_gpt2.outputs import Progress, default_cache_dir
 
@@ -67,8 +68,7 @@ SOCKET_DIRECTORY_MAX = 64  # the longest directory MAX makes its ZMQ sockets in 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
-    parser.add_argument("--port", type=positive_int, default=8000, help="(default: 8000)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+    add_listen_arguments(parser, 8000)
     parser.add_argument("--served-model-name", default="gpt2", help="name clients ask for (default: gpt2)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
     parser.add_argument(
@@ -169,16 +169,18 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
             "--explorer: the explorer's page cannot send an API key, so it is not served beside one "
             "(--api-key or MAX_GPT2_API_KEY); run max-gpt2 explore on its own port instead"
         )
-    path = args.checkpoint or demo_checkpoint(args.cache_dir or default_cache_dir(), 0, progress)
+    path = checkpoint_path(args, progress)
     devices = device_name(resolve_device(args.device))
-    plan = plan_load(path, args.device, args.dtype, weight_format=args.weight_format)
+    # With the explorer, also what its attention-weights graph needs of the device.
+    plan = plan_load(
+        path, args.device, args.dtype, weight_format=args.weight_format, output_attentions=args.explorer
+    )
     checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
     if device.is_host and args.dtype != "float32":
         raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
     if weight_format.kernels_only:
         env[weights_variable] = weight_format.name
     if args.explorer:
-        check_attention_weights_on(device, plan.options.dtype)  # what the explorer's graph needs
         settings = ExplorerSettings(str(path), args.device, args.dtype, weight_format.name)
         env[explorer_variable] = settings.to_json()
     tokenizer = plan.tokenizer()

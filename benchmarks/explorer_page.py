@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import threading
 import time
@@ -24,26 +23,9 @@ from pathlib import Path
 
 from max_gpt2.bench.server import free_port
 from max_gpt2.explorer.app import ExplorerApp
+from max_gpt2.explorer.browser import chromium_missing, headless_chromium
 from max_gpt2.explorer.server import explorer_server
 from max_gpt2.testing import CORPUS
-
-
-def browser(width: int, height: int):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(shutil.which("chromium"))
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        f"--window-size={width},{height}",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
-    driver.set_script_timeout(600)
-    return driver
 
 
 def timed(driver, script: str) -> float:
@@ -67,8 +49,8 @@ def main() -> int:
     )
     parser.add_argument("--size", default="1280x1600", help="the window, WIDTHxHEIGHT (default: 1280x1600)")
     args = parser.parse_args()
-    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
-        sys.exit("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    if missing := chromium_missing():
+        sys.exit(f"the browser cannot run here: {missing}")
 
     app = ExplorerApp.load(args.checkpoint, "cpu", "float32", args.weight_format)
     if args.example:
@@ -83,7 +65,7 @@ def main() -> int:
     server = explorer_server(app, "127.0.0.1", free_port())
     threading.Thread(target=server.serve_forever, daemon=True).start()
     width, height = (int(part) for part in args.size.split("x"))
-    driver = browser(width, height)
+    driver = headless_chromium(width, height, script_timeout=600)
     try:
         driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
         start = time.perf_counter()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import struct
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from max_gpt2.explorer.app import EXAMPLE
+from max_gpt2.explorer.browser import chromium_missing, headless_chromium
 from max_gpt2.explorer.data import explore
 from max_gpt2.explorer.page import page
 from max_gpt2.explorer.server import explorer_server
@@ -34,33 +34,12 @@ class By:
     ID, CSS_SELECTOR, TAG_NAME = "id", "css selector", "tag name"
 
 
-def chromium_missing() -> str | None:
-    """Why the browser cannot run here, or None."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found: apt-get install chromium chromium-driver (.ci/run does)"
-    return None
-
-
 pytestmark = pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(shutil.which("chromium"))
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2400"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
-    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
-    driver.set_script_timeout(60)
+    driver = headless_chromium(1400, 2400, script_timeout=60, log_requests=True)
     yield driver
     driver.quit()
 

@@ -25,7 +25,6 @@ import itertools
 import json
 import threading
 from collections import OrderedDict
-from contextlib import nullcontext
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -34,7 +33,7 @@ import numpy as np
 from max_gpt2.analysis.head_scores import repeated_random_tokens
 from max_gpt2.explorer.data import Exploration, explore
 from max_gpt2.explorer.page import page
-from max_gpt2.inference.lm import CompiledLM, LoadProgress
+from max_gpt2.inference.lm import CompiledLM, LoadProgress, step
 from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.inference.sampling import Sampler
@@ -76,7 +75,7 @@ class ExplorerApp:
         )
         graphs = lm.graph
         what = "compiling GPT-2's generation graphs, for continuations"
-        with progress.step(what) if progress is not None else nullcontext():
+        with step(progress, what):
             graphs.compile(graphs.prompt_variant, graphs.step_variant)
         return cls(lm, prefix)
 

@@ -8,7 +8,8 @@ import pytest
 from max.dtype import DType
 
 from max_gpt2 import load_lm, reference
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS
+from max_gpt2.inference.lm_options import LMOptions
+from max_gpt2.model.weight_formats import FORMATS
 from tests.support import LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference (LM_ONE_LAYER's random
@@ -50,14 +51,14 @@ def test_steps_through_the_kernel_round_as_the_prompt_graph_does(lm):
 @pytest.mark.parametrize(
     ("kv_cache", "dtype", "message"),
     [
-        ("int8", DType.float32, "kv_cache must be float32, bfloat16 or float16 .or None.; got 'int8'"),
+        ("int8", DType.float32, "kv_cache must be one of float32, bfloat16, float16; got 'int8'"),
         ("float16", DType.bfloat16, "kv_cache='float16' with bfloat16 compute"),
         ("bfloat16", DType.float32, "kv_cache='bfloat16' with float32 compute"),
     ],
 )
 def test_unsupported_caches_are_refused(kv_cache, dtype, message):
     with pytest.raises(ValueError, match=message):
-        FLOAT32.cache_dtype(kv_cache, dtype)
+        LMOptions.check("cpu", dtype, kv_cache=kv_cache)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_unsupported_caches_are_refused(kv_cache, dtype, message):
 )
 def test_the_default_cache_is_float16_beside_packed_weights_only(weights, dtype, expected):
     assert FORMATS[weights].cache_dtype(None, dtype) == expected
-    assert FORMATS[weights].cache_dtype("float32", DType.float32) == DType.float32  # asked for: kept
+    assert FORMATS[weights].cache_dtype(DType.float32, DType.float32) == DType.float32  # asked for: kept
 
 
 def test_load_lm_refuses_a_bad_cache_before_reading(tmp_path):

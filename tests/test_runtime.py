@@ -9,12 +9,13 @@ from max.dtype import DType
 from max.experimental.tensor import Tensor
 
 from max_gpt2 import compile_attention, from_pretrained, load_attention_weights
-from max_gpt2.inference.devices import (
-    check_attention_weights_on,
-    check_compiles_on,
+from max_gpt2.inference.devices import gpu_of, resolve_device
+from max_gpt2.model.gpu_limits import (
+    GPU,
+    check_attention_weights,
+    check_compiles,
     hopper_attention_weights_refusal,
     hopper_refusal,
-    resolve_device,
 )
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import check
@@ -143,14 +144,19 @@ def test_what_hopper_cannot_compile_is_refused_by_name():
     assert hopper_refusal("sm_90a", DType.bfloat16, 768) is None
     assert hopper_refusal("sm_90a", DType.float32, 60) is None
     assert hopper_refusal("sm_80", DType.float16, 60) is None  # only Hopper was measured
-    check_compiles_on(CPU(), DType.float16, 60)  # the CPU compiles every dtype at every width
+    assert gpu_of(CPU()) is None  # the CPU compiles every dtype at every width
+    check_compiles(None, DType.float16, 60)
+    with pytest.raises(ValueError, match=r"^gpu:1 \(sm_90a\): bfloat16 .* got n_embd=60"):
+        check_compiles(GPU("gpu:1", "sm_90a"), DType.bfloat16, 60)
 
 
 def test_what_hopper_computes_wrong_is_refused_by_name():
     assert "use dtype='float32'" in hopper_attention_weights_refusal("sm_90a", DType.bfloat16)
     assert hopper_attention_weights_refusal("sm_90a", DType.float32) is None  # right there
     assert hopper_attention_weights_refusal("sm_80", DType.bfloat16) is None  # only Hopper was measured
-    check_attention_weights_on(CPU(), DType.bfloat16)  # right there (9.4e-3 from the reference, by hand)
+    check_attention_weights(gpu_of(CPU()), DType.bfloat16)  # right there (9.4e-3 from the reference, by hand)
+    with pytest.raises(ValueError, match=r"^gpu:0 \(sm_90a\): attention weights in bfloat16"):
+        check_attention_weights(GPU("gpu:0", "sm_90a"), DType.bfloat16)
 
 
 def test_dtype_of_numpy_results(compiled, x):

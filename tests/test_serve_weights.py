@@ -1,4 +1,4 @@
-"""`max-gpt2 serve --weights`: the projections and the LM head served packed, against `CompiledLM` in the
+"""`max-gpt2 serve --weight-format`: the projections and the LM head served packed, against `CompiledLM` in the
 same format.
 
 A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint, as an F32 GGUF file

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from max_gpt2.model.dtypes import DTYPES
+from max_gpt2.inference.devices import DTYPES
 from max_gpt2.outputs import Progress
 
 COMMANDS = {

@@ -36,10 +36,10 @@ from max.graph import Graph
 from max_gpt2.inference.compiled import CompiledModel, GraphVariants
 from max_gpt2.inference.devices import (
     NUMPY_DTYPES,
-    check_attention_weights_on,
-    check_compiles_on,
+    gpu_of,
     host_array,
     host_buffer,
+    parse_dtype,
     resolve_device,
     to_buffer,
     to_numpy,
@@ -47,8 +47,8 @@ from max_gpt2.inference.devices import (
 from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import parse_dtype
 from max_gpt2.model.flash import KernelFlashAttention, TiledCausalAttention
+from max_gpt2.model.gpu_limits import check_attention_weights, check_compiles
 from max_gpt2.model.variants import ATTENTIONS, PLAIN, Head, Variant
 from max_gpt2.model.weight_adapters import check_weights
 from max_gpt2.model.wrapper import PerHeadWrapperAttention
@@ -196,9 +196,9 @@ class CompiledAttention(CompiledModel):
         The first call compiles the graph that outputs them (a minute or two
         on a small CPU; MAX caches it on disk, so the next process takes seconds).
         Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
-        (`devices.hopper_attention_weights_refusal`).
+        (`gpu_limits.hopper_attention_weights_refusal`).
         """
-        check_attention_weights_on(self.device, self.dtype)
+        check_attention_weights(gpu_of(self.device), self.dtype)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a NumPy array; got {type(x).__name__}")
         self._check_shape(x.shape)
@@ -224,11 +224,11 @@ def compile_attention(
     `c_proj.bias` in MAX `Linear` layout, as `load_attention_weights` returns
     them. `impl` is one of `IMPLEMENTATIONS` (module docstring). The graph has
     symbolic batch and sequence dimensions, so this one compile serves every
-    input shape. What MAX cannot compile on the device (`devices.hopper_refusal`)
+    input shape. What MAX cannot compile on the device (`gpu_limits.hopper_refusal`)
     is refused before compiling.
     """
     target, compute_dtype = resolve_device(device), parse_dtype(dtype)
-    check_compiles_on(target, compute_dtype, config.n_embd)
+    check_compiles(gpu_of(target), compute_dtype, config.n_embd)
     chosen = resolve_impl(impl, target, compute_dtype)
     checked = check_weights(weights, config)  # before spending time compiling
     graph = AttentionGraphs(config, target, compute_dtype, chosen)

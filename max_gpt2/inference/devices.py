@@ -2,24 +2,28 @@
 
 Device names are what users type: `"cpu"`, `"gpu"`, `"gpu:N"` or `"auto"` (an
 accelerator when MAX sees one). The Mojo decoding kernels run on the CPU in
-float32 (`kernels_run_on`); what MAX 26.7 cannot compile, or computes wrong, on
-NVIDIA Hopper is refused before compiling (`check_compiles_on`,
-`check_attention_weights_on`). NumPy has no bfloat16, so bfloat16 crosses the
+float32 (`kernels_run_on`); `gpu_of` names an NVIDIA GPU for the refusals of
+what MAX 26.7 cannot compile on it (`max_gpt2.model.gpu_limits`). The compute
+dtypes are `DTYPES` (`parse_dtype`). NumPy has no bfloat16, so bfloat16 crosses the
 boundary as float32 (rounded on the way in, widened on the way out);
 `weight_buffers` turns a model's adapted weights into the buffers a compiled graph binds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
 
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.gpu_limits import GPU
 from max_gpt2.model.stored_weights import StoredWeights, pack
 from max_gpt2.model.weight_formats import WeightFormat, is_stored_packed
+
+DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16, "float16": DType.float16}
+"""The compute dtypes, by the names users type."""
 
 NUMPY_DTYPES = {DType.float32: np.float32, DType.float16: np.float16, DType.bfloat16: np.float32}
 """What a NumPy caller gets back for each compute dtype (NumPy has no bfloat16)."""
@@ -43,6 +47,15 @@ def resolve_device(device: str | Device = "auto") -> Device:
     raise ValueError(f"device must be 'auto', 'cpu', 'gpu' or 'gpu:N'; got {device!r}")
 
 
+def parse_dtype(dtype: str | DType, argument: str = "dtype") -> DType:
+    """A name of `DTYPES` (or the `DType` itself) to its `DType`; a ValueError naming `argument` else."""
+    if isinstance(dtype, DType) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"{argument} must be one of {', '.join(DTYPES)}; got {dtype!r}")
+
+
 def device_name(device: Device) -> str:
     """`"cpu"` or `"gpu:N"`, as `resolve_device` accepts it."""
     return "cpu" if device.is_host else f"gpu:{device.id}"
@@ -53,64 +66,12 @@ def kernels_run_on(device: Device, dtype: DType) -> bool:
     return device.is_host and dtype == DType.float32
 
 
-def hopper_refusal(architecture: str, dtype: DType, n_embd: int) -> str | None:
-    """Why MAX 26.7 cannot compile GPT-2 of width `n_embd` in `dtype` on an NVIDIA GPU of
-    `architecture` (`Device.architecture_name`), or None where it can.
-
-    Measured on an H200 (`tests/test_gpu.py`): on Hopper (sm_90) float16 attention fails to
-    compile, graph and flash alike (a constraint in MAX's sm_90 attention kernel's tensor-core
-    MMA), and bfloat16 matmuls fail where a row of `n_embd` values is not a whole number of 16
-    bytes (MAX's sm_90 tile loader: widths 40, 56, 64, 72, 768 and 1600 compile, 60 does not).
-    """
-    if not architecture.startswith("sm_90"):
-        return None
-    if dtype == DType.float16:
-        return "float16 attention does not compile on NVIDIA Hopper (sm_90) in MAX 26.7; use bfloat16"
-    if dtype == DType.bfloat16 and n_embd % 8:
-        return (
-            f"bfloat16 on NVIDIA Hopper (sm_90) needs n_embd divisible by 8 in MAX 26.7 (its matmul "
-            f"loads rows in 16-byte tiles); got n_embd={n_embd}"
-        )
-    return None
-
-
-def hopper_attention_weights_refusal(architecture: str, dtype: DType) -> str | None:
-    """Why MAX 26.7 returns wrong attention weights (the `"attentions"` graph variant) in `dtype`
-    on an NVIDIA GPU of `architecture`, or None where they were found right or never checked.
-
-    Found on an H200 (`tests/test_gpu.py`): in bfloat16 the weights from MAX's softmax lack
-    the causal mask (each row spreads over every key, later ones included; written out as
-    exp / sum they keep it), and in every form tried the first one to three runs in a process
-    return some layers' weights as zeros (waiting for the device before or after reading
-    changes nothing). The float32 weights there match the reference from the first run, and
-    the bfloat16 logits are right.
-    """
-    if architecture.startswith("sm_90") and dtype == DType.bfloat16:
-        return (
-            "attention weights in bfloat16 on NVIDIA Hopper (sm_90) come out wrong in MAX 26.7 "
-            "(the causal mask is lost and early runs return zeros); use dtype='float32'"
-        )
-    return None
-
-
-def check_attention_weights_on(device: Device, dtype: DType) -> None:
-    """Refuses, before compiling the attention-weights variant, what `hopper_attention_weights_refusal`
-    names."""
-    _refuse_on(device, lambda architecture: hopper_attention_weights_refusal(architecture, dtype))
-
-
-def check_compiles_on(device: Device, dtype: DType, n_embd: int) -> None:
-    """Refuses, before a compile that would fail minutes later, what `hopper_refusal` names."""
-    _refuse_on(device, lambda architecture: hopper_refusal(architecture, dtype, n_embd))
-
-
-def _refuse_on(device: Device, refusal: Callable[[str], str | None]) -> None:
-    """Raises ValueError, naming the device, where `refusal(architecture)` of an NVIDIA GPU gives a reason."""
+def gpu_of(device: Device) -> GPU | None:
+    """The NVIDIA GPU `device` is, as `max_gpt2.model.gpu_limits` names it; None for the host or another
+    accelerator."""
     if device.is_host or device.api != "cuda":
-        return
-    reason = refusal(device.architecture_name)
-    if reason:
-        raise ValueError(f"{device_name(device)} ({device.architecture_name}): {reason}")
+        return None
+    return GPU(device_name(device), device.architecture_name)
 
 
 def to_buffer(values: np.ndarray, dtype: DType, device: Device) -> Buffer:

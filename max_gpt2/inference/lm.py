@@ -45,12 +45,13 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
-from max_gpt2.inference.devices import check_attention_weights_on, weight_buffers
+from max_gpt2.inference.devices import gpu_of, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gpu_limits import check_attention_weights
 from max_gpt2.model.stored_weights import StoredWeights, check_stored, stored_layout
 from max_gpt2.model.variants import ATTENTIONS, REORDER, Variant
 from max_gpt2.model.weight_adapters import check_model_weights
@@ -179,7 +180,7 @@ class CompiledLM(CompiledModel):
         call compiles the graph variant that outputs the weights (a minute or two
         on a small CPU; MAX caches it on disk, so the next process takes seconds).
         Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
-        (`devices.hopper_attention_weights_refusal`).
+        (`gpu_limits.hopper_attention_weights_refusal`).
         """
         return self._attentions(input_ids, attention_mask, every_position=False)[1]
 
@@ -193,7 +194,7 @@ class CompiledLM(CompiledModel):
     def _attentions(
         self, input_ids: Any, attention_mask: Any, every_position: bool
     ) -> tuple[np.ndarray, np.ndarray]:
-        check_attention_weights_on(self.device, self.dtype)
+        check_attention_weights(gpu_of(self.device), self.dtype)
         ids, mask = check_prompt(self.config, input_ids, attention_mask)
         batch, seq_len = ids.shape
         cache = self.new_cache(batch, seq_len)
@@ -309,7 +310,7 @@ def compile_lm(
     from the float32 `weights` here. `kv_cache`: the KV cache's dtype, the compute dtype or
     "float16" with float32 compute (half the bytes a step's attention reads; attention computed
     in float32); None: `WeightFormat.cache_dtype`'s default. What MAX cannot compile on the device
-    (`devices.hopper_refusal`), or computes wrong there, is refused before compiling.
+    (`gpu_limits.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
     options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
     return compiled_with(LMGraphs(config, options), weights, output_attentions)

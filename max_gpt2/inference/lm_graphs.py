@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING
 
 from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.compiled import GraphVariants
-from max_gpt2.inference.devices import check_compiles_on
+from max_gpt2.inference.devices import gpu_of
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gpu_limits import check_compiles
 from max_gpt2.model.variants import DECODE, PLAIN, CacheReorder, Head, Variant
 from max_gpt2.outputs import default_cache_dir
 
@@ -47,13 +48,13 @@ class LMGraphs(GraphVariants):
     (`LMOptions.kernels`); `step_variant` and `prompt_variant` are the variants that run decoding
     steps and prompts here, and `scoring` the prompt variant returning log-probabilities (and the
     likeliest tokens'). What MAX cannot compile for the config on the device
-    (`devices.check_compiles_on`) is refused here.
+    (`gpu_limits.check_compiles`) is refused here.
     """
 
     def __init__(self, config: GPT2Config, options: LMOptions, cache: Path | None = None) -> None:
         """`cache`: where compiled graphs are kept on the CPU (`max_gpt2.inference.artifacts`; None:
         the cache directory's `graphs`)."""
-        check_compiles_on(options.device, options.dtype, config.n_embd)
+        check_compiles(gpu_of(options.device), options.dtype, config.n_embd)
         artifacts = None
         if options.device.is_host:
             # What the graphs compute: tying and the end-of-text ids are the weights' and the caller's.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from max.driver import Device
 from max.dtype import DType
 
-from max_gpt2.inference.devices import check_attention_weights_on, device_name, kernels_run_on, resolve_device
-from max_gpt2.model.dtypes import parse_dtype
+from max_gpt2.inference.devices import device_name, gpu_of, kernels_run_on, parse_dtype, resolve_device
+from max_gpt2.model.gpu_limits import check_attention_weights, check_compiles
 from max_gpt2.model.stored_weights import Stored, choose_format
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
 
@@ -51,26 +51,36 @@ class LMOptions:
         checkpoint: Callable[[], Stored] | None = None,
     ) -> LMOptions:
         """The options, or a ValueError for what cannot run, before any weight is read: the kernels
-        where they do not run (`kernels`: None, where they run), attention weights MAX computes wrong
-        on the device (`devices.check_attention_weights_on`), a weight format off the CPU in float32
-        (`WeightFormat.check_runs`), a KV cache dtype (`WeightFormat.cache_dtype`).
+        where they do not run (`kernels`: None, where they run), what MAX computes wrong or cannot
+        compile on the device (`max_gpt2.model.gpu_limits`: attention weights, the checkpoint's width),
+        a weight format off the CPU in float32 (`WeightFormat.check_runs`), a KV cache dtype
+        (`WeightFormat.cache_dtype`).
 
         `weight_format` None is the checkpoint's own, float32 without one. `checkpoint`, called once
         all that is checked for the format asked for (or float32), opens the checkpoint the format is
         chosen for (`stored_weights.choose_format`: a quantized one only as itself or float32).
+        Without it the width is checked where the graphs are made (`LMGraphs`).
         """
+        # The device's facts first, then the model's rules on them.
         target, compute_dtype = resolve_device(device), parse_dtype(dtype)
-        runs_here, where = kernels_run_on(target, compute_dtype), _where(target, compute_dtype)
+        cache = None if kv_cache is None else parse_dtype(kv_cache, "kv_cache")
+        runs_here, where, gpu = (
+            kernels_run_on(target, compute_dtype),
+            _where(target, compute_dtype),
+            gpu_of(target),
+        )
         if kernels and not runs_here:
             raise ValueError(f"the decoding kernels run on the CPU in float32, not on {where}")
         if output_attentions:
-            check_attention_weights_on(target, compute_dtype)
+            check_attention_weights(gpu, compute_dtype)
         requested = None if weight_format is None else format_named(weight_format)
         asked = (requested or FLOAT32).check_runs(runs_here, where)
-        asked.cache_dtype(kv_cache, compute_dtype)  # refused before the checkpoint is opened
+        asked.cache_dtype(cache, compute_dtype)  # refused before the checkpoint is opened
         if checkpoint is not None:
-            asked = choose_format(checkpoint(), requested).check_runs(runs_here, where)
-        kv_dtype = asked.cache_dtype(kv_cache, compute_dtype)
+            stored = checkpoint()
+            asked = choose_format(stored, requested).check_runs(runs_here, where)
+            check_compiles(gpu, compute_dtype, stored.config.n_embd)
+        kv_dtype = asked.cache_dtype(cache, compute_dtype)
         return cls(target, compute_dtype, asked, kv_dtype, runs_here and kernels is not False)
 
     def describe(self) -> str:

@@ -30,7 +30,6 @@ from max.driver import Device
 from max.dtype import DType
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.devices import check_compiles_on
 from max_gpt2.inference.lm import CompiledLM, LoadProgress, compiled_with
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import LMOptions
@@ -88,7 +87,6 @@ def plan_load(
             lambda: open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
         ),
     )
-    check_compiles_on(options.device, options.dtype, opened().config.n_embd)
     return LoadPlan(opened(), options, None if cache_dir is None else Path(cache_dir))
 
 

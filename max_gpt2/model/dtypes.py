@@ -1,4 +1,4 @@
-"""The compute dtypes we support, and bfloat16 on the NumPy side.
+"""bfloat16 on the NumPy side.
 
 NumPy has no bfloat16, so bfloat16 data crosses the NumPy boundary as its raw
 16-bit patterns (`uint16`): a bfloat16 number is the top half of a float32.
@@ -7,18 +7,6 @@ NumPy has no bfloat16, so bfloat16 data crosses the NumPy boundary as its raw
 from __future__ import annotations
 
 import numpy as np
-from max.dtype import DType
-
-DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16, "float16": DType.float16}
-
-
-def parse_dtype(dtype: str | DType) -> DType:
-    """`"float32"`, `"bfloat16"` or `"float16"` (or the `DType` itself) to a `DType`."""
-    if isinstance(dtype, DType) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
 
 
 def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:

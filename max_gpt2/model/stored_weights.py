@@ -52,10 +52,11 @@ class WeightSource(Protocol):
 
 
 class Stored(Protocol):
-    """A checkpoint's formats: what it loads as when none is asked for, and the formats its projections
-    and head are stored in (a GGUF file may mix several)."""
+    """A checkpoint's config and formats: what it loads as when none is asked for, and the formats its
+    projections and head are stored in (a GGUF file may mix several)."""
 
     path: Path
+    config: GPT2Config
     weight_format: WeightFormat
     source_formats: frozenset[WeightFormat]
 

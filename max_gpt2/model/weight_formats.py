@@ -40,7 +40,7 @@ from max.dtype import DType
 
 from max_gpt2.model import gguf_blocks
 from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, BlockCode
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, parse_dtype
+from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.kernel_layout import (
     CHUNK,
     GROUP,
@@ -103,7 +103,7 @@ class WeightFormat:
             )
         return self
 
-    def cache_dtype(self, kv_cache: str | DType | None, compute: DType) -> DType:
+    def cache_dtype(self, kv_cache: DType | None, compute: DType) -> DType:
         """The KV cache's dtype beside this format: `kv_cache` if asked (the compute dtype, or float16 for
         float32 compute), else float16 beside a packed format in float32 compute, as llama.cpp keeps
         its cache, and the compute dtype otherwise.
@@ -114,18 +114,12 @@ class WeightFormat:
         """
         if kv_cache is None:
             return DType.float16 if self.half_cache and compute == DType.float32 else compute
-        try:
-            cache = parse_dtype(kv_cache)
-        except ValueError:
+        if kv_cache != compute and not (kv_cache == DType.float16 and compute == DType.float32):
             raise ValueError(
-                f"kv_cache must be float32, bfloat16 or float16 (or None); got {kv_cache!r}"
-            ) from None
-        if cache != compute and not (cache == DType.float16 and compute == DType.float32):
-            raise ValueError(
-                f"kv_cache={cache.name!r} with {compute.name} compute: the cache is kept in the "
+                f"kv_cache={kv_cache.name!r} with {compute.name} compute: the cache is kept in the "
                 "compute dtype, or in float16 for float32 compute"
             )
-        return cache
+        return kv_cache
 
     def rows(self, weight: np.ndarray) -> np.ndarray:
         """A float32 weight [N, K] in this format, row by row as GGUF stores it."""

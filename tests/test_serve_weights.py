@@ -1,5 +1,5 @@
-"""`max-gpt2 serve --weight-format`: the projections and the LM head served packed, against `CompiledLM` in the
-same format.
+"""`max-gpt2 serve --weight-format`: the projections and the LM head served packed, against `CompiledLM`
+in the same format.
 
 A second server (started at collection, `conftest.SERVED`) serves LM's checkpoint, as an F32 GGUF file
 with the tokenizer it carries, with its weights in q4_0; `lm.generate` and `lm.logprobs` on

@@ -2,6 +2,9 @@
 
     python benchmarks/train_small.py                     # ~/.cache/max-gpt2/trained-small, 4 minutes
     python benchmarks/train_small.py --minutes 10 --out DIR
+    python benchmarks/train_small.py --copies 0.5 --out TARGET                       # a pair for
+    python benchmarks/train_small.py --copies 0.5 --layers 1 --width 96 --heads 2 \
+        --tokenizer TARGET --out DRAFT                                               # speculative decoding
 
 Random weights make every next-token distribution nearly flat, which flatters
 no format and exaggerates the rest; a trained model has confident, peaked
@@ -16,6 +19,13 @@ model soon learns it by heart: held-out loss is measured every 100 steps and the
 weights where it was lowest are the ones kept. The result is a Hugging Face
 checkpoint (`save_pretrained`, safetensors, with the tokenizer and
 `architectures`), which `load_lm` reads like any other.
+
+`--copies F` makes a fraction F of the training windows a passage followed by the same passage
+again, so that the model learns to go on repeating text it has seen earlier in its context (what
+induction heads do in GPT-2, which learns it from the web's repetitions; our corpus is too small
+to teach it): the input-grounded text prompt lookup speeds up (`benchmarks/speculative.py`).
+`--layers`, `--width` and `--heads` change the shapes (a draft model), and `--tokenizer DIR`
+takes DIR's tokenizer instead of training one, so that a draft and its target share it.
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ import argparse
 import copy
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from max_gpt2.outputs import default_cache_dir
 from max_gpt2.testing import CORPUS, write_tokenizer
@@ -54,7 +66,13 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=4.0, help="training time (default: 4)")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--copies", type=float, default=0.0, help="windows that repeat a passage (0-1)")
+    parser.add_argument("--layers", type=int, default=SHAPES["n_layer"])
+    parser.add_argument("--width", type=int, default=SHAPES["n_embd"])
+    parser.add_argument("--heads", type=int, default=SHAPES["n_head"])
+    parser.add_argument("--tokenizer", type=Path, help="a directory whose tokenizer.json to use")
     args = parser.parse_args()
+    shapes = {**SHAPES, "n_layer": args.layers, "n_embd": args.width, "n_head": args.heads}
     import torch
     import transformers
 
@@ -62,14 +80,19 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     train_text, held_out_text = split_texts(TEXTS)
     args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer = write_tokenizer(args.out, args.vocab_size, train_text.splitlines(keepends=True))
+    if args.tokenizer is not None:
+        for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+            shutil.copyfile(args.tokenizer / name, args.out / name)
+        tokenizer = Tokenizer.from_file(str(args.out / "tokenizer.json"))
+    else:
+        tokenizer = write_tokenizer(args.out, args.vocab_size, train_text.splitlines(keepends=True))
     train = torch.tensor(tokenizer.encode(train_text).ids)
     held_out = torch.tensor(tokenizer.encode(held_out_text).ids)
     vocabulary = tokenizer.get_vocab_size()
     print(f"{train.numel()} training tokens, {held_out.numel()} held out, vocabulary {vocabulary}")
 
     config = transformers.GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0, **SHAPES
+        vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0, **shapes
     )
     model = transformers.GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
@@ -88,6 +111,9 @@ def main() -> None:
     while time.monotonic() < deadline:
         starts = rng.integers(0, train.numel() - window, batch)
         inputs = torch.stack([train[s : s + window] for s in starts])
+        for row in np.flatnonzero(rng.random(batch) < args.copies):  # a passage, then the passage again
+            half = inputs[row, : window // 2].clone()
+            inputs[row, window // 2 : 2 * (window // 2)] = half
         loss = model(inputs, labels=inputs).loss
         optimizer.zero_grad()
         loss.backward()

@@ -216,10 +216,34 @@ def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
     assert no_text.returncode == 2 and "has no tokenizer" in no_text.stderr and "--tokens" in no_text.stderr
 
 
+def test_generate_with_drafts_prints_what_plain_decoding_prints(compiled_lm, tmp_path):
+    lm = compiled_lm(LM)
+    path = str(write_checkpoint(tmp_path, LM, seed=0))  # lm's weights, no tokenizer: ids are printed
+    prompt = "5,6,7,8,9,5,6,7,8,9,5,6"
+    expected = lm.generate(np.array([[int(t) for t in prompt.split(",")]]), 10)[0]
+    for drafting in (["--prompt-lookup", "4"], ["--draft", path, "--draft-tokens", "3"]):
+        done = run_cli(
+            "generate", "--checkpoint", path, "--tokens", prompt, "--max-new-tokens", "10", *drafting
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == ",".join(map(str, expected)) + "\n"
+        counts = re.search(r"drafts: (\d+) tokens drafted, (\d+) kept", done.stderr)
+        assert counts, done.stderr
+        drafted, kept = int(counts[1]), int(counts[2])
+        assert 0 < kept <= drafted and (kept == drafted or drafting[0] == "--prompt-lookup")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--tokens", "1,x"], "must be comma-separated ids such as 464,3290; got '1,x'"),
+        (
+            ["--prompt", "hi", "--prompt-lookup", "2", "--draft", "x"],
+            "give --prompt-lookup or --draft, not both",
+        ),
+        (["--prompt", "hi", "--prompt-lookup", "0"], "--prompt-lookup: must be a positive integer, got 0"),
+        (["--prompt", "hi", "--prompt-lookup", "2", "--num-beams", "2"], "takes neither num_beams > 1"),
+        (["--prompt", "hi", "--draft", "/no/such/dir"], "/no/such/dir"),
         (["--tokens", "1,320"], r"input_ids\[0, 1\] = 320 is outside the vocabulary \(0..319\)"),
         (["--tokens", "1", "--max-new-tokens", "48"], r"1 prompt tokens \+ 48 new tokens = 49 positions"),
         (["--prompt", "hi", "--top-p", "2"], r"top_p must be a number in \(0, 1\]"),

@@ -105,6 +105,8 @@ def check_generation(ns: dict[str, Any]) -> None:
     assert mask[0, 0] == 0 and mask[:, -1].all()  # padded on the left
     greedy = lm.generate(ids, 20)[0, ids.shape[1] :]
     np.testing.assert_array_equal(np.concatenate(ns["by_hand"]), greedy)  # the steps, by hand
+    for drafted in ("looked", "assisted"):  # speculative decoding: plain greedy's tokens
+        np.testing.assert_array_equal(ns[drafted][0, ids.shape[1] :], greedy)
     short = int(mask[0].sum())
     np.testing.assert_array_equal(ns["out"][0, -short - 20 :], lm.generate(batch[:1, -short:], 20)[0])
     np.testing.assert_allclose(ns["other"].logits(ids), lm.logits(ids), rtol=1e-6, atol=1e-6)  # rebound

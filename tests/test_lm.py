@@ -128,7 +128,7 @@ def test_the_prompt_and_step_graphs_are_compiled_as_one_module(compiled_lm):
 def test_the_steps_refuse_what_does_not_fit_the_cache(compiled_lm):
     lm = compiled_lm(LM)
     cache = lm.new_cache(1, 3)
-    with pytest.raises(ValueError, match="decode_step needs a cache that holds a prompt"):
+    with pytest.raises(ValueError, match="decoding needs a cache that holds a prompt"):
         lm.decode_step([1], cache)
     with pytest.raises(ValueError, match=r"a prompt of shape \[2, 3\] does not fit a cache of 1 rows"):
         lm.prefill([[1, 2, 3], [4, 5, 6]], cache)

@@ -4,6 +4,8 @@
     max-gpt2 generate --checkpoint DIR --tokens 464,3290      # ids, where there is no tokenizer
     echo "Once upon a time" | max-gpt2 generate --prompt-file - --repetition-penalty 1.3 --stop "."
     max-gpt2 generate --prompt "The cat" --num-beams 4 --num-return-sequences 2
+    max-gpt2 generate --prompt-file notes.txt --prompt-lookup 10   # drafts looked up in the prompt
+    max-gpt2 generate --checkpoint BIG --draft SMALL --prompt "The cat"  # drafts from a smaller model
 
 Without `--checkpoint` it uses the seeded GPT-2-small-shaped demo checkpoint (its
 tokenizer is trained on a few paragraphs we ship and its weights are random, so
@@ -15,6 +17,11 @@ token and cut before a `--stop` string; several (`--num-return-sequences`,
 `--num-beams`) are printed each after a `[sequence N]` line once all are done.
 Progress, prefill time and decode tokens/s go to stderr. Stops early at the
 config's `eos_token_id` (any of them, where it lists several).
+
+`--prompt-lookup K` and `--draft CHECKPOINT` (`--draft-tokens K`) decode speculatively
+(`max_gpt2.inference.drafting`): the same text, greedy or sampled, in fewer passes
+over the weights where the drafts are right; the drafted and kept counts go to stderr.
+The draft checkpoint is loaded with the same device, dtype and storage options.
 """
 
 from __future__ import annotations
@@ -88,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     option("--length-penalty", type=float, default=1.0, help="beam search's exponent of the length")
     option("--early-stopping", type=early_stopping, default=False, help="beam search's: true, false, never")
     option("--context-overflow", choices=OVERFLOWS, default="error", help="shift: go on past n_positions")
+    option(
+        "--prompt-lookup", type=positive_int, metavar="K", help="draft up to K tokens from the text so far"
+    )
+    option("--draft", metavar="CHECKPOINT", help="draft with this smaller model (the same tokenizer)")
+    option(
+        "--draft-tokens", type=positive_int, default=8, metavar="K", help="its tokens a draft (default: 8)"
+    )
 
 
 def sampler_of(args: argparse.Namespace) -> Sampler:
@@ -124,7 +138,14 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
             "length_penalty": args.length_penalty,
             "early_stopping": args.early_stopping,
         }
+    if args.prompt_lookup is not None and args.draft is not None:
+        raise ValueError("give --prompt-lookup or --draft, not both")
+    if args.prompt_lookup is not None:
+        options["prompt_lookup_num_tokens"] = args.prompt_lookup
     check_options(config, args.max_new_tokens, **options)
+    if args.draft is not None:  # checked with the model it drafts for, once loaded
+        draft = load_lm(args.draft, args.device, args.dtype, progress=progress, **storage_options(args))
+        options |= {"assistant_model": draft, "num_assistant_tokens": args.draft_tokens}
     lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     if several:
         start = time.perf_counter()
@@ -149,6 +170,10 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         print(text(token) if text is not None else f",{token}", end="", flush=True)
     print(text.flush() if text is not None else "")
     report_speed(progress, len(prompt), times, start)
+    if "prompt_lookup_num_tokens" in options or "assistant_model" in options:
+        drafts = steps.drafts
+        kept = f" ({drafts.accepted / drafts.drafted:.0%})" if drafts.drafted else ""
+        progress.note(f"drafts: {drafts.drafted} tokens drafted, {drafts.accepted} kept{kept}")
     return 0
 
 

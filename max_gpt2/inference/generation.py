@@ -2,6 +2,7 @@
 
     for step in lm.stream(input_ids, 20, sampler=Sampler(do_sample=True, top_k=40, seed=1)):
         step.tokens                                    # int64 [batch], chosen from step.logits [batch, vocab]
+    out = lm.generate(input_ids, 20, prompt_lookup_num_tokens=10)  # speculative (`drafting`): the same
     out = lm.generate(input_ids, 20)                   # int64 [batch, seq + 20], greedy
     out = lm.generate(input_ids, 20, num_beams=4)      # beam search (`max_gpt2.inference.beam_search`)
 
@@ -26,6 +27,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.beam_search import beam_search
 from max_gpt2.inference.context_shift import kept_tail
+from max_gpt2.inference.drafting import DraftCounts, Speculation
 from max_gpt2.inference.generation_options import Options, check_options
 from max_gpt2.inference.logit_controls import ban
 from max_gpt2.inference.prompts import check_left_padding, check_prompt
@@ -44,6 +46,17 @@ class Step(NamedTuple):
     logits: np.ndarray  # float32 [batch, vocab]
 
 
+class Stream(Iterator[Step]):
+    """`stream`'s steps as they come, and with speculative decoding how many tokens were drafted and
+    how many of them kept so far (`drafts`, `max_gpt2.inference.drafting`)."""
+
+    def __init__(self, steps: Iterator[Step], drafts: DraftCounts) -> None:
+        self.steps, self.drafts = steps, drafts
+
+    def __next__(self) -> Step:
+        return next(self.steps)
+
+
 class StreamOptions(TypedDict, total=False):
     """`stream`'s options after the attention mask (`generation_options.check_options` checks them)."""
 
@@ -55,6 +68,10 @@ class StreamOptions(TypedDict, total=False):
     pad_token_id: int | None
     num_return_sequences: int
     context_overflow: str
+    prompt_lookup_num_tokens: int | None
+    max_matching_ngram_size: int
+    assistant_model: Steps | None
+    num_assistant_tokens: int
 
 
 class GenerationOptions(StreamOptions, total=False):
@@ -71,7 +88,7 @@ def stream(
     max_new_tokens: int,
     attention_mask: Any = None,
     **options: Unpack[StreamOptions],
-) -> Iterator[Step]:
+) -> Stream:
     """Yields each `Step` as soon as it is chosen.
 
     Every argument is checked here, before the first step runs. Greedy unless
@@ -84,8 +101,8 @@ def stream(
     ended. With `num_return_sequences` n, each prompt's row is repeated n times,
     together, in one batch of batch x n rows.
     """
-    checked = _checked(lm, max_new_tokens, options)
-    return _steps(lm, *_prompts(lm, input_ids, attention_mask, checked), checked)
+    checked, drafts = _checked(lm, max_new_tokens, options), DraftCounts()
+    return Stream(_steps(lm, *_prompts(lm, input_ids, attention_mask, checked), checked, drafts), drafts)
 
 
 def _checked(lm: Steps, max_new_tokens: int, options: dict[str, Any]) -> Options:
@@ -102,6 +119,13 @@ def _prompts(
     check_left_padding(mask)
     repeats = options.num_return_sequences if options.num_beams == 1 else 1
     ids, mask = np.repeat(ids, repeats, axis=0), np.repeat(mask, repeats, axis=0)
+    if options.drafter is not None and ids.shape[0] > 1:
+        raise ValueError(
+            f"speculative decoding drafts for one sequence at a time (batch 1, num_return_sequences 1); "
+            f"got {ids.shape[0]} rows"
+        )
+    if options.drafter is not None:
+        options.drafter.check(min(ids.shape[1] + options.max_new_tokens, lm.config.n_positions))
     if options.stop_strings and options.pad is None and ids.shape[0] > 1:
         raise ValueError(
             "stop_strings with several rows needs pad_token_id (or eos_token_id): what a row holds "
@@ -110,12 +134,17 @@ def _prompts(
     return ids, mask
 
 
-def _steps(lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options) -> Iterator[Step]:
-    sampler, eos, steps = options.sampler, options.eos, options.max_new_tokens
+def _steps(
+    lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options, drafts: DraftCounts | None = None
+) -> Iterator[Step]:
+    sampler, eos, steps, drafter = options.sampler, options.eos, options.max_new_tokens, options.drafter
     batch, seq_len = ids.shape
     positions = lm.config.n_positions
     cache = lm.new_cache(batch, min(seq_len + steps, positions))
     logits = lm.prefill(ids, cache, mask)
+    if drafter is not None:  # one row (`_prompts`)
+        drafter.start(ids, mask, cache.capacity)
+        speculation = Speculation(drafter, ids[mask == 1], drafts or DraftCounts())
     rng = sampler.generator()
     history = sampler.history(ids, mask, lm.config.vocab_size)
     stops = StopStrings(options.stop_strings, options.tokenizer, batch) if options.stop_strings else None
@@ -137,11 +166,16 @@ def _steps(lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options) -> It
             finished |= hit_eos | hit_stop
         if history is not None:
             history.append(tokens)
+        if drafter is not None:  # the logits after the token, where it was drafted and run already
+            kept = speculation.take(int(tokens[0]), cache)
         yield Step(tokens, logits)
         if step == steps - 1 or finished.all():
             return
         if options.shift:
             generated.append(tokens)
+        if drafter is not None:
+            logits = kept if kept is not None else speculation.run(lm, cache, steps - step - 1)
+            continue
         if cache.length < cache.capacity:
             logits = lm.decode_step(tokens, cache)
             continue

@@ -3,7 +3,9 @@
 Each refusal names the argument and what it may be. Hugging Face's names:
 `min_new_tokens`, `stop_strings` (with the `tokenizer` that spells them),
 `pad_token_id`, `num_return_sequences`, `num_beams`, `length_penalty`,
-`early_stopping`; ours: `context_overflow`.
+`early_stopping`, and speculative decoding's `prompt_lookup_num_tokens`
+(`max_matching_ngram_size`) or `assistant_model` (`num_assistant_tokens`),
+made into a `Drafter` (`max_gpt2.inference.drafting`); ours: `context_overflow`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from max_gpt2.inference.drafting import AssistantModel, Drafter, PromptLookup
 from max_gpt2.inference.prompts import check_generation
 from max_gpt2.inference.sampling import Sampler
+from max_gpt2.inference.steps import Steps
 from max_gpt2.model.config import GPT2Config
 
 OVERFLOWS = ("error", "shift")
@@ -38,6 +42,7 @@ class Options:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    drafter: Drafter | None = None  # speculative decoding: what drafts the tokens to check
 
 
 def _count(name: str, value: Any, least: int) -> int:
@@ -60,6 +65,10 @@ def check_options(
     num_beams: int = 1,
     length_penalty: float = 1.0,
     early_stopping: bool | str = False,
+    prompt_lookup_num_tokens: int | None = None,
+    max_matching_ngram_size: int = 2,
+    assistant_model: Steps | None = None,
+    num_assistant_tokens: int = 8,
 ) -> Options:
     """The options checked against `config`; ValueError or TypeError naming the first that is wrong."""
     sampler = Sampler() if sampler is None else sampler
@@ -92,11 +101,43 @@ def check_options(
         )
     if beams > 1:
         _check_beams(sampler, beams, returned, stops, context_overflow, length_penalty, early_stopping)
+    drafter = _drafter(
+        config, prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
+    )
+    if drafter is not None and (beams > 1 or context_overflow != "error"):
+        raise ValueError(
+            "speculative decoding (prompt_lookup_num_tokens, assistant_model) takes neither num_beams > 1 "
+            "nor context_overflow='shift'"
+        )
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else None)
     return Options(
         sampler, int(max_new_tokens), eos, min_new, stops, tokenizer, pad, returned,
-        context_overflow == "shift", beams, float(length_penalty), early_stopping,
+        context_overflow == "shift", beams, float(length_penalty), early_stopping, drafter,
     )  # fmt: skip
+
+
+def _drafter(
+    config: GPT2Config, lookup: Any, ngram: Any, assistant: Any, assistant_tokens: Any
+) -> Drafter | None:
+    """The drafter the speculative decoding options ask for, or None."""
+    ngram, assistant_tokens = (
+        _count("max_matching_ngram_size", ngram, 1),
+        _count("num_assistant_tokens", assistant_tokens, 1),
+    )
+    if lookup is not None and assistant is not None:
+        raise ValueError("give prompt_lookup_num_tokens or assistant_model, not both")
+    if lookup is not None:
+        return PromptLookup(_count("prompt_lookup_num_tokens", lookup, 1), ngram)
+    if assistant is None:
+        return None
+    if not all(callable(getattr(assistant, step, None)) for step in ("new_cache", "prefill", "extend")):
+        raise TypeError(f"assistant_model must be a compiled language model, got {type(assistant).__name__}")
+    if assistant.config.vocab_size != config.vocab_size:
+        raise ValueError(
+            f"assistant_model's vocabulary has {assistant.config.vocab_size} tokens, the model's "
+            f"{config.vocab_size}: drafts must be the model's own tokens"
+        )
+    return AssistantModel(assistant, assistant_tokens)
 
 
 def _check_beams(

@@ -5,6 +5,8 @@ How the steps use it:
     cache = lm.new_cache(batch, capacity)   # buffers [2, batch, n_head, capacity, head_dim] per layer
     lm.prefill(input_ids, cache)            # writes the prompt's positions; cache.length grows
     lm.decode_step(tokens, cache)           # writes one position per row
+    lm.extend(tokens, cache)                # writes S positions per row (drafted tokens checked at once)
+    cache.truncate(length)                  # drops the positions past `length` (rejected drafts)
     lm.reorder_cache(cache, rows, kept)     # beam search: row b takes row rows[b]'s positions
 """
 
@@ -31,6 +33,17 @@ class KVCache:
     def length(self) -> int:
         """Positions written so far, padding included."""
         return self.attention_mask.shape[1]
+
+    def truncate(self, length: int) -> None:
+        """Forgets every position from `length` on (0 <= length <= `self.length`): nothing is copied, the next
+        write goes there."""
+        if (
+            isinstance(length, bool)
+            or not isinstance(length, (int, np.integer))
+            or not 0 <= length <= self.length
+        ):
+            raise ValueError(f"length must be an integer in 0..{self.length}, got {length!r}")
+        self.attention_mask = self.attention_mask[:, :length]
 
     def next_positions(self) -> np.ndarray:
         """The position id of each row's next token, int64 [batch, 1]: the real tokens so far."""

@@ -34,7 +34,7 @@ come from a variant of the graph that also outputs them, compiled the first time
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -141,19 +141,30 @@ class CompiledLM(CompiledModel):
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
         """Appends one token per row, int `[batch]`, to `cache`; the next logits, float32 `[batch, vocab]`."""
-        tokens = check_tokens(self.config, tokens, cache.batch)
+        return self.extend(check_tokens(self.config, tokens, cache.batch)[:, None], cache)[:, 0]
+
+    def extend(self, tokens: Any, cache: KVCache) -> np.ndarray:
+        """Appends S tokens per row, int `[batch, S]`, to `cache` after the positions it holds; the logits
+        after each, float32 `[batch, S, vocab]`: what S `decode_step`s give, in one pass over the weights
+        (the same graph; each token attends to those before it). Speculative decoding checks S drafted
+        tokens so, and drops the rejected ones after (`KVCache.truncate`)."""
+        tokens = check_tokens(self.config, tokens, cache.batch, per_row=True)
+        new = tokens.shape[1]
         if cache.length == 0:
-            raise ValueError("decode_step needs a cache that holds a prompt: call prefill first")
-        if cache.length == cache.capacity:
-            raise ValueError(f"the cache is full: all {cache.capacity} positions are written")
-        positions = cache.next_positions()
+            raise ValueError("decoding needs a cache that holds a prompt: call prefill first")
+        if cache.length + new > cache.capacity:
+            if cache.length == cache.capacity:
+                raise ValueError(f"the cache is full: all {cache.capacity} positions are written")
+            raise ValueError(
+                f"{new} tokens do not fit the cache: {cache.length} of {cache.capacity} positions are written"
+            )
+        positions = cache.next_positions() + np.arange(new)
         cache.attention_mask = np.concatenate(
-            [cache.attention_mask, np.ones((cache.batch, 1), np.int64)], axis=1
+            [cache.attention_mask, np.ones((cache.batch, new), np.int64)], axis=1
         )
-        mask = cache.attention_mask
-        return self._run(self.graph.step_variant, tokens[:, None], positions, mask, np.array([0]), cache)[
-            :, 0
-        ]
+        return self._run(
+            self.graph.step_variant, tokens, positions, cache.attention_mask, np.arange(new), cache
+        )
 
     def reorder_cache(self, cache: KVCache, rows: Any, kept: Any = None) -> None:
         """Row b of `cache` takes row `rows[b]`'s keys, values and mask (int [batch]), in place on the
@@ -235,7 +246,7 @@ class CompiledLM(CompiledModel):
         max_new_tokens: int,
         attention_mask: Any = None,
         **options: Unpack[generation.StreamOptions],
-    ) -> Iterator[generation.Step]:
+    ) -> generation.Stream:
         """Each new token per row as soon as it is chosen (`max_gpt2.inference.generation.stream`)."""
         return generation.stream(self, input_ids, max_new_tokens, attention_mask, **options)
 

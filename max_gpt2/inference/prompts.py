@@ -78,17 +78,21 @@ def check_left_padding(attention_mask: np.ndarray) -> None:
         )
 
 
-def check_tokens(config: GPT2Config, tokens: Any, batch: int) -> np.ndarray:
-    """One token id per row, `[batch]`, inside the vocabulary; as int64."""
+def check_tokens(config: GPT2Config, tokens: Any, batch: int, per_row: bool = False) -> np.ndarray:
+    """One token id per row, `[batch]` (`per_row`: one or more, `[batch, S]`), inside the vocabulary;
+    as int64."""
     array = np.asarray(tokens)
     if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"tokens must hold integers, got dtype {array.dtype}")
-    if array.shape != (batch,):
+    if per_row and (array.ndim != 2 or array.shape[0] != batch or array.shape[1] < 1):
+        raise ValueError(f"tokens must have shape [batch={batch}, S >= 1], got {list(array.shape)}")
+    if not per_row and array.shape != (batch,):
         raise ValueError(f"tokens must have shape [batch={batch}], one per row, got {list(array.shape)}")
     vocab = config.vocab_size
-    if (outside := np.flatnonzero((array < 0) | (array >= vocab))).size:
-        row = int(outside[0])
-        raise ValueError(f"tokens[{row}] = {array[row]} is outside the vocabulary (0..{vocab - 1})")
+    if (outside := np.argwhere((array < 0) | (array >= vocab))).size:
+        at = tuple(int(i) for i in outside[0])
+        where = ", ".join(map(str, at))
+        raise ValueError(f"tokens[{where}] = {array[at]} is outside the vocabulary (0..{vocab - 1})")
     return array.astype(np.int64, copy=False)
 
 

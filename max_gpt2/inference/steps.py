@@ -3,6 +3,7 @@
     cache = lm.new_cache(batch, capacity)             # KV cache for prompt + new tokens
     logits = lm.prefill(input_ids, cache, mask)       # float32 [batch, vocab], the last position
     logits = lm.decode_step(tokens, cache)            # tokens [batch] -> [batch, vocab]
+    logits = lm.extend(tokens, cache)                 # tokens [batch, S] -> [batch, S, vocab]
     lm.reorder_cache(cache, rows, kept)               # beam search: row b takes row rows[b]'s
     lp = lm.next_token_logprobs(ids, mask, first)     # scoring graph: float32 [batch, seq - first]
 
@@ -34,6 +35,8 @@ class Steps(Protocol):
     ) -> np.ndarray: ...
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray: ...
+
+    def extend(self, tokens: Any, cache: KVCache) -> np.ndarray: ...
 
     def reorder_cache(self, cache: KVCache, rows: Any, kept: Any = None) -> None: ...
 

@@ -2,9 +2,12 @@
 # it for its bf16 weights, so that the product of a weight and a value of x is exact in float32 and
 # only the float32 sums round. With AVX-512 BF16, vdpbf16ps then adds two such products to each of
 # 16 float32 lanes in one instruction, twice a multiply-add's work: against several rows of x the
-# multiply-add pipes, not memory, bound the products, and the pairs shorten a batch's steps. Against
-# one row memory is the bound and the pairs made the steps longer, so one row (and a CPU without the
-# instruction) widens both to float32 and multiplies and adds lane by lane (docs/performance.md).
+# multiply-add pipes, not memory, bound the products, and the pairs shorten a batch's steps. One row
+# takes the pairs too, though memory bounds it and lane by lane was a little faster there: so a row's
+# sums are the same however many rows share the product (a drafted token checked beside others gets
+# the logits of a step of its own, which speculative decoding's exactness rests on;
+# docs/performance.md). A CPU without the instruction widens both to float32 and multiplies and adds
+# lane by lane, for every row alike.
 #
 # Where the CPU has no bfloat16 instructions (AVX2, and AVX-512 without BF16) LLVM keeps a
 # bfloat16 vector as float32 and rounds it back through a library call a value whenever it

@@ -75,7 +75,7 @@ def _block[
     (x's rows `x_stride` apart), and this task's rows of W lie before element `chunk_end` of w."""
     # Rows `apart` > 1 rows apart are RB streams, each requested ahead by its share of the bytes.
     var AHEAD = PREFETCH_BYTES // size_of[WT]() // (RB if apart > 1 else 1)
-    comptime PAIRS = WT != F32 and MB > 1 and BF16_PAIRS
+    comptime PAIRS = WT != F32 and BF16_PAIRS
     comptime STEP = 2 * LANES if PAIRS else LANES  # values a multiply-add takes
     # bfloat16 against one row of x requests nothing past its chunk (the other thread's rows, or
     # past W), which shortens its steps; against several rows the check costs more than it saves,

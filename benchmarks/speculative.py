@@ -1,0 +1,182 @@
+"""Speculative decoding measured: what a K-token step costs, and what drafts buy, ours beside llama.cpp.
+
+    python benchmarks/speculative.py cost --checkpoint DIR [--weight-format float32,bfloat16,q8_0,q4_0]
+    python benchmarks/speculative.py lookup --checkpoint DIR [--draft DIR] [--llama-cpp BUILD --gguf FILE]
+
+`cost`: on a cache holding a 256-token prompt, batch 1, the time of `extend` with K tokens
+(K = 1..16) over a one-token `decode_step`, and a batch-8 one-token step's over it, per weight
+format: what any acceptance rate can buy (a draft of K kept whole makes K + 1 tokens for the
+K-token step's time). Interleaved rounds, medians.
+
+`lookup`: an input-grounded prompt (a passage of the checkpoint's held-out text where it has one,
+else of the corpus we ship, then its first words again, which the model goes on to repeat), batch
+1, greedy: plain decoding, prompt lookup (`prompt_lookup_num_tokens`) and, with `--draft`, a draft
+model (`assistant_model`); and a text with nothing to look up (random tokens). Each contender's
+tokens are checked equal to plain decoding's; tokens/s and drafts kept, medians of interleaved
+rounds. With `--llama-cpp` (a build directory holding bin/llama-lookup) and `--gguf` (the same
+model as a GGUF file), llama.cpp's `llama-lookup` on the same prompt, its own figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from max_gpt2 import load_lm
+from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.testing import CORPUS
+
+STEPS = 7  # a step's time: the median of this many
+PROMPT = 256
+
+
+def median_time(run, repeats: int = STEPS) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def cost(args: argparse.Namespace) -> dict:
+    """The K-token step's time over the one-token step's, per format (module docstring)."""
+    results = {}
+    for name in args.weight_format.split(","):
+        results[name] = step_costs(load_lm(args.checkpoint, "cpu", weight_format=FORMATS[name]), args.rounds)
+        print(name, json.dumps({k: round(v, 3) for k, v in results[name].items()}), flush=True)
+    return results
+
+
+def step_costs(lm, rounds: int) -> dict[str, float]:
+    """One format's K-token steps (K = 1..16) and batch-8 step, each over the one-token step."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, lm.config.vocab_size, (1, PROMPT))
+    one_row, eight_rows = lm.new_cache(1, PROMPT + 16), lm.new_cache(8, PROMPT + 16)
+    lm.prefill(prompt, one_row)
+    lm.prefill(np.repeat(prompt, 8, axis=0), eight_rows)
+
+    def step(cache, tokens: np.ndarray) -> None:
+        lm.extend(tokens, cache)
+        cache.truncate(PROMPT)
+
+    def timed(cache, shape: tuple[int, int]) -> float:
+        return median_time(lambda: step(cache, rng.integers(0, lm.config.vocab_size, shape)))
+
+    ratios: dict[str, list[float]] = {}
+    ones = []
+    for _ in range(rounds):
+        ones.append(one := timed(one_row, (1, 1)))
+        for k in range(1, 17):
+            ratios.setdefault(str(k), []).append(timed(one_row, (1, k)) / one)
+        ratios.setdefault("batch 8", []).append(timed(eight_rows, (8, 1)) / one)
+    return {"one-token step ms": float(np.median(ones)) * 1e3} | {
+        k: float(np.median(v)) for k, v in ratios.items()
+    }
+
+
+def grounded_prompt(checkpoint: Path, words: int) -> str:
+    """A passage of about `words` words, then its first eight words again."""
+    held_out = checkpoint / "held-out.txt"
+    text = (held_out if held_out.is_file() else CORPUS).read_text()
+    passage = " ".join(text.split()[:words])
+    return passage + "\n\n" + " ".join(passage.split()[:8])
+
+
+def lookup(args: argparse.Namespace) -> dict:
+    """Plain greedy, prompt lookup and the draft model, interleaved (module docstring)."""
+    lm = load_lm(args.checkpoint, "cpu", weight_format=FORMATS[args.weight_format])
+    draft = load_lm(args.draft, "cpu", weight_format=FORMATS[args.weight_format]) if args.draft else None
+    text = grounded_prompt(args.checkpoint, args.words)
+    grounded = np.array([lm.tokenizer.encode(text).ids])
+    noise = np.random.default_rng(1).integers(0, lm.config.vocab_size, grounded.shape)
+    new = min(args.new_tokens, lm.config.n_positions - grounded.shape[1])
+    contenders = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": args.k}}
+    if draft is not None:
+        contenders["draft model"] = {"assistant_model": draft, "num_assistant_tokens": args.k}
+    results = {}
+    for case, prompt in (("input-grounded", grounded), ("nothing to look up", noise)):
+        expected = lm.generate(prompt, new)[0]
+        rates: dict[str, list[float]] = {name: [] for name in contenders}
+        kept: dict[str, tuple[int, int]] = {}
+        for _ in range(args.rounds):
+            for name, options in contenders.items():
+                start = time.perf_counter()
+                stream = lm.stream(prompt, new, **options)
+                chosen = [step.tokens[0] for step in stream]
+                seconds = time.perf_counter() - start
+                assert (np.concatenate([prompt[0], chosen]) == expected).all(), f"{name} differs on {case}"
+                rates[name].append(new / seconds)
+                kept[name] = (stream.drafts.drafted, stream.drafts.accepted)
+        results[case] = {
+            name: {
+                "tokens/s": float(np.median(r)),
+                "over plain": float(np.median(np.array(r) / np.array(rates["plain"]))),
+                "drafted": kept[name][0],
+                "kept": kept[name][1],
+            }
+            for name, r in rates.items()
+        }
+        results[case]["prompt tokens"] = int(prompt.shape[1])
+        print(case, json.dumps(results[case]), flush=True)
+    if args.llama_cpp and args.gguf:
+        results["llama-lookup"] = llama_lookup(args, text, new)
+        print("llama-lookup", json.dumps(results["llama-lookup"]), flush=True)
+    return results
+
+
+def llama_lookup(args: argparse.Namespace, prompt: str, new: int) -> dict:
+    """llama.cpp's `llama-lookup` on the same prompt, greedy, 2 threads: its decode speed and drafts."""
+    command = [
+        str(args.llama_cpp / "bin" / "llama-lookup"), "-m", str(args.gguf), "-p", prompt, "-n", str(new),
+        "--draft-max", str(args.k), "-t", "2", "--temp", "0", "-c", str(args.context),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    log = done.stdout + done.stderr
+    figures = {}
+    for key, pattern in (
+        ("tokens/s", r"decoded\s+\d+ tokens in\s+[\d.]+ s, speed:\s+([\d.]+) t/s"),
+        ("drafted", r"n_drafted\s*=\s*(\d+)"),
+        ("kept", r"n_accept\s*=\s*(\d+)"),
+    ):
+        found = re.search(pattern, log)
+        figures[key] = float(found[1]) if found else None
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["cost", "lookup"])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument(
+        "--weight-format", default=None, help="cost: a comma list; lookup: one (default float32)"
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--draft", type=Path, help="lookup: a draft model's checkpoint")
+    parser.add_argument("--k", type=int, default=8, help="lookup: tokens a draft, at most (default: 8)")
+    parser.add_argument("--words", type=int, default=60, help="lookup: the passage's length in words")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--llama-cpp", type=Path, help="lookup: llama.cpp's build directory")
+    parser.add_argument("--gguf", type=Path, help="lookup: the checkpoint as a GGUF file, for llama.cpp")
+    parser.add_argument("--context", type=int, default=128, help="llama.cpp's context (-c)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/speculative.json"))
+    args = parser.parse_args()
+    if args.what == "cost":
+        args.weight_format = args.weight_format or "float32,bfloat16,q8_0,q4_0"
+        results = cost(args)
+    else:
+        args.weight_format = args.weight_format or "float32"
+        results = lookup(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

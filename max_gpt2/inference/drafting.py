@@ -1,0 +1,204 @@
+"""Drafts for speculative decoding: tokens guessed cheaply, for the model to check several at once.
+
+A decoding step at batch 1 reads every weight for one token; `extend` checks S drafted tokens in
+one read (`max_gpt2.inference.generation` keeps the ones the model itself would have chosen). A
+drafter proposes the tokens that may follow a row's sequence so far:
+
+    PromptLookup(10)          the tokens that followed the last n-gram (n = 2, then 1) where it
+                              occurred earlier in the sequence: Hugging Face's
+                              `prompt_lookup_num_tokens`, for text that repeats its input
+    AssistantModel(draft, 8)  a smaller model's greedy continuation, its own KV cache kept in step:
+                              Hugging Face's `assistant_model` and `num_assistant_tokens`
+
+How many it drafts adapts (`Pacing`): one more after a draft kept whole, one fewer after one cut
+short, and after drafts of which nothing was kept drafting pauses for a step, then 2, 4, ... 16, so
+that text with nothing to guess costs little more than plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from max_gpt2.inference.kv_cache import KVCache
+from max_gpt2.inference.steps import Steps
+
+LONGEST_PAUSE = 16  # steps without drafting after drafts of which nothing was kept, at most
+
+
+class Pacing:
+    """How many tokens to draft next, from how the last drafts fared (module docstring)."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.size, self.pause, self.paused = most, most, 0, 0
+
+    def next_size(self) -> int:
+        """Tokens to draft at this step: 0 while paused."""
+        if self.paused:
+            self.paused -= 1
+            return 0
+        return self.size
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A draft of `drafted` tokens of which the first `accepted` were kept."""
+        self.size = min(self.most, self.size + 1) if accepted == drafted else max(1, self.size - 1)
+        self.pause = 0 if accepted else min(LONGEST_PAUSE, max(1, 2 * self.pause))
+        self.paused = self.pause
+
+
+class Drafter(Protocol):
+    """Proposes tokens to follow a sequence (one row: batch 1), and hears how many were kept."""
+
+    pacing: Pacing
+
+    def check(self, capacity: int) -> None:
+        """Refuses, before any work, a generation of up to `capacity` positions it cannot draft for."""
+
+    def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
+        """A new generation from the prompt `ids`, `mask` [1, seq], of up to `capacity` positions."""
+
+    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
+        """Up to `most` tokens (int64 [n], maybe none) to follow `sequence` (int64 [length]: the prompt's
+        tokens, padding left out, and every token chosen since)."""
+
+    def kept(self, drafted: int, accepted: int) -> None:
+        """The last proposal of `drafted` tokens had its first `accepted` kept."""
+
+
+class PromptLookup:
+    """Drafts by looking the sequence's last n-gram up in the sequence itself (module docstring).
+
+    The last `max_ngram` tokens, then fewer down to one, are looked for earlier in the sequence;
+    at the first place one occurs, the tokens that followed it there are the draft (Hugging Face's
+    `PromptLookupCandidateGenerator` rule).
+    """
+
+    def __init__(self, num_tokens: int, max_ngram: int = 2) -> None:
+        self.pacing, self.max_ngram = Pacing(num_tokens), max_ngram
+
+    def check(self, capacity: int) -> None:
+        pass
+
+    def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
+        self.pacing = Pacing(self.pacing.most)
+
+    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
+        size = min(most, self.pacing.next_size())
+        if size < 1:
+            return sequence[:0]
+        for n in range(min(self.max_ngram, len(sequence) - 1), 0, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)  # every earlier n-gram
+            starts = np.flatnonzero((windows == sequence[-n:]).all(axis=1))
+            if starts.size:
+                first = int(starts[0]) + n
+                return sequence[first : first + size]
+        return sequence[:0]
+
+    def kept(self, drafted: int, accepted: int) -> None:
+        self.pacing.record(drafted, accepted)
+
+
+class AssistantModel:
+    """Drafts with a smaller model's greedy tokens (module docstring). Its KV cache holds the sequence's
+    first tokens and the draft's; what the main model did not keep is dropped from it, and the
+    tokens it has not seen are run into it before the next draft."""
+
+    def __init__(self, lm: Steps, num_tokens: int) -> None:
+        self.lm, self.pacing = lm, Pacing(num_tokens)
+        self.cache: KVCache | None = None
+        self.held = 0  # tokens of the sequence (then of the draft) the cache holds
+
+    def check(self, capacity: int) -> None:
+        if self.lm.config.n_positions < capacity:
+            raise ValueError(
+                f"assistant_model's n_positions={self.lm.config.n_positions} is shorter than the prompt "
+                f"and its new tokens ({capacity} positions)"
+            )
+
+    def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
+        self.pacing = Pacing(self.pacing.most)
+        self.cache = self.lm.new_cache(1, capacity)
+        tokens = ids[mask == 1]  # one row: its padding is left out, as the positions leave it out
+        # The prompt but its last token, so that every proposal runs at least one token in.
+        if len(tokens) > 1:
+            self.lm.prefill(tokens[None, :-1], self.cache)
+        self.held = len(tokens) - 1
+
+    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
+        size = min(most, self.pacing.next_size())
+        if size < 1 or self.cache is None:
+            return sequence[:0]
+        new = sequence[self.held :]
+        if self.cache.length == 0:
+            logits = self.lm.prefill(new[None], self.cache)
+        else:
+            logits = self.lm.extend(new[None], self.cache)[:, -1]
+        draft = [int(np.argmax(logits[0]))]
+        while len(draft) < size:
+            draft.append(int(np.argmax(self.lm.decode_step(np.array(draft[-1:]), self.cache)[0])))
+        self.held = len(sequence) + size - 1
+        return np.array(draft, dtype=np.int64)
+
+    def kept(self, drafted: int, accepted: int) -> None:
+        self.pacing.record(drafted, accepted)
+        assert self.cache is not None
+        dropped = max(0, drafted - 1 - accepted)  # the draft's tokens run into the cache but not kept
+        if dropped > 0:
+            self.cache.truncate(self.cache.length - dropped)
+            self.held -= dropped
+
+
+@dataclass
+class DraftCounts:
+    """Tokens drafted in a generation, and how many of them were kept."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+class Speculation:
+    """One row's drafts in flight: the drafted tokens the model has run (in the KV cache, with the logits
+    after each) that generation has not reached yet, and the counts of drafted and kept tokens.
+
+    After token t is chosen, `run` drafts d1..dn to follow it and extends the cache by t, d1..dn at
+    once: the logits after t come back, the others wait. When the next token is chosen, `take`
+    hands on the logits after d1 if it is d1 (kept), else drops d1..dn from the cache.
+    """
+
+    def __init__(self, drafter: Drafter, prompt: np.ndarray, counts: DraftCounts) -> None:
+        self.drafter, self.sequence, self.counts = drafter, [int(t) for t in prompt], counts
+        self.waiting: list[tuple[int, np.ndarray]] = []  # (drafted token, logits [1, vocab] after it)
+        self.size = self.kept = 0  # of the draft in flight
+
+    def take(self, token: int, cache: KVCache) -> np.ndarray | None:
+        """The chosen `token`: the logits after it where it is the next drafted token (already run), else
+        None, the drafts in flight dropped from `cache`."""
+        self.sequence.append(token)
+        if not self.waiting:
+            return None
+        drafted, logits = self.waiting.pop(0)
+        if drafted == token:
+            self.counts.accepted, self.kept = self.counts.accepted + 1, self.kept + 1
+            if not self.waiting:
+                self.drafter.kept(self.size, self.kept)
+            return logits
+        cache.truncate(cache.length - 1 - len(self.waiting))
+        self.waiting = []
+        self.drafter.kept(self.size, self.kept)
+        return None
+
+    def run(self, lm: Steps, cache: KVCache, remaining: int) -> np.ndarray:
+        """Runs the last chosen token into `cache`, with up to `remaining` drafted tokens after it; the
+        logits after it, float32 [1, vocab]."""
+        token = self.sequence[-1]
+        room = min(remaining, cache.capacity - cache.length - 1)
+        draft = self.drafter.propose(np.array(self.sequence, dtype=np.int64), room) if room > 0 else []
+        if not len(draft):
+            return lm.decode_step(np.array([token]), cache)
+        logits = lm.extend(np.array([[token, *draft]]), cache)[0]  # [1 + n, vocab]
+        self.waiting = [(int(d), logits[i + 1 : i + 2]) for i, d in enumerate(draft)]
+        self.size, self.kept = len(draft), 0
+        self.counts.drafted += len(draft)
+        return logits[:1]

@@ -9,12 +9,15 @@ format: what any acceptance rate can buy (a draft of K kept whole makes K + 1 to
 K-token step's time). Interleaved rounds, medians.
 
 `lookup`: an input-grounded prompt (a passage of the checkpoint's held-out text where it has one,
-else of the corpus we ship, then its first words again, which the model goes on to repeat), batch
-1, greedy: plain decoding, prompt lookup (`prompt_lookup_num_tokens`) and, with `--draft`, a draft
-model (`assistant_model`); and a text with nothing to look up (random tokens). Each contender's
-tokens are checked equal to plain decoding's; tokens/s and drafts kept, medians of interleaved
-rounds. With `--llama-cpp` (a build directory holding bin/llama-lookup) and `--gguf` (the same
-model as a GGUF file), llama.cpp's `llama-lookup` on the same prompt, its own figures.
+else of the corpus we ship, then its first words again, which a model that copies goes on to
+repeat), batch 1, greedy: plain decoding, prompt lookup (`prompt_lookup_num_tokens`) and, with
+`--draft`, a draft model (`assistant_model`); and a text with nothing to look up (random tokens,
+sampled with seed 0: greedy text from random weights soon loops, which drafts guess). Greedy tokens
+are checked equal to plain decoding's (sampled text with and without drafts differs token for
+token, alike in distribution). Decode tokens/s, from the first token on as llama.cpp's "decoded"
+counts, and drafts kept, medians of interleaved rounds. With `--llama-cpp` (a build directory
+holding bin/llama-lookup) and `--gguf` (the same model as a GGUF file), llama.cpp's `llama-lookup`
+on the input-grounded prompt in each round, its own figures.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from max_gpt2 import load_lm
+from max_gpt2 import Sampler, load_lm
 from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.testing import CORPUS
 
@@ -100,20 +103,25 @@ def lookup(args: argparse.Namespace) -> dict:
     contenders = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": args.k}}
     if draft is not None:
         contenders["draft model"] = {"assistant_model": draft, "num_assistant_tokens": args.k}
-    results = {}
-    for case, prompt in (("input-grounded", grounded), ("nothing to look up", noise)):
-        expected = lm.generate(prompt, new)[0]
+    results, llama = {}, []
+    sampled = Sampler(do_sample=True, seed=0)  # text that does not loop, as random weights' greedy text does
+    for case, prompt, sampler in (("input-grounded", grounded, None), ("nothing to look up", noise, sampled)):
+        expected = lm.generate(prompt, new, sampler=sampler)[0]
         rates: dict[str, list[float]] = {name: [] for name in contenders}
         kept: dict[str, tuple[int, int]] = {}
         for _ in range(args.rounds):
             for name, options in contenders.items():
-                start = time.perf_counter()
-                stream = lm.stream(prompt, new, **options)
-                chosen = [step.tokens[0] for step in stream]
-                seconds = time.perf_counter() - start
-                assert (np.concatenate([prompt[0], chosen]) == expected).all(), f"{name} differs on {case}"
-                rates[name].append(new / seconds)
+                stream, chosen, times = lm.stream(prompt, new, sampler=sampler, **options), [], []
+                for step in stream:
+                    times.append(time.perf_counter())
+                    chosen.append(step.tokens[0])
+                seconds = times[-1] - times[0]  # decoding: from the first token, which the prompt gives
+                same = (np.concatenate([prompt[0], chosen]) == expected).all()
+                assert same or sampler is not None, f"{name} differs from plain greedy on {case}"
+                rates[name].append((new - 1) / seconds)
                 kept[name] = (stream.drafts.drafted, stream.drafts.accepted)
+            if args.llama_cpp and args.gguf and case == "input-grounded":
+                llama.append(llama_lookup(args, text, new))
         results[case] = {
             name: {
                 "tokens/s": float(np.median(r)),
@@ -125,8 +133,8 @@ def lookup(args: argparse.Namespace) -> dict:
         }
         results[case]["prompt tokens"] = int(prompt.shape[1])
         print(case, json.dumps(results[case]), flush=True)
-    if args.llama_cpp and args.gguf:
-        results["llama-lookup"] = llama_lookup(args, text, new)
+    if llama:
+        results["llama-lookup"] = {key: float(np.nanmedian([run[key] for run in llama])) for key in llama[0]}
         print("llama-lookup", json.dumps(results["llama-lookup"]), flush=True)
     return results
 
@@ -135,18 +143,19 @@ def llama_lookup(args: argparse.Namespace, prompt: str, new: int) -> dict:
     """llama.cpp's `llama-lookup` on the same prompt, greedy, 2 threads: its decode speed and drafts."""
     command = [
         str(args.llama_cpp / "bin" / "llama-lookup"), "-m", str(args.gguf), "-p", prompt, "-n", str(new),
-        "--draft-max", str(args.k), "-t", "2", "--temp", "0", "-c", str(args.context),
+        "--spec-draft-n-max", str(args.k), "-t", "2", "--temp", "0", "-c", str(args.context),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     log = done.stdout + done.stderr
     figures = {}
     for key, pattern in (
-        ("tokens/s", r"decoded\s+\d+ tokens in\s+[\d.]+ s, speed:\s+([\d.]+) t/s"),
+        ("tokens/s", r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
         ("drafted", r"n_drafted\s*=\s*(\d+)"),
         ("kept", r"n_accept\s*=\s*(\d+)"),
+        ("prompt tokens", r"encoded\s+(\d+) tokens"),
     ):
         found = re.search(pattern, log)
-        figures[key] = float(found[1]) if found else None
+        figures[key] = float(found[1]) if found else float("nan")
     return figures
 
 

@@ -20,10 +20,11 @@ weights where it was lowest are the ones kept. The result is a Hugging Face
 checkpoint (`save_pretrained`, safetensors, with the tokenizer and
 `architectures`), which `load_lm` reads like any other.
 
-`--copies F` makes a fraction F of the training windows a passage followed by the same passage
-again, so that the model learns to go on repeating text it has seen earlier in its context (what
-induction heads do in GPT-2, which learns it from the web's repetitions; our corpus is too small
-to teach it): the input-grounded text prompt lookup speeds up (`benchmarks/speculative.py`).
+`--copies F` makes a fraction F of the training windows (and of the held-out ones the weights are
+chosen by) a passage followed by the same passage again, so that the model learns to go on
+repeating text it has seen earlier in its context (what induction heads do in GPT-2, which learns
+it from the web's repetitions; our corpus is too small to teach it): the input-grounded text
+prompt lookup speeds up (`benchmarks/speculative.py`).
 `--layers`, `--width` and `--heads` change the shapes (a draft model), and `--tokenizer DIR`
 takes DIR's tokenizer instead of training one, so that a draft and its target share it.
 """
@@ -101,7 +102,9 @@ def main() -> None:
     def held_out_loss() -> float:
         model.eval()
         with torch.no_grad():
-            pieces = held_out[: held_out.numel() // window * window].view(-1, window)
+            pieces = held_out[: held_out.numel() // window * window].view(-1, window).clone()
+            copied = round(len(pieces) * args.copies)  # held out as trained: some repeat a passage
+            pieces[:copied, window // 2 : 2 * (window // 2)] = pieces[:copied, : window // 2]
             loss = model(pieces, labels=pieces).loss.item()
         model.train()
         return loss

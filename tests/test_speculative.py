@@ -63,6 +63,8 @@ def test_extend_and_truncate_refuse_what_does_not_fit(compiled_lm):
 def test_prompt_lookup_drafts_what_followed_the_last_ngram_first():
     """Hugging Face's rule: the longest n-gram (up to `max_ngram`) first, its first earlier occurrence."""
     lookup = PromptLookup(3, max_ngram=2)
+    assert lookup.propose(np.array([4, 5, 6, 4, 5]), 10).size == 2  # the first draft: 2 at most
+    lookup.pacing.record(2, 2)  # kept whole: up to 3 next
     sequence = np.array([4, 5, 6, 9, 5, 6, 7, 8, 1, 5, 6])
     np.testing.assert_array_equal(lookup.propose(sequence, 10), [9, 5, 6])  # [5, 6] first at 1
     np.testing.assert_array_equal(lookup.propose(sequence, 2), [9, 5])  # no more than asked
@@ -71,18 +73,22 @@ def test_prompt_lookup_drafts_what_followed_the_last_ngram_first():
 
 
 def test_drafts_grow_when_kept_shrink_when_cut_and_pause_when_useless():
-    pacing = Pacing(4)
-    pacing.record(4, 4)
-    assert pacing.next_size() == 4  # no more than the most
-    pacing.record(4, 2)
-    assert pacing.next_size() == 3
+    pacing = Pacing(6)
+    pacing.record(6, 6)
+    assert pacing.next_size() == 6  # no more than the most
+    pacing.record(6, 2)
+    assert pacing.next_size() == 3  # one more than were kept
     pauses = []
     for _ in range(7):  # nothing kept, time after time
         pacing.record(1, 0)
         pauses.append(next(i for i in range(100) if pacing.next_size()))
     assert pauses == [1, 2, 4, 8, LONGEST_PAUSE, LONGEST_PAUSE, LONGEST_PAUSE]
-    pacing.record(1, 1)
-    assert pacing.next_size() == 2  # drafting again at once
+    assert pacing.size == 1
+    sizes = []
+    for _ in range(4):  # kept whole, time after time: drafting at once, twice as many each time
+        pacing.record(pacing.size, pacing.size)
+        sizes.append(pacing.next_size())
+    assert sizes == [2, 4, 6, 6]
 
 
 def tokens_of(steps) -> np.ndarray:

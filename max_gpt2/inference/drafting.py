@@ -10,9 +10,10 @@ drafter proposes the tokens that may follow a row's sequence so far:
     AssistantModel(draft, 8)  a smaller model's greedy continuation, its own KV cache kept in step:
                               Hugging Face's `assistant_model` and `num_assistant_tokens`
 
-How many it drafts adapts (`Pacing`): one more after a draft kept whole, one fewer after one cut
-short, and after drafts of which nothing was kept drafting pauses for a step, then 2, 4, ... 16, so
-that text with nothing to guess costs little more than plain decoding.
+How many it drafts adapts (`Pacing`): 2 at first, twice as many after a draft kept whole (up to
+K), one more than were kept after one cut short, and after a draft of which nothing was kept one,
+once drafting has paused for a step, then 2, 4, ... 16 after each such draft in a row: text with
+nothing to guess costs little more than plain decoding, and a run of right guesses soon drafts K.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.steps import Steps
 
 LONGEST_PAUSE = 16  # steps without drafting after drafts of which nothing was kept, at most
+FIRST_SIZE = 2  # the first draft's tokens, at most: a wrong first guess costs little
 
 
 class Pacing:
     """How many tokens to draft next, from how the last drafts fared (module docstring)."""
 
     def __init__(self, most: int) -> None:
-        self.most, self.size, self.pause, self.paused = most, most, 0, 0
+        self.most, self.size, self.pause, self.paused = most, min(most, FIRST_SIZE), 0, 0
 
     def next_size(self) -> int:
         """Tokens to draft at this step: 0 while paused."""
@@ -43,15 +45,13 @@ class Pacing:
 
     def record(self, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens of which the first `accepted` were kept."""
-        self.size = min(self.most, self.size + 1) if accepted == drafted else max(1, self.size - 1)
+        self.size = min(self.most, 2 * drafted) if accepted == drafted else accepted + 1
         self.pause = 0 if accepted else min(LONGEST_PAUSE, max(1, 2 * self.pause))
         self.paused = self.pause
 
 
 class Drafter(Protocol):
     """Proposes tokens to follow a sequence (one row: batch 1), and hears how many were kept."""
-
-    pacing: Pacing
 
     def check(self, capacity: int) -> None:
         """Refuses, before any work, a generation of up to `capacity` positions it cannot draft for."""
@@ -88,9 +88,13 @@ class PromptLookup:
         size = min(most, self.pacing.next_size())
         if size < 1:
             return sequence[:0]
-        for n in range(min(self.max_ngram, len(sequence) - 1), 0, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)  # every earlier n-gram
-            starts = np.flatnonzero((windows == sequence[-n:]).all(axis=1))
+        length = len(sequence)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            # Where an earlier n-gram (starting before length - n) equals the last one, token by token.
+            same = sequence[: length - n] == sequence[length - n]
+            for j in range(1, n):
+                same &= sequence[j : length - n + j] == sequence[length - n + j]
+            starts = np.flatnonzero(same)
             if starts.size:
                 first = int(starts[0]) + n
                 return sequence[first : first + size]
@@ -167,15 +171,18 @@ class Speculation:
     hands on the logits after d1 if it is d1 (kept), else drops d1..dn from the cache.
     """
 
-    def __init__(self, drafter: Drafter, prompt: np.ndarray, counts: DraftCounts) -> None:
-        self.drafter, self.sequence, self.counts = drafter, [int(t) for t in prompt], counts
+    def __init__(self, drafter: Drafter, prompt: np.ndarray, capacity: int, counts: DraftCounts) -> None:
+        self.drafter, self.counts = drafter, counts
+        self.tokens = np.zeros(capacity, dtype=np.int64)  # the sequence: the prompt, then each token chosen
+        self.tokens[: len(prompt)], self.length = prompt, len(prompt)
         self.waiting: list[tuple[int, np.ndarray]] = []  # (drafted token, logits [1, vocab] after it)
         self.size = self.kept = 0  # of the draft in flight
 
     def take(self, token: int, cache: KVCache) -> np.ndarray | None:
         """The chosen `token`: the logits after it where it is the next drafted token (already run), else
         None, the drafts in flight dropped from `cache`."""
-        self.sequence.append(token)
+        self.tokens[self.length] = token
+        self.length += 1
         if not self.waiting:
             return None
         drafted, logits = self.waiting.pop(0)
@@ -192,9 +199,9 @@ class Speculation:
     def run(self, lm: Steps, cache: KVCache, remaining: int) -> np.ndarray:
         """Runs the last chosen token into `cache`, with up to `remaining` drafted tokens after it; the
         logits after it, float32 [1, vocab]."""
-        token = self.sequence[-1]
+        token = int(self.tokens[self.length - 1])
         room = min(remaining, cache.capacity - cache.length - 1)
-        draft = self.drafter.propose(np.array(self.sequence, dtype=np.int64), room) if room > 0 else []
+        draft = self.drafter.propose(self.tokens[: self.length], room) if room > 0 else []
         if not len(draft):
             return lm.decode_step(np.array([token]), cache)
         logits = lm.extend(np.array([[token, *draft]]), cache)[0]  # [1 + n, vocab]

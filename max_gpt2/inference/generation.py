@@ -144,7 +144,7 @@ def _steps(
     logits = lm.prefill(ids, cache, mask)
     if drafter is not None:  # one row (`_prompts`)
         drafter.start(ids, mask, cache.capacity)
-        speculation = Speculation(drafter, ids[mask == 1], drafts or DraftCounts())
+        speculation = Speculation(drafter, ids[mask == 1], cache.capacity, drafts or DraftCounts())
     rng = sampler.generator()
     history = sampler.history(ids, mask, lm.config.vocab_size)
     stops = StopStrings(options.stop_strings, options.tokenizer, batch) if options.stop_strings else None

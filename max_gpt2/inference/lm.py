@@ -141,14 +141,17 @@ class CompiledLM(CompiledModel):
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
         """Appends one token per row, int `[batch]`, to `cache`; the next logits, float32 `[batch, vocab]`."""
-        return self.extend(check_tokens(self.config, tokens, cache.batch)[:, None], cache)[:, 0]
+        return self._append(check_tokens(self.config, tokens, cache.batch)[:, None], cache)[:, 0]
 
     def extend(self, tokens: Any, cache: KVCache) -> np.ndarray:
         """Appends S tokens per row, int `[batch, S]`, to `cache` after the positions it holds; the logits
         after each, float32 `[batch, S, vocab]`: what S `decode_step`s give, in one pass over the weights
         (the same graph; each token attends to those before it). Speculative decoding checks S drafted
         tokens so, and drops the rejected ones after (`KVCache.truncate`)."""
-        tokens = check_tokens(self.config, tokens, cache.batch, per_row=True)
+        return self._append(check_tokens(self.config, tokens, cache.batch, per_row=True), cache)
+
+    def _append(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """`extend` on tokens already checked, int64 `[batch, S]`."""
         new = tokens.shape[1]
         if cache.length == 0:
             raise ValueError("decoding needs a cache that holds a prompt: call prefill first")

@@ -5,7 +5,7 @@
 
 `cost`: on a cache holding a 256-token prompt, batch 1, the time of `extend` with K tokens
 (K = 1..16) over a one-token `decode_step`, and a batch-8 one-token step's over it, per weight
-format: what any acceptance rate can buy (a draft of K kept whole makes K + 1 tokens for the
+format: what any acceptance rate can buy (a draft of K accepted whole makes K + 1 tokens for the
 K-token step's time). Interleaved rounds, medians.
 
 `lookup`: an input-grounded prompt (a passage of the checkpoint's held-out text where it has one,
@@ -15,7 +15,7 @@ repeat), batch 1, greedy: plain decoding, prompt lookup (`prompt_lookup_num_toke
 sampled with seed 0: greedy text from random weights soon loops, which drafts guess). Greedy tokens
 are checked equal to plain decoding's (sampled text with and without drafts differs token for
 token, alike in distribution). Decode tokens/s, from the first token on as llama.cpp's "decoded"
-counts, and drafts kept, medians of interleaved rounds. With `--llama-cpp` (a build directory
+counts, and drafts accepted, medians of interleaved rounds. With `--llama-cpp` (a build directory
 holding bin/llama-lookup) and `--gguf` (the same model as a GGUF file), llama.cpp's `llama-lookup`
 on the input-grounded prompt in each round, its own figures.
 """
@@ -108,7 +108,7 @@ def lookup(args: argparse.Namespace) -> dict:
     for case, prompt, sampler in (("input-grounded", grounded, None), ("nothing to look up", noise, sampled)):
         expected = lm.generate(prompt, new, sampler=sampler)[0]
         rates: dict[str, list[float]] = {name: [] for name in contenders}
-        kept: dict[str, tuple[int, int]] = {}
+        counts: dict[str, tuple[int, int]] = {}
         for _ in range(args.rounds):
             for name, options in contenders.items():
                 stream, chosen, times = lm.stream(prompt, new, sampler=sampler, **options), [], []
@@ -119,15 +119,15 @@ def lookup(args: argparse.Namespace) -> dict:
                 same = (np.concatenate([prompt[0], chosen]) == expected).all()
                 assert same or sampler is not None, f"{name} differs from plain greedy on {case}"
                 rates[name].append((new - 1) / seconds)
-                kept[name] = (stream.drafts.drafted, stream.drafts.accepted)
+                counts[name] = (stream.drafts.drafted, stream.drafts.accepted)
             if args.llama_cpp and args.gguf and case == "input-grounded":
                 llama.append(llama_lookup(args, text, new))
         results[case] = {
             name: {
                 "tokens/s": float(np.median(r)),
                 "over plain": float(np.median(np.array(r) / np.array(rates["plain"]))),
-                "drafted": kept[name][0],
-                "kept": kept[name][1],
+                "drafted": counts[name][0],
+                "accepted": counts[name][1],
             }
             for name, r in rates.items()
         }
@@ -151,7 +151,7 @@ def llama_lookup(args: argparse.Namespace, prompt: str, new: int) -> dict:
     for key, pattern in (
         ("tokens/s", r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
         ("drafted", r"n_drafted\s*=\s*(\d+)"),
-        ("kept", r"n_accept\s*=\s*(\d+)"),
+        ("accepted", r"n_accept\s*=\s*(\d+)"),
         ("prompt tokens", r"encoded\s+(\d+) tokens"),
     ):
         found = re.search(pattern, log)

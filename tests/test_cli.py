@@ -227,10 +227,10 @@ def test_generate_with_drafts_prints_what_plain_decoding_prints(compiled_lm, tmp
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout == ",".join(map(str, expected)) + "\n"
-        counts = re.search(r"drafts: (\d+) tokens drafted, (\d+) kept", done.stderr)
+        counts = re.search(r"drafts: (\d+) tokens drafted, (\d+) accepted", done.stderr)
         assert counts, done.stderr
-        drafted, kept = int(counts[1]), int(counts[2])
-        assert 0 < kept <= drafted and (kept == drafted or drafting[0] == "--prompt-lookup")
+        drafted, accepted = int(counts[1]), int(counts[2])
+        assert 0 < accepted <= drafted and (accepted == drafted or drafting[0] == "--prompt-lookup")
 
 
 @pytest.mark.parametrize(

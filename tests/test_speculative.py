@@ -64,7 +64,7 @@ def test_prompt_lookup_drafts_what_followed_the_last_ngram_first():
     """Hugging Face's rule: the longest n-gram (up to `max_ngram`) first, its first earlier occurrence."""
     lookup = PromptLookup(3, max_ngram=2)
     assert lookup.propose(np.array([4, 5, 6, 4, 5]), 10).size == 2  # the first draft: 2 at most
-    lookup.pacing.record(2, 2)  # kept whole: up to 3 next
+    lookup.pacing.record(2, 2)  # accepted whole: up to 3 next
     sequence = np.array([4, 5, 6, 9, 5, 6, 7, 8, 1, 5, 6])
     np.testing.assert_array_equal(lookup.propose(sequence, 10), [9, 5, 6])  # [5, 6] first at 1
     np.testing.assert_array_equal(lookup.propose(sequence, 2), [9, 5])  # no more than asked
@@ -72,20 +72,20 @@ def test_prompt_lookup_drafts_what_followed_the_last_ngram_first():
     assert lookup.propose(np.array([1, 2, 3]), 10).size == 0  # nothing to look up
 
 
-def test_drafts_grow_when_kept_shrink_when_cut_and_pause_when_useless():
+def test_drafts_grow_when_accepted_shrink_when_cut_and_pause_when_useless():
     pacing = Pacing(6)
     pacing.record(6, 6)
     assert pacing.next_size() == 6  # no more than the most
     pacing.record(6, 2)
-    assert pacing.next_size() == 3  # one more than were kept
+    assert pacing.next_size() == 3  # one more than were accepted
     pauses = []
-    for _ in range(7):  # nothing kept, time after time
+    for _ in range(7):  # nothing accepted, time after time
         pacing.record(1, 0)
         pauses.append(next(i for i in range(100) if pacing.next_size()))
     assert pauses == [1, 2, 4, 8, LONGEST_PAUSE, LONGEST_PAUSE, LONGEST_PAUSE]
     assert pacing.size == 1
     sizes = []
-    for _ in range(4):  # kept whole, time after time: drafting at once, twice as many each time
+    for _ in range(4):  # accepted whole, time after time: drafting at once, twice as many each time
         pacing.record(pacing.size, pacing.size)
         sizes.append(pacing.next_size())
     assert sizes == [2, 4, 6, 6]
@@ -139,12 +139,12 @@ def test_drafts_stop_at_end_of_text_and_respect_min_new_tokens(compiled_lm, repe
 
 
 def test_sampling_with_drafts_keeps_the_models_distribution(compiled_lm):
-    """Drafted tokens are kept where the token sampled from the model is the drafted one, so the
+    """Drafted tokens are accepted where the token sampled from the model is the drafted one, so the
     sequences follow the model's distribution: here the first three tokens' against the probabilities
     the model gives, where prompt lookup drafts [6, 7] after a first token 5."""
     lm = compiled_lm(LM)
     prompt = np.array([[5, 6, 7, 9, 5, 6, 7, 11]])
-    bias = {5: 5.0, 6: 5.0, 7: 5.0}  # likely enough that drafts are often kept, often not
+    bias = {5: 5.0, 6: 5.0, 7: 5.0}  # likely enough that drafts are often accepted, often not
 
     def probability(prefix: list[int], token: int) -> float:
         logits = lm.logits(np.array([[*prompt[0], *prefix]]))[0, -1].astype(np.float64)

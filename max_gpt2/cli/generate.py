@@ -20,7 +20,7 @@ config's `eos_token_id` (any of them, where it lists several).
 
 `--prompt-lookup K` and `--draft CHECKPOINT` (`--draft-tokens K`) decode speculatively
 (`max_gpt2.inference.drafting`): the same text, greedy or sampled, in fewer passes
-over the weights where the drafts are right; the drafted and kept counts go to stderr.
+over the weights where the drafts are right; the drafted and accepted counts go to stderr.
 The draft checkpoint is loaded with the same device, dtype and storage options.
 """
 
@@ -172,8 +172,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     report_speed(progress, len(prompt), times, start)
     if "prompt_lookup_num_tokens" in options or "assistant_model" in options:
         drafts = steps.drafts
-        kept = f" ({drafts.accepted / drafts.drafted:.0%})" if drafts.drafted else ""
-        progress.note(f"drafts: {drafts.drafted} tokens drafted, {drafts.accepted} kept{kept}")
+        share = f" ({drafts.accepted / drafts.drafted:.0%})" if drafts.drafted else ""
+        progress.note(f"drafts: {drafts.drafted} tokens drafted, {drafts.accepted} accepted{share}")
     return 0
 
 

@@ -7,11 +7,12 @@ drafter proposes the tokens that may follow a row's sequence so far:
     PromptLookup(10)          the tokens that followed the last n-gram (n = 2, then 1) where it
                               occurred earlier in the sequence: Hugging Face's
                               `prompt_lookup_num_tokens`, for text that repeats its input
-    AssistantModel(draft, 8)  a smaller model's greedy continuation, its own KV cache kept in step:
+    AssistantModel(draft, 8)  a smaller model's greedy continuation, its own KV cache in step:
                               Hugging Face's `assistant_model` and `num_assistant_tokens`
 
-How many it drafts adapts (`Pacing`): 2 at first, twice as many after a draft kept whole (up to
-K), one more than were kept after one cut short, and after a draft of which nothing was kept one,
+How many it drafts adapts (`Pacing`): 2 at first, twice as many after a draft accepted whole (up
+to K), one more than were accepted after one cut short, and after a draft of which nothing was
+accepted one,
 once drafting has paused for a step, then 2, 4, ... 16 after each such draft in a row: text with
 nothing to guess costs little more than plain decoding, and a run of right guesses soon drafts K.
 """
@@ -26,7 +27,7 @@ import numpy as np
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.steps import Steps
 
-LONGEST_PAUSE = 16  # steps without drafting after drafts of which nothing was kept, at most
+LONGEST_PAUSE = 16  # steps without drafting after drafts of which nothing was accepted, at most
 FIRST_SIZE = 2  # the first draft's tokens, at most: a wrong first guess costs little
 
 
@@ -44,14 +45,14 @@ class Pacing:
         return self.size
 
     def record(self, drafted: int, accepted: int) -> None:
-        """A draft of `drafted` tokens of which the first `accepted` were kept."""
+        """A draft of `drafted` tokens of which the first `accepted` were accepted."""
         self.size = min(self.most, 2 * drafted) if accepted == drafted else accepted + 1
         self.pause = 0 if accepted else min(LONGEST_PAUSE, max(1, 2 * self.pause))
         self.paused = self.pause
 
 
 class Drafter(Protocol):
-    """Proposes tokens to follow a sequence (one row: batch 1), and hears how many were kept."""
+    """Proposes tokens to follow a sequence (one row: batch 1), and hears how many were accepted."""
 
     def check(self, capacity: int) -> None:
         """Refuses, before any work, a generation of up to `capacity` positions it cannot draft for."""
@@ -63,8 +64,8 @@ class Drafter(Protocol):
         """Up to `most` tokens (int64 [n], maybe none) to follow `sequence` (int64 [length]: the prompt's
         tokens, padding left out, and every token chosen since)."""
 
-    def kept(self, drafted: int, accepted: int) -> None:
-        """The last proposal of `drafted` tokens had its first `accepted` kept."""
+    def record(self, drafted: int, accepted: int) -> None:
+        """The last proposal of `drafted` tokens had its first `accepted` accepted."""
 
 
 class PromptLookup:
@@ -100,7 +101,7 @@ class PromptLookup:
                 return sequence[first : first + size]
         return sequence[:0]
 
-    def kept(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int) -> None:
         self.pacing.record(drafted, accepted)
 
 
@@ -145,10 +146,10 @@ class AssistantModel:
         self.held = len(sequence) + size - 1
         return np.array(draft, dtype=np.int64)
 
-    def kept(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int) -> None:
         self.pacing.record(drafted, accepted)
         assert self.cache is not None
-        dropped = max(0, drafted - 1 - accepted)  # the draft's tokens run into the cache but not kept
+        dropped = max(0, drafted - 1 - accepted)  # the draft's tokens run into the cache but not accepted
         if dropped > 0:
             self.cache.truncate(self.cache.length - dropped)
             self.held -= dropped
@@ -156,7 +157,7 @@ class AssistantModel:
 
 @dataclass
 class DraftCounts:
-    """Tokens drafted in a generation, and how many of them were kept."""
+    """Tokens drafted in a generation, and how many of them were accepted."""
 
     drafted: int = 0
     accepted: int = 0
@@ -164,11 +165,11 @@ class DraftCounts:
 
 class Speculation:
     """One row's drafts in flight: the drafted tokens the model has run (in the KV cache, with the logits
-    after each) that generation has not reached yet, and the counts of drafted and kept tokens.
+    after each) that generation has not reached yet, and the counts of drafted and accepted tokens.
 
     After token t is chosen, `run` drafts d1..dn to follow it and extends the cache by t, d1..dn at
     once: the logits after t come back, the others wait. When the next token is chosen, `take`
-    hands on the logits after d1 if it is d1 (kept), else drops d1..dn from the cache.
+    hands on the logits after d1 if it is d1 (accepted), else drops d1..dn from the cache.
     """
 
     def __init__(self, drafter: Drafter, prompt: np.ndarray, capacity: int, counts: DraftCounts) -> None:
@@ -176,7 +177,7 @@ class Speculation:
         self.tokens = np.zeros(capacity, dtype=np.int64)  # the sequence: the prompt, then each token chosen
         self.tokens[: len(prompt)], self.length = prompt, len(prompt)
         self.waiting: list[tuple[int, np.ndarray]] = []  # (drafted token, logits [1, vocab] after it)
-        self.size = self.kept = 0  # of the draft in flight
+        self.size = self.accepted = 0  # of the draft in flight
 
     def take(self, token: int, cache: KVCache) -> np.ndarray | None:
         """The chosen `token`: the logits after it where it is the next drafted token (already run), else
@@ -187,13 +188,13 @@ class Speculation:
             return None
         drafted, logits = self.waiting.pop(0)
         if drafted == token:
-            self.counts.accepted, self.kept = self.counts.accepted + 1, self.kept + 1
+            self.counts.accepted, self.accepted = self.counts.accepted + 1, self.accepted + 1
             if not self.waiting:
-                self.drafter.kept(self.size, self.kept)
+                self.drafter.record(self.size, self.accepted)
             return logits
         cache.truncate(cache.length - 1 - len(self.waiting))
         self.waiting = []
-        self.drafter.kept(self.size, self.kept)
+        self.drafter.record(self.size, self.accepted)
         return None
 
     def run(self, lm: Steps, cache: KVCache, remaining: int) -> np.ndarray:
@@ -206,6 +207,6 @@ class Speculation:
             return lm.decode_step(np.array([token]), cache)
         logits = lm.extend(np.array([[token, *draft]]), cache)[0]  # [1 + n, vocab]
         self.waiting = [(int(d), logits[i + 1 : i + 2]) for i, d in enumerate(draft)]
-        self.size, self.kept = len(draft), 0
+        self.size, self.accepted = len(draft), 0
         self.counts.drafted += len(draft)
         return logits[:1]

@@ -48,7 +48,7 @@ class Step(NamedTuple):
 
 class Stream(Iterator[Step]):
     """`stream`'s steps as they come, and with speculative decoding how many tokens were drafted and
-    how many of them kept so far (`drafts`, `max_gpt2.inference.drafting`)."""
+    how many of them accepted so far (`drafts`, `max_gpt2.inference.drafting`)."""
 
     def __init__(self, steps: Iterator[Step], drafts: DraftCounts) -> None:
         self.steps, self.drafts = steps, drafts
@@ -167,14 +167,14 @@ def _steps(
         if history is not None:
             history.append(tokens)
         if drafter is not None:  # the logits after the token, where it was drafted and run already
-            kept = speculation.take(int(tokens[0]), cache)
+            drafted = speculation.take(int(tokens[0]), cache)
         yield Step(tokens, logits)
         if step == steps - 1 or finished.all():
             return
         if options.shift:
             generated.append(tokens)
         if drafter is not None:
-            logits = kept if kept is not None else speculation.run(lm, cache, steps - step - 1)
+            logits = drafted if drafted is not None else speculation.run(lm, cache, steps - step - 1)
             continue
         if cache.length < cache.capacity:
             logits = lm.decode_step(tokens, cache)

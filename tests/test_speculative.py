@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from max_gpt2 import Sampler, compile_lm
+from max_gpt2 import Sampler, compile_lm, load_tokenizer
 from max_gpt2.inference import generation
 from max_gpt2.inference.drafting import LONGEST_PAUSE, Pacing, PromptLookup
 from max_gpt2.reference import softmax
@@ -136,6 +136,22 @@ def test_drafts_stop_at_end_of_text_and_respect_min_new_tokens(compiled_lm, repe
         expected = lm.generate(repeating_prompt, 20, **options)
         got = lm.generate(repeating_prompt, 20, prompt_lookup_num_tokens=6, **options)
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_stop_string_ends_drafted_text_where_it_ends_plain_text(compiled_lm, lm_checkpoint):
+    """A stop string ends generation at the same token with drafts as without: each drafted token is
+    taken one at a time, the stop strings checked after each."""
+    lm, tokenizer = compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
+    prompt = np.array([tokenizer.encode("The cat sat on the mat. The cat sat on the mat. The cat").ids])
+    plain = lm.generate(prompt, 20)[0, prompt.shape[1] :]
+    stop = tokenizer.decode(plain[:10].tolist(), skip_special_tokens=False)[-2:]  # completed by token 10
+    options = {"stop_strings": stop, "tokenizer": tokenizer}
+    expected = lm.generate(prompt, 20, **options)
+    drafted = lm.stream(prompt, 20, prompt_lookup_num_tokens=6, **options)
+    got = np.concatenate([prompt[0], tokens_of(drafted)])
+    assert expected.shape[1] <= prompt.shape[1] + 10  # the stop string did end it
+    np.testing.assert_array_equal(got, expected[0])
+    assert drafted.drafts.accepted > 0
 
 
 def test_sampling_with_drafts_keeps_the_models_distribution(compiled_lm):

@@ -63,17 +63,18 @@ def test_extend_and_truncate_refuse_what_does_not_fit(compiled_lm):
 def test_prompt_lookup_drafts_what_followed_the_last_ngram_first():
     """Hugging Face's rule: the longest n-gram (up to `max_ngram`) first, its first earlier occurrence."""
     lookup = PromptLookup(3, max_ngram=2)
-    assert lookup.propose(np.array([4, 5, 6, 4, 5]), 10).size == 2  # the first draft: 2 at most
-    lookup.pacing.record(2, 2)  # accepted whole: up to 3 next
     sequence = np.array([4, 5, 6, 9, 5, 6, 7, 8, 1, 5, 6])
-    np.testing.assert_array_equal(lookup.propose(sequence, 10), [9, 5, 6])  # [5, 6] first at 1
+    np.testing.assert_array_equal(lookup.propose(sequence, 3), [9, 5, 6])  # [5, 6] first at 1
     np.testing.assert_array_equal(lookup.propose(sequence, 2), [9, 5])  # no more than asked
-    np.testing.assert_array_equal(lookup.propose(np.array([4, 5, 7, 2, 5]), 10), [7, 2, 5])  # [5] alone
-    assert lookup.propose(np.array([1, 2, 3]), 10).size == 0  # nothing to look up
+    np.testing.assert_array_equal(lookup.propose(np.array([4, 5, 7, 2, 5]), 3), [7, 2, 5])  # [5] alone
+    assert lookup.propose(np.array([1, 2, 3]), 3).size == 0  # nothing to look up
 
 
 def test_drafts_grow_when_accepted_shrink_when_cut_and_pause_when_useless():
     pacing = Pacing(6)
+    assert pacing.next_size() == 2  # the first draft: 2 at most
+    pacing.record(2, 2)
+    assert pacing.next_size() == 4  # accepted whole: twice as many
     pacing.record(6, 6)
     assert pacing.next_size() == 6  # no more than the most
     pacing.record(6, 2)

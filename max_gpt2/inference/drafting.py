@@ -10,11 +10,11 @@ drafter proposes the tokens that may follow a row's sequence so far:
     AssistantModel(draft, 8)  a smaller model's greedy continuation, its own KV cache in step:
                               Hugging Face's `assistant_model` and `num_assistant_tokens`
 
-How many it drafts adapts (`Pacing`): 2 at first, twice as many after a draft accepted whole (up
-to K), one more than were accepted after one cut short, and after a draft of which nothing was
-accepted one,
-once drafting has paused for a step, then 2, 4, ... 16 after each such draft in a row: text with
-nothing to guess costs little more than plain decoding, and a run of right guesses soon drafts K.
+How many tokens a draft may hold adapts (`Pacing`, kept by `Speculation`, the same for every
+drafter): 2 at first, twice as many after a draft accepted whole (up to K), one more than were
+accepted after one cut short, and after a draft of which nothing was accepted one, once drafting
+has paused for a step, then 2, 4, ... 16 after each such draft in a row: text with nothing to guess
+costs little more than plain decoding, and a run of right guesses soon drafts K.
 """
 
 from __future__ import annotations
@@ -54,15 +54,17 @@ class Pacing:
 class Drafter(Protocol):
     """Proposes tokens to follow a sequence (one row: batch 1), and hears how many were accepted."""
 
+    most: int  # tokens a draft holds at most (K)
+
     def check(self, capacity: int) -> None:
         """Refuses, before any work, a generation of up to `capacity` positions it cannot draft for."""
 
     def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
         """A new generation from the prompt `ids`, `mask` [1, seq], of up to `capacity` positions."""
 
-    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
-        """Up to `most` tokens (int64 [n], maybe none) to follow `sequence` (int64 [length]: the prompt's
-        tokens, padding left out, and every token chosen since)."""
+    def propose(self, sequence: np.ndarray, size: int) -> np.ndarray:
+        """Up to `size` (>= 1) tokens (int64 [n], maybe none) to follow `sequence` (int64 [length]: the
+        prompt's tokens, padding left out, and every token chosen since)."""
 
     def record(self, drafted: int, accepted: int) -> None:
         """The last proposal of `drafted` tokens had its first `accepted` accepted."""
@@ -77,18 +79,15 @@ class PromptLookup:
     """
 
     def __init__(self, num_tokens: int, max_ngram: int = 2) -> None:
-        self.pacing, self.max_ngram = Pacing(num_tokens), max_ngram
+        self.most, self.max_ngram = num_tokens, max_ngram
 
     def check(self, capacity: int) -> None:
         pass
 
     def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
-        self.pacing = Pacing(self.pacing.most)
+        pass
 
-    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
-        size = min(most, self.pacing.next_size())
-        if size < 1:
-            return sequence[:0]
+    def propose(self, sequence: np.ndarray, size: int) -> np.ndarray:
         length = len(sequence)
         for n in range(min(self.max_ngram, length - 1), 0, -1):
             # Where an earlier n-gram (starting before length - n) equals the last one, token by token.
@@ -102,7 +101,7 @@ class PromptLookup:
         return sequence[:0]
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.pacing.record(drafted, accepted)
+        pass
 
 
 class AssistantModel:
@@ -111,7 +110,7 @@ class AssistantModel:
     tokens it has not seen are run into it before the next draft."""
 
     def __init__(self, lm: Steps, num_tokens: int) -> None:
-        self.lm, self.pacing = lm, Pacing(num_tokens)
+        self.lm, self.most = lm, num_tokens
         self.cache: KVCache | None = None
         self.held = 0  # tokens of the sequence (then of the draft) the cache holds
 
@@ -123,7 +122,6 @@ class AssistantModel:
             )
 
     def start(self, ids: np.ndarray, mask: np.ndarray, capacity: int) -> None:
-        self.pacing = Pacing(self.pacing.most)
         self.cache = self.lm.new_cache(1, capacity)
         tokens = ids[mask == 1]  # one row: its padding is left out, as the positions leave it out
         # The prompt but its last token, so that every proposal runs at least one token in.
@@ -131,10 +129,8 @@ class AssistantModel:
             self.lm.prefill(tokens[None, :-1], self.cache)
         self.held = len(tokens) - 1
 
-    def propose(self, sequence: np.ndarray, most: int) -> np.ndarray:
-        size = min(most, self.pacing.next_size())
-        if size < 1 or self.cache is None:
-            return sequence[:0]
+    def propose(self, sequence: np.ndarray, size: int) -> np.ndarray:
+        assert self.cache is not None, "start comes first"
         new = sequence[self.held :]
         if self.cache.length == 0:
             logits = self.lm.prefill(new[None], self.cache)
@@ -147,7 +143,6 @@ class AssistantModel:
         return np.array(draft, dtype=np.int64)
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.pacing.record(drafted, accepted)
         assert self.cache is not None
         dropped = max(0, drafted - 1 - accepted)  # the draft's tokens run into the cache but not accepted
         if dropped > 0:
@@ -173,7 +168,7 @@ class Speculation:
     """
 
     def __init__(self, drafter: Drafter, prompt: np.ndarray, capacity: int, counts: DraftCounts) -> None:
-        self.drafter, self.counts = drafter, counts
+        self.drafter, self.counts, self.pacing = drafter, counts, Pacing(drafter.most)
         self.tokens = np.zeros(capacity, dtype=np.int64)  # the sequence: the prompt, then each token chosen
         self.tokens[: len(prompt)], self.length = prompt, len(prompt)
         self.waiting: list[tuple[int, np.ndarray]] = []  # (drafted token, logits [1, vocab] after it)
@@ -190,19 +185,25 @@ class Speculation:
         if drafted == token:
             self.counts.accepted, self.accepted = self.counts.accepted + 1, self.accepted + 1
             if not self.waiting:
-                self.drafter.record(self.size, self.accepted)
+                self._record()
             return logits
         cache.truncate(cache.length - 1 - len(self.waiting))
         self.waiting = []
-        self.drafter.record(self.size, self.accepted)
+        self._record()
         return None
+
+    def _record(self) -> None:
+        """The draft in flight is decided: its size and how many were accepted, told to both who ask."""
+        self.pacing.record(self.size, self.accepted)
+        self.drafter.record(self.size, self.accepted)
 
     def run(self, lm: Steps, cache: KVCache, remaining: int) -> np.ndarray:
         """Runs the last chosen token into `cache`, with up to `remaining` drafted tokens after it; the
         logits after it, float32 [1, vocab]."""
         token = int(self.tokens[self.length - 1])
         room = min(remaining, cache.capacity - cache.length - 1)
-        draft = self.drafter.propose(self.tokens[: self.length], room) if room > 0 else []
+        size = min(room, self.pacing.next_size()) if room > 0 else 0
+        draft = self.drafter.propose(self.tokens[: self.length], size) if size > 0 else []
         if not len(draft):
             return lm.decode_step(np.array([token]), cache)
         logits = lm.extend(np.array([[token, *draft]]), cache)[0]  # [1 + n, vocab]

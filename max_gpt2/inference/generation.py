@@ -119,12 +119,12 @@ def _prompts(
     check_left_padding(mask)
     repeats = options.num_return_sequences if options.num_beams == 1 else 1
     ids, mask = np.repeat(ids, repeats, axis=0), np.repeat(mask, repeats, axis=0)
-    if options.drafter is not None and ids.shape[0] > 1:
-        raise ValueError(
-            f"speculative decoding drafts for one sequence at a time (batch 1, num_return_sequences 1); "
-            f"got {ids.shape[0]} rows"
-        )
     if options.drafter is not None:
+        if ids.shape[0] > 1:
+            raise ValueError(
+                "speculative decoding drafts for one sequence at a time (batch 1, num_return_sequences 1); "
+                f"got {ids.shape[0]} rows"
+            )
         options.drafter.check(min(ids.shape[1] + options.max_new_tokens, lm.config.n_positions))
     if options.stop_strings and options.pad is None and ids.shape[0] > 1:
         raise ValueError(

@@ -4,13 +4,15 @@
     python benchmarks/weight_accuracy.py --checkpoint DIR [--text FILE] [--json OUT]
     python benchmarks/weight_accuracy.py --kv-cache float16   # each format also with a float16 KV cache
     python benchmarks/weight_accuracy.py --weight-format float32,bfloat16   # these formats only
+    python benchmarks/weight_accuracy.py --weight-format float32,q4_k_m     # llama-quantize's preset
 
 For each checkpoint, `--sequences` windows of `--length` tokens of text (the
 checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
 random tokens for a checkpoint without a tokenizer) go through
 the model in each format, as `generate` computes them (`lm.logits`: for packed
 weights the Mojo kernels, activations rounded to bfloat16, or to int8 blocks for q8_0 and q4_0),
-teacher-forced, and are compared with:
+teacher-forced, and are compared with (a llama-quantize preset, `gguf_mixes`, runs as a file
+written in it loads: float32 weights holding the values each tensor's blocks stand for):
 
     logit error   largest |logit - reference| over largest |reference logit|, the reference
                   being `max_gpt2.reference` in float64 on the checkpoint's float32 weights
@@ -36,9 +38,21 @@ from max_gpt2.bench.generation import demo_checkpoint_for
 from max_gpt2.inference.scoring import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.gguf_mixes import MIXES, Mix
 from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
+
+
+def in_mix(mix: Mix, weights: dict[str, np.ndarray], config: GPT2Config, tied: bool) -> dict[str, np.ndarray]:
+    """`weights` as a file in `mix` holds them: each tensor the values of its blocks, float32."""
+    mixed = dict(weights)
+    for name, kind in mix.formats(config, tied).items():
+        mixed[name] = kind.values(kind.rows(weights[name]), weights[name].shape)
+    if tied:
+        mixed["lm_head.weight"] = mixed["transformer.wte.weight"]
+    return mixed
 
 
 def measure(
@@ -46,7 +60,7 @@ def measure(
     ids: np.ndarray,
     sequences: int,
     length: int,
-    formats: list[WeightFormat],
+    formats: list[WeightFormat | Mix],
     caches: list[str],
     progress: Progress,
 ) -> list[dict]:
@@ -63,7 +77,11 @@ def measure(
     for format, cache in ((format, cache) for format in formats for cache in caches):
         with progress.step(f"{checkpoint.name}: {format}, a {cache} KV cache"):
             # the weights read once; the cache float32 or float16
-            lm = compile_lm(config, weights, "cpu", weight_format=format, kv_cache=cache)
+            if isinstance(format, Mix):
+                mixed = in_mix(format, weights, config, opened.tied)
+                lm = compile_lm(config, mixed, "cpu", weight_format=FLOAT32, kv_cache=cache)
+            else:
+                lm = compile_lm(config, weights, "cpu", weight_format=format, kv_cache=cache)
             logits = lm.logits(windows)  # [S, length, vocab]
             result = lm.perplexity(ids)
         logprobs = log_softmax(logits)
@@ -119,10 +137,17 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--kv-cache", choices=["float16"], help="each format also with this KV cache")
-    parser.add_argument("--weight-format", default=",".join(FORMATS), help="comma-separated (default: all)")
+    parser.add_argument(
+        "--weight-format",
+        default=",".join(FORMATS),
+        help=f"comma-separated: our formats, llama-quantize's presets ({', '.join(MIXES)}); default: ours",
+    )
     args = parser.parse_args()
     try:
-        formats = [format_named(format, "--weight-format") for format in args.weight_format.split(",")]
+        formats = [
+            MIXES[name] if name in MIXES else format_named(name, "--weight-format")
+            for name in args.weight_format.split(",")
+        ]
     except ValueError as error:
         parser.error(str(error))
     if formats[0] is not FLOAT32:

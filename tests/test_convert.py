@@ -9,6 +9,7 @@ import pytest
 from max_gpt2 import GPT2Config
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.weight_formats import BY_GGML_TYPE
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.support import LM, LM_ONE_LAYER, run_python
@@ -105,3 +106,37 @@ def test_generate_reads_a_converted_file_as_the_checkpoint(compiled_lm, lm_check
     tokenizer = load_tokenizer(path)
     expected = lm.generate(np.array([tokenizer.encode("The cat").ids]), 8)[0]
     assert done.stdout == tokenizer.decode(expected.tolist()) + "\n"
+
+
+def test_convert_writes_a_llama_quantize_preset(tmp_path):
+    """`--weight-format q4_k_m` on 64-wide rows (not whole 256-weight super-blocks): llama-quantize's
+    fallbacks (Q4_K -> Q5_0, Q6_K -> Q8_0, the tied embedding Q8_0), each tensor's bytes our quantizer's
+    of the checkpoint's weights, `general.file_type` Q4_K_M's; a quantized file is not quantized again."""
+    checkpoint = write_checkpoint(tmp_path / "small", SMALL, seed=2, layout="save_pretrained", tokenizer=True)
+    out = tmp_path / "small-q4_k_m.gguf"
+    done = run_cli("convert", "--checkpoint", str(checkpoint), "--weight-format", "q4_k_m", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "in q4_k_m" in done.stderr
+    reader, tensors = _read(out)
+    assert _field(reader, "general.file_type") == 15
+    weights = Checkpoint(checkpoint).model_weights()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, SMALL.n_layer)
+    seen = set()
+    for name, value in weights.items():
+        if name == "lm_head.weight" or value.ndim == 1:
+            continue  # tied; F32
+        stored = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        kind = tensors[stored].tensor_type.name
+        seen.add((stored.split(".")[-2], kind))
+        if kind != "F32":
+            expected = BY_GGML_TYPE[kind].rows(value)
+            np.testing.assert_array_equal(np.asarray(tensors[stored].data).reshape(expected.shape), expected)
+    assert {kind for part, kind in seen if part in ("attn_output", "ffn_up")} == {"Q5_0"}
+    # of two layers, the last (its last eighth) takes more bits: Q6_K, which falls back to Q8_0
+    assert tensors["blk.0.attn_qkv.weight"].tensor_type.name == "Q5_0"
+    assert tensors["blk.1.attn_qkv.weight"].tensor_type.name == "Q8_0"
+    assert ("token_embd", "Q8_0") in seen and ("position_embd", "F32") in seen
+    again = run_cli(
+        "convert", "--checkpoint", str(out), "--weight-format", "q6_k", "--out", str(tmp_path / "x.gguf")
+    )
+    assert again.returncode == 2 and "quantizing it again would add a second error" in again.stderr

@@ -25,7 +25,8 @@ llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K), or llama.cpp's other typ
 float32 values they stand for. Embeddings, norms and biases become float32.
 
 The other way, `gguf_tensors` and `gguf_metadata` give what `gguf_writer.write_gguf` writes for a
-checkpoint in one of our weight formats, as llama.cpp's converter and `llama-quantize --pure` would.
+checkpoint with each tensor in a format: in one of ours (`pure_formats`), as llama.cpp's converter
+and `llama-quantize --pure` would, or in a preset's mix (`gguf_mixes`), as `llama-quantize` would.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 from max_gpt2.model.gguf_file import GGUFFile
 from max_gpt2.model.gguf_writer import TensorSpec
-from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format, to_float32
+from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format
 from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
 from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, WeightFormat, is_packed
 
@@ -182,45 +183,54 @@ class GGUFCheckpoint:
         return SourceTensor(BY_GGML_TYPE[info.type], self.gguf.data(stored), info.shape, where)
 
 
+def pure_formats(config: GPT2Config, tied: bool, weight_format: WeightFormat) -> dict[str, WeightFormat]:
+    """The format of each parameter a file in one of our formats stores (`llama-quantize --pure`'s choice),
+    by our names: the projections and the head in `weight_format`, the rest F32. A tied head in float32
+    is left out (llama.cpp ties a GPT-2 without `output.weight`); packed, it is written, as it is bound,
+    apart from `token_embd`."""
+    left_out = aliases(tied, weight_format)
+    return {
+        name: weight_format if is_packed(name) else FLOAT32
+        for name in model_parameter_shapes(config)
+        if name not in left_out
+    }
+
+
 def gguf_tensors(
-    source: WeightSource, weight_format: WeightFormat
+    source: WeightSource, formats: dict[str, WeightFormat]
 ) -> tuple[list[TensorSpec], Iterator[np.ndarray]]:
-    """`source`'s parameters as a GGUF file in `weight_format` holds them, under llama.cpp's names: the
-    projections and the head in the format's type, the rest F32 (what our model binds). A tied head
-    in float32 is left out (llama.cpp ties a GPT-2 without `output.weight`); packed, it is written, as
-    it is bound, apart from `token_embd`. The data comes one tensor at a time, as the writer asks."""
+    """`source`'s parameters as a GGUF file holds them in `formats` (`pure_formats`, or a
+    `gguf_mixes.Mix`'s), under llama.cpp's names. The data comes one tensor at a time, as the writer asks."""
     if ACTIVATIONS[source.config.activation_function] != "gelu_tanh":
         raise ValueError(
             f"GGUF's GPT-2 computes GELU's tanh form (llama.cpp); this checkpoint's activation_function "
             f"is {source.config.activation_function!r}"
         )
     shapes = model_parameter_shapes(source.config)
-    names = [name for name in shapes if name not in aliases(source.tied, weight_format)]
-    kind = weight_format.ggml_type
-    widths = sorted({shapes[name][1] for name in names if is_packed(name)})
-    block = weight_format.gguf_block[0]
-    if any(width % block for width in widths):
-        raise ValueError(
-            f"GGUF stores {kind} rows as whole blocks of {block} weights; this model's "
-            f"projections take {', '.join(map(str, widths))} inputs"
-        )
-    specs = [TensorSpec(gguf_name(name), shapes[name], kind if is_packed(name) else "F32") for name in names]
+    for kind in dict.fromkeys(formats.values()):
+        block = kind.gguf_block[0]
+        widths = sorted({shapes[name][-1] for name, chosen in formats.items() if chosen is kind})
+        if any(width % block for width in widths):
+            raise ValueError(
+                f"GGUF stores {kind.ggml_type} rows as whole blocks of {block} weights; this model's "
+                f"projections take {', '.join(map(str, widths))} inputs"
+            )
+    specs = [TensorSpec(gguf_name(name), shapes[name], kind.ggml_type) for name, kind in formats.items()]
 
     def data() -> Iterator[np.ndarray]:
-        for name in names:
-            tensor = source.tensor(name)
-            yield in_format(tensor, weight_format) if is_packed(name) else to_float32(tensor)
+        for name, kind in formats.items():
+            yield in_format(source.tensor(name), kind)
 
     return specs, data()
 
 
-def gguf_metadata(config: GPT2Config, weight_format: WeightFormat, name: str) -> dict[str, Any]:
+def gguf_metadata(config: GPT2Config, file_type: int, quantized: bool, name: str) -> dict[str, Any]:
     """The metadata llama.cpp reads for GPT-2 (`general.*`, `gpt2.*`, the end-of-text token), for a
-    file in `weight_format`."""
+    file of `general.file_type` `file_type`, with quantized tensors or not."""
     metadata: dict[str, Any] = {
         "general.architecture": ARCHITECTURE,
         "general.name": name,
-        "general.file_type": weight_format.file_type,
+        "general.file_type": file_type,
         "gpt2.block_count": config.n_layer,
         "gpt2.context_length": config.n_positions,
         "gpt2.embedding_length": config.n_embd,
@@ -228,8 +238,8 @@ def gguf_metadata(config: GPT2Config, weight_format: WeightFormat, name: str) ->
         "gpt2.attention.head_count": config.n_head,
         "gpt2.attention.layer_norm_epsilon": float(config.layer_norm_epsilon),
     }
-    if weight_format.quantized:
-        metadata["general.quantization_version"] = 2  # ggml's block layout of Q8_0 and Q4_0
+    if quantized:
+        metadata["general.quantization_version"] = 2  # ggml's block layouts
     if config.stop_token_ids:  # GPT-2's end of text is also where a text begins
         metadata["tokenizer.ggml.bos_token_id"] = metadata["tokenizer.ggml.eos_token_id"] = (
             config.stop_token_ids[0]

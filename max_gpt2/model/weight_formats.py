@@ -12,8 +12,9 @@ weights, to int8 blocks against q8_0 and q4_0):
 
 (`block_quants` has q8_0's and q4_0's arithmetic.) `FORMATS` is the registry, by name;
 `format_named(name)` looks one up, refusing a name it lacks with the list. Checkpoints may also
-store formats that load as the float32 values they stand for: `FLOAT16` (GGUF's F16) and `READ`,
-llama.cpp's other block types (`gguf_blocks`: Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K);
+store formats that load as the float32 values they stand for: `FLOAT16` (GGUF's F16) and
+`GGML_BLOCKS`, llama.cpp's other block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `gguf_blocks`
+decodes them, `gguf_quantizers` writes them for llama-quantize's mixes, `gguf_mixes`);
 `BY_GGML_TYPE` has every format a GGUF file is read in. A format knows:
 
 - its name, bytes a weight, llama.cpp's ggml type and `general.file_type`;
@@ -38,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from max.dtype import DType
 
-from max_gpt2.model import gguf_blocks
+from max_gpt2.model import gguf_blocks, gguf_quantizers
 from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, BlockCode
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.kernel_layout import (
@@ -213,11 +214,12 @@ class BlockFormat(WeightFormat):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class ReadFormat(WeightFormat):
-    """One of llama.cpp's other block types (`gguf_blocks`), read from GGUF files and loaded as the float32
-    values it stands for: no kernel reads it, and nothing here writes it."""
+class GGMLBlockFormat(WeightFormat):
+    """One of llama.cpp's other block types: GGUF files hold it (a `gguf_mixes` preset writes it), and it
+    loads as the float32 values it stands for; no kernel reads it."""
 
     decode: Callable[[np.ndarray], np.ndarray] = gguf_blocks.q4_1
+    encode: Callable[[np.ndarray], np.ndarray] = gguf_quantizers.q4_1
     block: tuple[int, int] = (32, 20)  # weights, bytes
 
     @property
@@ -229,19 +231,28 @@ class ReadFormat(WeightFormat):
         return self.block
 
     def rows(self, weight: np.ndarray) -> np.ndarray:
-        raise ValueError(
-            f"{self.ggml_type} is read from GGUF files, not written; write one of {', '.join(FORMATS)}"
-        )
+        return self.encode(weight)
 
     def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return self.decode(rows.reshape(-1, self.block[1])).reshape(shape)
 
 
-def _read(
-    name: str, file_type: int, decode: Callable[[np.ndarray], np.ndarray], block: tuple[int, int]
-) -> ReadFormat:
-    return ReadFormat(
-        name, block[1] / block[0], name.upper(), file_type, quantized=True, decode=decode, block=block
+def _ggml_blocks(
+    name: str,
+    file_type: int,
+    decode: Callable[[np.ndarray], np.ndarray],
+    encode: Callable[[np.ndarray], np.ndarray],
+    block: tuple[int, int],
+) -> GGMLBlockFormat:
+    return GGMLBlockFormat(
+        name,
+        block[1] / block[0],
+        name.upper(),
+        file_type,
+        quantized=True,
+        decode=decode,
+        encode=encode,
+        block=block,
     )
 
 
@@ -258,15 +269,15 @@ Q4_0 = BlockFormat(
 FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0)}
 """The formats the projections and the head may be stored in, by name."""
 # llama.cpp's other types, and its `general.file_type` of a file mostly in each (Q4_K_M's, Q5_K_M's).
-READ = (
-    _read("q4_1", 3, gguf_blocks.q4_1, (32, 20)),
-    _read("q5_0", 8, gguf_blocks.q5_0, (32, 22)),
-    _read("q5_1", 9, gguf_blocks.q5_1, (32, 24)),
-    _read("q4_k", 15, gguf_blocks.q4_k, (256, 144)),
-    _read("q5_k", 17, gguf_blocks.q5_k, (256, 176)),
-    _read("q6_k", 18, gguf_blocks.q6_k, (256, 210)),
+GGML_BLOCKS = (
+    _ggml_blocks("q4_1", 3, gguf_blocks.q4_1, gguf_quantizers.q4_1, (32, 20)),
+    _ggml_blocks("q5_0", 8, gguf_blocks.q5_0, gguf_quantizers.q5_0, (32, 22)),
+    _ggml_blocks("q5_1", 9, gguf_blocks.q5_1, gguf_quantizers.q5_1, (32, 24)),
+    _ggml_blocks("q4_k", 15, gguf_blocks.q4_k, gguf_quantizers.q4_k, (256, 144)),
+    _ggml_blocks("q5_k", 17, gguf_blocks.q5_k, gguf_quantizers.q5_k, (256, 176)),
+    _ggml_blocks("q6_k", 18, gguf_blocks.q6_k, gguf_quantizers.q6_k, (256, 210)),
 )
-BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, *READ)}
+BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, *GGML_BLOCKS)}
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
 NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""

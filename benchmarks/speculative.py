@@ -1,7 +1,8 @@
 """Speculative decoding measured: what a K-token step costs, and what drafts buy, ours beside llama.cpp.
 
     python benchmarks/speculative.py cost --checkpoint DIR [--weight-format float32,bfloat16,q8_0,q4_0]
-    python benchmarks/speculative.py lookup --checkpoint DIR [--draft DIR] [--llama-cpp BUILD --gguf FILE]
+    python benchmarks/speculative.py lookup --checkpoint DIR [--draft DIR] [--llama-cpp BUILD --gguf FILE
+        [--draft-gguf FILE]]
 
 `cost`: on a cache holding a 256-token prompt, batch 1, the time of `extend` with K tokens
 (K = 1..16) over a one-token `decode_step`, and a batch-8 one-token step's over it, per weight
@@ -17,7 +18,10 @@ are checked equal to plain decoding's (sampled text with and without drafts diff
 token, alike in distribution). Decode tokens/s, from the first token on as llama.cpp's "decoded"
 counts, and drafts accepted, medians of interleaved rounds. With `--llama-cpp` (a build directory
 holding bin/llama-lookup) and `--gguf` (the same model as a GGUF file), llama.cpp's `llama-lookup`
-on the input-grounded prompt in each round, its own figures.
+on the input-grounded prompt in each round, its own figures, and with `--draft-gguf` (the draft
+model as a GGUF file) its `llama-speculative` too; each one's text is checked against
+`llama-completion`'s greedy text of the same prompt (drafting may run past `-n`: the shorter text
+must begin the longer).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def lookup(args: argparse.Namespace) -> dict:
     contenders = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": args.k}}
     if draft is not None:
         contenders["draft model"] = {"assistant_model": draft, "num_assistant_tokens": args.k}
-    results, llama = {}, []
+    results, llama, plain = {}, [], ""
     sampled = Sampler(do_sample=True, seed=0)  # text that does not loop, as random weights' greedy text does
     for case, prompt, sampler in (("input-grounded", grounded, None), ("nothing to look up", noise, sampled)):
         expected = lm.generate(prompt, new, sampler=sampler)[0]
@@ -121,7 +125,12 @@ def lookup(args: argparse.Namespace) -> dict:
                 rates[name].append((new - 1) / seconds)
                 counts[name] = (stream.drafts.drafted, stream.drafts.accepted)
             if args.llama_cpp and args.gguf and case == "input-grounded":
-                llama.append(llama_lookup(args, text, new))
+                plain = plain or llama_text(args, ["llama-completion", "-no-cnv"], text, new)[0]
+                runs = {"llama-lookup": llama_drafting(args, ["llama-lookup"], text, new, plain)}
+                if args.draft_gguf:
+                    speculative = ["llama-speculative", "-md", str(args.draft_gguf)]
+                    runs["llama-speculative"] = llama_drafting(args, speculative, text, new, plain)
+                llama.append(runs)
         results[case] = {
             name: {
                 "tokens/s": float(np.median(r)),
@@ -133,21 +142,34 @@ def lookup(args: argparse.Namespace) -> dict:
         }
         results[case]["prompt tokens"] = int(prompt.shape[1])
         print(case, json.dumps(results[case]), flush=True)
-    if llama:
-        results["llama-lookup"] = {key: float(np.nanmedian([run[key] for run in llama])) for key in llama[0]}
-        print("llama-lookup", json.dumps(results["llama-lookup"]), flush=True)
+    for tool in llama[0] if llama else ():
+        runs = [run[tool] for run in llama]
+        results[tool] = {key: float(np.nanmedian([run[key] for run in runs])) for key in runs[0]}
+        results[tool]["same text"] = float(min(run["same text"] for run in runs))  # in every round
+        print(tool, json.dumps(results[tool]), flush=True)
     return results
 
 
-def llama_lookup(args: argparse.Namespace, prompt: str, new: int) -> dict:
-    """llama.cpp's `llama-lookup` on the same prompt, greedy, 2 threads: its decode speed and drafts."""
+def llama_text(args: argparse.Namespace, tool: list[str], prompt: str, new: int) -> tuple[str, str]:
+    """llama.cpp's `tool` (its name, then its own options) on `prompt`, greedy, 2 threads: the text it
+    generated (after the prompt) and its log."""
     command = [
-        str(args.llama_cpp / "bin" / "llama-lookup"), "-m", str(args.gguf), "-p", prompt, "-n", str(new),
-        "--spec-draft-n-max", str(args.k), "-t", "2", "--temp", "0", "-c", str(args.context),
+        str(args.llama_cpp / "bin" / tool[0]), *tool[1:], "-m", str(args.gguf), "-p", prompt, "-n", str(new),
+        "-t", "2", "--temp", "0", "-c", str(args.context),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=True)
-    log = done.stdout + done.stderr
-    figures = {}
+    return done.stdout.strip().removeprefix(prompt.strip()), done.stdout + done.stderr
+
+
+def llama_drafting(args: argparse.Namespace, tool: list[str], prompt: str, new: int, plain: str) -> dict:
+    """llama.cpp's `llama-lookup` or `llama-speculative` on the same prompt, greedy, 2 threads: its decode
+    speed, drafts, and whether its text is `plain`'s (`llama-completion`'s greedy text)."""
+    for _ in range(5):  # llama.cpp's logger loses its last lines at exit, now and then
+        text, log = llama_text(args, [*tool, "--spec-draft-n-max", str(args.k)], prompt, new)
+        if "n_drafted" in log:
+            break
+    shorter, longer = sorted((text, plain), key=len)
+    figures = {"same text": float(longer.startswith(shorter))}
     for key, pattern in (
         ("tokens/s", r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
         ("drafted", r"n_drafted\s*=\s*(\d+)"),
@@ -173,6 +195,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--llama-cpp", type=Path, help="lookup: llama.cpp's build directory")
     parser.add_argument("--gguf", type=Path, help="lookup: the checkpoint as a GGUF file, for llama.cpp")
+    parser.add_argument("--draft-gguf", type=Path, help="lookup: the draft as a GGUF, for llama-speculative")
     parser.add_argument("--context", type=int, default=128, help="llama.cpp's context (-c)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/speculative.json"))
     args = parser.parse_args()

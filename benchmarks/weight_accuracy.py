@@ -35,7 +35,7 @@ import numpy as np
 
 from max_gpt2 import compile_lm, reference
 from max_gpt2.bench.generation import demo_checkpoint_for
-from max_gpt2.inference.scoring import log_softmax
+from max_gpt2.inference.beam_search import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config

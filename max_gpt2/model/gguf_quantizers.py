@@ -24,7 +24,7 @@ import numpy as np
 from max_gpt2.model.gguf_blocks import SUPER
 
 F = np.float32
-CHUNK_WEIGHTS = 1 << 20  # weights quantized at a time, so the search's temporaries stay small
+CHUNK_WEIGHTS = 1 << 17  # weights quantized at a time, so the search's temporaries stay in cache
 EPSILON = F(1e-15)  # GROUP_MAX_EPS: a group whose largest magnitude is below it is all zeros
 
 
@@ -35,8 +35,10 @@ def nearest_int(x: np.ndarray) -> np.ndarray:
 
 
 def _sequential_sum(terms: np.ndarray) -> np.ndarray:
-    """Sums along the last axis one term after another, in float32, as a C loop adds them."""
-    return np.cumsum(terms, axis=-1, dtype=F)[..., -1]
+    """Sums [m, n] over its first axis one row after another, in float32, as a C loop over a group's m
+    weights adds them (NumPy reduces the leading axis of a C-ordered array row by row; along memory it
+    sums pairwise)."""
+    return np.ascontiguousarray(terms).sum(axis=0, dtype=F)
 
 
 def _half(value: np.ndarray) -> np.ndarray:
@@ -109,19 +111,21 @@ def _q5_0(x: np.ndarray) -> np.ndarray:
 def _make_qkx2_quants(
     x: np.ndarray, weights: np.ndarray, levels: int, rmin: float, rdelta: float, steps: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`make_qkx2_quants` on groups [n, 32] with their weights: (values 0..levels, scale, -min) each.
+    """`make_qkx2_quants` on groups [n, 32] with their weights: (values [n, 32] 0..levels, scale, -min).
 
-    Each trial step is taken from the best min found so far, as the C loop updates `min` in place."""
-    low = np.minimum(x.min(axis=-1), F(0))  # [n]
-    high = x.max(axis=-1)
+    The groups are searched side by side, laid out [32, n]. Each trial step is taken from the best
+    min found so far, as the C loop updates `min` in place."""
+    x, weights = np.ascontiguousarray(x.T), np.ascontiguousarray(weights.T)  # [32, n]
+    low = np.minimum(x.min(axis=0), F(0))  # [n]
+    high = x.max(axis=0)
     flat = high == low
     sum_w, sum_x = _sequential_sum(weights), _sequential_sum(weights * x)
 
     def levels_at(iscale: np.ndarray, low: np.ndarray) -> np.ndarray:
-        return np.clip(nearest_int(iscale[:, None] * (x - low[:, None])), 0, levels).astype(F)
+        return np.clip(nearest_int(iscale * (x - low)), 0, levels).astype(F)
 
     def error(scale: np.ndarray, low: np.ndarray, values: np.ndarray) -> np.ndarray:
-        return _sequential_sum(weights * np.square((scale[:, None] * values + low[:, None]) - x))
+        return _sequential_sum(weights * np.square((scale * values + low) - x))
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = F(levels) / (high - low)
@@ -140,10 +144,10 @@ def _make_qkx2_quants(
             this_scale = np.where(positive, sum_xl / sum_l2, this_scale)
             trial_error = error(this_scale, this_min, trial)
             better = (det > 0) & (trial_error < best) & ~flat
-            values = np.where(better[:, None], trial, values)
+            values = np.where(better, trial, values)
             best = np.where(better, trial_error, best)
             scale, low = np.where(better, this_scale, scale), np.where(better, this_min, low)
-    values = np.where(flat[:, None], F(0), values).astype(np.int32)
+    values = np.where(flat, F(0), values).astype(np.int32).T
     return values, np.where(flat, F(0), scale), -low
 
 
@@ -151,7 +155,7 @@ def _k_quant(x: np.ndarray, levels: int, rmin: float, steps: int) -> tuple[np.nd
     """Q4_K's and Q5_K's rounding of super-blocks [n, 256]: (values [n, 8, 32], 12 scale bytes, d, dmin)."""
     n = len(x)
     groups = x.reshape(n * 8, 32)
-    average = np.sqrt(_sequential_sum(groups * groups) / F(32))
+    average = np.sqrt(_sequential_sum(np.square(groups.T)) / F(32))
     values, scales, mins = _make_qkx2_quants(
         groups, average[:, None] + np.abs(groups), levels, rmin, 0.1, steps
     )
@@ -193,16 +197,20 @@ def _q5_k(x: np.ndarray) -> np.ndarray:
 
 
 def _make_qx_quants(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
-    """`make_qx_quants(m, levels, x, L, 1, NULL)` on groups [n, m]: (values 0..2 * levels - 1, scale)."""
-    largest = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)  # [n, 1]
-    zero = (np.abs(largest) < EPSILON)[:, 0]
-    largest = np.where(zero[:, None], F(1), largest)
+    """`make_qx_quants(m, levels, x, L, 1, NULL)` on groups [n, m]: (values [n, m] 0..2 * levels - 1, scale).
+
+    The groups are searched side by side, laid out [m, n]."""
+    largest = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]  # [n]
+    zero = np.abs(largest) < EPSILON
+    largest = np.where(zero, F(1), largest)
+    x = np.ascontiguousarray(x.T)  # [m, n]
     weights = x * x
+    weighted = weights * x
 
     def trial(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rounded = np.clip(nearest_int(iscale * x), -levels, levels - 1)
         level = rounded.astype(F)
-        return rounded, _sequential_sum((weights * x) * level), _sequential_sum((weights * level) * level)
+        return rounded, _sequential_sum(weighted * level), _sequential_sum((weights * level) * level)
 
     values, sum_lx, sum_l2 = trial(F(-levels) / largest)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -211,11 +219,11 @@ def _make_qx_quants(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]
     for step in (*range(-9, 0), *range(1, 10)):
         rounded, sum_lx, sum_l2 = trial(-(F(levels) + F(0.1) * F(step)) / largest)
         better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
-        values = np.where(better[:, None], rounded, values)
+        values = np.where(better, rounded, values)
         with np.errstate(divide="ignore", invalid="ignore"):
             scale = np.where(better, sum_lx / sum_l2, scale)
         best = np.where(better, scale * sum_lx, best)
-    return np.where(zero[:, None], 0, values + levels), np.where(zero, F(0), scale)
+    return np.where(zero, 0, values + levels).T, np.where(zero, F(0), scale)
 
 
 def _q6_k(x: np.ndarray) -> np.ndarray:

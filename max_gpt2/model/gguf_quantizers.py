@@ -3,8 +3,9 @@
 Each takes float32 weights [N, K] (K a whole number of blocks: 32 weights, or 256 for the K-quants)
 and returns GGUF's blocks, uint8 [N, K / weights a block * bytes a block], the layouts `gguf_blocks`
 decodes. They are llama.cpp's `quantize_row_*_ref`, what `llama-quantize` runs without an importance
-matrix, in its float32 arithmetic and order: sums are accumulated one weight after another (a
-cumulative sum here), `nearest_int` is its add-1.5*2^23 trick, float16 rounds to nearest even.
+matrix, in its float32 arithmetic and order: sums are accumulated one weight after another (the
+groups laid out [weights, groups], reduced over the leading axis), `nearest_int` is its add-1.5*2^23
+trick, float16 rounds to nearest even.
 
     Q4_1, Q5_1  d = (max - min) / 15 or 31, values rounded from (w - min) / d; d and min stored
     Q5_0        d = (the weight of largest magnitude) / -16, values w / d + 16

@@ -124,8 +124,10 @@ def preset_file(tmp_path, config, preset, seed=3):
 
 
 @pytest.mark.parametrize("preset", list(MIXES))
-def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset):
-    out = preset_file(tmp_path, TWELVE, preset)[1]
+@pytest.mark.parametrize("config", [TWELVE, XL_LIKE], ids=["256-wide", "320-wide"])
+def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset, config):
+    """Every tensor, its fallbacks' types included (Q5_0, Q5_1, Q8_0 at 320-wide rows)."""
+    out = preset_file(tmp_path, config, preset)[1]
     reader = {tensor.name: tensor for tensor in gguf.GGUFReader(out).tensors}
     loaded = GGUFCheckpoint(out)
     assert loaded.weight_format is FLOAT32  # a mix loads as the float32 values it stands for

@@ -56,7 +56,11 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         chosen = choose_format(checkpoint, requested)
         formats, file_type = pure_formats(config, tied, chosen), chosen.file_type
     else:
-        choose_format(checkpoint, mix.base)  # a quantized checkpoint is not quantized again
+        if stored := sorted(source.name for source in checkpoint.source_formats if source.quantized):
+            raise ValueError(
+                f"{checkpoint.path} is {', '.join(stored)}; writing it as {mix} would quantize it again (a "
+                "second error): convert the checkpoint it was made from"
+            )
         chosen, formats, file_type = mix, mix.formats(config, tied), mix.file_type
     specs, tensors = gguf_tensors(checkpoint, formats)
     quantized = any(kind.quantized for kind in formats.values())

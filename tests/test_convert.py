@@ -139,7 +139,8 @@ def test_convert_writes_a_llama_quantize_preset(tmp_path):
     again = run_cli(
         "convert", "--checkpoint", str(out), "--weight-format", "q6_k", "--out", str(tmp_path / "x.gguf")
     )
-    assert (
-        again.returncode == 2
-        and f"{out} is q4_k, q5_0, q6_k, q8_0; writing it as q6_k would quantize" in again.stderr
+    refused = (
+        f"{out} is q4_k, q5_0, q6_k, q8_0; it loads as float32 (the values it stands for), not as q6_k: "
+        "quantizing it again would add a second error"
     )
+    assert again.returncode == 2 and refused in again.stderr

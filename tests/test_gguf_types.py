@@ -19,9 +19,9 @@ from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, Q4_0
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.verify import compare
 from tests.gguf_files import gguf, random_blocks, write_typed_file
+from tests.llama_cpp import TYPES
 from tests.support import LM_ONE_LAYER, LM_ONE_LAYER_GGUF, prompts
 
-TYPES = ["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 WIDE = GPT2Config(n_embd=256, n_head=4, n_layer=2, n_positions=8, vocab_size=16, n_inner=512)
 
 

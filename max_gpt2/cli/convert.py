@@ -25,7 +25,7 @@ from max_gpt2.inference.tokenizer import gguf_vocabulary
 from max_gpt2.model.gguf_checkpoint import gguf_metadata, gguf_tensors, pure_formats
 from max_gpt2.model.gguf_mixes import MIXES
 from max_gpt2.model.gguf_writer import write_gguf
-from max_gpt2.model.stored_weights import choose_format
+from max_gpt2.model.stored_weights import choose_format, requantizing
 from max_gpt2.model.weight_formats import FORMATS, format_named
 from max_gpt2.outputs import Progress
 
@@ -56,11 +56,8 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         chosen = choose_format(checkpoint, requested)
         formats, file_type = pure_formats(config, tied, chosen), chosen.file_type
     else:
-        if stored := sorted(source.name for source in checkpoint.source_formats if source.quantized):
-            raise ValueError(
-                f"{checkpoint.path} is {', '.join(stored)}; writing it as {mix} would quantize it again (a "
-                "second error): convert the checkpoint it was made from"
-            )
+        if refused := requantizing(checkpoint, mix):
+            raise ValueError(refused)
         chosen, formats, file_type = mix, mix.formats(config, tied), mix.file_type
     specs, tensors = gguf_tensors(checkpoint, formats)
     quantized = any(kind.quantized for kind in formats.values())

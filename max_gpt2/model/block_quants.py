@@ -54,9 +54,15 @@ def _q8_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _roundf(blocks * inverse[..., None]).astype(np.int8), d.astype(np.float16)
 
 
+def largest_magnitude(values: np.ndarray) -> np.ndarray:
+    """[..., n] -> [...]: the first value of largest magnitude along the last axis, its sign kept (the one
+    llama.cpp's `amax < fabsf(v)` loops keep)."""
+    return np.take_along_axis(values, np.abs(values).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+
+
 def _q4_0_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`quantize_row_q4_0_ref` on float32 [n, Kb, 32]: the first weight of largest magnitude is -8 steps."""
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    largest = largest_magnitude(blocks)
     d = largest / np.float32(-8)
     inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
     values = np.minimum(15, np.trunc(blocks * inverse[..., None] + np.float32(8.5)))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from max_gpt2.model.block_quants import largest_magnitude
 from max_gpt2.model.gguf_blocks import SUPER
 
 F = np.float32
@@ -102,8 +103,7 @@ def _q5_1(x: np.ndarray) -> np.ndarray:
 
 
 def _q5_0(x: np.ndarray) -> np.ndarray:
-    largest = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
-    d = largest / F(-16)
+    d = largest_magnitude(x) / F(-16)
     inverse = np.divide(F(1), d, out=np.zeros_like(d), where=d != 0)
     values = np.minimum(31, np.trunc(x * inverse[:, None] + F(16.5)).astype(np.int32))
     return np.concatenate([_half(d), _fifth_bits(values), _nibbles(values[:, :16], values[:, 16:])], axis=-1)
@@ -201,7 +201,7 @@ def _make_qx_quants(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]
     """`make_qx_quants(m, levels, x, L, 1, NULL)` on groups [n, m]: (values [n, m] 0..2 * levels - 1, scale).
 
     The groups are searched side by side, laid out [m, n]."""
-    largest = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]  # [n]
+    largest = largest_magnitude(x)  # [n]
     zero = np.abs(largest) < EPSILON
     largest = np.where(zero, F(1), largest)
     x = np.ascontiguousarray(x.T)  # [m, n]
@@ -231,7 +231,7 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     n = len(x)
     values, scales = _make_qx_quants(x.reshape(n * 16, 16), 32)
     values, scales = values.reshape(n, 16, 16), scales.reshape(n, 16)
-    largest = np.take_along_axis(scales, np.abs(scales).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+    largest = largest_magnitude(scales)
     zero = np.abs(largest) < EPSILON
     iscale = F(-128) / np.where(zero, F(1), largest)
     d = F(1) / iscale

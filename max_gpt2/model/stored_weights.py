@@ -76,20 +76,28 @@ def to_float32(tensor: SourceTensor) -> np.ndarray:
 
 
 def choose_format(checkpoint: Stored, requested: WeightFormat | None) -> WeightFormat:
-    """The format `checkpoint` loads in: `requested`, else its own. Weights already quantized load only as
-    the format they are in (where it is one of ours) or as the float32 values they stand for:
-    quantizing them again would add a second error."""
+    """The format `checkpoint` loads in: `requested`, else its own, unless `requantizing` refuses it."""
     chosen = checkpoint.weight_format if requested is None else requested
-    sources = checkpoint.source_formats
-    if any(source.quantized for source in sources):
-        allowed = dict.fromkeys([*(s.loads_as for s in sources if len(sources) == 1), FLOAT32])
-        if chosen not in allowed:
-            stored = ", ".join(sorted(source.name for source in sources))
-            raise ValueError(
-                f"{checkpoint.path} is {stored}; it loads as {' or as '.join(map(str, allowed))} (the "
-                f"values it stands for), not as {chosen}: quantizing it again would add a second error"
-            )
+    if refused := requantizing(checkpoint, chosen):
+        raise ValueError(refused)
     return chosen
+
+
+def requantizing(checkpoint: Stored, target: object) -> str | None:
+    """Why `checkpoint` may not be stored as `target` (a format, or a `gguf_mixes.Mix` to write), else None.
+    Weights already quantized load only as the format they are in (where it is one of ours) or as the
+    float32 values they stand for: quantizing them again would add a second error."""
+    sources = checkpoint.source_formats
+    if not any(source.quantized for source in sources):
+        return None
+    allowed = dict.fromkeys([*(s.loads_as for s in sources if len(sources) == 1), FLOAT32])
+    if target in allowed:
+        return None
+    stored = ", ".join(sorted(source.name for source in sources))
+    return (
+        f"{checkpoint.path} is {stored}; it loads as {' or as '.join(map(str, allowed))} (the "
+        f"values it stands for), not as {target}: quantizing it again would add a second error"
+    )
 
 
 def in_format(tensor: SourceTensor, weight_format: WeightFormat) -> np.ndarray:

@@ -15,16 +15,17 @@ from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 from max_gpt2.bench.bandwidth import skinny_matmul_graph
 from max_gpt2.inference.compiled import compile_together
 from max_gpt2.kernels import kernel_library, layer_operands
+from max_gpt2.kernels.ops import PRODUCT_FORMATS
+from max_gpt2.model.weight_formats import NAMED
+
+GROUP_ROWS, SUPER_WEIGHTS = 8, 256  # a shape every format stores, to read its dtypes from
 
 CPU_REF = DeviceRef.CPU()
-# The decode-layer graphs run their op once per format, each on a cache of its own.
-FORMATS = ("float32", "bfloat16", "q8_0", "q4_0")
-WEIGHT_DTYPES = {
-    "float32": DType.float32,
-    "bfloat16": DType.bfloat16,
-    "q8_0": DType.int8,
-    "q4_0": DType.uint8,
-}
+# The decode-layer graphs run their op once per layout (the formats of c_attn, attn c_proj, c_fc and
+# mlp c_proj), each on a cache of its own: the formats of rows and blocks of 32, which take any
+# width, and those of super-blocks of 256 (q4_k_m's mix among them), which take multiples of 256.
+LAYOUTS = {name: (name,) * 4 for name in ("float32", "bfloat16", "q8_0", "q4_0")}
+SUPER_LAYOUTS = {"q4_k": ("q4_k",) * 4, "q6_k": ("q6_k",) * 4, "q4_k_m": ("q6_k", "q4_k", "q4_k", "q6_k")}
 # MAX's paged cache as the paged ops take it: its blocks, then for R requests (of the T tokens)
 # cache_lengths [R], lookup_table [R, P], input_row_offsets [R + 1], the page stride and the layer.
 MAX_BLOCKS = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
@@ -65,36 +66,41 @@ def paged_attention_graph() -> Graph:
     return graph
 
 
-def packed_matmuls_graph() -> Graph:
-    """The three packed matmuls and the two dequantize ops: x [M, K], W in each format, a vector of
-    length N (only its length is read) and a bias [N] or [0]; y [M, N] per format, then W [N, K]."""
-    x = TensorType(DType.float32, ["M", "K"], CPU_REF)
-    bf16 = TensorType(DType.bfloat16, ["GB", "KC"], CPU_REF)
-    q8 = TensorType(DType.int8, ["G", "K8"], CPU_REF)
-    q4 = TensorType(DType.uint8, ["G", "K4"], CPU_REF)
-    scales = TensorType(DType.float16, ["G", "Kb8"], CPU_REF)
-    rows = TensorType(DType.float32, ["N"], CPU_REF)
-    bias = TensorType(DType.float32, ["NB"], CPU_REF)
-    types = [x, bf16, q8, scales, q4, scales, rows, bias]
-    with Graph("packed_matmuls_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
-        x, bf16, q8, q8_scales, q4, q4_scales, rows, bias = (value.tensor for value in graph.inputs)
+def packed_matmuls_graph(name: str, formats: tuple[str, ...]) -> Graph:
+    """The packed matmuls of `formats` and the block formats' dequantize ops: x [M, K], W in each format
+    (with its scales for block formats), a vector of length N (only its length is read) and a bias [N]
+    or [0]; y [M, N] per format, then W [N, K] per block format."""
+    stored = {
+        name: NAMED[name].stored(GROUP_ROWS, SUPER_WEIGHTS) for name in formats
+    }  # only the dtypes are read
+    types = [TensorType(DType.float32, ["M", "K"], CPU_REF)]
+    for format, parts in stored.items():
+        types += [
+            TensorType(part.max_dtype, [f"{format}_{key}0", f"{format}_{key}1"], CPU_REF)
+            for key, part in parts.items()
+        ]
+    types += [TensorType(DType.float32, ["N"], CPU_REF), TensorType(DType.float32, ["NB"], CPU_REF)]
+    with Graph(name, input_types=types, custom_extensions=[kernel_library()]) as graph:
+        x, *weights, rows, bias = (value.tensor for value in graph.inputs)
         product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
         weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
-        graph.output(
-            *ops.custom("packed_matmul_bf16", CPU_REF, [x, bf16, bias], [product]),
-            *ops.custom("packed_matmul_q8_0", CPU_REF, [x, q8, q8_scales, bias], [product]),
-            *ops.custom("packed_matmul_q4_0", CPU_REF, [x, q4, q4_scales, bias], [product]),
-            *ops.custom("dequantize_q8_0", CPU_REF, [q8, q8_scales], [weight]),
-            *ops.custom("dequantize_q4_0", CPU_REF, [q4, q4_scales], [weight]),
-        )
+        parts = iter(weights)
+        products, unpacked = [], []
+        for format, kinds in stored.items():
+            arrays = [next(parts) for _ in kinds]
+            products += ops.custom(NAMED[format].matmul_op, CPU_REF, [x, *arrays, bias], [product])
+            if NAMED[format].dequantize_op:
+                unpacked += ops.custom(NAMED[format].dequantize_op, CPU_REF, arrays, [weight])
+        graph.output(*products, *unpacked)
     return graph
 
 
-def layer_graph(op: str, cache: BufferType, lead: list[TensorType]) -> Graph:
-    """`op` once per format, each on a cache of its own (`cache`), after the `lead` inputs (x first)
-    that the two decode-layer ops differ in; the graph's inputs then are the norms, epsilon, the biases,
-    the float formats' (empty) scales, and each format's four weights (each with its scales where the
-    format has them), handed to the op in its order (`max_gpt2.kernels.layer_operands`)."""
+def layer_graph(name: str, op: str, cache: BufferType, lead: list[TensorType], layouts: dict) -> Graph:
+    """`op` once per layout of `layouts` (its four products' formats), each on a cache of its own
+    (`cache`), after the `lead` inputs (x first) that the two decode-layer ops differ in; the graph's
+    inputs then are the norms, epsilon, the biases, the float formats' (empty) scales, and each
+    layout's four weights (each with its scales where its format has them), handed to the op in its
+    order (`max_gpt2.kernels.layer_operands`), its formats as the op's parameters."""
     parameters = [
         *[TensorType(DType.float32, [f"norm{i}"], CPU_REF) for i in range(4)],
         TensorType(DType.float32, [1], CPU_REF),  # epsilon
@@ -102,60 +108,67 @@ def layer_graph(op: str, cache: BufferType, lead: list[TensorType]) -> Graph:
         TensorType(DType.float16, ["none0", "none1"], CPU_REF),
     ]
     weights = [
-        TensorType(dtype, [f"{format}_{i}_{part}_rows", f"{format}_{i}_{part}_columns"], CPU_REF)
-        for format, weight_dtype in WEIGHT_DTYPES.items()
-        for i in range(4)
-        for part, dtype in (("weight", weight_dtype), ("scales", DType.float16))
-        if part == "weight" or format.startswith("q")
+        TensorType(stored.max_dtype, [f"{layout}_{i}_{part}_rows", f"{layout}_{i}_{part}_columns"], CPU_REF)
+        for layout, formats in layouts.items()
+        for i, format in enumerate(formats)
+        for part, stored in NAMED[format].stored(GROUP_ROWS, SUPER_WEIGHTS).items()
     ]
-    types = [*[cache] * len(FORMATS), *lead, *parameters, *weights]
-    with Graph(f"{op}_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
+    types = [*[cache] * len(layouts), *lead, *parameters, *weights]
+    with Graph(name, input_types=types, custom_extensions=[kernel_library()]) as graph:
         inputs = list(graph.inputs)
-        caches, rest = inputs[: len(FORMATS)], [value.tensor for value in inputs[len(FORMATS) :]]
+        caches, rest = inputs[: len(layouts)], [value.tensor for value in inputs[len(layouts) :]]
         leading, rest = rest[: len(lead)], rest[len(lead) :]
         norms, epsilon, biases, no_scales = rest[:4], rest[4], rest[5:9], rest[9]
         stored = iter(rest[10:])
         outputs = []
-        for format, cache_value in zip(FORMATS, caches, strict=True):
+        for formats, cache_value in zip(layouts.values(), caches, strict=True):
             products = []
-            for bias in biases:
+            for bias, format in zip(biases, formats, strict=True):
                 weight = next(stored)
-                products.append((weight, next(stored) if format.startswith("q") else no_scales, bias))
+                scales = next(stored) if NAMED[format].kernel_format else no_scales
+                products.append((weight, scales, bias))
             out = TensorType(DType.float32, leading[0].shape, CPU_REF)
             values = [cache_value, *leading, *layer_operands(norms, epsilon, products)]
-            outputs += ops.inplace_custom(op, CPU_REF, values, [out])
+            codes = {
+                key: NAMED[format].kernel_format for key, format in zip(PRODUCT_FORMATS, formats, strict=True)
+            }
+            outputs += ops.inplace_custom(op, CPU_REF, values, [out], parameters=codes)
         graph.output(*outputs)
     return graph
 
 
-def decode_layer_graph() -> Graph:
+def decode_layer_graph(name: str, layouts: dict) -> Graph:
     """`gpt2_decode_layer`: x [B, S, D] and key_bias [B, T] over our cache [2, B, H, M, d]."""
     cache = BufferType(DType.float32, [2, "B", "H", "M", "d"], CPU_REF)
     lead = [
         TensorType(DType.float32, ["B", "S", "E"], CPU_REF),
         TensorType(DType.float32, ["B", "T"], CPU_REF),
     ]
-    return layer_graph("gpt2_decode_layer", cache, lead)
+    return layer_graph(name, "gpt2_decode_layer", cache, lead, layouts)
 
 
-def paged_decode_layer_graph() -> Graph:
+def paged_decode_layer_graph(name: str, layouts: dict) -> Graph:
     """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
     lead = [TensorType(DType.float32, ["R", "E"], CPU_REF), *MAX_CACHE_INPUTS]  # x, then MAX's inputs
-    return layer_graph("gpt2_paged_decode_layer", MAX_BLOCKS, lead)
+    return layer_graph(name, "gpt2_paged_decode_layer", MAX_BLOCKS, lead, layouts)
 
 
 def compile_ops() -> dict[str, Model]:
     """Every graph above compiled as one module, keyed by graph name (`skinny_matmul_alone`,
-    `cached_attention_alone_float32` and `_float16`, `paged_attention_alone`, `packed_matmuls_alone`,
-    `gpt2_decode_layer_alone`, `gpt2_paged_decode_layer_alone`)."""
+    `cached_attention_alone_float32` and `_float16`, `paged_attention_alone`, `packed_matmuls_alone`
+    and `super_matmuls_alone`, `gpt2_decode_layer_alone` and `_super`, `gpt2_paged_decode_layer_alone`
+    and `_super`: the `SUPER_LAYOUTS` ones)."""
     graphs = [
         skinny_matmul_graph(),
         cached_attention_graph(DType.float32),
         cached_attention_graph(DType.float16),
         paged_attention_graph(),
-        packed_matmuls_graph(),
-        decode_layer_graph(),
-        paged_decode_layer_graph(),
+        packed_matmuls_graph("packed_matmuls_alone", ("bfloat16", "q8_0", "q4_0")),
+        packed_matmuls_graph("super_matmuls_alone", ("q4_k", "q6_k")),
+        decode_layer_graph("gpt2_decode_layer_alone", LAYOUTS),
+        decode_layer_graph("gpt2_decode_layer_super", SUPER_LAYOUTS),
+        paged_decode_layer_graph("gpt2_paged_decode_layer_alone", LAYOUTS),
+        paged_decode_layer_graph("gpt2_paged_decode_layer_super", SUPER_LAYOUTS),
     ]
     session = InferenceSession(devices=[CPU()])
     return session.init_all(compile_together(session, graphs))

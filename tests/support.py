@@ -47,6 +47,8 @@ LM_ONE_LAYER = GPT2Config(
 )
 # LM_ONE_LAYER as a GGUF file has it: GELU's tanh form, as llama.cpp computes GPT-2.
 LM_ONE_LAYER_GGUF = dataclasses.replace(LM_ONE_LAYER, activation_function="gelu_new")
+# The smallest width whose rows the K-quants store: whole super-blocks of 256 weights.
+LM_SUPER = GPT2Config(n_embd=256, n_head=4, n_layer=2, n_positions=40, vocab_size=300)
 
 LOWEST = -1.7e38  # what `padding_bias` gives padding
 BANNED = float(np.finfo(np.float32).min)  # what a banned token's logit becomes (`logit_controls.ban`)
@@ -213,6 +215,19 @@ def bfloat16_activations(x: np.ndarray) -> np.ndarray:
     """What the bfloat16 kernels multiply by: x rounded to bfloat16 (to nearest, ties to even),
     float64 [M, K]."""
     return bfloat16_bits_to_float32(float32_to_bfloat16_bits(x.astype(np.float32))).astype(np.float64)
+
+
+def super_block_activations(x: np.ndarray) -> np.ndarray:
+    """What the q4_k and q6_k kernels multiply by: x in blocks of 256 (K a multiple of 256), each
+    rounded to int8 steps of -its largest-magnitude value / 127, half to even (llama.cpp's q8_K),
+    float64 [M, K]."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 256)
+    at = np.abs(blocks).argmax(axis=-1)[..., None]  # the first of the largest magnitudes
+    largest = np.take_along_axis(blocks, at, axis=-1)
+    inverse = np.divide(np.float32(-127), largest, out=np.zeros_like(largest), where=largest != 0)
+    steps = np.minimum(np.rint(blocks * inverse), 127).astype(np.float64)
+    step = np.divide(np.float32(1), inverse, out=np.zeros_like(inverse), where=inverse != 0)
+    return (steps * step.astype(np.float64)).reshape(x.shape)
 
 
 def quantized_activations(x: np.ndarray) -> np.ndarray:

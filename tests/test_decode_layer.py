@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from max.driver import CPU, Buffer
 from max.dtype import DType
-from max.engine import Model
 from max.experimental import functional as F
 from max.experimental.tensor import default_device, default_dtype
 from max.graph import DeviceRef
@@ -18,10 +17,9 @@ from max_gpt2.inference.devices import host_buffer
 from max_gpt2.model.gpt2 import GPT2LMHeadModel
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
 from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
-from max_gpt2.model.weight_formats import FORMATS as WEIGHT_FORMATS
-from max_gpt2.model.weight_formats import Q8_0
+from max_gpt2.model.weight_formats import NAMED, Q8_0
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
-from tests.op_graphs import FORMATS
+from tests.op_graphs import LAYOUTS, SUPER_LAYOUTS
 from tests.support import (
     LOWEST,
     attention_reference,
@@ -29,28 +27,28 @@ from tests.support import (
     paged_attention_reference,
     quantized_activations,
     scattered_pages,
+    super_block_activations,
 )
 
 CPU_REF = DeviceRef.CPU()
 EPSILON = 1e-5
 
 
-@pytest.fixture(scope="module")
-def layer(compiled_ops) -> Model:
-    """`gpt2_decode_layer` in every format (`op_graphs.decode_layer_graph`)."""
-    return compiled_ops["gpt2_decode_layer_alone"]
+# The layouts a width of 256 allows besides: the K-quants (super-blocks of 256 weights) and q4_k_m's mix.
+SUPER = {
+    "layouts": SUPER_LAYOUTS,
+    "layer": "gpt2_decode_layer_super",
+    "paged": "gpt2_paged_decode_layer_super",
+}
+ANY = {"layouts": LAYOUTS, "layer": "gpt2_decode_layer_alone", "paged": "gpt2_paged_decode_layer_alone"}
 
 
-@pytest.fixture(scope="module")
-def paged_layer(compiled_ops) -> Model:
-    """`gpt2_paged_decode_layer` in every format (`op_graphs.paged_decode_layer_graph`)."""
-    return compiled_ops["gpt2_paged_decode_layer_alone"]
-
-
-def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
-    """W [N, K] as each format stores it (what the op takes) and the float64 weights it stands for."""
+def stored_forms(w: np.ndarray, layouts: dict) -> dict[str, tuple[list[Buffer], np.ndarray]]:
+    """W [N, K] as each format of `layouts` stores it (what the op takes) and the float64 weights it
+    stands for."""
     forms = {}
-    for name, format in WEIGHT_FORMATS.items():
+    for name in {format for formats in layouts.values() for format in formats}:
+        format = NAMED[name]
         stored = format.pack(format.rows(w))
         buffers = [
             host_buffer(stored[part], info.max_dtype) for part, info in format.stored(*w.shape).items()
@@ -59,33 +57,49 @@ def stored_forms(w: np.ndarray) -> dict[str, tuple[list[Buffer], np.ndarray]]:
     return forms
 
 
-def random_block(rng, width, wide):
+def random_block(rng, width, wide, layouts=LAYOUTS):
     """A block's random parameters: ln_1's and ln_2's weight and bias, each product's bias [N], and
-    each product's weight W [N, K] in every format (`stored_forms`)."""
+    each product's weight W [N, K] in every format of `layouts` (`stored_forms`)."""
     norms = [1 + 0.1 * rng.standard_normal(width, dtype=np.float32) for _ in range(2)]
     norms = [norms[0], rng.standard_normal(width, dtype=np.float32), norms[1], np.zeros(width, np.float32)]
     shapes = [(3 * width, width), (width, width), (wide, width), (width, wide)]
     ws = [(rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32) for shape in shapes]
     biases = [rng.standard_normal(shape[0], dtype=np.float32) for shape in shapes]
-    return norms, biases, [stored_forms(w) for w in ws]
+    return norms, biases, [stored_forms(w, layouts) for w in ws]
 
 
-def parameters(norms, biases, forms) -> list[Buffer]:
+def parameters(norms, biases, forms, layouts=LAYOUTS) -> list[Buffer]:
     """What the layer graphs take after their lead inputs (`op_graphs.layer_graph`)."""
     shared = [*norms, np.array([EPSILON], np.float32), *biases, np.zeros((0, 0), np.float16)]
-    stored = [buffer for format in FORMATS for form in forms for buffer in form[format][0]]
+    stored = [
+        buffer
+        for formats in layouts.values()
+        for form, format in zip(forms, formats, strict=True)
+        for buffer in form[format][0]
+    ]
     return [*map(Buffer.from_numpy, shared), *stored]
 
 
-def block_reference(x, attend, norms, weights, biases, format):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights a format stores; `attend(qkv)`
-    gives the attended values and the cache it wrote; each product's input rounded first as the
-    format's kernels round it (bfloat16, or int8 blocks for q8_0 and q4_0)."""
-    rounded = {"bfloat16": bfloat16_activations, "q8_0": quantized_activations, "q4_0": quantized_activations}
+ROUNDED = {
+    "bfloat16": bfloat16_activations,
+    "q8_0": quantized_activations,
+    "q4_0": quantized_activations,
+    "q4_k": super_block_activations,
+    "q6_k": super_block_activations,
+}
+"""How each format's kernels round a product's input: bfloat16, int8 blocks of 32 (q8_0's) or of 256
+(q8_K's); float32 reads it as it is."""
+
+
+def block_reference(x, attend, norms, weights, biases, formats):
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)) in float64 on the weights stored in `formats` (one a
+    product); `attend(qkv)` gives the attended values and the cache it wrote; each product's input
+    rounded first as its format's kernels round it (`ROUNDED`)."""
 
     def product(a, i):
         flat = a.reshape(-1, a.shape[-1])
-        flat = rounded[format](flat.astype(np.float32)) if format in rounded else flat
+        rounding = ROUNDED.get(formats[i])
+        flat = rounding(flat.astype(np.float32)) if rounding else flat
         return (flat @ weights[i].T + biases[i]).reshape(*a.shape[:-1], -1)
 
     x = x.astype(np.float64)
@@ -97,39 +111,42 @@ def block_reference(x, attend, norms, weights, biases, format):
 
 
 @pytest.mark.parametrize(
-    ("batch", "new", "total", "cache_len", "heads", "head_dim", "wide"),
+    ("batch", "new", "total", "cache_len", "heads", "head_dim", "wide", "kind"),
     [
-        (1, 1, 9, 12, 2, 64, 512),  # a decoding step, GPT-2's head size (kept in registers)
-        (3, 1, 7, 8, 5, 12, 240),  # a batch of steps with padding, a block tail in every product
-        (2, 4, 6, 10, 3, 20, 100),  # several new tokens after a past; the MLP's width a ragged group
+        (1, 1, 9, 12, 2, 64, 512, ANY),  # a decoding step, GPT-2's head size (kept in registers)
+        (3, 1, 7, 8, 5, 12, 240, ANY),  # a batch of steps with padding, a block tail in every product
+        (2, 4, 6, 10, 3, 20, 100, ANY),  # several new tokens after a past; the MLP's width a ragged group
+        (1, 1, 9, 12, 4, 64, 512, SUPER),  # a decoding step in super-blocks: two of them a row of c_proj
+        (2, 5, 7, 8, 8, 32, 1024, SUPER),  # a batch of several tokens: 8, then 2 rows of x at a time
     ],
 )
 def test_the_layer_matches_a_float64_block_in_every_format(
-    layer, batch, new, total, cache_len, heads, head_dim, wide
+    compiled_ops, batch, new, total, cache_len, heads, head_dim, wide, kind
 ):
-    """Each format's y and the keys and values it writes, on the weights it stores."""
+    """Each layout's y and the keys and values it writes, on the weights it stores."""
+    layer, layouts = compiled_ops[kind["layer"]], kind["layouts"]
     width = heads * head_dim
     rng = np.random.default_rng(total * batch + new)
     x = rng.standard_normal((batch, new, width), dtype=np.float32)
     cache = rng.standard_normal((2, batch, heads, cache_len, head_dim), dtype=np.float32)
     key_bias = np.where(rng.random((batch, total)) < 0.3, LOWEST, 0).astype(np.float32)
     key_bias[:, total - new :] = 0  # the new tokens are real
-    norms, biases, forms = random_block(rng, width, wide)
-    written = [Buffer.from_numpy(cache.copy()) for _ in FORMATS]
+    norms, biases, forms = random_block(rng, width, wide, layouts)
+    written = [Buffer.from_numpy(cache.copy()) for _ in layouts]
     outputs = layer.execute(
-        *written, *map(Buffer.from_numpy, [x, key_bias]), *parameters(norms, biases, forms)
+        *written, *map(Buffer.from_numpy, [x, key_bias]), *parameters(norms, biases, forms, layouts)
     )
-    for format, out, cache_out in zip(FORMATS, outputs, written, strict=True):
-        weights = [form[format][1].astype(np.float64) for form in forms]
+    for (name, formats), out, cache_out in zip(layouts.items(), outputs, written, strict=True):
+        weights = [form[format][1] for form, format in zip(forms, formats, strict=True)]
 
         def attend(qkv):
             return attention_reference(cache, qkv, key_bias, heads)
 
-        expected, expected_cache = block_reference(x, attend, norms, weights, biases, format)
+        expected, expected_cache = block_reference(x, attend, norms, weights, biases, formats)
         # float32 against float64 may round a product's input to the other int8 or bfloat16 step
-        tolerance = 2e-6 if format == "float32" else 1e-3
+        tolerance = 2e-6 if name == "float32" else 1e-3
         got = out.to_numpy()
-        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), name
         np.testing.assert_allclose(
             cache_out.to_numpy()[..., :total, :], expected_cache[..., :total, :], atol=1e-5
         )
@@ -137,14 +154,15 @@ def test_the_layer_matches_a_float64_block_in_every_format(
 
 
 @pytest.mark.parametrize(
-    ("cached", "page_size", "heads", "head_dim", "wide", "stride"),
+    ("cached", "page_size", "heads", "head_dim", "wide", "stride", "kind"),
     [
-        ([0, 7, 3], 4, 2, 64, 512, -1),  # GPT-2's head size; a one-token prompt; pages crossed
-        ([5, 16, 30, 1, 9], 16, 5, 12, 240, "packed"),  # a page begun; an explicit page stride
+        ([0, 7, 3], 4, 2, 64, 512, -1, ANY),  # GPT-2's head size; a one-token prompt; pages crossed
+        ([5, 16, 30, 1, 9], 16, 5, 12, 240, "packed", ANY),  # a page begun; an explicit page stride
+        ([0, 7, 3], 4, 4, 64, 768, -1, SUPER),  # super-blocks: 3 rows of x, as 2 and 1
     ],
 )
 def test_the_paged_layer_matches_a_float64_block_in_every_format(
-    paged_layer, cached, page_size, heads, head_dim, wide, stride
+    compiled_ops, cached, page_size, heads, head_dim, wide, stride, kind
 ):
     """Each format's y [R, D] for a token a request, and the one slot a request it writes in the
     layer's keys and values on that request's own pages."""
@@ -154,29 +172,33 @@ def test_the_paged_layer_matches_a_float64_block_in_every_format(
     x = rng.standard_normal((requests, width), dtype=np.float32)
     offsets, cached = np.arange(requests + 1, dtype=np.uint32), np.array(cached, np.uint32)
     page_stride = blocks[0].size if stride == "packed" else stride
-    norms, biases, forms = random_block(rng, width, wide)
-    written = [Buffer.from_numpy(blocks.copy()) for _ in FORMATS]
+    layer, layouts = compiled_ops[kind["paged"]], kind["layouts"]
+    norms, biases, forms = random_block(rng, width, wide, layouts)
+    written = [Buffer.from_numpy(blocks.copy()) for _ in layouts]
     lead = [x, cached, lookup, offsets, np.array([page_stride], np.int64), np.array([layer_index], np.uint32)]
-    outputs = paged_layer.execute(*written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms))
-    for format, out, blocks_out in zip(FORMATS, outputs, written, strict=True):
-        weights = [form[format][1].astype(np.float64) for form in forms]
+    outputs = layer.execute(
+        *written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms, layouts)
+    )
+    for (name, formats), out, blocks_out in zip(layouts.items(), outputs, written, strict=True):
+        weights = [form[format][1] for form, format in zip(forms, formats, strict=True)]
 
         def attend(qkv):
             return paged_attention_reference(blocks, qkv, cached, lookup, offsets, layer_index, heads)
 
-        expected, expected_blocks = block_reference(x, attend, norms, weights, biases, format)
-        tolerance = 2e-6 if format == "float32" else 1e-3
+        expected, expected_blocks = block_reference(x, attend, norms, weights, biases, formats)
+        tolerance = 2e-6 if name == "float32" else 1e-3
         got = out.to_numpy()
-        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), format
-        np.testing.assert_allclose(blocks_out.to_numpy(), expected_blocks, rtol=0, atol=1e-5, err_msg=format)
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), name
+        np.testing.assert_allclose(blocks_out.to_numpy(), expected_blocks, rtol=0, atol=1e-5, err_msg=name)
 
 
-def test_the_paged_layer_refuses_a_step_that_is_not_a_token_a_request(paged_layer):
+def test_the_paged_layer_refuses_a_step_that_is_not_a_token_a_request(compiled_ops):
     """Two rows as one request's two tokens: refused before anything is written."""
     rng = np.random.default_rng(0)
     blocks, lookup = scattered_pages(rng, [3, 3], [1, 1], 4, 2, 8)
     norms, biases, forms = random_block(rng, 16, 64)
-    written = [Buffer.from_numpy(blocks.copy()) for _ in FORMATS]
+    written = [Buffer.from_numpy(blocks.copy()) for _ in LAYOUTS]
+    paged_layer = compiled_ops["gpt2_paged_decode_layer_alone"]
     x, cached, offsets = (
         np.ones((2, 16), np.float32),
         np.array([3, 3], np.uint32),

@@ -1,5 +1,7 @@
 # gpt2_decode_layer: one GPT-2 block for a few new tokens as a single op, on the CPU (float32
-# activations; weights float32, bfloat16, q8_0 or q4_0; the KV cache float32 or float16):
+# activations; weights float32, bfloat16 or a block format, each product in its own, its
+# parameter `qkv_format`, ... naming it (packed_layout.mojo's codes, 0 for float32 and bfloat16);
+# the KV cache float32 or float16):
 #
 #     x         [B, S, D]        the residual stream of this call's S new tokens
 #     cache     [2, B, H, M, d]  the layer's keys and values, written in place (as gpt2_cached_attention)
@@ -26,8 +28,8 @@ from .attend import ROW, attend_head
 from .epilogue import ADD, GELU, STORE
 from .layer_kv import LayerKV
 from .layer_norm import layer_norm
-from .layer_products import Product, checked_product, format_of
-from .packed_layout import F32
+from .layer_products import Product, checked_product
+from .packed_layout import F32, activation_of
 from .phases import Phases
 from .quantized_rows import QuantizedRows
 
@@ -45,25 +47,27 @@ def _writes(buffer: UnsafePointer[Float32, _]) -> UnsafePointer[Float32, MutAnyO
     return UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(buffer))
 
 
-struct LayerWeights[WT: DType](ImplicitlyCopyable):
-    """A block's parameters as the op reads them: the layer norms, their epsilon and the four products."""
+struct LayerWeights[WT: DType, QKV: Int, OUT: Int, FC: Int, DOWN: Int](ImplicitlyCopyable):
+    """A block's parameters as the op reads them: the layer norms, their epsilon and the four products,
+    each in its format (c_attn's and c_fc's read the same rounding of x)."""
 
     var norms: SIMD[DType.int64, 4]  # addresses: ln_1's weight and bias, ln_2's weight and bias
     var epsilon: Float32
-    var qkv: Product[Self.WT]
-    var proj: Product[Self.WT]
-    var fc: Product[Self.WT]
-    var down: Product[Self.WT]
+    var qkv: Product[Self.WT, Self.QKV]
+    var proj: Product[Self.WT, Self.OUT]
+    var fc: Product[Self.WT, Self.FC]
+    var down: Product[Self.WT, Self.DOWN]
 
     def __init__(
         out self,
         norms: SIMD[DType.int64, 4],
         epsilon: Float32,
-        qkv: Product[Self.WT],
-        proj: Product[Self.WT],
-        fc: Product[Self.WT],
-        down: Product[Self.WT],
+        qkv: Product[Self.WT, Self.QKV],
+        proj: Product[Self.WT, Self.OUT],
+        fc: Product[Self.WT, Self.FC],
+        down: Product[Self.WT, Self.DOWN],
     ):
+        comptime assert activation_of[Self.QKV]() == activation_of[Self.FC](), "c_attn and c_fc read the same x"
         self.norms, self.epsilon, self.qkv, self.proj, self.fc, self.down = norms, epsilon, qkv, proj, fc, down
 
     @always_inline
@@ -73,7 +77,7 @@ struct LayerWeights[WT: DType](ImplicitlyCopyable):
 
 
 def checked_layer[
-    WT: DType
+    WT: DType, QKV: Int, OUT: Int, FC: Int, DOWN: Int
 ](
     op: String,
     D: Int,
@@ -94,7 +98,7 @@ def checked_layer[
     down_w: InputTensor[dtype=WT, rank=2, ...],
     down_scales: InputTensor[dtype=DType.float16, rank=2, ...],
     down_bias: InputTensor[dtype=F32, rank=1, ...],
-) raises -> LayerWeights[WT]:
+) raises -> LayerWeights[WT, QKV, OUT, FC, DOWN]:
     """A block's tensors checked against its width D (`op` names the op in the errors)."""
     var wide = fc_bias.dim_size(0)
     if ln_1_weight.dim_size(0) != D or ln_1_bias.dim_size(0) != D or ln_2_weight.dim_size(0) != D or ln_2_bias.dim_size(0) != D:
@@ -102,41 +106,42 @@ def checked_layer[
     if wide == 0:
         raise Error(op, ": c_fc needs its bias, whose length gives the MLP's width")
     var norms = SIMD[DType.int64, 4](Int64(Int(ln_1_weight.unsafe_ptr())), Int64(Int(ln_1_bias.unsafe_ptr())), Int64(Int(ln_2_weight.unsafe_ptr())), Int64(Int(ln_2_bias.unsafe_ptr())))
-    return LayerWeights[WT](
+    return LayerWeights[WT, QKV, OUT, FC, DOWN](
         norms,
         epsilon.unsafe_ptr()[0],
-        checked_product[WT](op + " c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D),
-        checked_product[WT](op + " attn c_proj", out_w, out_scales, out_bias, D, D),
-        checked_product[WT](op + " c_fc", fc_w, fc_scales, fc_bias, D, wide),
-        checked_product[WT](op + " mlp c_proj", down_w, down_scales, down_bias, wide, D),
+        checked_product[WT, QKV](op + " c_attn", qkv_w, qkv_scales, qkv_bias, D, 3 * D),
+        checked_product[WT, OUT](op + " attn c_proj", out_w, out_scales, out_bias, D, D),
+        checked_product[WT, FC](op + " c_fc", fc_w, fc_scales, fc_bias, D, wide),
+        checked_product[WT, DOWN](op + " mlp c_proj", down_w, down_scales, down_bias, wide, D),
     )
 
 
 def decode_layer[
-    WT: DType, CT: DType, W: Int
+    WT: DType, QKV: Int, OUT: Int, FC: Int, DOWN: Int, //, CT: DType, W: Int
 ](
     x: UnsafePointer[Float32, ImmutAnyOrigin],
     y: UnsafePointer[Float32, MutAnyOrigin],
     kv: LayerKV[CT],
-    weights: LayerWeights[WT],
+    weights: LayerWeights[WT, QKV, OUT, FC, DOWN],
     B: Int,
     S: Int,
     H: Int,
     d: Int,
 ):
     """The op on row-major x and y [B, S, D], the cache where `kv` says; W = d when d is `ROW`, else 0."""
-    comptime FORMAT = format_of[WT]()
+    comptime NORMED = activation_of[QKV]()  # how each product's x is rounded (0: float formats read
+    comptime ATTENDED = activation_of[OUT]()  # it as it is)
+    comptime HIDDEN = activation_of[DOWN]()
     var D = H * d
     var rows = B * S
     var wide = weights.fc.N
-    var quantized = rows if FORMAT != 0 else 0  # float formats read x as it is
     var normed = alloc[Float32](rows * D)
     var qkv = alloc[Float32](rows * 3 * D)
     var attended = alloc[Float32](rows * D)
     var hidden = alloc[Float32](rows * wide)
-    var normed_q = QuantizedRows[FORMAT](quantized, D)
-    var attended_q = QuantizedRows[FORMAT](quantized, D)
-    var hidden_q = QuantizedRows[FORMAT](quantized, wide)
+    var normed_q = QuantizedRows[NORMED](rows if NORMED != 0 else 0, D)
+    var attended_q = QuantizedRows[ATTENDED](rows if ATTENDED != 0 else 0, D)
+    var hidden_q = QuantizedRows[HIDDEN](rows if HIDDEN != 0 else 0, wide)
     var phases = Phases[PHASES]()
     var pairs = B * H
     # One run of pairs a core, each pair requesting the next one's keys and values as it goes: the
@@ -149,7 +154,7 @@ def decode_layer[
             for i in range(rows * D):
                 y[i] = x[i]  # the residual stream, which the products add to
             layer_norm(_reads(y), weights.norm(0), weights.norm(1), weights.epsilon, _writes(normed), rows, D)
-            comptime if FORMAT != 0:
+            comptime if NORMED != 0:
                 normed_q.quantize(_reads(normed), rows)
 
         @parameter
@@ -183,7 +188,7 @@ def decode_layer[
         @parameter
         def second_norm(chunk: Int):
             layer_norm(_reads(y), weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed), rows, D)
-            comptime if FORMAT != 0:
+            comptime if NORMED != 0:
                 normed_q.quantize(_reads(normed), rows)
 
         @parameter
@@ -201,12 +206,12 @@ def decode_layer[
         phases.share[first_norm](0, 1)
         phases.share[project_qkv](1, weights.qkv.chunks())
         phases.share[attend](2, attend_chunks)
-        comptime if FORMAT != 0:
+        comptime if ATTENDED != 0:
             phases.share[quantize_attended](3, 1)
         phases.share[project_out](4, weights.proj.chunks())
         phases.share[second_norm](5, 1)
         phases.share[expand](6, weights.fc.chunks())
-        comptime if FORMAT != 0:
+        comptime if HIDDEN != 0:
             phases.share[quantize_hidden](7, 1)
         phases.share[project_down](8, weights.down.chunks())
 
@@ -228,6 +233,10 @@ struct DecodeLayer:
         target: StaticString,
         weight_dtype: DType,
         cache_dtype: DType,
+        qkv_format: Int,
+        out_format: Int,
+        fc_format: Int,
+        down_format: Int,
     ](
         y: OutputTensor[dtype=F32, rank=3, ...],
         cache: ManagedTensorSlice[io_spec=IOSpec[True, IO.Input](), dtype=cache_dtype, rank=5, ...],
@@ -263,7 +272,7 @@ struct DecodeLayer:
             raise Error("gpt2_decode_layer: needs new tokens (", S, ") <= total (", T, ") <= cache length (", M, ")")
         if y.dim_size(0) != B or y.dim_size(1) != S or y.dim_size(2) != D:
             raise Error("gpt2_decode_layer: y is [", y.dim_size(0), ", ", y.dim_size(1), ", ", y.dim_size(2), "], x [", B, ", ", S, ", ", D, "]")
-        var weights = checked_layer[weight_dtype]("gpt2_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
+        var weights = checked_layer[weight_dtype, qkv_format, out_format, fc_format, down_format]("gpt2_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
         var first_page = UInt32(0)  # each (row, head)'s M positions are one page
         var one_page = UnsafePointer[UInt32, ImmutAnyOrigin](unsafe_from_address=Int(UnsafePointer(to=first_page)))
         var cached = UnsafePointer[Scalar[cache_dtype], MutAnyOrigin](unsafe_from_address=Int(cache.unsafe_ptr()))
@@ -272,6 +281,6 @@ struct DecodeLayer:
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
         if d == ROW:
-            decode_layer[weight_dtype, cache_dtype, ROW](x_in, y_out, kv, weights, B, S, H, d)
+            decode_layer[cache_dtype, ROW](x_in, y_out, kv, weights, B, S, H, d)
         else:
-            decode_layer[weight_dtype, cache_dtype, 0](x_in, y_out, kv, weights, B, S, H, d)
+            decode_layer[cache_dtype, 0](x_in, y_out, kv, weights, B, S, H, d)

@@ -1,5 +1,5 @@
-# dequantize_q8_0 and dequantize_q4_0: q8_0 or q4_0 weights (packed_layout.mojo) back to
-# float32 [N, K], for the graphs that multiply them with MAX's matmul (attention maps).
+# dequantize_q8_0, _q4_0, _q4_k and _q6_k: weights in a block format (packed_layout.mojo) back to
+# float32 [N, K], for the graphs that multiply them with MAX's matmul (prompts, attention maps).
 
 import extensibility
 from extensibility import InputTensor, OutputTensor
@@ -7,7 +7,7 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
-from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q8_0, block_bytes, check_blocks, check_dense, row_chunks
+from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q4_K, Q6_K, Q8_0, SUPER, block_bytes, block_scales, check_blocks, check_dense, is_super, row_chunks
 
 
 def dequantize[
@@ -20,6 +20,9 @@ def dequantize[
     N: Int,
 ):
     """result [N, K] float32 = W's values times their scales, the padding rows and columns left out."""
+    comptime if is_super[FORMAT]():
+        _dequantize_super[FORMAT](w, d, result, K, N)
+        return
     comptime BYTES = block_bytes[FORMAT]()
     var nb = (K + BLOCK - 1) // BLOCK
     var groups = (N + GROUP - 1) // GROUP
@@ -48,6 +51,46 @@ def dequantize[
     sync_parallelize(work, (groups + chunk - 1) // chunk)
 
 
+def _dequantize_super[
+    FORMAT: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    result: UnsafePointer[Float32, MutAnyOrigin],
+    K: Int,
+    N: Int,
+):
+    """`dequantize` for q4_k and q6_k (K whole super-blocks), in llama.cpp's order of float32 operations."""
+    comptime BYTES = block_bytes[FORMAT]()
+    comptime SCALES = block_scales[FORMAT]()
+    var nb = K // SUPER
+    var groups = (N + GROUP - 1) // GROUP
+    var chunk = (groups + row_chunks() - 1) // row_chunks()
+
+    def work(task: Int) {imm w, imm d, imm result, imm K, imm N, imm nb, imm groups, imm chunk}:
+        for g in range(task * chunk, min((task + 1) * chunk, groups)):
+            for s in range(nb):
+                var block = w + (g * nb + s) * BYTES
+                for r in range(min(GROUP, N - g * GROUP)):
+                    var step = d[(g * nb + s) * SCALES + r].cast[F32]()
+                    var row = result + (g * GROUP + r) * K + s * SUPER
+                    for k in range(SUPER):
+                        var j, half, c, e = k // 32, (k % 32) // 16, (k % 16) // 4, k % 4
+                        var q = Int((block[j * 128 + c * 32 + r * 4 + e] >> UInt8(4 * half)) & 0xF)
+                        comptime if FORMAT == Q6_K:
+                            var top = block[1024 + j * 64 + (c % 2) * 32 + r * 4 + e]
+                            q |= Int((top >> UInt8(4 * (1 - c // 2) + 2 * half)) & 3) << 4
+                            var scale = Float32(Int(block.bitcast[Int8]()[1536 + (2 * j + half) * 8 + r]))
+                            row[k] = (step * scale) * Float32(q - 32)
+                        else:
+                            var least = d[(g * nb + s) * SCALES + GROUP + r].cast[F32]()
+                            var scaled = step * Float32(Int(block[1024 + j * 8 + r]))
+                            var offset = least * Float32(Int(block[1088 + j * 8 + r]))
+                            row[k] = scaled * Float32(q) - offset
+
+    sync_parallelize(work, (groups + chunk - 1) // chunk)
+
+
 @always_inline
 def _execute_dequantize[
     FORMAT: Int, name: StaticString
@@ -57,7 +100,7 @@ def _execute_dequantize[
     d: InputTensor[dtype=DType.float16, rank=2, ...],
 ) raises:
     var N, K = result.dim_size(0), result.dim_size(1)
-    check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
+    check_blocks[FORMAT](name, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
     check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
     check_dense(name, d.dim_size(0), d.dim_size(1), d.stride_length(0), d.stride_length(1))
     check_dense(name, N, K, result.stride_length(0), result.stride_length(1))
@@ -98,3 +141,33 @@ struct DequantizeQ4:
     ) raises:
         comptime assert target == "cpu", "dequantize_q4_0 runs on the CPU"
         _execute_dequantize[Q4_0, "dequantize_q4_0"](result, w, d)
+
+
+@extensibility.register("dequantize_q4_k")
+struct DequantizeQ4K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q4_k runs on the CPU"
+        _execute_dequantize[Q4_K, "dequantize_q4_k"](result, w, d)
+
+
+@extensibility.register("dequantize_q6_k")
+struct DequantizeQ6K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q6_k runs on the CPU"
+        _execute_dequantize[Q6_K, "dequantize_q6_k"](result, w, d)

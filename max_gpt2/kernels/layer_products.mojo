@@ -1,27 +1,24 @@
 # The four products of a GPT-2 block as gpt2_decode_layer runs them: each a weight in float32,
-# bfloat16, q8_0 or q4_0 (packed_layout.mojo), its bias, and the chunks its outputs are cut into,
-# run through the standalone products' own loops with an epilogue (epilogue.mojo).
+# bfloat16 or a block format (q8_0, q4_0, q4_k, q6_k: packed_layout.mojo), its bias, and the
+# chunks its outputs are cut into, run through the standalone products' own loops with an
+# epilogue (epilogue.mojo).
 from extensibility import InputTensor
 from std.memory import UnsafePointer
 
-from .packed_layout import F32, GROUP, Q4_0, Q8_0, check_bias, check_blocks, check_chunks, check_dense, row_chunks
+from .packed_layout import F32, GROUP, Q8_0, activation_of, check_bias, check_blocks, check_chunks, check_dense, row_chunks
 from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
 from .dense_rows import PASS_ROWS, dense_rows
 
 
-def format_of[WT: DType]() -> Int:
-    """The block format a weight dtype stands for (Q8_0: int8, Q4_0: uint8), 0 for float32 and bfloat16."""
-    comptime if WT == DType.int8:
-        return Q8_0
-    elif WT == DType.uint8:
-        return Q4_0
-    else:
-        return 0
+def stores_as[FORMAT: Int]() -> DType:
+    """The dtype a block format's weight is bound as: int8 for q8_0, bytes for the others."""
+    return DType.int8 if FORMAT == Q8_0 else DType.uint8
 
 
-struct Product[WT: DType](ImplicitlyCopyable):
-    """One of the layer's products, y [rows, N] = x [rows, K] @ W^T + bias, W stored as WT says."""
+struct Product[WT: DType, FORMAT: Int](ImplicitlyCopyable):
+    """One of the layer's products, y [rows, N] = x [rows, K] @ W^T + bias, W stored in FORMAT (a block
+    format of packed_layout.mojo), or for FORMAT 0 as rows of WT (float32 or bfloat16)."""
 
     var w: Int  # addresses: the weight, its block scales (q8_0, q4_0) and the bias
     var scales: Int
@@ -31,11 +28,12 @@ struct Product[WT: DType](ImplicitlyCopyable):
     var N: Int
 
     def __init__(out self, w: Int, scales: Int, bias: Int, has_bias: Bool, K: Int, N: Int):
+        comptime assert (Self.FORMAT == 0 and (Self.WT == F32 or Self.WT == DType.bfloat16)) or (Self.FORMAT != 0 and Self.WT == stores_as[Self.FORMAT]()), "a weight dtype its format does not store"
         self.w, self.scales, self.bias, self.has_bias, self.K, self.N = w, scales, bias, has_bias, K, N
 
     def units(self) -> Int:
         """What a chunk is made of: groups of 8 outputs (packed blocks) or `PASS_ROWS` outputs (float rows)."""
-        comptime if format_of[Self.WT]() != 0:
+        comptime if Self.FORMAT != 0:
             return (self.N + GROUP - 1) // GROUP
         return (self.N + PASS_ROWS - 1) // PASS_ROWS
 
@@ -46,32 +44,32 @@ struct Product[WT: DType](ImplicitlyCopyable):
         return min(self.units(), row_chunks())
 
     def run[
-        EPILOGUE: Int
+        X: Int, //, EPILOGUE: Int
     ](
         self,
         x: UnsafePointer[Float32, ImmutAnyOrigin],
-        xq: QuantizedRows[format_of[Self.WT]()],
+        xq: QuantizedRows[X],
         y: UnsafePointer[Float32, MutAnyOrigin],
         rows: Int,
         chunk: Int,
     ):
-        """Chunk `chunk` of `chunks()` of the outputs, from x (float formats) or xq (block formats)."""
+        """Chunk `chunk` of `chunks()` of the outputs, from x (float formats) or xq (block formats, x
+        rounded as `activation_of` says)."""
         var units = self.units()
         var first = chunk * units // self.chunks()
         var last = (chunk + 1) * units // self.chunks()
         var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=self.bias)
-        comptime FORMAT = format_of[Self.WT]()
-        comptime if FORMAT != 0:
+        comptime if Self.FORMAT != 0:
             var w = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=self.w)
             var d = UnsafePointer[Float16, ImmutAnyOrigin](unsafe_from_address=self.scales)
-            block_groups[FORMAT, EPILOGUE](w, d, xq, bias, self.has_bias, y, rows, self.N, first, last)
+            block_groups[Self.FORMAT, EPILOGUE](w, d, xq, bias, self.has_bias, y, rows, self.N, first, last)
         else:
             var w = UnsafePointer[Scalar[Self.WT], ImmutAnyOrigin](unsafe_from_address=self.w)
             dense_rows[Self.WT, EPILOGUE](x, w, bias, self.has_bias, y, rows, self.K, self.N, first * PASS_ROWS, min(last * PASS_ROWS, self.N))
 
 
 def checked_product[
-    WT: DType
+    WT: DType, FORMAT: Int
 ](
     name: String,
     w: InputTensor[dtype=WT, rank=2, ...],
@@ -79,11 +77,10 @@ def checked_product[
     bias: InputTensor[dtype=F32, rank=1, ...],
     K: Int,
     N: Int,
-) raises -> Product[WT]:
+) raises -> Product[WT, FORMAT]:
     """A product's tensors checked against its K inputs and N outputs."""
-    comptime FORMAT = format_of[WT]()
     comptime if FORMAT != 0:
-        check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), scales.dim_size(0), scales.dim_size(1))
+        check_blocks[FORMAT](name, K, N, w.dim_size(0), w.dim_size(1), scales.dim_size(0), scales.dim_size(1))
         check_dense(name, scales.dim_size(0), scales.dim_size(1), scales.stride_length(0), scales.stride_length(1))
     elif WT == F32:
         if w.dim_size(0) != N or w.dim_size(1) != K:
@@ -92,4 +89,4 @@ def checked_product[
         check_chunks(name, K, N, w.dim_size(0), w.dim_size(1))
     check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
     check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
-    return Product[WT](Int(w.unsafe_ptr()), Int(scales.unsafe_ptr()), Int(bias.unsafe_ptr()), bias.dim_size(0) == N, K, N)
+    return Product[WT, FORMAT](Int(w.unsafe_ptr()), Int(scales.unsafe_ptr()), Int(bias.unsafe_ptr()), bias.dim_size(0) == N, K, N)

@@ -42,20 +42,24 @@ LAYER_PRODUCTS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 """A block's products (`Block`'s names), in the order the decode-layer ops take them; GELU, in its
 tanh form, between the MLP's two."""
 
+PRODUCT_FORMATS = ("qkv_format", "out_format", "fc_format", "down_format")
+"""The decode-layer ops' parameters that name each product's format, in `LAYER_PRODUCTS`' order."""
+
 Value = TypeVar("Value")
 
 
 class StoredProduct(NamedTuple):
     """A product as the kernels take it: its weight as stored, its block scales (or None), its bias
-    (or None)."""
+    (or None), and the kernels' code for its format (`WeightFormat.kernel_format`; 0: rows of floats)."""
 
     weight: Tensor
     scales: Tensor | None
     bias: Tensor | None
+    format: int = 0
 
 
 class LayerParameters(NamedTuple):
-    """A block as the decode-layer ops take it, all its products in one format."""
+    """A block as the decode-layer ops take it, each product in its format."""
 
     norms: tuple[Tensor, ...]  # [D] each, in the order of LAYER_NORMS
     epsilon: float  # the layer norms'
@@ -68,6 +72,11 @@ def layer_operands(
     """A block's operands in the order both decode-layer ops take them after their cache and
     activations: the norms, epsilon, then each product's weight, scales and bias."""
     return [*norms, epsilon, *(value for product in products for value in product)]
+
+
+def layer_formats(parameters: LayerParameters) -> dict[str, int]:
+    """The decode-layer ops' format parameters for a block's products (`PRODUCT_FORMATS`)."""
+    return {name: product.format for name, product in zip(PRODUCT_FORMATS, parameters.products, strict=True)}
 
 
 def kernel_library() -> Path:
@@ -136,6 +145,7 @@ def decode_layer(
         x.device,
         [BufferValue(cache), x, key_bias, *_layer_inputs(x.device, parameters)],
         [TensorType(x.dtype, x.shape, device=x.device)],
+        parameters=layer_formats(parameters),
         custom_extensions=kernel_library(),
     )
     return y
@@ -166,6 +176,7 @@ def paged_decode_layer(
         x.device,
         [kv_collection.kv_blocks, x, *where, *_layer_inputs(x.device, parameters)],
         [TensorType(x.dtype, x.shape, device=x.device)],
+        parameters=layer_formats(parameters),
         custom_extensions=kernel_library(),
     )
     return y
@@ -212,7 +223,7 @@ def _layer_inputs(device: Device | DeviceRef, parameters: LayerParameters) -> li
     no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
     products = [
         (weight, no_scales if scales is None else scales, no_bias if bias is None else bias)
-        for weight, scales, bias in parameters.products
+        for weight, scales, bias, _ in parameters.products
     ]
     epsilon = F.constant(np.array([parameters.epsilon], np.float32), DType.float32, device=device)
     return layer_operands(parameters.norms, epsilon, products)

@@ -13,6 +13,21 @@
 #   q4_0 values  uint8 [N / 8, Kb * 128]  byte (b * 4 + c) * 32 + r * 4 + e holds element 32b + 4c + e
 #                                          (low nibble) and 32b + 16 + 4c + e (high nibble) of row 8g + r
 #   scales       float16 [N / 8, Kb * 8]  group g, block b, row r: at b * 8 + r
+#
+# llama.cpp's K-quants hold super-blocks of 256 weights (K a multiple of 256), 8 sub-blocks of 32
+# each; a group's super-block s is one run of bytes, its sub-block j's 4-bit values laid out as a
+# q4_0 block's (low nibble: element 32j + 4c + e, high: 32j + 16 + 4c + e), then what it adds:
+#
+#   q4_k bytes   uint8 [N / 8, Ks * 1152]  at s * 1152: 1024 bytes of 4-bit q, then at 1024 + j * 8 + r
+#                                          sub-block j's 6-bit scale, at 1088 + j * 8 + r its min
+#   q4_k scales  float16 [N / 8, Ks * 16]  at s * 16 + r: d of row 8g + r, at s * 16 + 8 + r: dmin
+#                                          (w = d * scale * q - dmin * min)
+#   q6_k bytes   uint8 [N / 8, Ks * 1664]  at s * 1664: the low 4 bits of q as above, then at
+#                                          1024 + j * 64 + (c % 2) * 32 + r * 4 + e the high 2 bits
+#                                          of elements 32j + 4c + e (bits 4-5 for c < 2, else 0-1)
+#                                          and 32j + 16 + 4c + e (bits 6-7, else 2-3); then at
+#                                          1536 + i * 8 + r the int8 scale of the 16 weights 16i..
+#   q6_k scales  float16 [N / 8, Ks * 8]   at s * 8 + r: d of row 8g + r  (w = d * scale * (q - 32))
 
 from std.sys.info import num_physical_cores, simd_width_of
 from std.sys.intrinsics import PrefetchOptions
@@ -27,8 +42,24 @@ comptime CHUNK = 32  # consecutive bfloat16 values of a row stored together: one
 comptime PREFETCH_AHEAD = 8192  # bytes of q8_0/q4_0 W requested ahead of the loads
 comptime SERIAL_BELOW = 1 << 18  # bytes of W under which one thread does it all
 
+comptime SUPER = 256  # weights of a K-quant super-block
 comptime Q8_0 = 1
 comptime Q4_0 = 2
+comptime Q4_K = 3
+comptime Q6_K = 4
+# The rounding of x a format's products read: its own for q8_0 and q4_0, llama.cpp's q8_K (int8
+# blocks of 256, sums of 16) for the K-quants.
+comptime Q8_K = 8
+
+
+def activation_of[FORMAT: Int]() -> Int:
+    """The rounding of x that FORMAT's products read (0: x as it is, for float32 and bfloat16)."""
+    return Q8_K if FORMAT == Q4_K or FORMAT == Q6_K else FORMAT
+
+
+def is_super[FORMAT: Int]() -> Bool:
+    """Whether FORMAT is in super-blocks of 256 (the K-quants)."""
+    return FORMAT == Q4_K or FORMAT == Q6_K
 
 
 def requests_ahead[INTO_L1: Bool]() -> PrefetchOptions:
@@ -50,8 +81,26 @@ def row_chunks() -> Int:
 
 @always_inline
 def block_bytes[FORMAT: Int]() -> Int:
-    """Bytes of one block of a group of 8 interleaved rows."""
-    return GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2
+    """Bytes of one block (a super-block for the K-quants) of a group of 8 interleaved rows."""
+    comptime if FORMAT == Q8_0:
+        return GROUP * BLOCK
+    elif FORMAT == Q4_K:
+        return 1152
+    elif FORMAT == Q6_K:
+        return 1664
+    return GROUP * BLOCK // 2
+
+
+@always_inline
+def block_scales[FORMAT: Int]() -> Int:
+    """float16 scales of one block (super-block) of a group: one a row, two for q4_k (d and dmin)."""
+    return 2 * GROUP if FORMAT == Q4_K else GROUP
+
+
+@always_inline
+def block_weights[FORMAT: Int]() -> Int:
+    """Weights of a row in one block: 32, or a super-block's 256."""
+    return SUPER if is_super[FORMAT]() else BLOCK
 
 
 def check_dense(name: String, rows: Int, columns: Int, row_stride: Int, column_stride: Int) raises:
@@ -65,12 +114,17 @@ def check_bias(name: String, N: Int, length: Int, stride: Int) raises:
         raise Error(name, ": the bias has ", length, " values (stride ", stride, "); the product has ", N, " outputs (or give an empty bias for none)")
 
 
-def check_blocks(name: String, FORMAT: Int, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
-    var blocks = (K + BLOCK - 1) // BLOCK
+def check_blocks[FORMAT: Int](name: String, K: Int, N: Int, w_rows: Int, w_columns: Int, d_rows: Int, d_columns: Int) raises:
+    comptime WEIGHTS = block_weights[FORMAT]()
+    comptime if is_super[FORMAT]():
+        if K % SUPER != 0:
+            raise Error(name, ": K = ", K, " is not whole super-blocks of ", SUPER, " weights")
+    var blocks = (K + WEIGHTS - 1) // WEIGHTS
     var groups = (N + GROUP - 1) // GROUP
-    var columns = blocks * (GROUP * BLOCK if FORMAT == Q8_0 else GROUP * BLOCK // 2)
-    if w_rows != groups or w_columns != columns or d_rows != groups or d_columns != blocks * GROUP:
-        raise Error(name, ": for K = ", K, " and N = ", N, " the values need [", groups, ", ", columns, "] and the scales [", groups, ", ", blocks * GROUP, "]; got [", w_rows, ", ", w_columns, "] and [", d_rows, ", ", d_columns, "]")
+    var columns = blocks * block_bytes[FORMAT]()
+    var scales = blocks * block_scales[FORMAT]()
+    if w_rows != groups or w_columns != columns or d_rows != groups or d_columns != scales:
+        raise Error(name, ": for K = ", K, " and N = ", N, " the values need [", groups, ", ", columns, "] and the scales [", groups, ", ", scales, "]; got [", w_rows, ", ", w_columns, "] and [", d_rows, ", ", d_columns, "]")
 
 
 def check_chunks(name: String, K: Int, N: Int, w_rows: Int, w_columns: Int) raises:

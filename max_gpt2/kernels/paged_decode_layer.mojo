@@ -1,5 +1,5 @@
 # gpt2_paged_decode_layer: gpt2_decode_layer for a server's decoding step, over MAX's paged KV cache
-# (CPU; float32 activations and cache; weights float32, bfloat16, q8_0 or q4_0):
+# (CPU; float32 activations and cache; weights as gpt2_decode_layer takes them):
 #
 #     x                  [R, D]      one new token of each of R requests
 #     kv_blocks          [pages, 2, L, page_size, H, d]   MAX's cache, written in place
@@ -32,6 +32,10 @@ struct PagedDecodeLayer:
     def execute[
         target: StaticString,
         weight_dtype: DType,
+        qkv_format: Int,
+        out_format: Int,
+        fc_format: Int,
+        down_format: Int,
     ](
         y: OutputTensor[dtype=F32, rank=2, ...],
         kv_blocks: ManagedTensorSlice[io_spec=IOSpec[True, IO.Input](), dtype=F32, rank=6, ...],
@@ -73,10 +77,10 @@ struct PagedDecodeLayer:
         if Int(input_row_offsets[R]) != R:
             raise Error("gpt2_paged_decode_layer: the row offsets end at ", Int(input_row_offsets[R]), ", not at the ", R, " tokens")
         var kv = paged_layer_kv("gpt2_paged_decode_layer", kv_blocks, cache_lengths, lookup_table, input_row_offsets, page_stride, layer)
-        var weights = checked_layer[weight_dtype]("gpt2_paged_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
+        var weights = checked_layer[weight_dtype, qkv_format, out_format, fc_format, down_format]("gpt2_paged_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
         if d == ROW:
-            decode_layer[weight_dtype, F32, ROW](x_in, y_out, kv, weights, R, 1, H, d)
+            decode_layer[F32, ROW](x_in, y_out, kv, weights, R, 1, H, d)
         else:
-            decode_layer[weight_dtype, F32, 0](x_in, y_out, kv, weights, R, 1, H, d)
+            decode_layer[F32, 0](x_in, y_out, kv, weights, R, 1, H, d)

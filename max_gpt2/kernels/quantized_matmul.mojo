@@ -1,9 +1,11 @@
-# packed_matmul_q8_0 and packed_matmul_q4_0: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
-# (an empty bias: none), W in llama.cpp's 8-bit or 4-bit blocks (1.0625 or 0.5625 bytes a weight;
-# layout in packed_layout.mojo):
+# packed_matmul_q8_0, _q4_0, _q4_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
+# (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo; the K-quants'
+# products in super_blocks.mojo):
 #
-#   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d)
-#   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d)
+#   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d), 1.0625 bytes a weight
+#   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d), 0.5625
+#   q4_k   super-blocks of 256: 4-bit values, 6-bit scales and mins per 32, 0.5625 (llama.cpp's)
+#   q6_k   super-blocks of 256: 6-bit values, int8 scales per 16, 0.8203
 #
 # Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
 # each), as llama.cpp does, so a block's dot products are integer multiply-adds
@@ -32,25 +34,30 @@ from .packed_layout import (
     GROUP,
     PREFETCH_AHEAD,
     Q4_0,
+    Q4_K,
+    Q6_K,
     Q8_0,
     SERIAL_BELOW,
+    activation_of,
     block_bytes,
     check_bias,
     check_blocks,
     check_dense,
+    is_super,
     requests_ahead,
     row_chunks,
 )
 from .quantized_rows import QuantizedRows
+from .super_blocks import super_block_groups
 
 
 @always_inline
 def _group_blocks[
-    FORMAT: Int, GROUPS: Int, MB: Int, EPILOGUE: Int
+    X: Int, //, FORMAT: Int, GROUPS: Int, MB: Int, EPILOGUE: Int
 ](
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
-    xq: QuantizedRows[FORMAT],
+    xq: QuantizedRows[X],
     m0: Int,
     bias: UnsafePointer[Float32, ImmutAnyOrigin],
     has_bias: Bool,
@@ -146,11 +153,11 @@ def _group_blocks[
 
 @always_inline
 def _rows_of_x[
-    FORMAT: Int, GROUPS: Int, EPILOGUE: Int
+    X: Int, //, FORMAT: Int, GROUPS: Int, EPILOGUE: Int
 ](
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
-    xq: QuantizedRows[FORMAT],
+    xq: QuantizedRows[X],
     bias: UnsafePointer[Float32, ImmutAnyOrigin],
     has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
@@ -169,11 +176,11 @@ def _rows_of_x[
 
 
 def block_groups[
-    FORMAT: Int, EPILOGUE: Int
+    X: Int, //, FORMAT: Int, EPILOGUE: Int
 ](
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
-    xq: QuantizedRows[FORMAT],
+    xq: QuantizedRows[X],
     bias: UnsafePointer[Float32, ImmutAnyOrigin],
     has_bias: Bool,
     y: UnsafePointer[Float32, MutAnyOrigin],
@@ -182,21 +189,25 @@ def block_groups[
     first: Int,
     last: Int,
 ):
-    """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
-    y [M, N] as EPILOGUE says (epilogue.mojo)."""
-    # Two groups side by side halve the multiply-adds but read W as two streams, which costs at
-    # few rows of x, where memory bounds the product: pairs from `PAIRED_FROM` rows, where they
-    # measured faster (docs/performance.md).
-    comptime PAIRED = CompilationTarget.has_avx512f() and CompilationTarget.has_vnni()
-    comptime PAIRED_FROM = 8 if FORMAT == Q8_0 else 4  # rows of x
-    var g = first
-    comptime if PAIRED:
-        while g + 1 < last and M >= PAIRED_FROM:
-            _rows_of_x[FORMAT, 2, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
-            g += 2
-    while g < last:
-        _rows_of_x[FORMAT, 1, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
-        g += 1
+    """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq` (x rounded as
+    FORMAT's products read it, `activation_of`), written into y [M, N] as EPILOGUE says (epilogue.mojo)."""
+    comptime assert X == activation_of[FORMAT](), "x rounded for another format"
+    comptime if is_super[FORMAT]():
+        super_block_groups[FORMAT, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, first, last)
+    else:
+        # Two groups side by side halve the multiply-adds but read W as two streams, which costs at
+        # few rows of x, where memory bounds the product: pairs from `PAIRED_FROM` rows, where they
+        # measured faster (docs/performance.md).
+        comptime PAIRED = CompilationTarget.has_avx512f() and CompilationTarget.has_vnni()
+        comptime PAIRED_FROM = 8 if FORMAT == Q8_0 else 4  # rows of x
+        var g = first
+        comptime if PAIRED:
+            while g + 1 < last and M >= PAIRED_FROM:
+                _rows_of_x[FORMAT, 2, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
+                g += 2
+        while g < last:
+            _rows_of_x[FORMAT, 1, EPILOGUE](w, d, xq, bias, has_bias, y, M, N, g)
+            g += 1
 
 
 def packed_matmul_blocks[
@@ -212,8 +223,9 @@ def packed_matmul_blocks[
     K: Int,
     N: Int,
 ):
-    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N], W q8_0 or q4_0 in groups of 8 rows."""
-    var xq = QuantizedRows[FORMAT](x, M, K)
+    """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N], W in a block format (q8_0, q4_0,
+    q4_k, q6_k) in groups of 8 rows."""
+    var xq = QuantizedRows[activation_of[FORMAT]()](x, M, K)
     var groups = (N + GROUP - 1) // GROUP
     var chunk = (groups + row_chunks() - 1) // row_chunks()
     var tasks = (groups + chunk - 1) // chunk
@@ -244,7 +256,7 @@ def _execute_blocks[
     if y.dim_size(0) != M:
         raise Error(name, ": x has ", M, " rows and y ", y.dim_size(0))
     check_bias(name, N, bias.dim_size(0), bias.stride_length(0))
-    check_blocks(name, FORMAT, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
+    check_blocks[FORMAT](name, K, N, w.dim_size(0), w.dim_size(1), d.dim_size(0), d.dim_size(1))
     check_dense(name, M, K, x.stride_length(0), x.stride_length(1))
     check_dense(name, w.dim_size(0), w.dim_size(1), w.stride_length(0), w.stride_length(1))
     check_dense(name, d.dim_size(0), d.dim_size(1), d.stride_length(0), d.stride_length(1))
@@ -294,3 +306,37 @@ struct PackedMatmulQ4:
     ) raises:
         comptime assert target == "cpu", "packed_matmul_q4_0 runs on the CPU"
         _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d, bias)
+
+
+@extensibility.register("packed_matmul_q4_k")
+struct PackedMatmulQ4K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q4_k runs on the CPU"
+        _execute_blocks[Q4_K, "packed_matmul_q4_k"](y, x, w, d, bias)
+
+
+@extensibility.register("packed_matmul_q6_k")
+struct PackedMatmulQ6K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q6_k runs on the CPU"
+        _execute_blocks[Q6_K, "packed_matmul_q6_k"](y, x, w, d, bias)

@@ -1,20 +1,27 @@
-# Rows of float32 activations rounded to int8 blocks of 32 with a float32 scale each, as llama.cpp
-# rounds x before its q8_0 and q4_0 dot products, with the sums and offsets those products take.
+# Rows of float32 activations rounded to int8 blocks with a float32 scale each, as llama.cpp
+# rounds x before its packed dot products, with the sums and offsets those products take: blocks
+# of 32 (q8_0's rounding, `round`) before q8_0 and q4_0, blocks of 256 (q8_K's: x * -127 / the
+# largest-magnitude value, rounded half to even, as its `nearest_int`) before the K-quants.
 from std.math import round
 from std.memory import UnsafePointer, alloc
+from std.sys.intrinsics import llvm_intrinsic
 
-from .packed_layout import BLOCK, F32, Q4_0, Q8_0
+from .packed_layout import BLOCK, F32, Q4_0, Q8_0, Q8_K, SUPER
 
 
 struct QuantizedRows[FORMAT: Int]:
-    """Rows of x [M, K] as int8 blocks of 32 [M, Kp] and a scale a block, with what FORMAT's products
-    take besides: for q8_0 the magnitudes and the same + 128, for q4_0 -8 x the quant sum a block."""
+    """Rows of x [M, K] as int8 blocks [M, Kp] and a scale a block, FORMAT the rounding (`Q8_0`, `Q4_0`,
+    `Q8_K`: `activation_of`), with what its products take besides: for q8_0 the magnitudes and the
+    same + 128, for q4_0 -8 x the quant sum a block, for q8_K the sum of every 16 quants."""
+
+    comptime WIDTH = SUPER if Self.FORMAT == Q8_K else BLOCK  # values a block
 
     var quants: UnsafePointer[Int8, MutUntrackedOrigin]
     var magnitudes: UnsafePointer[UInt8, MutUntrackedOrigin]  # |q| (q8_0)
     var offset: UnsafePointer[UInt8, MutUntrackedOrigin]  # q + 128, 1..255 (q8_0)
     var scales: UnsafePointer[Float32, MutUntrackedOrigin]
     var q4_offsets: UnsafePointer[Int32, MutUntrackedOrigin]  # -8 * sum(q) (q4_0: values 0..15 stand for -8..7)
+    var sums: UnsafePointer[Int32, MutUntrackedOrigin]  # sum(q) of every 16 (q8_K)
     var blocks: Int
 
     var K: Int
@@ -22,13 +29,14 @@ struct QuantizedRows[FORMAT: Int]:
     def __init__(out self, M: Int, K: Int):
         """Room for M rows of K values; `quantize` fills it."""
         self.K = K
-        self.blocks = (K + BLOCK - 1) // BLOCK
-        var values = M * self.blocks * BLOCK
+        self.blocks = (K + Self.WIDTH - 1) // Self.WIDTH
+        var values = M * self.blocks * Self.WIDTH
         self.quants = alloc[Int8](values)
         self.magnitudes = alloc[UInt8](values if Self.FORMAT == Q8_0 else 0)
         self.offset = alloc[UInt8](values if Self.FORMAT == Q8_0 else 0)
         self.scales = alloc[Float32](M * self.blocks)
         self.q4_offsets = alloc[Int32](M * self.blocks if Self.FORMAT == Q4_0 else 0)
+        self.sums = alloc[Int32](values // 16 if Self.FORMAT == Q8_K else 0)
 
     def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
         """x's M rows of K values, quantized."""
@@ -37,6 +45,9 @@ struct QuantizedRows[FORMAT: Int]:
 
     def quantize(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
         """Quantizes x's M rows (of K values) into this room."""
+        comptime if Self.FORMAT == Q8_K:
+            self._quantize_super(x, M)
+            return
         var K = self.K
         for m in range(M):
             for b in range(self.blocks):
@@ -59,9 +70,33 @@ struct QuantizedRows[FORMAT: Int]:
                 else:
                     self.q4_offsets[m * self.blocks + b] = -8 * q.reduce_add()
 
+    def _quantize_super(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
+        """q8_K's rounding of x's M rows (K whole blocks of 256): llama.cpp's `quantize_row_q8_K_ref`."""
+        var K = self.K
+        for m in range(M):
+            for b in range(self.blocks):
+                var block = (x + m * K + b * SUPER).load[width=SUPER]()
+                var largest = Float32(0)  # the value of largest magnitude, the first of equals
+                for i in range(SUPER):
+                    if abs(block[i]) > abs(largest):
+                        largest = block[i]
+                var at = (m * self.blocks + b) * SUPER
+                var q = SIMD[DType.int32, SUPER](0)
+                var scale = Float32(0)
+                if largest != 0:
+                    var inverse = -127 / largest
+                    var scaled = block * inverse
+                    q = min(llvm_intrinsic["llvm.roundeven", SIMD[F32, SUPER]](scaled).cast[DType.int32](), 127)
+                    scale = 1 / inverse
+                (self.quants + at).store(q.cast[DType.int8]())
+                self.scales[m * self.blocks + b] = scale
+                comptime for i in range(SUPER // 16):
+                    self.sums[at // 16 + i] = q.slice[16, offset = 16 * i]().reduce_add()
+
     def free(self):
         self.quants.free()
         self.magnitudes.free()
         self.offset.free()
         self.scales.free()
         self.q4_offsets.free()
+        self.sums.free()

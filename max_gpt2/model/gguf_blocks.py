@@ -23,6 +23,8 @@ and high nibbles of the first and second 32 bytes, with bits 0-1, 2-3, 4-5, 6-7 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 SUPER = 256  # weights in a K-quant super-block
@@ -58,7 +60,7 @@ def q5_1(blocks: np.ndarray) -> np.ndarray:
 
 
 def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 12 bytes of a Q4_K or Q5_K block -> its 8 sub-blocks' 6-bit scales and mins, float32 [n, 8].
+    """The 12 bytes of a Q4_K or Q5_K block -> its 8 sub-blocks' 6-bit scales and mins, uint8 [n, 8].
 
     Sub-blocks 0-3 take the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
     the low and high nibbles of bytes 8-11 as their low 4 bits, and the top 2 bits of bytes 0-3
@@ -66,14 +68,51 @@ def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first, second, third = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     scales = np.concatenate([first & 63, (third & 0xF) | ((first >> 6) << 4)], axis=-1)
     mins = np.concatenate([second & 63, (third >> 4) | ((second >> 6) << 4)], axis=-1)
-    return scales.astype(np.float32), mins.astype(np.float32)
+    return scales, mins
 
 
-def _k_quant(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Q4_K's and Q5_K's values from their q [n, 8, 32]: (d * scale) * q - dmin * min, per sub-block."""
+class Q4KFields(NamedTuple):
+    """Q4_K blocks [n] taken apart: d and dmin float16 [n], the 6-bit scales and mins uint8 [n, 8] (one
+    each a sub-block of 32), the 4-bit q uint8 [n, 8, 32] (by sub-block)."""
+
+    d: np.ndarray
+    dmin: np.ndarray
+    scales: np.ndarray
+    mins: np.ndarray
+    q: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The float32 weights [n, 256]: (d * scale) * q - dmin * min, in llama.cpp's float32 order."""
+        step = self.d.astype(np.float32)[:, None] * self.scales.astype(np.float32)  # [n, 8]
+        offset = self.dmin.astype(np.float32)[:, None] * self.mins.astype(np.float32)
+        return (step[..., None] * self.q.astype(np.float32) - offset[..., None]).reshape(len(self.q), SUPER)
+
+
+class Q6KFields(NamedTuple):
+    """Q6_K blocks [n] taken apart: d float16 [n], the int8 scales [n, 16] (one a 16 weights), the 6-bit
+    q uint8 [n, 256] (0..63, standing for q - 32)."""
+
+    d: np.ndarray
+    scales: np.ndarray
+    q: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The float32 weights [n, 256]: (d * scale) * (q - 32), in llama.cpp's float32 order."""
+        n = len(self.q)
+        step = self.d.astype(np.float32)[:, None] * self.scales.astype(np.float32)  # [n, 16]
+        q = self.q.astype(np.float32).reshape(n, 16, 16) - 32
+        return (step[..., None] * q).reshape(n, SUPER)
+
+
+def _float16(data: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block, [n]."""
+    return np.ascontiguousarray(data[:, at : at + 2]).view(np.float16)[:, 0]
+
+
+def _k_fields(blocks: np.ndarray, q: np.ndarray) -> Q4KFields:
+    """Q4_K's (and Q5_K's) fields, given their q [n, 8, 32]."""
     scales, mins = _scales_and_mins(blocks[:, 4:16])
-    step, offset = _half(blocks, 0) * scales, _half(blocks, 2) * mins  # [n, 8]
-    return (step[..., None] * q.astype(np.float32) - offset[..., None]).reshape(len(blocks), SUPER)
+    return Q4KFields(_float16(blocks, 0), _float16(blocks, 2), scales, mins, q)
 
 
 def _runs(qs: np.ndarray) -> np.ndarray:
@@ -82,22 +121,28 @@ def _runs(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([runs & 0xF, runs >> 4], axis=2).reshape(len(qs), 8, 32)
 
 
+def q4_k_fields(blocks: np.ndarray) -> Q4KFields:
+    return _k_fields(blocks, _runs(blocks[:, 16:144]))
+
+
 def q4_k(blocks: np.ndarray) -> np.ndarray:
-    return _k_quant(blocks, _runs(blocks[:, 16:144]))
+    return q4_k_fields(blocks).values()
 
 
 def q5_k(blocks: np.ndarray) -> np.ndarray:
     high = (blocks[:, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, 32 (l), 8 (s)]
-    return _k_quant(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4))
+    return _k_fields(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4)).values()
 
 
-def q6_k(blocks: np.ndarray) -> np.ndarray:
+def q6_k_fields(blocks: np.ndarray) -> Q6KFields:
     n = len(blocks)
     low = blocks[:, 0:128].reshape(n, 2, 2, 32)  # [n, half, first or second 32 bytes, l]
     low = np.concatenate([low & 0xF, low >> 4], axis=2)  # [n, half, quarter, l]
     shifts = np.arange(0, 8, 2, dtype=np.uint8).reshape(1, 1, 4, 1)
     high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3  # [n, half, quarter, l]
-    q = ((low | (high << 4)).astype(np.float32) - 32).reshape(n, 16, 16)
-    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]: one per 16 weights
-    step = _half(blocks, 208) * scales
-    return (step[..., None] * q).reshape(n, SUPER)
+    scales = blocks[:, 192:208].view(np.int8)  # [n, 16]: one per 16 weights
+    return Q6KFields(_float16(blocks, 208), scales, (low | (high << 4)).reshape(n, SUPER))
+
+
+def q6_k(blocks: np.ndarray) -> np.ndarray:
+    return q6_k_fields(blocks).values()

@@ -11,6 +11,10 @@ as one stream of memory, not 8 (docs/performance.md). N is padded with zero rows
 
 q8_0 and q4_0 also put 4 consecutive values of each of the 8 rows in one register. Block data comes
 in as GGUF's (`block_quants.BlockCode.to_blocks`): `interleave_blocks` is a shuffle of its bytes.
+
+The K-quants (q4_k, q6_k: `max_gpt2/kernels/packed_layout.mojo` has their byte map) keep a group's
+super-block as one run of bytes: each field of the rows' super-blocks (their q, scales, mins) with
+the 8 rows side by side at one axis of it (`group_field`), the fields one after another.
 """
 
 from __future__ import annotations
@@ -83,3 +87,24 @@ def deinterleave_blocks(
         nibbles = stored.reshape(groups, blocks, 4, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [g, r, b, c, e]
         values = np.stack([nibbles & 0xF, nibbles >> 4], axis=3)  # [g, r, b, half, c, e]
     return values.reshape(groups * GROUP, -1)[:rows], scales[:rows]
+
+
+def group_field(field: np.ndarray, tail: int) -> np.ndarray:
+    """A field of N rows' super-blocks, [N, Ks, *inner], as the kernels store it: [G, Ks, bytes], the
+    group's 8 rows side by side before the last `tail` axes of `inner` (zero rows padding N)."""
+    rows, supers, *inner = field.shape
+    head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
+    groups, at = -(-rows // GROUP), 2 + len(head)  # the rows' axis in the stored array
+    order = (0, at, *range(1, at), *range(at + 1, at + 1 + tail))  # -> [G, r, Ks, *inner]
+    stored = _grouped(field, (groups, supers, *head, GROUP, *last), field.dtype, order)
+    return stored.reshape(groups, supers, -1)
+
+
+def ungroup_field(stored: np.ndarray, inner: tuple[int, ...], tail: int, rows: int) -> np.ndarray:
+    """The inverse of `group_field`: stored [G, Ks, bytes] -> the field [rows, Ks, *inner]."""
+    groups, supers = stored.shape[:2]
+    head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
+    at = 2 + len(head)
+    order = (0, at, *range(1, at), *range(at + 1, at + 1 + tail))
+    view = stored.reshape(groups, supers, *head, GROUP, *last).transpose(order)  # [G, r, Ks, *inner]
+    return view.reshape(groups * GROUP, supers, *inner)[:rows]

@@ -51,7 +51,8 @@ class PackedLinear(Module[[Tensor], Tensor]):
         """The product as `gpt2_decode_layer` takes it: the packed weight, its scales (None without), the
         bias (None without)."""
         scales = getattr(self, "scales", None)
-        return StoredProduct(self.weight, scales, self.bias if isinstance(self.bias, Tensor) else None)
+        bias = self.bias if isinstance(self.bias, Tensor) else None
+        return StoredProduct(self.weight, scales, bias, self.format.kernel_format)
 
     def _deinterleaved(self) -> Tensor:
         """The bfloat16 weight back in rows, [out, in]."""

@@ -32,9 +32,10 @@ No other module compares a format's name; each asks its format.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 from max.dtype import DType
@@ -47,8 +48,10 @@ from max_gpt2.model.kernel_layout import (
     GROUP,
     deinterleave_bfloat16,
     deinterleave_blocks,
+    group_field,
     interleave_bfloat16,
     interleave_blocks,
+    ungroup_field,
 )
 from max_gpt2.model.weight_adapters import CONV1D_WEIGHTS
 
@@ -73,6 +76,7 @@ class WeightFormat:
     quantized: bool = False  # rounded to blocks: reloading it into another quantized format is refused
     matmul_op: str = "skinny_matmul"
     dequantize_op: str | None = None  # the op that unpacks it to float32 in a graph, if not a cast
+    kernel_format: int = 0  # the decode-layer ops' code for it (packed_layout.mojo); 0: rows of floats
 
     def __str__(self) -> str:
         return self.name
@@ -213,6 +217,146 @@ class BlockFormat(WeightFormat):
         return self.code.dequantize(values, scales, in_dim)
 
 
+Fields = gguf_blocks.Q4KFields | gguf_blocks.Q6KFields
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class SuperBlockFormat(WeightFormat, ABC):
+    """One of llama.cpp's K-quants read by the kernels (q4_k, q6_k: `Q4KFormat`, `Q6KFormat`): super-blocks
+    of 256 weights, a group of 8 rows' super-block one run of bytes in "weight" (its fields one after
+    another, `kernel_layout.group_field`; the byte map in `max_gpt2/kernels/packed_layout.mojo`) and
+    its float16 d (and dmin) in "scales". GGUF's blocks come apart into fields (`gguf_blocks`)."""
+
+    block: ClassVar[tuple[int, int]]  # weights, GGUF bytes
+    halves: ClassVar[int]  # float16 a row a super-block in "scales"
+    parts: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]  # each weight field's shape a super-block
+    # and its axes after the rows' (`group_field`), in order
+
+    @property
+    def gguf_block(self) -> tuple[int, int]:
+        return self.block
+
+    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return self.fields(rows.reshape(-1, self.block[1])).values().reshape(shape)
+
+    def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
+        if in_dim % self.block[0]:
+            raise ValueError(
+                f"{self.name} stores rows of whole super-blocks of {self.block[0]} weights; "
+                f"these rows have {in_dim}"
+            )
+        groups, supers = -(-out_dim // GROUP), in_dim // self.block[0]
+        row_bytes = sum(int(np.prod(inner)) for inner, _ in self.parts)  # a row's super-block, bar d
+        return {
+            "weight": Stored((groups, supers * GROUP * row_bytes), "uint8", DType.uint8),
+            "scales": Stored((groups, supers * GROUP * self.halves), "float16", DType.float16),
+        }
+
+    def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        count, supers = rows.shape[0], rows.shape[1] // self.block[1]
+        fields = self.fields(rows.reshape(-1, self.block[1]))
+        q = fields.q.reshape(count, supers, 8, 2, 4, 4)  # [N, Ks, j, half, c, e]
+        parts, halves = self.split(fields, q, count, supers)
+        nibbles = (q[:, :, :, 0] & 0xF) | (q[:, :, :, 1] << 4)  # [N, Ks, j, c, e]: the low 4 bits
+        tails = [tail for _, tail in self.parts]
+        grouped = [group_field(part, tail) for part, tail in zip([nibbles, *parts], tails, strict=True)]
+        weight, scales = np.concatenate(grouped, axis=-1), group_field(halves, 0)
+        return {"weight": weight.reshape(len(weight), -1), "scales": scales.reshape(len(scales), -1)}
+
+    def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
+        supers, weight = in_dim // self.block[0], arrays["weight"]
+        weight = weight.reshape(len(weight), supers, -1)
+        parts, at = [], 0
+        for inner, tail in self.parts:
+            size = GROUP * int(np.prod(inner))
+            parts.append(ungroup_field(weight[..., at : at + size], inner, tail, out_dim))
+            at += size
+        scales = arrays["scales"].reshape(len(arrays["scales"]), supers, -1)
+        n = out_dim * supers
+        halves = ungroup_field(scales, (self.halves,), 0, out_dim).reshape(n, self.halves)
+        nibbles = parts[0].reshape(n, 8, 1, 4, 4)
+        q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=2)  # [n, j, half, c, e]
+        return (
+            self.join([part.reshape(n, -1) for part in parts[1:]], halves, q)
+            .values()
+            .reshape(out_dim, in_dim)
+        )
+
+    @abstractmethod
+    def fields(self, blocks: np.ndarray) -> Fields:
+        """GGUF's blocks [n, bytes] taken apart (`gguf_blocks`)."""
+
+    @abstractmethod
+    def split(
+        self, fields: Fields, q: np.ndarray, count: int, supers: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """The weight fields after the nibbles, [N, Ks, *inner] each, and the float16 [N, Ks, halves]."""
+
+    @abstractmethod
+    def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> Fields:
+        """The inverse of `split`, from its parts [n, ...], halves [n, halves] and q [n, j, half, c, e]."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Q4KFormat(SuperBlockFormat):
+    """q4_k: after the nibbles, each sub-block's 6-bit scale and min, [8] each; d and dmin."""
+
+    block = (256, 144)
+    halves = 2
+    parts = (((8, 4, 4), 1), ((8,), 0), ((8,), 0))
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return gguf_quantizers.q4_k(weight)
+
+    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q4KFields:
+        return gguf_blocks.q4_k_fields(blocks)
+
+    def split(
+        self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        halves = np.stack([fields.d, fields.dmin], axis=-1).reshape(count, supers, 2)
+        return [fields.scales.reshape(count, supers, 8), fields.mins.reshape(count, supers, 8)], halves
+
+    def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> gguf_blocks.Q4KFields:
+        return gguf_blocks.Q4KFields(halves[:, 0], halves[:, 1], parts[0], parts[1], q.reshape(len(q), 8, 32))
+
+
+# q6_k: where a value's high 2 bits sit in its byte, by [half, c // 2] (the kernel takes them to bits
+# 4-5 with one shift and a mask): chunks 0 and 1 in bits 4-7, chunks 2 and 3 in bits 0-3.
+HIGH_BITS = np.array([[4, 0], [6, 2]], np.uint8).reshape(2, 2, 1, 1)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Q6KFormat(SuperBlockFormat):
+    """q6_k: after the nibbles, the high 2 bits of the values, chunks c and c + 2 of both halves in a
+    byte [8, 2, 4] (`HIGH_BITS`), and the int8 scales of the 16 runs of 16 weights [16]; d."""
+
+    block = (256, 210)
+    halves = 1
+    parts = (((8, 4, 4), 1), ((8, 2, 4), 1), ((16,), 0))
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return gguf_quantizers.q6_k(weight)
+
+    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q6KFields:
+        return gguf_blocks.q6_k_fields(blocks)
+
+    def split(
+        self, fields: gguf_blocks.Q6KFields, q: np.ndarray, count: int, supers: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        high = (q >> 4).reshape(count, supers, 8, 2, 2, 2, 4)  # [N, Ks, j, half, c // 2, c % 2, e]
+        packed = (high << HIGH_BITS).sum(axis=(3, 4), dtype=np.uint8)  # [N, Ks, j, c % 2, e]
+        scales = fields.scales.reshape(count, supers, 16).view(np.uint8)
+        return [packed, scales], fields.d.reshape(count, supers, 1)
+
+    def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> gguf_blocks.Q6KFields:
+        packed = parts[0].reshape(len(q), 8, 1, 1, 2, 4)  # [n, j, -, -, c % 2, e]
+        high = ((packed >> HIGH_BITS) & 3).reshape(len(q), 8, 2, 4, 4)  # [n, j, half, c, e]
+        return gguf_blocks.Q6KFields(
+            halves[:, 0], parts[1].view(np.int8), (q | (high << 4)).reshape(len(q), 256)
+        )
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class GGMLBlockFormat(WeightFormat):
     """One of llama.cpp's other block types: GGUF files hold it (a `gguf_mixes` preset writes it), and it
@@ -260,24 +404,26 @@ FLOAT32 = WeightFormat("float32", 4.0, "F32", 0)
 FLOAT16 = Float16Format("float16", 2.0, "F16", 1)
 BFLOAT16 = BFloat16Format("bfloat16", 2.0, "BF16", 32, kernels_only=True, matmul_op="packed_matmul_bf16")
 Q8_0 = BlockFormat(
-    "q8_0", 34 / 32, "Q8_0", 7, True, True, "packed_matmul_q8_0", "dequantize_q8_0", code=Q8_0_CODE
+    "q8_0", 34 / 32, "Q8_0", 7, True, True, "packed_matmul_q8_0", "dequantize_q8_0", 1, code=Q8_0_CODE
 )
 Q4_0 = BlockFormat(
-    "q4_0", 18 / 32, "Q4_0", 2, True, True, "packed_matmul_q4_0", "dequantize_q4_0", code=Q4_0_CODE
+    "q4_0", 18 / 32, "Q4_0", 2, True, True, "packed_matmul_q4_0", "dequantize_q4_0", 2, code=Q4_0_CODE
 )
 
-FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0)}
+Q4_K = Q4KFormat("q4_k", 148 / 256, "Q4_K", 15, True, True, "packed_matmul_q4_k", "dequantize_q4_k", 3)
+Q6_K = Q6KFormat("q6_k", 210 / 256, "Q6_K", 18, True, True, "packed_matmul_q6_k", "dequantize_q6_k", 4)
+
+FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_K, Q6_K)}
 """The formats the projections and the head may be stored in, by name."""
-# llama.cpp's other types, and its `general.file_type` of a file mostly in each (Q4_K_M's, Q5_K_M's).
-GGML_BLOCKS = (
-    _ggml_blocks("q4_1", 3, gguf_blocks.q4_1, gguf_quantizers.q4_1, (32, 20)),
-    _ggml_blocks("q5_0", 8, gguf_blocks.q5_0, gguf_quantizers.q5_0, (32, 22)),
-    _ggml_blocks("q5_1", 9, gguf_blocks.q5_1, gguf_quantizers.q5_1, (32, 24)),
-    _ggml_blocks("q4_k", 15, gguf_blocks.q4_k, gguf_quantizers.q4_k, (256, 144)),
-    _ggml_blocks("q5_k", 17, gguf_blocks.q5_k, gguf_quantizers.q5_k, (256, 176)),
-    _ggml_blocks("q6_k", 18, gguf_blocks.q6_k, gguf_quantizers.q6_k, (256, 210)),
-)
-BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, *GGML_BLOCKS)}
+# llama.cpp's types no kernel reads, and its `general.file_type` of a file mostly in each (Q5_K_M's).
+Q4_1 = _ggml_blocks("q4_1", 3, gguf_blocks.q4_1, gguf_quantizers.q4_1, (32, 20))
+Q5_0 = _ggml_blocks("q5_0", 8, gguf_blocks.q5_0, gguf_quantizers.q5_0, (32, 22))
+Q5_1 = _ggml_blocks("q5_1", 9, gguf_blocks.q5_1, gguf_quantizers.q5_1, (32, 24))
+Q5_K = _ggml_blocks("q5_k", 17, gguf_blocks.q5_k, gguf_quantizers.q5_k, (256, 176))
+GGML_BLOCKS = (Q4_1, Q5_0, Q5_1, Q5_K)
+BY_GGML_TYPE = {
+    f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
+}
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
 NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""

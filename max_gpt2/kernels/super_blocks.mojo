@@ -1,0 +1,141 @@
+# The products of llama.cpp's K-quants, q4_k and q6_k (super-blocks of 256 weights; layout in
+# packed_layout.mojo), against x rounded to q8_K (quantized_rows.mojo), as llama.cpp computes them:
+# each sub-block's integer dot products, times its integer scale, summed over the super-block in
+# int32, then one float multiply by d (and dmin) times x's scale.
+#
+#   q4_k   w = d * scale_j * q - dmin * min_j        q 0..15, scale and min 0..63 per 32 weights
+#   q6_k   w = d * scale_i * (q - 32)                q 0..63, int8 scale per 16 weights
+#
+# The offsets come off through x's sums of 16: min_j * sum(xq) over sub-block j, 32 * sum(xq) over
+# each 16. Bounds: a q6_k super-block's sum is at most 127 * 32 * 127 * 256, a q4_k's
+# 63 * 15 * 127 * 256: both within int32.
+from std.collections import Array
+from std.memory import UnsafePointer
+from std.sys.intrinsics import prefetch
+
+from .byte_products import dot4_add, repeat4
+from .epilogue import finish
+from .packed_layout import F32, GROUP, PREFETCH_AHEAD, Q4_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, requests_ahead
+from .quantized_rows import QuantizedRows
+
+comptime NIBBLES = 1024  # bytes of a group's super-block that hold the low 4 bits of q
+
+
+@always_inline
+def _group_super_blocks[
+    X: Int, //, FORMAT: Int, MB: Int, EPILOGUE: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows[X],
+    m0: Int,
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    N: Int,
+    g: Int,
+):
+    """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x,
+    plus bias[8g + r] where there is a bias."""
+    comptime BYTES = block_bytes[FORMAT]()
+    comptime SCALES = block_scales[FORMAT]()
+    comptime L = GROUP
+    var nb = xq.blocks
+    var group = w + g * nb * BYTES
+    var acc = Array[SIMD[F32, L], MB](fill=SIMD[F32, L](0))
+    for s in range(nb):
+        var block = group + s * BYTES
+        var sums = Array[SIMD[F32, L], MB](fill=SIMD[F32, L](0))  # scale x dot (q6_k)
+        var whole = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # scale x dot (q4_k)
+        var offsets = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # min x sum(xq) (q4_k)
+        comptime for j in range(8):  # sub-blocks of 32
+            # Every cache line of the super-block requested ahead, an eighth at a time: all at once
+            # (26 lines of q6_k) streamed slower (docs/performance.md).
+            comptime LINES = BYTES // 64
+            comptime for line in range(j * LINES // 8, (j + 1) * LINES // 8):
+                prefetch[requests_ahead[MB == 1]()](block + PREFETCH_AHEAD + 64 * line)
+            var nibbles = block + j * 128
+            var lows = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
+            var highs = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
+            comptime for c in range(4):
+                var raw = (nibbles + c * 32).load[width=32]()
+                var low = raw & 0xF  # element 32j + 4c + e of row r, at lane 4r + e
+                var high = raw >> 4  # element 32j + 16 + 4c + e
+                comptime if FORMAT == Q6_K:
+                    # chunks c and c + 2 share a byte of high bits: bits 4-7 for c < 2, 0-3 for the others
+                    var top = (block + NIBBLES + j * 64 + (c % 2) * 32).load[width=32]()
+                    comptime if c < 2:
+                        low |= top & 0x30
+                        high |= (top >> 2) & 0x30
+                    else:
+                        low |= (top << 4) & 0x30
+                        high |= (top << 2) & 0x30
+                comptime for m in range(MB):
+                    var quants = xq.quants + ((m0 + m) * nb + s) * SUPER + 32 * j
+                    lows[m] = dot4_add[L](lows[m], low, repeat4[DType.int8, L](quants + 4 * c))
+                    highs[m] = dot4_add[L](highs[m], high, repeat4[DType.int8, L](quants + 16 + 4 * c))
+            comptime if FORMAT == Q6_K:
+                # Each 16's scale applied in float32 (exact: |scale x dot| < 2^24), which measured faster
+                # than int32 multiplies (docs/performance.md).
+                var scales = (block + NIBBLES + 512 + 16 * j).bitcast[Int8]()
+                var first = scales.load[width=L]().cast[F32]()
+                var second = (scales + 8).load[width=L]().cast[F32]()
+                comptime for m in range(MB):
+                    var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
+                    sums[m] = (lows[m] - 32 * sixteens[0]).cast[F32]().fma(first, sums[m])
+                    sums[m] = (highs[m] - 32 * sixteens[1]).cast[F32]().fma(second, sums[m])
+            else:
+                var scale = (block + NIBBLES + 8 * j).load[width=L]().cast[DType.int32]()
+                var least = (block + NIBBLES + 64 + 8 * j).load[width=L]().cast[DType.int32]()
+                comptime for m in range(MB):
+                    var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
+                    whole[m] += scale * (lows[m] + highs[m])
+                    offsets[m] += least * (sixteens[0] + sixteens[1])
+        var steps = (d + (g * nb + s) * SCALES).load[width=L]().cast[F32]()
+        comptime for m in range(MB):
+            var x_scale = xq.scales[(m0 + m) * nb + s]
+            comptime if FORMAT == Q6_K:
+                acc[m] = sums[m].fma(steps * x_scale, acc[m])
+            else:
+                acc[m] = whole[m].cast[F32]().fma(steps * x_scale, acc[m])
+                var least_steps = (d + (g * nb + s) * SCALES + L).load[width=L]().cast[F32]()
+                acc[m] = offsets[m].cast[F32]().fma(-least_steps * x_scale, acc[m])
+    var rows = min(L, N - g * GROUP)
+    var offsets = SIMD[F32, L](0)
+    if has_bias:
+        for r in range(rows):
+            offsets[r] = bias[g * GROUP + r]
+    comptime for m in range(MB):
+        var out = y + (m0 + m) * N + g * GROUP
+        if rows == L:
+            finish[EPILOGUE, L](out, acc[m] + offsets)
+        else:
+            for r in range(rows):
+                finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])
+
+
+def super_block_groups[
+    X: Int, //, FORMAT: Int, EPILOGUE: Int
+](
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows[X],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    N: Int,
+    first: Int,
+    last: Int,
+):
+    """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
+    y [M, N] as EPILOGUE says: up to 8 rows of x at a time, while a group's super-blocks are in cache."""
+    comptime assert FORMAT == Q4_K or FORMAT == Q6_K, "super-blocks are q4_k's and q6_k's"
+    comptime assert X == Q8_K, "the K-quants read x rounded to q8_K"
+    for g in range(first, last):
+        var m = 0
+        comptime for halving in range(4):  # 8 rows of x at a time, then 4, 2, 1
+            comptime MB = 8 >> halving
+            while M - m >= MB:
+                _group_super_blocks[FORMAT, MB, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
+                m += MB

@@ -15,17 +15,17 @@ import subprocess
 import numpy as np
 import pytest
 
-from max_gpt2 import GPT2Config
+from max_gpt2 import GPT2Config, load_lm, reference
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint, gguf_metadata, gguf_name, gguf_tensors
 from max_gpt2.model.gguf_mixes import MIXES
 from max_gpt2.model.gguf_writer import write_gguf
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, Q6_K
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.llama_cpp import FIXTURE, TYPES, crafted_rows, llama_tool, quantized_by_llama
-from tests.support import run_python
+from tests.support import prompt_and_steps, run_python
 
 TWELVE = GPT2Config(n_embd=256, n_head=4, n_layer=12, n_positions=8, vocab_size=16, n_inner=1024)
 XL_LIKE = GPT2Config(n_embd=320, n_head=4, n_layer=8, n_positions=8, vocab_size=16, n_inner=1280)
@@ -130,13 +130,38 @@ def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset, 
     out = preset_file(tmp_path, config, preset)[1]
     reader = {tensor.name: tensor for tensor in gguf.GGUFReader(out).tensors}
     loaded = GGUFCheckpoint(out)
-    # a mix loads as the float32 values it stands for; all in one of the kernels' formats, as that
-    assert loaded.weight_format is (Q6_K if loaded.source_formats == {Q6_K} else FLOAT32)
+    # as it is where the kernels read its types (256-wide rows), else as the float32 values it stands for
+    native = config is TWELVE and preset != "q5_k_m"
+    assert loaded.weight_format.kernels_only == native and (native or loaded.weight_format is FLOAT32)
     bound = bound_weights(loaded, FLOAT32, tmp_path / "cache")
     for name, array in bound.items():
         tensor = reader[gguf_name("transformer.wte.weight" if name == "lm_head.weight" else name)]
         expected = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
         np.testing.assert_array_equal(np.asarray(array).reshape(-1), expected.reshape(-1), err_msg=name)
+
+
+def test_a_q4_k_m_file_runs_each_tensor_in_its_own_format_and_tracks_the_reference(tmp_path):
+    """llama-quantize's Q4_K_M mix (q6_k c_attn and mlp c_proj in 6 of 12 layers and the tied head, q4_k
+    the rest) loads as it is, each projection in its tensor's format through the kernels, two blocks
+    stored differently in one graph; a prompt's and two steps' logits against the float64 reference on
+    the values the file stands for, within what rounding x to q8_K's blocks of 256 costs (as
+    q6_k's whole model, tests/test_weight_formats.py)."""
+    out = preset_file(tmp_path, TWELVE, "q4_k_m")[1]
+    lm = load_lm(out, "cpu", cache_dir=tmp_path / "cache")
+    mix = lm.weight_format
+    assert mix.name == "q4_k+q6_k" and mix.kernels_only
+    assert [mix.format_for(f"transformer.h.{i}.attn.c_attn.weight").name for i in range(4)] == [
+        "q6_k",
+        "q4_k",
+        "q4_k",
+        "q6_k",
+    ]
+    assert mix.format_for("lm_head.weight").name == "q6_k"
+    values = bound_weights(GGUFCheckpoint(out), FLOAT32, tmp_path / "float32")
+    ids = np.random.default_rng(0).integers(0, TWELVE.vocab_size, (2, TWELVE.n_positions))
+    got = prompt_and_steps(lm, ids, TWELVE.n_positions - 2)
+    expected = reference.lm_logits_and_largest_score(ids, dict(values), lm.config)[0]
+    assert np.abs(got - expected).max() <= 5e-2 * np.abs(expected).max()
 
 
 @needs_llama

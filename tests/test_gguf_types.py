@@ -15,7 +15,7 @@ import pytest
 
 from max_gpt2 import CheckpointError, GPT2Config, load_lm, reference
 from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, Q4_0, Q6_K
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, Q4_0
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.verify import compare
 from tests.gguf_files import gguf, random_blocks, write_typed_file
@@ -64,8 +64,9 @@ def test_a_file_in_each_preset_binds_the_values_it_stands_for(tmp_path, name):
     path = tmp_path / f"wide-{name}.gguf"
     values = write_typed_file(path, WIDE, PRESETS[name], np.random.default_rng(1))
     checkpoint = GGUFCheckpoint(path)
-    # a mix, or llama.cpp's types no kernel reads: float32; all in one the kernels read (q6_k): that
-    assert checkpoint.weight_format is (Q6_K if checkpoint.source_formats == {Q6_K} else FLOAT32)
+    # types the kernels read load as themselves (a mix tensor by tensor), the others as float32
+    native = name in ("Q4_0", "Q4_K_M", "Q6_K")
+    assert checkpoint.weight_format.kernels_only == native and (native or checkpoint.weight_format is FLOAT32)
     assert {source.ggml_type for source in checkpoint.source_formats} == set(PRESETS[name].values())
     bound = bound_weights(checkpoint, FLOAT32, tmp_path / "cache")
     assert set(bound) == set(values)
@@ -98,11 +99,25 @@ def test_a_mix_of_types_gives_the_reference_logits_and_a_float32_files(tmp_path)
     np.testing.assert_array_equal(load_lm(plain, "cpu", cache_dir=tmp_path / "cache").logits(ids), logits)
 
 
-def test_a_mix_loads_as_float32_only(tmp_path):
+def test_a_mix_loads_as_itself_or_float32_only(tmp_path):
     path = tmp_path / "q4_k_m.gguf"
     write_typed_file(path, WIDE, PRESETS["Q4_K_M"], np.random.default_rng(3))
-    with pytest.raises(ValueError, match=r"q4_k_m\.gguf is q4_k, q6_k; it loads as float32 .* not as q4_0"):
+    message = r"q4_k_m\.gguf is q4_k, q6_k; it loads as q4_k\+q6_k or as float32 .* not as q4_0"
+    with pytest.raises(ValueError, match=message):
         load_lm(path, "cpu", weight_format=Q4_0, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    ("name", "types"),
+    [
+        ("Q4_1", PRESETS["Q4_1"]),  # a type no kernel reads
+        ("q8_0 beside q4_0", {**PRESETS["Q4_0"], "blk.1.attn_output.weight": "Q8_0"}),  # a layer's dtypes
+        ("q4_0 beside q4_k", {**PRESETS["Q4_K_M"], "blk.0.ffn_up.weight": "Q4_0"}),  # x rounded two ways
+    ],
+)
+def test_a_mix_the_kernels_cannot_take_loads_as_float32(tmp_path, name, types):
+    write_typed_file(tmp_path / "mix.gguf", WIDE, types, np.random.default_rng(5))
+    assert GGUFCheckpoint(tmp_path / "mix.gguf").weight_format is FLOAT32, name
 
 
 def test_a_type_not_read_is_refused_with_the_list(tmp_path):

@@ -71,27 +71,29 @@ struct QuantizedRows[FORMAT: Int]:
                     self.q4_offsets[m * self.blocks + b] = -8 * q.reduce_add()
 
     def _quantize_super(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
-        """q8_K's rounding of x's M rows (K whole blocks of 256): llama.cpp's `quantize_row_q8_K_ref`."""
+        """q8_K's rounding of x's M rows (K whole blocks of 256): llama.cpp's `quantize_row_q8_K_ref`,
+        16 values at a time (one sum each)."""
         var K = self.K
         for m in range(M):
             for b in range(self.blocks):
-                var block = (x + m * K + b * SUPER).load[width=SUPER]()
-                var largest = Float32(0)  # the value of largest magnitude, the first of equals
-                for i in range(SUPER):
-                    if abs(block[i]) > abs(largest):
-                        largest = block[i]
-                var at = (m * self.blocks + b) * SUPER
-                var q = SIMD[DType.int32, SUPER](0)
-                var scale = Float32(0)
-                if largest != 0:
-                    var inverse = -127 / largest
-                    var scaled = block * inverse
-                    q = min(llvm_intrinsic["llvm.roundeven", SIMD[F32, SUPER]](scaled).cast[DType.int32](), 127)
-                    scale = 1 / inverse
-                (self.quants + at).store(q.cast[DType.int8]())
-                self.scales[m * self.blocks + b] = scale
+                var values = x + m * K + b * SUPER
+                var magnitude = SIMD[F32, 16](0)
                 comptime for i in range(SUPER // 16):
-                    self.sums[at // 16 + i] = q.slice[16, offset = 16 * i]().reduce_add()
+                    magnitude = max(magnitude, abs((values + 16 * i).load[width=16]()))
+                var largest_magnitude = magnitude.reduce_max()
+                var largest = Float32(0)  # the first value of that magnitude, with its sign
+                for i in range(SUPER):
+                    if abs(values[i]) == largest_magnitude:
+                        largest = values[i]
+                        break
+                var at = (m * self.blocks + b) * SUPER
+                var inverse = Float32(0) if largest == 0 else -127 / largest
+                self.scales[m * self.blocks + b] = Float32(0) if largest == 0 else 1 / inverse
+                comptime for i in range(SUPER // 16):
+                    var scaled = (values + 16 * i).load[width=16]() * inverse
+                    var q = min(llvm_intrinsic["llvm.roundeven", SIMD[F32, 16]](scaled).cast[DType.int32](), 127)
+                    (self.quants + at + 16 * i).store(q.cast[DType.int8]())
+                    self.sums[at // 16 + i] = q.reduce_add()
 
     def free(self):
         self.quants.free()

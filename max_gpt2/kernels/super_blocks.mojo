@@ -1,14 +1,14 @@
 # The products of llama.cpp's K-quants, q4_k and q6_k (super-blocks of 256 weights; layout in
 # packed_layout.mojo), against x rounded to q8_K (quantized_rows.mojo), as llama.cpp computes them:
-# each sub-block's integer dot products, times its integer scale, summed over the super-block in
-# int32, then one float multiply by d (and dmin) times x's scale.
+# each sub-block's integer dot products times its integer scale, summed over the super-block, then
+# one float multiply by d (and dmin) times x's scale.
 #
 #   q4_k   w = d * scale_j * q - dmin * min_j        q 0..15, scale and min 0..63 per 32 weights
 #   q6_k   w = d * scale_i * (q - 32)                q 0..63, int8 scale per 16 weights
 #
 # The offsets come off through x's sums of 16: min_j * sum(xq) over sub-block j, 32 * sum(xq) over
-# each 16. Bounds: a q6_k super-block's sum is at most 127 * 32 * 127 * 256, a q4_k's
-# 63 * 15 * 127 * 256: both within int32.
+# each 16. q4_k sums in int32 (at most 63 * 15 * 127 * 256); q6_k's scale x dot of each 16 (at most
+# 128 * 63 * 127 * 16 < 2^24) is exact in float32, where it is summed.
 from std.collections import Array
 from std.memory import UnsafePointer
 from std.sys.intrinsics import prefetch
@@ -49,11 +49,12 @@ def _group_super_blocks[
         var whole = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # scale x dot (q4_k)
         var offsets = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # min x sum(xq) (q4_k)
         comptime for j in range(8):  # sub-blocks of 32
-            # Every cache line of the super-block requested ahead, an eighth at a time: all at once
-            # (26 lines of q6_k) streamed slower (docs/performance.md).
+            # Every cache line of the super-block requested ahead into L2, an eighth at a time: into L1,
+            # as q4_0 and q8_0 ask against one row, decoding streamed q6_k at half the speed
+            # (docs/performance.md).
             comptime LINES = BYTES // 64
             comptime for line in range(j * LINES // 8, (j + 1) * LINES // 8):
-                prefetch[requests_ahead[MB == 1]()](block + PREFETCH_AHEAD + 64 * line)
+                prefetch[requests_ahead[False]()](block + PREFETCH_AHEAD + 64 * line)
             var nibbles = block + j * 128
             var lows = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
             var highs = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))

@@ -42,7 +42,7 @@ from max_gpt2.model.gguf_file import GGUFFile
 from max_gpt2.model.gguf_writer import TensorSpec
 from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format
 from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, WeightFormat, is_packed
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, WeightFormat, is_packed, mixed
 
 ARCHITECTURE = "gpt2"
 _LAYER_PARTS = {
@@ -119,10 +119,11 @@ class GGUFCheckpoint:
 
     `source_formats` are the types its projections and head are stored in (llama-quantize's presets
     mix them; a tied head is `token_embd`, counted where it is quantized), `weight_format` what it
-    loads as when no other is asked
-    for: the one type's own where it is one of ours (`WeightFormat.loads_as`: F16 and llama.cpp's
-    other types as float32), float32 for a mix (`stored_weights.choose_format`). `tensor(name)`
-    hands out a parameter as stored in the file, not copied (`SourceTensor`).
+    loads as when no other is asked for: the one type's own where it is one of ours
+    (`WeightFormat.loads_as`: F16 and llama.cpp's types no kernel reads as float32), a mix of the
+    kernels' formats as itself, each tensor in its own (`weight_formats.mixed`), any other mix as
+    float32 (`stored_weights.choose_format`). `tensor(name)` hands out a parameter as stored in the
+    file, not copied (`SourceTensor`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -139,7 +140,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"{self.path} holds tensors GPT-2 does not have: {', '.join(unexpected[:5])}"
             )
-        packed_types: set[str] = set()
+        packed: dict[str, WeightFormat] = {}  # the projections' and a quantized tied head's formats
         for stored, name in self._names.items():
             info = self.gguf.tensors.get(stored)
             if info is None:
@@ -158,10 +159,12 @@ class GGUFCheckpoint:
             # keep it apart); a float one is packed as the projections are.
             tied_head = self.tied and stored == "token_embd.weight" and BY_GGML_TYPE[info.type].quantized
             if is_packed(name) or tied_head:
-                packed_types.add(info.type)
-        self.source_formats = frozenset(BY_GGML_TYPE[kind] for kind in packed_types)
-        (only,) = self.source_formats if len(self.source_formats) == 1 else (FLOAT32,)
-        self.weight_format = only.loads_as
+                packed["lm_head.weight" if tied_head else name] = BY_GGML_TYPE[info.type]
+        self.source_formats = frozenset(packed.values())
+        if len(self.source_formats) == 1:
+            self.weight_format = next(iter(self.source_formats)).loads_as
+        else:
+            self.weight_format = mixed(packed) or FLOAT32
 
     one_file = True  # its config, tokenizer and weights
 

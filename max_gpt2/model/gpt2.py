@@ -10,7 +10,8 @@
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
 With a packed `weight_format` (`max_gpt2.model.weight_formats`) every projection and the LM
-head are `PackedLinear`s, their weights in that format; the embeddings stay float32.
+head are `PackedLinear`s, their weights in that format (a file's mix: each in its tensor's own);
+the embeddings stay float32.
 
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
@@ -53,15 +54,16 @@ from max_gpt2.model.block import Block, LinearFactory, layer_norm
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
-from max_gpt2.model.packed_linear import PackedLinear
+from max_gpt2.model.packed_linear import PackedLinear, formats_named, take_formats
 from max_gpt2.model.variants import PLAIN, RANKED, Head, Variant
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
 
 
 def linear_for(weight_format: WeightFormat, kernels: bool) -> LinearFactory:
-    """The projections' module for a weight format, through the decoding kernels or MAX's ops."""
+    """The projections' module for a weight format, through the decoding kernels or MAX's ops (a mix of
+    formats builds them in its `built_as`, then `take_formats` gives each its own)."""
     if weight_format.kernels_only:
-        return partial(PackedLinear, format=weight_format, kernels=kernels)
+        return partial(PackedLinear, format=weight_format.built_as, kernels=kernels)
     return SkinnyLinear if kernels else Linear
 
 
@@ -96,8 +98,10 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         key_bias = padding_bias(attention_mask, x.dtype)
         attentions = []
         for block, cache in zip(self.h, caches, strict=True):
-            # Every block is one subgraph: MAX compiles the layer once, not n_layer times.
-            out = as_subgraph(block, name=self.block_graph)(x, cache, key_bias)
+            # Every block is one subgraph: MAX compiles the layer once, not n_layer times (once for each
+            # way its projections are stored, where a file mixes formats).
+            name = "_".join(filter(None, [self.block_graph, formats_named(block)]))
+            out = as_subgraph(block, name=name)(x, cache, key_bias)
             x, weights = out if self.output_attentions else (out, None)
             attentions.append(weights)
         hidden = self.ln_f(x)
@@ -130,6 +134,7 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
             config, lambda: attention(config, self.output_attentions, linear), linear, block, block_graph
         )
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
+        take_formats(self, weight_format)
 
     def forward(
         self,

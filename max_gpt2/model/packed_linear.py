@@ -25,12 +25,19 @@ class PackedLinear(Module[[Tensor], Tensor]):
     def __init__(
         self, in_dim: int, out_dim: int, *, bias: bool = True, format: WeightFormat, kernels: bool
     ) -> None:
-        self.format, self.kernels, self.in_dim, self.out_dim = format, kernels, in_dim, out_dim
-        stored = format.stored(out_dim, in_dim)
+        self.kernels, self.in_dim, self.out_dim = kernels, in_dim, out_dim
+        self.take_format(format)
+        self.bias = Tensor.zeros([out_dim], dtype=DType.float32) if bias else 0
+
+    def take_format(self, format: WeightFormat) -> None:
+        """Stores W in `format` from now on: its parameters made anew, as that format stores them."""
+        self.format = format
+        stored = format.stored(self.out_dim, self.in_dim)
         self.weight = Tensor.zeros(list(stored["weight"].shape), dtype=stored["weight"].max_dtype)
         if "scales" in stored:
             self.scales = Tensor.zeros(list(stored["scales"].shape), dtype=stored["scales"].max_dtype)
-        self.bias = Tensor.zeros([out_dim], dtype=DType.float32) if bias else 0
+        elif hasattr(self, "scales"):
+            del self.scales
 
     def forward(self, x: Tensor) -> Tensor:
         product = self.stored()
@@ -59,3 +66,17 @@ class PackedLinear(Module[[Tensor], Tensor]):
         groups, chunks = int(self.weight.shape[0]), int(self.weight.shape[1]) // (GROUP * CHUNK)
         grouped = self.weight.reshape([groups, chunks, GROUP, CHUNK]).permute([0, 2, 1, 3])  # [G, r, c, e]
         return grouped.reshape([groups * GROUP, chunks * CHUNK])[: self.out_dim, : self.in_dim]
+
+
+def take_formats(model: Module, weight_format: WeightFormat) -> None:
+    """Each `PackedLinear` of `model` in the format `weight_format` gives its weight (`format_for`: a
+    file's mix of formats gives each tensor its own)."""
+    for name, module in model.descendants:
+        if isinstance(module, PackedLinear):
+            module.take_format(weight_format.format_for(f"{name}.weight"))
+
+
+def formats_named(module: Module) -> str:
+    """The formats of `module`'s `PackedLinear`s in order, joined ("" without any): what tells blocks
+    stored differently apart, so that each way compiles as a subgraph of its own."""
+    return "_".join(child.format.name for _, child in module.descendants if isinstance(child, PackedLinear))

@@ -90,7 +90,7 @@ def requantizing(checkpoint: Stored, target: object) -> str | None:
     sources = checkpoint.source_formats
     if not any(source.quantized for source in sources):
         return None
-    allowed = dict.fromkeys([*(s.loads_as for s in sources if len(sources) == 1), FLOAT32])
+    allowed = dict.fromkeys([checkpoint.weight_format, FLOAT32])  # its own (one type, or a mix), float32
     if target in allowed:
         return None
     stored = ", ".join(sorted(source.name for source in sources))
@@ -113,7 +113,8 @@ def store(name: str, tensor: SourceTensor, weight_format: WeightFormat) -> dict[
     the head and the format packs, else float32. Float32 data is not copied where it stays float32."""
     if not weight_format.kernels_only or not is_packed(name):
         return {name: to_float32(tensor)}
-    packed = weight_format.pack(in_format(tensor, weight_format))
+    own = weight_format.format_for(name)
+    packed = own.pack(in_format(tensor, own))
     return {stored_name(name, part): array for part, array in packed.items()}
 
 
@@ -133,7 +134,7 @@ def stored_layout(
         if not weight_format.kernels_only or not is_packed(name):
             layout[name] = (shape, "float32")
             continue
-        for part, stored in weight_format.stored(*shape).items():
+        for part, stored in weight_format.format_for(name).stored(*shape).items():
             layout[stored_name(name, part)] = (stored.shape, stored.dtype)
     return layout
 
@@ -171,8 +172,9 @@ def unpack(
         if not weight_format.kernels_only or not is_packed(name):
             weights[name] = packed[name]
             continue
-        parts = {part: packed[stored_name(name, part)] for part in weight_format.stored(*shape)}
-        weights[name] = weight_format.unpack(parts, *shape)
+        own = weight_format.format_for(name)
+        parts = {part: packed[stored_name(name, part)] for part in own.stored(*shape)}
+        weights[name] = own.unpack(parts, *shape)
     return weights
 
 

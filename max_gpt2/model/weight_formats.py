@@ -32,8 +32,10 @@ No other module compares a format's name; each asks its format.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -83,6 +85,26 @@ class WeightFormat:
 
     def __repr__(self) -> str:
         return f"<weight format {self.name}>"
+
+    def format_for(self, name: str) -> WeightFormat:
+        """The format parameter `name` is stored in: this one (a `MixedFormat` answers tensor by tensor)."""
+        return self
+
+    @property
+    def built_as(self) -> WeightFormat:
+        """The format a model's packed modules are built in before each takes its own (`format_for`)."""
+        return self
+
+    @property
+    def activation(self) -> int:
+        """How its kernels round x before a product, as the decode-layer ops number it (packed_layout.mojo:
+        0 as it is, 1 and 2 q8_0's blocks, 8 llama.cpp's q8_K): a layer's c_attn and c_fc read one x."""
+        return 8 if self.kernel_format in (3, 4) else self.kernel_format
+
+    @property
+    def weight_dtype(self) -> DType:
+        """The dtype its weight is bound as: a layer's four products share one."""
+        return self.stored(GROUP, 256)["weight"].max_dtype
 
     @property
     def half_cache(self) -> bool:
@@ -427,6 +449,61 @@ BY_GGML_TYPE = {
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
 NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""
+
+
+LAYER_PRODUCT = re.compile(r"(transformer\.h\.\d+)\.((?:attn|mlp)\.c_(?:attn|proj|fc))\.weight")
+"""A block's projection's parameter name: its block and its product (`attn.c_attn`, ...)."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class MixedFormat(WeightFormat):
+    """A file's own mix of the kernels' formats (llama-quantize's presets: q4_k with q6_k, q4_0 beside a
+    q6_k head): each projection and the head in its own (`format_for`), the modules built in `default`
+    and then given theirs. It is not a format to pack a tensor in: ask `format_for`."""
+
+    formats: tuple[tuple[str, WeightFormat], ...] = ()  # by parameter name
+    default: WeightFormat = FLOAT32
+
+    def format_for(self, name: str) -> WeightFormat:
+        return dict(self.formats).get(name, self.default)
+
+    @property
+    def built_as(self) -> WeightFormat:
+        return self.default
+
+    def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
+        raise TypeError(f"{self.name} stores each tensor in its own format: ask format_for(name)")
+
+
+def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
+    """The kernels' formats `formats` (the projections' and the head's, by parameter name) as one
+    `MixedFormat`, or None where the decode-layer ops cannot take them: a format no kernel reads, or a
+    layer whose products are bound in different dtypes or whose c_attn and c_fc round x differently."""
+    if not all(format.name in FORMATS and format.kernels_only for format in formats.values()):
+        return None
+    layers: dict[str, dict[str, WeightFormat]] = {}  # a block's products' formats, by product
+    for name, format in formats.items():
+        if found := LAYER_PRODUCT.fullmatch(name):
+            layers.setdefault(found[1], {})[found[2]] = format
+    for products in layers.values():
+        if len({format.weight_dtype for format in products.values()}) > 1:
+            return None
+        if products["attn.c_attn"].activation != products["mlp.c_fc"].activation:
+            return None
+    counts = Counter(formats.values())
+    default = counts.most_common(1)[0][0]
+    name = "+".join(format.name for format, _ in counts.most_common())
+    bytes_per_weight = max(format.bytes_per_weight for format in counts)
+    return MixedFormat(
+        name,
+        bytes_per_weight,
+        default.ggml_type,
+        default.file_type,
+        kernels_only=True,
+        quantized=True,
+        formats=tuple(sorted(formats.items())),
+        default=default,
+    )
 
 
 def format_named(value: str | WeightFormat, source: str = "weight_format") -> WeightFormat:

@@ -9,7 +9,7 @@ from kernels.attend import ROW
 from kernels.decode_layer import LayerWeights, decode_layer
 from kernels.layer_kv import LayerKV
 from kernels.layer_products import Product
-from kernels.packed_layout import Q4_0, Q4_K, Q6_K, Q8_0
+from kernels.packed_layout import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 from kernels.quantized_matmul import packed_matmul_blocks
 from kernels.skinny_matmul import dense_matmul
 
@@ -48,4 +48,5 @@ def main() raises:
     packed_matmul_blocks[Q8_0](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q4_0](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q4_K](x, bytes, scales, x, False, y, n, n, n)
+    packed_matmul_blocks[Q5_K](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q6_K](x, bytes, scales, x, False, y, n, n, n)

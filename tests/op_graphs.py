@@ -25,7 +25,12 @@ CPU_REF = DeviceRef.CPU()
 # mlp c_proj), each on a cache of its own: the formats of rows and blocks of 32, which take any
 # width, and those of super-blocks of 256 (q4_k_m's mix among them), which take multiples of 256.
 LAYOUTS = {name: (name,) * 4 for name in ("float32", "bfloat16", "q8_0", "q4_0")}
-SUPER_LAYOUTS = {"q4_k": ("q4_k",) * 4, "q6_k": ("q6_k",) * 4, "q4_k_m": ("q6_k", "q4_k", "q4_k", "q6_k")}
+SUPER_LAYOUTS = {
+    "q4_k": ("q4_k",) * 4,
+    "q5_k": ("q5_k",) * 4,
+    "q6_k": ("q6_k",) * 4,
+    "q4_k_m": ("q6_k", "q4_k", "q4_k", "q6_k"),
+}
 # MAX's paged cache as the paged ops take it: its blocks, then for R requests (of the T tokens)
 # cache_lengths [R], lookup_table [R, P], input_row_offsets [R + 1], the page stride and the layer.
 MAX_BLOCKS = BufferType(DType.float32, ["pages", 2, "L", "page_size", "H", "d"], CPU_REF)
@@ -164,7 +169,7 @@ def compile_ops() -> dict[str, Model]:
         cached_attention_graph(DType.float16),
         paged_attention_graph(),
         packed_matmuls_graph("packed_matmuls_alone", ("bfloat16", "q8_0", "q4_0")),
-        packed_matmuls_graph("super_matmuls_alone", ("q4_k", "q6_k")),
+        packed_matmuls_graph("super_matmuls_alone", ("q4_k", "q5_k", "q6_k")),
         decode_layer_graph("gpt2_decode_layer_alone", LAYOUTS),
         decode_layer_graph("gpt2_decode_layer_super", SUPER_LAYOUTS),
         paged_decode_layer_graph("gpt2_paged_decode_layer_alone", LAYOUTS),

@@ -85,6 +85,7 @@ ROUNDED = {
     "q8_0": quantized_activations,
     "q4_0": quantized_activations,
     "q4_k": super_block_activations,
+    "q5_k": super_block_activations,
     "q6_k": super_block_activations,
 }
 """How each format's kernels round a product's input: bfloat16, int8 blocks of 32 (q8_0's) or of 256

@@ -131,7 +131,7 @@ def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset, 
     reader = {tensor.name: tensor for tensor in gguf.GGUFReader(out).tensors}
     loaded = GGUFCheckpoint(out)
     # as it is where the kernels read its types (256-wide rows), else as the float32 values it stands for
-    native = config is TWELVE and preset != "q5_k_m"
+    native = config is TWELVE
     assert loaded.weight_format.kernels_only == native and (native or loaded.weight_format is FLOAT32)
     bound = bound_weights(loaded, FLOAT32, tmp_path / "cache")
     for name, array in bound.items():

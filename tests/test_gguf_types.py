@@ -65,7 +65,7 @@ def test_a_file_in_each_preset_binds_the_values_it_stands_for(tmp_path, name):
     values = write_typed_file(path, WIDE, PRESETS[name], np.random.default_rng(1))
     checkpoint = GGUFCheckpoint(path)
     # types the kernels read load as themselves (a mix tensor by tensor), the others as float32
-    native = name in ("Q4_0", "Q4_K_M", "Q6_K")
+    native = name in ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
     assert checkpoint.weight_format.kernels_only == native and (native or checkpoint.weight_format is FLOAT32)
     assert {source.ggml_type for source in checkpoint.source_formats} == set(PRESETS[name].values())
     bound = bound_weights(checkpoint, FLOAT32, tmp_path / "cache")

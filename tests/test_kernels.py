@@ -12,7 +12,7 @@ from max.engine import Model
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q4_K, Q6_K, Q8_0
+from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 from tests.support import (
     LOWEST,
     attention_reference,
@@ -116,19 +116,18 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
 @pytest.mark.parametrize("rows", [1, 7, 11])
 @pytest.mark.parametrize(("k", "n"), [(256, 8), (512, 13), (768, 2304), (3072, 97), (768, 1001)])
 def test_super_block_matmuls_match_numpy_on_the_weights_they_store(compiled_ops, rows, k, n):
-    """q4_k and q6_k against float64 on the weights they store and x as they round it (q8_K's blocks
+    """q4_k, q5_k and q6_k against float64 on the weights they store and x as they round it (q8_K's blocks
     of 256): one and several super-blocks a row, N with every remainder of a group of 8 rows, x's rows
     in blocks of every height; the dequantize ops give the stored weights to the bit."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
     bias = rng.standard_normal(n if (rows + n) % 2 else 0, dtype=np.float32)
-    inputs = packed_inputs(x, w, bias, (Q4_K, Q6_K))
-    y_q4k, y_q6k, w_q4k, w_q6k = (
-        out.to_numpy() for out in compiled_ops["super_matmuls_alone"].execute(*inputs)
-    )
+    formats = (Q4_K, Q5_K, Q6_K)
+    inputs = packed_inputs(x, w, bias, formats)
+    outputs = [out.to_numpy() for out in compiled_ops["super_matmuls_alone"].execute(*inputs)]
     x_steps = super_block_activations(x)
-    for format, got, unpacked in ((Q4_K, y_q4k, w_q4k), (Q6_K, y_q6k, w_q6k)):
+    for format, got, unpacked in zip(formats, outputs[:3], outputs[3:], strict=True):
         weight = format.values(format.rows(w), w.shape)
         np.testing.assert_array_equal(unpacked, weight, err_msg=format.name)
         expected = x_steps @ weight.astype(np.float64).T + (bias if bias.size else 0)

@@ -191,6 +191,7 @@ def test_packing_a_model_packs_the_projections_and_the_head_only(format):
             "q8_0": 1 / 127,
             "q4_0": 1 / 8,
             "q4_k": 1 / 8,
+            "q5_k": 1 / 16,
             "q6_k": 1 / 32,
         }
         assert error <= bound[format.name], name
@@ -228,7 +229,8 @@ def test_weight_buffers_bind_the_packed_bytes_as_stored_and_a_tied_head_once(for
 
 def test_unknown_formats_are_refused_with_the_list():
     with pytest.raises(
-        ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q6_k; got 'int4'"
+        ValueError,
+        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'int4'",
     ):
         format_named("int4")
 
@@ -261,7 +263,8 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
 
 def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
     with pytest.raises(
-        ValueError, match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q6_k; got 'q2_k'"
+        ValueError,
+        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q2_k'",
     ):
         load_lm(tmp_path / "missing", "cpu", weight_format="q2_k")
 

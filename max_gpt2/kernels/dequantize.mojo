@@ -1,4 +1,4 @@
-# dequantize_q8_0, _q4_0, _q4_k and _q6_k: weights in a block format (packed_layout.mojo) back to
+# dequantize_q8_0, _q4_0, _q4_k, _q5_k and _q6_k: weights in a block format (packed_layout.mojo) back to
 # float32 [N, K], for the graphs that multiply them with MAX's matmul (prompts, attention maps).
 
 import extensibility
@@ -7,7 +7,7 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
-from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q4_K, Q6_K, Q8_0, SUPER, block_bytes, block_scales, check_blocks, check_dense, is_super, row_chunks
+from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPER, block_bytes, block_scales, check_blocks, check_dense, is_super, row_chunks
 
 
 def dequantize[
@@ -60,7 +60,7 @@ def _dequantize_super[
     K: Int,
     N: Int,
 ):
-    """`dequantize` for q4_k and q6_k (K whole super-blocks), in llama.cpp's order of float32 operations."""
+    """`dequantize` for the K-quants (K whole super-blocks), in llama.cpp's order of float32 operations."""
     comptime BYTES = block_bytes[FORMAT]()
     comptime SCALES = block_scales[FORMAT]()
     var nb = K // SUPER
@@ -83,9 +83,13 @@ def _dequantize_super[
                             var scale = Float32(Int(block.bitcast[Int8]()[1536 + (2 * j + half) * 8 + r]))
                             row[k] = (step * scale) * Float32(q - 32)
                         else:
+                            comptime SCALES_AT = 1024 + (256 if FORMAT == Q5_K else 0)
+                            comptime if FORMAT == Q5_K:
+                                var fifth = block[1024 + j * 32 + r * 4 + e]
+                                q |= Int((fifth >> UInt8(4 * half + c)) & 1) << 4
                             var least = d[(g * nb + s) * SCALES + GROUP + r].cast[F32]()
-                            var scaled = step * Float32(Int(block[1024 + j * 8 + r]))
-                            var offset = least * Float32(Int(block[1088 + j * 8 + r]))
+                            var scaled = step * Float32(Int(block[SCALES_AT + j * 8 + r]))
+                            var offset = least * Float32(Int(block[SCALES_AT + 64 + j * 8 + r]))
                             row[k] = scaled * Float32(q) - offset
 
     sync_parallelize(work, (groups + chunk - 1) // chunk)
@@ -171,3 +175,18 @@ struct DequantizeQ6K:
     ) raises:
         comptime assert target == "cpu", "dequantize_q6_k runs on the CPU"
         _execute_dequantize[Q6_K, "dequantize_q6_k"](result, w, d)
+
+
+@extensibility.register("dequantize_q5_k")
+struct DequantizeQ5K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q5_k runs on the CPU"
+        _execute_dequantize[Q5_K, "dequantize_q5_k"](result, w, d)

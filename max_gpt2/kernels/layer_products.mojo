@@ -1,5 +1,5 @@
 # The four products of a GPT-2 block as gpt2_decode_layer runs them: each a weight in float32,
-# bfloat16 or a block format (q8_0, q4_0, q4_k, q6_k: packed_layout.mojo), its bias, and the
+# bfloat16 or a block format (q8_0, q4_0 and the K-quants: packed_layout.mojo), its bias, and the
 # chunks its outputs are cut into, run through the standalone products' own loops with an
 # epilogue (epilogue.mojo).
 from extensibility import InputTensor

@@ -22,6 +22,11 @@
 #                                          sub-block j's 6-bit scale, at 1088 + j * 8 + r its min
 #   q4_k scales  float16 [N / 8, Ks * 16]  at s * 16 + r: d of row 8g + r, at s * 16 + 8 + r: dmin
 #                                          (w = d * scale * q - dmin * min)
+#   q5_k bytes   uint8 [N / 8, Ks * 1408]  as q4_k's with, after the 4-bit q, at 1024 + j * 32 +
+#                                          r * 4 + e the 5th bits of elements 32j + 4c + e (bit c)
+#                                          and 32j + 16 + 4c + e (bit 4 + c); then the scales at
+#                                          1280 + j * 8 + r, the mins at 1344 + j * 8 + r
+#   q5_k scales  float16 [N / 8, Ks * 16]  as q4_k's
 #   q6_k bytes   uint8 [N / 8, Ks * 1664]  at s * 1664: the low 4 bits of q as above, then at
 #                                          1024 + j * 64 + (c % 2) * 32 + r * 4 + e the high 2 bits
 #                                          of elements 32j + 4c + e (bits 4-5 for c < 2, else 0-1)
@@ -47,6 +52,7 @@ comptime Q8_0 = 1
 comptime Q4_0 = 2
 comptime Q4_K = 3
 comptime Q6_K = 4
+comptime Q5_K = 5
 # The rounding of x a format's products read: its own for q8_0 and q4_0, llama.cpp's q8_K (int8
 # blocks of 256, sums of 16) for the K-quants.
 comptime Q8_K = 8
@@ -54,12 +60,12 @@ comptime Q8_K = 8
 
 def activation_of[FORMAT: Int]() -> Int:
     """The rounding of x that FORMAT's products read (0: x as it is, for float32 and bfloat16)."""
-    return Q8_K if FORMAT == Q4_K or FORMAT == Q6_K else FORMAT
+    return Q8_K if is_super[FORMAT]() else FORMAT
 
 
 def is_super[FORMAT: Int]() -> Bool:
     """Whether FORMAT is in super-blocks of 256 (the K-quants)."""
-    return FORMAT == Q4_K or FORMAT == Q6_K
+    return FORMAT == Q4_K or FORMAT == Q5_K or FORMAT == Q6_K
 
 
 def requests_ahead[INTO_L1: Bool]() -> PrefetchOptions:
@@ -86,6 +92,8 @@ def block_bytes[FORMAT: Int]() -> Int:
         return GROUP * BLOCK
     elif FORMAT == Q4_K:
         return 1152
+    elif FORMAT == Q5_K:
+        return 1408
     elif FORMAT == Q6_K:
         return 1664
     return GROUP * BLOCK // 2
@@ -94,7 +102,7 @@ def block_bytes[FORMAT: Int]() -> Int:
 @always_inline
 def block_scales[FORMAT: Int]() -> Int:
     """float16 scales of one block (super-block) of a group: one a row, two for q4_k (d and dmin)."""
-    return 2 * GROUP if FORMAT == Q4_K else GROUP
+    return 2 * GROUP if FORMAT == Q4_K or FORMAT == Q5_K else GROUP
 
 
 @always_inline

@@ -1,10 +1,11 @@
-# packed_matmul_q8_0, _q4_0, _q4_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
+# packed_matmul_q8_0, _q4_0, _q4_k, _q5_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
 # (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo; the K-quants'
 # products in super_blocks.mojo):
 #
 #   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d), 1.0625 bytes a weight
 #   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d), 0.5625
-#   q4_k   super-blocks of 256: 4-bit values, 6-bit scales and mins per 32, 0.5625 (llama.cpp's)
+#   q4_k   super-blocks of 256: 4-bit values, 6-bit scales and mins per 32, 0.578 (llama.cpp's 0.5625)
+#   q5_k   the same with 5-bit values, 0.703 (llama.cpp's 0.6875)
 #   q6_k   super-blocks of 256: 6-bit values, int8 scales per 16, 0.8203
 #
 # Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
@@ -35,6 +36,7 @@ from .packed_layout import (
     PREFETCH_AHEAD,
     Q4_0,
     Q4_K,
+    Q5_K,
     Q6_K,
     Q8_0,
     SERIAL_BELOW,
@@ -224,7 +226,7 @@ def packed_matmul_blocks[
     N: Int,
 ):
     """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N], W in a block format (q8_0, q4_0,
-    q4_k, q6_k) in groups of 8 rows."""
+    q4_k, q5_k, q6_k) in groups of 8 rows."""
     var xq = QuantizedRows[activation_of[FORMAT]()](x, M, K)
     var groups = (N + GROUP - 1) // GROUP
     var chunk = (groups + row_chunks() - 1) // row_chunks()
@@ -323,6 +325,23 @@ struct PackedMatmulQ4K:
     ) raises:
         comptime assert target == "cpu", "packed_matmul_q4_k runs on the CPU"
         _execute_blocks[Q4_K, "packed_matmul_q4_k"](y, x, w, d, bias)
+
+
+@extensibility.register("packed_matmul_q5_k")
+struct PackedMatmulQ5K:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q5_k runs on the CPU"
+        _execute_blocks[Q5_K, "packed_matmul_q5_k"](y, x, w, d, bias)
 
 
 @extensibility.register("packed_matmul_q6_k")

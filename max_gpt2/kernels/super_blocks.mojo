@@ -1,13 +1,14 @@
-# The products of llama.cpp's K-quants, q4_k and q6_k (super-blocks of 256 weights; layout in
+# The products of llama.cpp's K-quants, q4_k, q5_k and q6_k (super-blocks of 256 weights; layout in
 # packed_layout.mojo), against x rounded to q8_K (quantized_rows.mojo), as llama.cpp computes them:
 # each sub-block's integer dot products times its integer scale, summed over the super-block, then
 # one float multiply by d (and dmin) times x's scale.
 #
 #   q4_k   w = d * scale_j * q - dmin * min_j        q 0..15, scale and min 0..63 per 32 weights
+#   q5_k   the same, q 0..31
 #   q6_k   w = d * scale_i * (q - 32)                q 0..63, int8 scale per 16 weights
 #
 # The offsets come off through x's sums of 16: min_j * sum(xq) over sub-block j, 32 * sum(xq) over
-# each 16. q4_k sums in int32 (at most 63 * 15 * 127 * 256); q6_k's scale x dot of each 16 (at most
+# each 16. q4_k and q5_k sum in int32 (at most 63 * 31 * 127 * 256); q6_k's scale x dot of each 16 (at most
 # 128 * 63 * 127 * 16 < 2^24) is exact in float32, where it is summed.
 from std.collections import Array
 from std.memory import UnsafePointer
@@ -15,7 +16,7 @@ from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, repeat4
 from .epilogue import finish
-from .packed_layout import F32, GROUP, PREFETCH_AHEAD, Q4_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, requests_ahead
+from .packed_layout import F32, GROUP, PREFETCH_AHEAD, Q5_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, is_super, requests_ahead
 from .quantized_rows import QuantizedRows
 
 comptime NIBBLES = 1024  # bytes of a group's super-block that hold the low 4 bits of q
@@ -62,7 +63,11 @@ def _group_super_blocks[
                 var raw = (nibbles + c * 32).load[width=32]()
                 var low = raw & 0xF  # element 32j + 4c + e of row r, at lane 4r + e
                 var high = raw >> 4  # element 32j + 16 + 4c + e
-                comptime if FORMAT == Q6_K:
+                comptime if FORMAT == Q5_K:
+                    var fifth = (block + NIBBLES + j * 32).load[width=32]()  # bit c, and 4 + c
+                    low |= (fifth << UInt8(4 - c)) & 0x10
+                    high |= (fifth >> UInt8(c)) & 0x10
+                elif FORMAT == Q6_K:
                     # chunks c and c + 2 share a byte of high bits: bits 4-7 for c < 2, 0-3 for the others
                     var top = (block + NIBBLES + j * 64 + (c % 2) * 32).load[width=32]()
                     comptime if c < 2:
@@ -86,8 +91,9 @@ def _group_super_blocks[
                     sums[m] = (lows[m] - 32 * sixteens[0]).cast[F32]().fma(first, sums[m])
                     sums[m] = (highs[m] - 32 * sixteens[1]).cast[F32]().fma(second, sums[m])
             else:
-                var scale = (block + NIBBLES + 8 * j).load[width=L]().cast[DType.int32]()
-                var least = (block + NIBBLES + 64 + 8 * j).load[width=L]().cast[DType.int32]()
+                comptime SCALES_AT = NIBBLES + (256 if FORMAT == Q5_K else 0)  # after q5_k's 5th bits
+                var scale = (block + SCALES_AT + 8 * j).load[width=L]().cast[DType.int32]()
+                var least = (block + SCALES_AT + 64 + 8 * j).load[width=L]().cast[DType.int32]()
                 comptime for m in range(MB):
                     var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
                     whole[m] += scale * (lows[m] + highs[m])
@@ -131,7 +137,7 @@ def super_block_groups[
 ):
     """Groups first..last-1 of W's rows (8 outputs each) against the M rows of `xq`, written into
     y [M, N] as EPILOGUE says: up to 8 rows of x at a time, while a group's super-blocks are in cache."""
-    comptime assert FORMAT == Q4_K or FORMAT == Q6_K, "super-blocks are q4_k's and q6_k's"
+    comptime assert is_super[FORMAT](), "super-blocks are q4_k's, q5_k's and q6_k's"
     comptime assert X == Q8_K, "the K-quants read x rounded to q8_K"
     for g in range(first, last):
         var m = 0

@@ -129,9 +129,14 @@ def q4_k(blocks: np.ndarray) -> np.ndarray:
     return q4_k_fields(blocks).values()
 
 
-def q5_k(blocks: np.ndarray) -> np.ndarray:
+def q5_k_fields(blocks: np.ndarray) -> Q4KFields:
+    """Q4_K's fields with 5-bit q (0..31)."""
     high = (blocks[:, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, 32 (l), 8 (s)]
-    return _k_fields(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4)).values()
+    return _k_fields(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4))
+
+
+def q5_k(blocks: np.ndarray) -> np.ndarray:
+    return q5_k_fields(blocks).values()
 
 
 def q6_k_fields(blocks: np.ndarray) -> Q6KFields:

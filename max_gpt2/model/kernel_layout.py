@@ -12,7 +12,7 @@ as one stream of memory, not 8 (docs/performance.md). N is padded with zero rows
 q8_0 and q4_0 also put 4 consecutive values of each of the 8 rows in one register. Block data comes
 in as GGUF's (`block_quants.BlockCode.to_blocks`): `interleave_blocks` is a shuffle of its bytes.
 
-The K-quants (q4_k, q6_k: `max_gpt2/kernels/packed_layout.mojo` has their byte map) keep a group's
+The K-quants (q4_k, q5_k, q6_k: `max_gpt2/kernels/packed_layout.mojo` has their byte map) keep a group's
 super-block as one run of bytes: each field of the rows' super-blocks (their q, scales, mins) with
 the 8 rows side by side at one axis of it (`group_field`), the fields one after another.
 """

@@ -99,7 +99,7 @@ class WeightFormat:
     def activation(self) -> int:
         """How its kernels round x before a product, as the decode-layer ops number it (packed_layout.mojo:
         0 as it is, 1 and 2 q8_0's blocks, 8 llama.cpp's q8_K): a layer's c_attn and c_fc read one x."""
-        return 8 if self.kernel_format in (3, 4) else self.kernel_format
+        return 8 if self.kernel_format in (3, 4, 5) else self.kernel_format
 
     @property
     def weight_dtype(self) -> DType:
@@ -244,7 +244,7 @@ Fields = gguf_blocks.Q4KFields | gguf_blocks.Q6KFields
 
 @dataclass(frozen=True, eq=False, repr=False)
 class SuperBlockFormat(WeightFormat, ABC):
-    """One of llama.cpp's K-quants read by the kernels (q4_k, q6_k: `Q4KFormat`, `Q6KFormat`): super-blocks
+    """One of llama.cpp's K-quants read by the kernels (`Q4KFormat`, `Q5KFormat`, `Q6KFormat`): super-blocks
     of 256 weights, a group of 8 rows' super-block one run of bytes in "weight" (its fields one after
     another, `kernel_layout.group_field`; the byte map in `max_gpt2/kernels/packed_layout.mojo`) and
     its float16 d (and dmin) in "scales". GGUF's blocks come apart into fields (`gguf_blocks`)."""
@@ -343,6 +343,36 @@ class Q4KFormat(SuperBlockFormat):
         return gguf_blocks.Q4KFields(halves[:, 0], halves[:, 1], parts[0], parts[1], q.reshape(len(q), 8, 32))
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class Q5KFormat(Q4KFormat):
+    """q5_k: q4_k's fields with, after the nibbles, the 5th bits of each sub-block's values [8, 4]: bit c
+    for element 4c + e, bit 4 + c for element 16 + 4c + e."""
+
+    block = (256, 176)
+    parts = (((8, 4, 4), 1), ((8, 4), 1), ((8,), 0), ((8,), 0))
+
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return gguf_quantizers.q5_k(weight)
+
+    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q4KFields:
+        return gguf_blocks.q5_k_fields(blocks)
+
+    def split(
+        self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        scales_and_mins, halves = super().split(fields, q, count, supers)
+        fifth = ((q >> 4) << FIFTH_BITS).sum(axis=(3, 4), dtype=np.uint8)  # [N, Ks, j, e]
+        return [fifth, *scales_and_mins], halves
+
+    def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> gguf_blocks.Q4KFields:
+        fifth = (parts[0].reshape(len(q), 8, 1, 1, 4) >> FIFTH_BITS) & 1  # [n, j, half, c, e]
+        return super().join(parts[1:], halves, q | (fifth << 4))
+
+
+FIFTH_BITS = (np.arange(4, dtype=np.uint8) + np.array([[0], [4]], np.uint8))[
+    ..., None
+]  # [half, c, 1]: bit c + 4 half
+
 # q6_k: where a value's high 2 bits sit in its byte, by [half, c // 2] (the kernel takes them to bits
 # 4-5 with one shift and a mask): chunks 0 and 1 in bits 4-7, chunks 2 and 3 in bits 0-3.
 HIGH_BITS = np.array([[4, 0], [6, 2]], np.uint8).reshape(2, 2, 1, 1)
@@ -433,16 +463,16 @@ Q4_0 = BlockFormat(
 )
 
 Q4_K = Q4KFormat("q4_k", 148 / 256, "Q4_K", 15, True, True, "packed_matmul_q4_k", "dequantize_q4_k", 3)
+Q5_K = Q5KFormat("q5_k", 180 / 256, "Q5_K", 17, True, True, "packed_matmul_q5_k", "dequantize_q5_k", 5)
 Q6_K = Q6KFormat("q6_k", 210 / 256, "Q6_K", 18, True, True, "packed_matmul_q6_k", "dequantize_q6_k", 4)
 
-FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_K, Q6_K)}
+FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)}
 """The formats the projections and the head may be stored in, by name."""
-# llama.cpp's types no kernel reads, and its `general.file_type` of a file mostly in each (Q5_K_M's).
+# llama.cpp's types no kernel reads, and its `general.file_type` of a file mostly in each.
 Q4_1 = _ggml_blocks("q4_1", 3, gguf_blocks.q4_1, gguf_quantizers.q4_1, (32, 20))
 Q5_0 = _ggml_blocks("q5_0", 8, gguf_blocks.q5_0, gguf_quantizers.q5_0, (32, 22))
 Q5_1 = _ggml_blocks("q5_1", 9, gguf_blocks.q5_1, gguf_quantizers.q5_1, (32, 24))
-Q5_K = _ggml_blocks("q5_k", 17, gguf_blocks.q5_k, gguf_quantizers.q5_k, (256, 176))
-GGML_BLOCKS = (Q4_1, Q5_0, Q5_1, Q5_K)
+GGML_BLOCKS = (Q4_1, Q5_0, Q5_1)
 BY_GGML_TYPE = {
     f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
 }

@@ -10,9 +10,9 @@ For each checkpoint, `--sequences` windows of `--length` tokens of text (the
 checkpoint's `held-out.txt` where it has one, else the corpus we ship; seeded
 random tokens for a checkpoint without a tokenizer) go through
 the model in each format, as `generate` computes them (`lm.logits`: for packed
-weights the Mojo kernels, activations rounded to bfloat16, or to int8 blocks for q8_0 and q4_0),
-teacher-forced, and are compared with (a llama-quantize preset, `gguf_mixes`, runs as a file
-written in it loads: float32 weights holding the values each tensor's blocks stand for):
+weights the Mojo kernels, activations rounded to bfloat16, or to int8 blocks of 32 for q8_0 and
+q4_0 and of 256 for the K-quants), teacher-forced, and are compared with (a llama-quantize preset,
+`gguf_mixes`, runs as a file written in it loads, `in_mix`):
 
     logit error   largest |logit - reference| over largest |reference logit|, the reference
                   being `max_gpt2.reference` in float64 on the checkpoint's float32 weights
@@ -33,26 +33,33 @@ from pathlib import Path
 
 import numpy as np
 
-from max_gpt2 import compile_lm, reference
+from max_gpt2 import CompiledLM, compile_lm, reference
 from max_gpt2.bench.generation import demo_checkpoint_for
 from max_gpt2.inference.beam_search import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gguf_mixes import MIXES, Mix
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
+from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named, is_packed, mixed
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
 
 
-def in_mix(mix: Mix, weights: dict[str, np.ndarray], config: GPT2Config, tied: bool) -> dict[str, np.ndarray]:
-    """`weights` as a file in `mix` holds them: each tensor the values of its blocks, float32."""
-    mixed = dict(weights)
-    for name, kind in mix.formats(config, tied).items():
-        mixed[name] = kind.values(kind.rows(weights[name]), weights[name].shape)
+def in_mix(
+    mix: Mix, weights: dict[str, np.ndarray], config: GPT2Config, tied: bool, cache: str
+) -> CompiledLM:
+    """`weights` as a file in `mix` loads (`GGUFCheckpoint`): the projections and the head each in its
+    tensor's format where the kernels read them all (`weight_formats.mixed`), else float32 holding the
+    values of each tensor's blocks; the embedding the values of its blocks, float32."""
+    kinds = mix.formats(config, tied)
     if tied:
-        mixed["lm_head.weight"] = mixed["transformer.wte.weight"]
-    return mixed
+        kinds["lm_head.weight"] = kinds["transformer.wte.weight"]  # token_embd: the head's blocks too
+    native = mixed({name: kind for name, kind in kinds.items() if is_packed(name)})
+    values = dict(weights)
+    for name, kind in kinds.items():
+        if native is None or not is_packed(name):  # what loads as float32: the values of its blocks
+            values[name] = kind.values(kind.rows(weights[name]), weights[name].shape)
+    return compile_lm(config, values, "cpu", weight_format=native or FLOAT32, kv_cache=cache)
 
 
 def measure(
@@ -78,8 +85,7 @@ def measure(
         with progress.step(f"{checkpoint.name}: {format}, a {cache} KV cache"):
             # the weights read once; the cache float32 or float16
             if isinstance(format, Mix):
-                mixed = in_mix(format, weights, config, opened.tied)
-                lm = compile_lm(config, mixed, "cpu", weight_format=FLOAT32, kv_cache=cache)
+                lm = in_mix(format, weights, config, opened.tied, cache)
             else:
                 lm = compile_lm(config, weights, "cpu", weight_format=format, kv_cache=cache)
             logits = lm.logits(windows)  # [S, length, vocab]

@@ -130,7 +130,7 @@ def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):
 
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
     with pytest.raises(
-        ValueError, match="MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0; got 'q5_1'"
+        ValueError, match="MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q5_1'"
     ):
         served_weight_format()
     monkeypatch.delenv(SERVED_FORMAT_VARIABLE)

@@ -2,7 +2,7 @@
 
     PLAIN       `GPT2LMHeadModel` with MAX's ops: prompts, `logits`, and steps off the CPU
     DECODE      the same modules through the Mojo decoding kernels: steps on the CPU in float32,
-                and prompts too where the weights are packed (bfloat16, q8_0, q4_0)
+                and prompts too where the weights are packed (every format but float32)
     ATTENTIONS  the plain graph that also outputs every head's attention weights
     scores      the prompt graph returning each next token's log-probability [batch, K], not
                 logits: scoring never copies [seq, vocab] to the host (`LMGraphs.scoring`)

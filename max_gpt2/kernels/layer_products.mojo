@@ -20,7 +20,7 @@ struct Product[WT: DType, FORMAT: Int](ImplicitlyCopyable):
     """One of the layer's products, y [rows, N] = x [rows, K] @ W^T + bias, W stored in FORMAT (a block
     format of packed_layout.mojo), or for FORMAT 0 as rows of WT (float32 or bfloat16)."""
 
-    var w: Int  # addresses: the weight, its block scales (q8_0, q4_0) and the bias
+    var w: Int  # addresses: the weight, its block scales (block formats) and the bias
     var scales: Int
     var bias: Int
     var has_bias: Bool

@@ -537,9 +537,12 @@ def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
 
 
 def format_named(value: str | WeightFormat, source: str = "weight_format") -> WeightFormat:
-    """The format `value` names (or `value` itself), else a ValueError listing `FORMATS`, naming `source`."""
-    if isinstance(value, WeightFormat) and FORMATS.get(value.name) is value:
-        return value
+    """The format `value` names (or `value` itself: one of `FORMATS`, or a file's `MixedFormat`), else a
+    ValueError listing `FORMATS`, naming `source`."""
+    if isinstance(value, MixedFormat) or (
+        isinstance(value, WeightFormat) and FORMATS.get(value.name) is value
+    ):
+        return value  # one of ours, or a file's own mix of them
     found = FORMATS.get(value) if isinstance(value, str) else None
     if found is None:
         raise ValueError(f"{source} must be one of {', '.join(FORMATS)}; got {value!r}")

@@ -14,10 +14,13 @@ from max.nn.kv_cache import KVCacheParams
 
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import host_buffer
-from max_gpt2.model.gpt2 import GPT2LMHeadModel
+from max_gpt2.kernels.ops import layer_formats
+from max_gpt2.model.gpt2 import GPT2LMHeadModel, linear_for
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
+from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
-from max_gpt2.model.weight_formats import NAMED, Q8_0
+from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.weight_formats import NAMED, Q4_K, Q6_K, Q8_0, is_packed, mixed
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
 from tests.op_graphs import LAYOUTS, SUPER_LAYOUTS
 from tests.support import (
@@ -228,3 +231,30 @@ def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused
         general = PagedGPT2LMHeadModel(config, kv_params, linear=KernelLinear)
     assert [isinstance(block, PagedKernelBlock) for block in decoding.transformer.h] == [fused] * 2
     assert not any(isinstance(block, PagedKernelBlock) for block in general.transformer.h)
+
+
+def test_a_mix_of_formats_gives_each_packed_module_its_tensors_format():
+    """`take_formats`, as the in-process model and the server's build theirs: a Q4_K_M-like mix (q6_k
+    c_attn and mlp c_proj in layer 0 and the head, q4_k the rest) reaches every `PackedLinear`, each
+    bound as its own format stores it, and each layer's decode-layer op gets its products' codes."""
+    config = GPT2Config(n_embd=256, n_head=4, n_layer=2, n_positions=8, vocab_size=16)
+    six = {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.mlp.c_proj.weight", "lm_head.weight"}
+    names = [name for name in model_parameter_shapes(config) if is_packed(name)]
+    mix = mixed({name: Q6_K if name in six else Q4_K for name in names})
+    kv_params = KVCacheParams(dtype=DType.float32, head_dim=64, num_layers=2, devices=[CPU_REF])
+    with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
+        models = [
+            GPT2LMHeadModel(config, DECODE, mix),
+            PagedGPT2LMHeadModel(config, kv_params, LAST_LOGITS_DECODE, linear_for(mix, kernels=True)),
+        ]
+        take_formats(models[1], mix)  # as the server's pipeline model does after building it
+    for model in models:
+        modules = dict(model.descendants)
+        for name in names:
+            module = modules[name.removesuffix(".weight")]
+            assert module.format is mix.format_for(name), name
+            stored = mix.format_for(name).stored(module.out_dim, module.in_dim)
+            assert list(module.weight.shape) == list(stored["weight"].shape), name
+        codes = [layer_formats(block.layer_parameters()) for block in model.transformer.h]
+        assert codes[0] == {"qkv_format": 4, "out_format": 3, "fc_format": 3, "down_format": 4}
+        assert codes[1] == dict.fromkeys(codes[1], 3)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import shutil
 import time
 from typing import Any
 
@@ -302,22 +301,3 @@ def test_serve_explorer_passes_its_load_to_the_server_and_refuses_an_api_key(lm_
     assert EXPLORER_VARIABLE not in env
     with pytest.raises(ValueError, match="--explorer: the explorer's page cannot send an API key"):
         serve_command(serve_arguments(*options, "--api-key", "k"), Progress(io.StringIO()))
-
-
-def test_a_file_mixing_formats_is_served_as_float32_and_says_so(tmp_path, lm_checkpoint):
-    """The server takes one weight format (`MAX_GPT2_WEIGHT_FORMAT`): a Q4_K_M file, which `load_lm`
-    runs as its mix, is served as float32, said before the server starts."""
-    from max_gpt2.cli.serve import serve_command
-    from max_gpt2.outputs import Progress
-    from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
-    from tests.gguf_files import write_typed_file
-    from tests.support import LM
-    from tests.test_gguf_types import PRESETS, WIDE
-
-    path = tmp_path / "q4_k_m.gguf"
-    write_typed_file(path, WIDE, PRESETS["Q4_K_M"], np.random.default_rng(0))
-    shutil.copy(lm_checkpoint(LM) / "tokenizer.json", tmp_path)  # a tokenizer beside the file
-    said = io.StringIO()
-    _, env = serve_command(serve_arguments("--checkpoint", str(path)), Progress(said))
-    assert WEIGHT_FORMAT_VARIABLE not in env
-    assert f"serving {path} (q4_k+q6_k) as float32: the server takes one format" in said.getvalue()

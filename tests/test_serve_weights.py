@@ -125,16 +125,48 @@ def test_the_server_refuses_decode_steps_that_are_not_a_positive_count(value, mo
         served_decode_steps()
 
 
-def test_the_server_refuses_a_format_it_does_not_know(monkeypatch):
+def test_the_server_refuses_a_format_it_does_not_know(monkeypatch, lm_checkpoint):
+    from max_gpt2.model.checkpoint import open_checkpoint
     from max_gpt2.serving.model_config import served_weight_format
 
+    def checkpoint():
+        return open_checkpoint(lm_checkpoint(LM))
+
     monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
-    with pytest.raises(
-        ValueError, match="MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q5_1'"
-    ):
-        served_weight_format()
+    message = (
+        "MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q5_1'"
+    )
+    with pytest.raises(ValueError, match=message):
+        served_weight_format(checkpoint)
     monkeypatch.delenv(SERVED_FORMAT_VARIABLE)
-    assert served_weight_format().name == "float32"
+    assert served_weight_format(checkpoint).name == "float32"
+
+
+def test_serve_hands_a_files_mix_of_formats_to_the_server(tmp_path, lm_checkpoint, monkeypatch):
+    """A Q4_K_M file serves as it loads: the mix's name in the environment, and the server takes the
+    file's own mix (each tensor in its type) for it, not a format of that name of its own."""
+    import shutil
+
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.model.checkpoint import open_checkpoint
+    from max_gpt2.serving.model_config import served_weight_format
+    from tests.gguf_files import write_typed_file
+    from tests.test_gguf_types import PRESETS, WIDE
+
+    path = tmp_path / "q4_k_m.gguf"
+    write_typed_file(path, WIDE, PRESETS["Q4_K_M"], np.random.default_rng(0))
+    shutil.copy(lm_checkpoint(LM) / "tokenizer.json", tmp_path)  # a tokenizer beside the file
+    options = ["serve", "--checkpoint", str(path), "--device", "cpu"]
+    from max_gpt2.cli import build_parser
+
+    _, env = serve_command(build_parser().parse_args(options), Progress(io.StringIO()))
+    assert env[SERVED_FORMAT_VARIABLE] == "q4_k+q6_k"
+    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, env[SERVED_FORMAT_VARIABLE])
+    served = served_weight_format(lambda: open_checkpoint(path))
+    assert served == open_checkpoint(path).weight_format  # opened again: the same mix
+    assert served.format_for("transformer.h.1.mlp.c_proj.weight").name == "q6_k"
+    with pytest.raises(ValueError, match="got 'q4_k\\+q6_k'"):  # not this checkpoint's
+        served_weight_format(lambda: open_checkpoint(lm_checkpoint(LM)))
 
 
 def test_serve_makes_a_model_directory_for_a_gguf_file(tmp_path, monkeypatch):

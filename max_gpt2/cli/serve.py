@@ -56,7 +56,7 @@ from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
 from max_gpt2.explorer.loading import ExplorerSettings
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS
+from max_gpt2.model.weight_formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
@@ -179,13 +179,11 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
     if device.is_host and args.dtype != "float32":
         raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
-    if weight_format.name not in FORMATS:  # a file's own mix of formats: the server takes one format
-        progress.note(f"serving {checkpoint.path} ({weight_format}) as float32: the server takes one format")
-        weight_format = FLOAT32
     if weight_format.kernels_only:
         env[weights_variable] = weight_format.name
-    if args.explorer:
-        settings = ExplorerSettings(str(path), args.device, args.dtype, weight_format.name)
+    if args.explorer:  # a file's own mix is what the explorer loads it as by default (None)
+        own = weight_format.name if weight_format.name in FORMATS else None
+        settings = ExplorerSettings(str(path), args.device, args.dtype, own)
         env[explorer_variable] = settings.to_json()
     tokenizer = plan.tokenizer()
     if tokenizer is None:

@@ -497,6 +497,12 @@ class MixedFormat(WeightFormat):
     def format_for(self, name: str) -> WeightFormat:
         return dict(self.formats).get(name, self.default)
 
+    def __eq__(self, other: object) -> bool:  # the same tensors in the same formats, opened twice
+        return isinstance(other, MixedFormat) and other.formats == self.formats
+
+    def __hash__(self) -> int:
+        return hash(self.formats)
+
     @property
     def built_as(self) -> WeightFormat:
         return self.default

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -62,9 +61,10 @@ from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.gpt2 import linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
+from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.stored_weights import StoredWeights
 from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
-from max_gpt2.serving.model_config import GPT2ServingConfig
+from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
 
@@ -95,11 +95,8 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     def _checkpoint_weights(self) -> StoredWeights:
         """The checkpoint's parameters as bound in the served weight format, through the adapter `arch.py`
         registers for its files: a GGUF file given as MAX's weight path, else the model directory."""
-        model = self.pipeline_config.model
-        path = next(
-            (Path(file) for file in model.weight_path if Path(file).suffix == ".gguf"), model.model_path
-        )
         assert self.adapter is not None, "arch.py registers an adapter for safetensors and GGUF"
+        path = served_checkpoint(self.pipeline_config.model)
         return self.adapter(open_checkpoint(path), self.arch_config.weight_format)
 
     def _bound_buffers(self, state_dict: dict[str, Any], model_config: GPT2ServingConfig) -> dict[str, Any]:
@@ -141,6 +138,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
     ) -> PagedGPT2LMHeadModel:
         with F.lazy(), default_dtype(config.dtype):
             module = PagedGPT2LMHeadModel(config.model, self.kv_params, variant, linear)
+            take_formats(module, config.weight_format)  # a file's mix: each tensor in its own
             module.to(self.devices[0])
         return module
 

@@ -5,16 +5,18 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `--max-length`, the cache's page size). The model's shapes come through our own
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
 same message. How the projections and the LM head are stored (`weight_formats`:
-float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k) comes from the environment variable
-`MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve --weight-format` sets it): MAX's command line has no
-option an architecture may add, and its `--quantization-encoding` knows neither
-q8_0 nor bfloat16 on a CPU.
+float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k, or a GGUF file's own mix of them) comes from the
+environment variable `MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve --weight-format` sets it): MAX's
+command line has no option an architecture may add, and its `--quantization-encoding` knows
+neither q8_0 nor bfloat16 on a CPU.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from max.dtype import DType
@@ -27,8 +29,10 @@ from max.pipelines.modeling.config_enums import SupportedEncoding, supported_enc
 from transformers import AutoConfig
 from typing_extensions import Self
 
+from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
+from max_gpt2.model.stored_weights import Stored
+from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
 from max_gpt2.serving.max_internals import served_encoding
 from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
 
@@ -89,10 +93,20 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
             ),
             max_seq_len=max_seq_len,
             devices=devices,
-            weight_format=served_weight_format(),
+            weight_format=served_weight_format(lambda: open_checkpoint(served_checkpoint(model_config))),
         )
 
 
-def served_weight_format() -> WeightFormat:
-    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (float32 when unset); a ValueError lists them."""
-    return format_named(os.environ.get(WEIGHT_FORMAT_VARIABLE, FLOAT32.name), WEIGHT_FORMAT_VARIABLE)
+def served_checkpoint(model_config: MAXModelConfig) -> Path:
+    """What MAX serves: a GGUF file given as its weight path, else the model directory."""
+    gguf = (Path(file) for file in model_config.weight_path if Path(file).suffix == ".gguf")
+    return next(gguf, Path(model_config.model_path))
+
+
+def served_weight_format(checkpoint: Callable[[], Stored]) -> WeightFormat:
+    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (float32 when unset), or the served checkpoint's
+    own mix of formats where it names that (`checkpoint` opens it); a ValueError lists ours."""
+    name = os.environ.get(WEIGHT_FORMAT_VARIABLE, FLOAT32.name)
+    if name not in FORMATS and (own := checkpoint().weight_format).name == name:
+        return own
+    return format_named(name, WEIGHT_FORMAT_VARIABLE)

@@ -253,6 +253,8 @@ class SuperBlockFormat(WeightFormat, ABC):
     halves: ClassVar[int]  # float16 a row a super-block in "scales"
     parts: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]  # each weight field's shape a super-block
     # and its axes after the rows' (`group_field`), in order
+    quantize: ClassVar[Callable[[np.ndarray], np.ndarray]]  # llama.cpp's quantizer (`gguf_quantizers`)
+    take_apart: ClassVar[Callable[[np.ndarray], Fields]]  # GGUF's blocks -> fields (`gguf_blocks`)
 
     @property
     def gguf_block(self) -> tuple[int, int]:
@@ -304,9 +306,12 @@ class SuperBlockFormat(WeightFormat, ABC):
             .reshape(out_dim, in_dim)
         )
 
-    @abstractmethod
+    def rows(self, weight: np.ndarray) -> np.ndarray:
+        return self.quantize(weight)
+
     def fields(self, blocks: np.ndarray) -> Fields:
         """GGUF's blocks [n, bytes] taken apart (`gguf_blocks`)."""
+        return self.take_apart(blocks)
 
     @abstractmethod
     def split(
@@ -327,11 +332,8 @@ class Q4KFormat(SuperBlockFormat):
     halves = 2
     parts = (((8, 4, 4), 1), ((8,), 0), ((8,), 0))
 
-    def rows(self, weight: np.ndarray) -> np.ndarray:
-        return gguf_quantizers.q4_k(weight)
-
-    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q4KFields:
-        return gguf_blocks.q4_k_fields(blocks)
+    quantize = staticmethod(gguf_quantizers.q4_k)
+    take_apart = staticmethod(gguf_blocks.q4_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
@@ -351,11 +353,8 @@ class Q5KFormat(Q4KFormat):
     block = (256, 176)
     parts = (((8, 4, 4), 1), ((8, 4), 1), ((8,), 0), ((8,), 0))
 
-    def rows(self, weight: np.ndarray) -> np.ndarray:
-        return gguf_quantizers.q5_k(weight)
-
-    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q4KFields:
-        return gguf_blocks.q5_k_fields(blocks)
+    quantize = staticmethod(gguf_quantizers.q5_k)
+    take_apart = staticmethod(gguf_blocks.q5_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
@@ -369,9 +368,8 @@ class Q5KFormat(Q4KFormat):
         return super().join(parts[1:], halves, q | (fifth << 4))
 
 
-FIFTH_BITS = (np.arange(4, dtype=np.uint8) + np.array([[0], [4]], np.uint8))[
-    ..., None
-]  # [half, c, 1]: bit c + 4 half
+# q5_k: the 5th bit of element 4c + e in bit c of its byte, of element 16 + 4c + e in bit 4 + c: [half, c, 1]
+FIFTH_BITS = (np.arange(4, dtype=np.uint8) + np.array([[0], [4]], np.uint8))[..., None]
 
 # q6_k: where a value's high 2 bits sit in its byte, by [half, c // 2] (the kernel takes them to bits
 # 4-5 with one shift and a mask): chunks 0 and 1 in bits 4-7, chunks 2 and 3 in bits 0-3.
@@ -387,11 +385,8 @@ class Q6KFormat(SuperBlockFormat):
     halves = 1
     parts = (((8, 4, 4), 1), ((8, 2, 4), 1), ((16,), 0))
 
-    def rows(self, weight: np.ndarray) -> np.ndarray:
-        return gguf_quantizers.q6_k(weight)
-
-    def fields(self, blocks: np.ndarray) -> gguf_blocks.Q6KFields:
-        return gguf_blocks.q6_k_fields(blocks)
+    quantize = staticmethod(gguf_quantizers.q6_k)
+    take_apart = staticmethod(gguf_blocks.q6_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q6KFields, q: np.ndarray, count: int, supers: int

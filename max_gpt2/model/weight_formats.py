@@ -3,19 +3,24 @@
 A decoding step reads every weight once, so its speed is bytes of weights over memory bandwidth.
 Besides float32, the projections and the LM head may be stored in fewer bytes (the sums stay
 float32; as in llama.cpp the kernels round each product's input to bfloat16 against bfloat16
-weights, to int8 blocks against q8_0 and q4_0):
+weights, to int8 blocks of 32 against q8_0 and q4_0, of 256 against the K-quants):
 
     float32   4 bytes a weight; the embeddings, biases and layer norms always stay so
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
     q8_0      llama.cpp's blocks of 32 int8 values and a float16 scale, 1.0625 bytes a weight
     q4_0      llama.cpp's blocks of 32 4-bit values and a float16 scale, 0.5625 bytes a weight
+    q4_k      llama.cpp's Q4_K: super-blocks of 256, 4-bit values, 6-bit scales and mins, 0.578
+    q5_k      its Q5_K: the same with 5-bit values, 0.703
+    q6_k      its Q6_K: super-blocks of 256, 6-bit values, int8 scales per 16, 0.820
 
-(`block_quants` has q8_0's and q4_0's arithmetic.) `FORMATS` is the registry, by name;
-`format_named(name)` looks one up, refusing a name it lacks with the list. Checkpoints may also
-store formats that load as the float32 values they stand for: `FLOAT16` (GGUF's F16) and
-`GGML_BLOCKS`, llama.cpp's other block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `gguf_blocks`
-decodes them, `gguf_quantizers` writes them for llama-quantize's mixes, `gguf_mixes`);
-`BY_GGML_TYPE` has every format a GGUF file is read in. A format knows:
+(`block_quants` has q8_0's and q4_0's arithmetic, `gguf_blocks` and `gguf_quantizers` the
+K-quants'.) `FORMATS` is the registry, by name; `format_named(name)` looks one up, refusing a name
+it lacks with the list. A GGUF file mixing them (llama-quantize's presets) loads as a
+`MixedFormat` (`mixed`), each tensor in its own. Checkpoints may also store formats that load as
+the float32 values they stand for: `FLOAT16` (GGUF's F16) and `GGML_BLOCKS`, llama.cpp's types no
+kernel reads (Q4_1, Q5_0, Q5_1: `gguf_blocks` decodes them, `gguf_quantizers` writes them for
+llama-quantize's mixes, `gguf_mixes`); `BY_GGML_TYPE` has every format a GGUF file is read in. A
+format knows:
 
 - its name, bytes a weight, llama.cpp's ggml type and `general.file_type`;
 - `rows` / `values`: a weight [N, K] to and from the rows GGUF stores (float32, float16, bfloat16
@@ -524,7 +529,7 @@ def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
     counts = Counter(formats.values())
     default = counts.most_common(1)[0][0]
     name = "+".join(format.name for format, _ in counts.most_common())
-    bytes_per_weight = max(format.bytes_per_weight for format in counts)
+    bytes_per_weight = max(format.bytes_per_weight for format in counts)  # at most that
     return MixedFormat(
         name,
         bytes_per_weight,

@@ -100,6 +100,7 @@ def test_weight_bytes_count_every_tensor_a_step_reads(lm_checkpoint):
         (["--contenders", "hf-sdpa"], "--contenders takes max and any of hf-eager, hf-sdpa; got hf-sdpa"),
         (["--models", ""], "nothing to time: give --models or --checkpoint"),
         (["--kv-cache", "float32,int8"], "--kv-cache takes float32 and float16; got int8"),
+        (["--checkpoint", "gpt2-q4_k_m.gguf"], "--checkpoint gpt2-q4_k_m.gguf: a checkpoint directory"),
     ],
 )
 def test_bad_arguments_are_refused(args, message, capsys):

@@ -107,6 +107,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         args.llama_bench = check_binary(args.llama_bench)
     if not args.models and args.checkpoint is None:
         raise ValueError("nothing to time: give --models or --checkpoint")
+    if args.checkpoint is not None and Path(args.checkpoint).suffix == ".gguf":
+        raise ValueError(
+            f"--checkpoint {args.checkpoint}: a checkpoint directory (Hugging Face's layout), which every "
+            "contender reads; to time a GGUF file as it loads, beside llama.cpp, run benchmarks/same_file.py"
+        )
     if isinstance(args.cases, str):  # argparse leaves a default string unparsed
         args.cases = parse_cases(args.cases)
 

@@ -7,7 +7,33 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
-from .packed_layout import BLOCK, F32, GROUP, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPER, block_bytes, block_scales, check_blocks, check_dense, is_super, row_chunks
+from .packed_layout import F32, GROUP, NIBBLES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes, block_scales, block_weights, check_blocks, check_dense, row_chunks, scales_at
+
+
+@always_inline
+def _value[
+    FORMAT: Int
+](block: UnsafePointer[UInt8, ImmutAnyOrigin], steps: UnsafePointer[Float16, ImmutAnyOrigin], r: Int, e: Int) -> Float32:
+    """Weight e of row r of a group's block (super-block), `steps` its float16 scales, in llama.cpp's
+    order of float32 operations."""
+    var step = steps[r].cast[F32]()
+    comptime if FORMAT == Q8_0:
+        return Float32(block.bitcast[Int8]()[(e // 4) * 32 + r * 4 + e % 4]) * step
+    var j, half, c, within = e // 32, (e % 32) // 16, (e % 16) // 4, e % 4
+    var q = Int((block[j * 128 + c * 32 + r * 4 + within] >> UInt8(4 * half)) & 0xF)
+    comptime if FORMAT == Q4_0:
+        return Float32(q - 8) * step
+    elif FORMAT == Q6_K:
+        var top = block[NIBBLES + j * 64 + (c % 2) * 32 + r * 4 + within]
+        q |= Int((top >> UInt8(4 * (1 - c // 2) + 2 * half)) & 3) << 4
+        var scale = Float32(Int(block.bitcast[Int8]()[scales_at[FORMAT]() + (2 * j + half) * 8 + r]))
+        return (step * scale) * Float32(q - 32)
+    else:
+        comptime if FORMAT == Q5_K:
+            q |= Int((block[NIBBLES + j * 32 + r * 4 + within] >> UInt8(4 * half + c)) & 1) << 4
+        var scaled = step * Float32(Int(block[scales_at[FORMAT]() + j * 8 + r]))
+        var offset = steps[GROUP + r].cast[F32]() * Float32(Int(block[scales_at[FORMAT]() + 64 + j * 8 + r]))
+        return scaled * Float32(q) - offset
 
 
 def dequantize[
@@ -20,11 +46,10 @@ def dequantize[
     N: Int,
 ):
     """result [N, K] float32 = W's values times their scales, the padding rows and columns left out."""
-    comptime if is_super[FORMAT]():
-        _dequantize_super[FORMAT](w, d, result, K, N)
-        return
     comptime BYTES = block_bytes[FORMAT]()
-    var nb = (K + BLOCK - 1) // BLOCK
+    comptime WEIGHTS = block_weights[FORMAT]()
+    comptime SCALES = block_scales[FORMAT]()
+    var nb = (K + WEIGHTS - 1) // WEIGHTS
     var groups = (N + GROUP - 1) // GROUP
     var chunk = (groups + row_chunks() - 1) // row_chunks()
 
@@ -32,65 +57,11 @@ def dequantize[
         for g in range(task * chunk, min((task + 1) * chunk, groups)):
             for b in range(nb):
                 var block = w + (g * nb + b) * BYTES
+                var steps = d + (g * nb + b) * SCALES
                 for r in range(min(GROUP, N - g * GROUP)):
-                    var scale = d[(g * nb + b) * GROUP + r].cast[F32]()
-                    var row = result + (g * GROUP + r) * K
-                    for e in range(BLOCK):
-                        var column = b * BLOCK + e
-                        if column >= K:
-                            break
-                        var value: Float32
-                        comptime if FORMAT == Q8_0:
-                            value = Float32(block.bitcast[Int8]()[(e // 4) * 32 + r * 4 + e % 4])
-                        else:
-                            var half = e // 16
-                            var byte = block[((e % 16) // 4) * 32 + r * 4 + e % 4]
-                            value = Float32(Int((byte >> UInt8(4 * half)) & 0xF) - 8)
-                        row[column] = value * scale
-
-    sync_parallelize(work, (groups + chunk - 1) // chunk)
-
-
-def _dequantize_super[
-    FORMAT: Int
-](
-    w: UnsafePointer[UInt8, ImmutAnyOrigin],
-    d: UnsafePointer[Float16, ImmutAnyOrigin],
-    result: UnsafePointer[Float32, MutAnyOrigin],
-    K: Int,
-    N: Int,
-):
-    """`dequantize` for the K-quants (K whole super-blocks), in llama.cpp's order of float32 operations."""
-    comptime BYTES = block_bytes[FORMAT]()
-    comptime SCALES = block_scales[FORMAT]()
-    var nb = K // SUPER
-    var groups = (N + GROUP - 1) // GROUP
-    var chunk = (groups + row_chunks() - 1) // row_chunks()
-
-    def work(task: Int) {imm w, imm d, imm result, imm K, imm N, imm nb, imm groups, imm chunk}:
-        for g in range(task * chunk, min((task + 1) * chunk, groups)):
-            for s in range(nb):
-                var block = w + (g * nb + s) * BYTES
-                for r in range(min(GROUP, N - g * GROUP)):
-                    var step = d[(g * nb + s) * SCALES + r].cast[F32]()
-                    var row = result + (g * GROUP + r) * K + s * SUPER
-                    for k in range(SUPER):
-                        var j, half, c, e = k // 32, (k % 32) // 16, (k % 16) // 4, k % 4
-                        var q = Int((block[j * 128 + c * 32 + r * 4 + e] >> UInt8(4 * half)) & 0xF)
-                        comptime if FORMAT == Q6_K:
-                            var top = block[1024 + j * 64 + (c % 2) * 32 + r * 4 + e]
-                            q |= Int((top >> UInt8(4 * (1 - c // 2) + 2 * half)) & 3) << 4
-                            var scale = Float32(Int(block.bitcast[Int8]()[1536 + (2 * j + half) * 8 + r]))
-                            row[k] = (step * scale) * Float32(q - 32)
-                        else:
-                            comptime SCALES_AT = 1024 + (256 if FORMAT == Q5_K else 0)
-                            comptime if FORMAT == Q5_K:
-                                var fifth = block[1024 + j * 32 + r * 4 + e]
-                                q |= Int((fifth >> UInt8(4 * half + c)) & 1) << 4
-                            var least = d[(g * nb + s) * SCALES + GROUP + r].cast[F32]()
-                            var scaled = step * Float32(Int(block[SCALES_AT + j * 8 + r]))
-                            var offset = least * Float32(Int(block[SCALES_AT + 64 + j * 8 + r]))
-                            row[k] = scaled * Float32(q) - offset
+                    var row = result + (g * GROUP + r) * K + b * WEIGHTS
+                    for e in range(min(WEIGHTS, K - b * WEIGHTS)):
+                        row[e] = _value[FORMAT](block, steps, r, e)
 
     sync_parallelize(work, (groups + chunk - 1) // chunk)
 

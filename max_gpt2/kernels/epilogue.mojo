@@ -1,6 +1,7 @@
 # How a product's kernels write y: as it is, added to what y holds (a residual connection), or
 # through GPT-2's GELU (its tanh approximation, Hugging Face's "gelu_new"). The products that stand
 # alone store; gpt2_decode_layer adds and applies GELU as it writes, instead of an op each.
+from std.collections import Array
 from std.math import tanh
 from std.memory import UnsafePointer
 
@@ -26,3 +27,31 @@ def finish[EPILOGUE: Int, width: Int](y: UnsafePointer[Float32, MutAnyOrigin], v
         y.store(gelu_tanh[width](value))
     else:
         y.store(value)
+
+
+@always_inline
+def finish_rows[
+    EPILOGUE: Int, L: Int, MB: Int
+](
+    acc: Array[SIMD[DType.float32, L], MB],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    m0: Int,
+    N: Int,
+    first: Int,
+):
+    """y[m0 + m, first + r] for m < MB, r < L (those below N) from acc[m][r], plus bias[first + r]
+    where there is a bias, as EPILOGUE says (`finish`): a block product's outputs written."""
+    var rows = min(L, N - first)
+    var offsets = SIMD[DType.float32, L](0)
+    if has_bias:
+        for r in range(rows):
+            offsets[r] = bias[first + r]
+    comptime for m in range(MB):
+        var out = y + (m0 + m) * N + first
+        if rows == L:
+            finish[EPILOGUE, L](out, acc[m] + offsets)
+        else:
+            for r in range(rows):
+                finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])

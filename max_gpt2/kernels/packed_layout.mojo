@@ -105,6 +105,19 @@ def block_scales[FORMAT: Int]() -> Int:
     return 2 * GROUP if FORMAT == Q4_K or FORMAT == Q5_K else GROUP
 
 
+comptime NIBBLES = 1024  # bytes of a group's K-quant super-block that hold the low 4 bits of q
+
+
+@always_inline
+def scales_at[FORMAT: Int]() -> Int:
+    """Where a group's K-quant super-block holds its scales: after the nibbles and the high bits."""
+    comptime if FORMAT == Q5_K:
+        return NIBBLES + 256
+    elif FORMAT == Q6_K:
+        return NIBBLES + 512
+    return NIBBLES
+
+
 @always_inline
 def block_weights[FORMAT: Int]() -> Int:
     """Weights of a row in one block: 32, or a super-block's 256."""

@@ -28,7 +28,7 @@ from std.sys.info import CompilationTarget
 from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, pair_products, repeat4, side_by_side, widen_pairs, with_sign_of
-from .epilogue import STORE, finish
+from .epilogue import STORE, finish_rows
 from .packed_layout import (
     BLOCK,
     F32,
@@ -139,18 +139,7 @@ def _group_blocks[
                 dots[m] = rebind[SIMD[DType.int32, L]](widen_pairs(pairs) + xq.q4_offsets[row])  # the -8 of every value, times sum(x)
         comptime for m in range(MB):
             acc[m] = dots[m].cast[F32]().fma(scales * xq.scales[(m0 + m) * nb + b], acc[m])
-    var rows = min(L, N - g * GROUP)
-    var offsets = SIMD[F32, L](0)
-    if has_bias:
-        for r in range(rows):
-            offsets[r] = bias[g * GROUP + r]
-    comptime for m in range(MB):
-        var out = y + (m0 + m) * N + g * GROUP
-        if rows == L:
-            finish[EPILOGUE, L](out, acc[m] + offsets)
-        else:
-            for r in range(rows):
-                finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])
+    finish_rows[EPILOGUE, L, MB](acc, bias, has_bias, y, m0, N, g * GROUP)
 
 
 @always_inline

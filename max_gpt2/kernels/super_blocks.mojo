@@ -15,12 +15,9 @@ from std.memory import UnsafePointer
 from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, repeat4
-from .epilogue import finish
-from .packed_layout import F32, GROUP, PREFETCH_AHEAD, Q5_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, is_super, requests_ahead
+from .epilogue import finish_rows
+from .packed_layout import F32, GROUP, NIBBLES, PREFETCH_AHEAD, Q5_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, is_super, requests_ahead, scales_at
 from .quantized_rows import QuantizedRows
-
-comptime NIBBLES = 1024  # bytes of a group's super-block that hold the low 4 bits of q
-
 
 @always_inline
 def _group_super_blocks[
@@ -83,7 +80,7 @@ def _group_super_blocks[
             comptime if FORMAT == Q6_K:
                 # Each 16's scale applied in float32 (exact: |scale x dot| < 2^24), which measured faster
                 # than int32 multiplies (docs/performance.md).
-                var scales = (block + NIBBLES + 512 + 16 * j).bitcast[Int8]()
+                var scales = (block + scales_at[FORMAT]() + 16 * j).bitcast[Int8]()
                 var first = scales.load[width=L]().cast[F32]()
                 var second = (scales + 8).load[width=L]().cast[F32]()
                 comptime for m in range(MB):
@@ -91,9 +88,8 @@ def _group_super_blocks[
                     sums[m] = (lows[m] - 32 * sixteens[0]).cast[F32]().fma(first, sums[m])
                     sums[m] = (highs[m] - 32 * sixteens[1]).cast[F32]().fma(second, sums[m])
             else:
-                comptime SCALES_AT = NIBBLES + (256 if FORMAT == Q5_K else 0)  # after q5_k's 5th bits
-                var scale = (block + SCALES_AT + 8 * j).load[width=L]().cast[DType.int32]()
-                var least = (block + SCALES_AT + 64 + 8 * j).load[width=L]().cast[DType.int32]()
+                var scale = (block + scales_at[FORMAT]() + 8 * j).load[width=L]().cast[DType.int32]()
+                var least = (block + scales_at[FORMAT]() + 64 + 8 * j).load[width=L]().cast[DType.int32]()
                 comptime for m in range(MB):
                     var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
                     whole[m] += scale * (lows[m] + highs[m])
@@ -107,18 +103,7 @@ def _group_super_blocks[
                 acc[m] = whole[m].cast[F32]().fma(steps * x_scale, acc[m])
                 var least_steps = (d + (g * nb + s) * SCALES + L).load[width=L]().cast[F32]()
                 acc[m] = offsets[m].cast[F32]().fma(-least_steps * x_scale, acc[m])
-    var rows = min(L, N - g * GROUP)
-    var offsets = SIMD[F32, L](0)
-    if has_bias:
-        for r in range(rows):
-            offsets[r] = bias[g * GROUP + r]
-    comptime for m in range(MB):
-        var out = y + (m0 + m) * N + g * GROUP
-        if rows == L:
-            finish[EPILOGUE, L](out, acc[m] + offsets)
-        else:
-            for r in range(rows):
-                finish[EPILOGUE, 1](out + r, acc[m][r] + offsets[r])
+    finish_rows[EPILOGUE, L, MB](acc, bias, has_bias, y, m0, N, g * GROUP)
 
 
 def super_block_groups[

@@ -89,22 +89,28 @@ def deinterleave_blocks(
     return values.reshape(groups * GROUP, -1)[:rows], scales[:rows]
 
 
+def _field_axes(
+    groups: int, supers: int, inner: tuple[int, ...], tail: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A field's stored shape [G, Ks, *head, 8, *last] (`last` the final `tail` axes of `inner`) and the
+    axis order that views it as [G, r, Ks, *inner]."""
+    head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
+    at = 2 + len(head)  # the rows' axis in the stored array
+    return (groups, supers, *head, GROUP, *last), (0, at, *range(1, at), *range(at + 1, at + 1 + tail))
+
+
 def group_field(field: np.ndarray, tail: int) -> np.ndarray:
     """A field of N rows' super-blocks, [N, Ks, *inner], as the kernels store it: [G, Ks, bytes], the
     group's 8 rows side by side before the last `tail` axes of `inner` (zero rows padding N)."""
     rows, supers, *inner = field.shape
-    head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
-    groups, at = -(-rows // GROUP), 2 + len(head)  # the rows' axis in the stored array
-    order = (0, at, *range(1, at), *range(at + 1, at + 1 + tail))  # -> [G, r, Ks, *inner]
-    stored = _grouped(field, (groups, supers, *head, GROUP, *last), field.dtype, order)
-    return stored.reshape(groups, supers, -1)
+    groups = -(-rows // GROUP)
+    shape, order = _field_axes(groups, supers, tuple(inner), tail)
+    return _grouped(field, shape, field.dtype, order).reshape(groups, supers, -1)
 
 
 def ungroup_field(stored: np.ndarray, inner: tuple[int, ...], tail: int, rows: int) -> np.ndarray:
     """The inverse of `group_field`: stored [G, Ks, bytes] -> the field [rows, Ks, *inner]."""
     groups, supers = stored.shape[:2]
-    head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
-    at = 2 + len(head)
-    order = (0, at, *range(1, at), *range(at + 1, at + 1 + tail))
-    view = stored.reshape(groups, supers, *head, GROUP, *last).transpose(order)  # [G, r, Ks, *inner]
+    shape, order = _field_axes(groups, supers, inner, tail)
+    view = stored.reshape(shape).transpose(order)  # [G, r, Ks, *inner]
     return view.reshape(groups * GROUP, supers, *inner)[:rows]

@@ -104,7 +104,7 @@ class WeightFormat:
     def activation(self) -> int:
         """How its kernels round x before a product, as the decode-layer ops number it (packed_layout.mojo:
         0 as it is, 1 and 2 q8_0's blocks, 8 llama.cpp's q8_K): a layer's c_attn and c_fc read one x."""
-        return 8 if self.kernel_format in (3, 4, 5) else self.kernel_format
+        return self.kernel_format
 
     @property
     def weight_dtype(self) -> DType:
@@ -264,6 +264,10 @@ class SuperBlockFormat(WeightFormat, ABC):
     @property
     def gguf_block(self) -> tuple[int, int]:
         return self.block
+
+    @property
+    def activation(self) -> int:
+        return 8  # llama.cpp's q8_K, as every K-quant's products read x
 
     def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return self.fields(rows.reshape(-1, self.block[1])).values().reshape(shape)

@@ -72,8 +72,11 @@ def take_formats(model: Module, weight_format: WeightFormat) -> None:
     """Each `PackedLinear` of `model` in the format `weight_format` gives its weight (`format_for`: a
     file's mix of formats gives each tensor its own)."""
     for name, module in model.descendants:
-        if isinstance(module, PackedLinear):
-            module.take_format(weight_format.format_for(f"{name}.weight"))
+        if (
+            isinstance(module, PackedLinear)
+            and (own := weight_format.format_for(f"{name}.weight")) is not module.format
+        ):
+            module.take_format(own)  # built in another: made anew
 
 
 def formats_named(module: Module) -> str:

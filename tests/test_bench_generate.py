@@ -88,8 +88,11 @@ def test_weight_bytes_count_every_tensor_a_step_reads(lm_checkpoint):
     blocks_and_norm = sum(value.size for name, value in weights.items() if name not in embeddings)
     one_row_each = 2 * LM.n_embd
     assert weight_bytes_per_step(LM) == 4 * (blocks_and_norm + weights["lm_head.weight"].size + one_row_each)
-    packed = sum(value.size for name, value in weights.items() if is_packed(name))
-    rest = blocks_and_norm + one_row_each - (packed - weights["lm_head.weight"].size)
+    projections = sum(
+        value.size for name, value in weights.items() if is_packed(name) and name not in embeddings
+    )
+    packed = projections + weights["lm_head.weight"].size + 8 * LM.n_embd  # a token's group of 8 wte rows
+    rest = blocks_and_norm - projections + LM.n_embd  # and a row of wpe
     assert weight_bytes_per_step(LM, Q4_0) == round(packed * 18 / 32) + 4 * rest
 
 

@@ -35,15 +35,16 @@ def _field(reader, key):
 @pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "q8_0", "q4_0"])
 def test_convert_writes_what_llama_cpps_tools_would(tmp_path, weight_format):
     """Read by `gguf`'s reader: llama.cpp's names (its name map) and `gpt2.*` metadata, the projections
-    and the head in the format's type with the bytes `gguf.quants` makes of the checkpoint's weights
-    (`[out, in]`), the rest F32, the tokenizer's tokens by id, its merges, `<|endoftext|>` special."""
+    and token_embd (the tied head) in the format's type with the bytes `gguf.quants` makes of the
+    checkpoint's weights (`[out, in]`), the rest F32, the tokenizer's tokens by id, its merges,
+    `<|endoftext|>` special."""
     checkpoint = write_checkpoint(tmp_path / "small", SMALL, seed=2, layout="save_pretrained", tokenizer=True)
     out = tmp_path / "small.gguf"
     done = run_cli(
         "convert", "--checkpoint", str(checkpoint), "--weight-format", weight_format, "--out", str(out)
     )
     assert done.returncode == 0, done.stderr
-    assert f"writing {4 + 12 * SMALL.n_layer + (weight_format != 'float32')} tensors" in done.stderr
+    assert f"writing {4 + 12 * SMALL.n_layer} tensors" in done.stderr  # the tied head is token_embd
     reader, tensors = _read(out)
     assert _field(reader, "general.architecture") == "gpt2"
     shapes = {"block_count": 2, "context_length": 16, "embedding_length": 64, "feed_forward_length": 256}
@@ -61,13 +62,14 @@ def test_convert_writes_what_llama_cpps_tools_would(tmp_path, weight_format):
     kind = {"float32": "F32", "bfloat16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}[weight_format]
     expected_names = set()
     for name, value in weights.items():
-        if name == "lm_head.weight" and weight_format == "float32":
-            continue  # tied: llama.cpp reads token_embd for it
+        if name == "lm_head.weight":
+            continue  # tied: llama.cpp reads token_embd for it, in the format as llama-quantize writes it
         stored = names.get_name(name, try_suffixes=(".weight", ".bias"))
         expected_names.add(stored)
         tensor = tensors[stored]
         projection = (
-            name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) or name == "lm_head.weight"
+            name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+            or name == "transformer.wte.weight"
         )
         want = gguf.GGMLQuantizationType[kind if projection else "F32"]
         assert tensor.tensor_type == want, stored

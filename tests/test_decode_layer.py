@@ -15,7 +15,7 @@ from max.nn.kv_cache import KVCacheParams
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.ops import layer_formats
-from max_gpt2.model.gpt2 import GPT2LMHeadModel, linear_for
+from max_gpt2.model.gpt2 import GPT2LMHeadModel, embedding_for, linear_for
 from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
 from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
@@ -235,17 +235,21 @@ def test_only_blocks_with_the_kernels_activation_become_one_op(activation, fused
 
 def test_a_mix_of_formats_gives_each_packed_module_its_tensors_format():
     """`take_formats`, as the in-process model and the server's build theirs: a Q4_K_M-like mix (q6_k
-    c_attn and mlp c_proj in layer 0 and the head, q4_k the rest) reaches every `PackedLinear`, each
-    bound as its own format stores it, and each layer's decode-layer op gets its products' codes."""
+    c_attn and mlp c_proj in layer 0, the tied head and embedding, q4_k the rest) reaches every
+    `PackedLinear`, each bound as its own format stores it, and each layer's decode-layer op gets its
+    products' codes."""
     config = GPT2Config(n_embd=256, n_head=4, n_layer=2, n_positions=8, vocab_size=16)
     six = {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.mlp.c_proj.weight", "lm_head.weight"}
+    six |= {"transformer.wte.weight"}  # tied: the head's table
     names = [name for name in model_parameter_shapes(config) if is_packed(name)]
     mix = mixed({name: Q6_K if name in six else Q4_K for name in names})
     kv_params = KVCacheParams(dtype=DType.float32, head_dim=64, num_layers=2, devices=[CPU_REF])
     with F.lazy(), default_device(CPU()), default_dtype(DType.float32):
         models = [
             GPT2LMHeadModel(config, DECODE, mix),
-            PagedGPT2LMHeadModel(config, kv_params, LAST_LOGITS_DECODE, linear_for(mix, kernels=True)),
+            PagedGPT2LMHeadModel(
+                config, kv_params, LAST_LOGITS_DECODE, linear_for(mix, kernels=True), embedding_for(mix)
+            ),
         ]
         take_formats(models[1], mix)  # as the server's pipeline model does after building it
     for model in models:

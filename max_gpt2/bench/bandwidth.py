@@ -23,19 +23,22 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.kernel_layout import GROUP
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
 
 
 def weight_bytes_per_step(config: GPT2Config, weights: WeightFormat = FLOAT32) -> int:
-    """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections
-    and the LM head in `weights` (`max_gpt2.model.weight_formats.NAMED`: a compute dtype's too)."""
+    """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections,
+    the LM head and the token embedding in `weights` (`max_gpt2.model.weight_formats.NAMED`: a compute
+    dtype's too)."""
     width, inner = config.n_embd, config.mlp_width
     packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
     plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
     head = config.vocab_size * width  # the tied LM head reads all of wte
+    looked_up = GROUP * width if weights.kernels_only else 0  # packed, wte's group of rows (a token's)
     per_weight = weights.bytes_per_weight
-    float32 = (config.n_layer * plain + 2 * width + 2 * width) * 4  # ln_f, and a row each of wte and wpe
-    return round((config.n_layer * packed + head) * per_weight) + float32
+    float32 = (config.n_layer * plain + 2 * width + width + (not looked_up) * width) * 4  # ln_f, a wpe row
+    return round((config.n_layer * packed + head + looked_up) * per_weight) + float32
 
 
 def lm_head_operands() -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,8 @@ from max_gpt2.model.config import ACTIVATIONS, GPT2Config
 
 LinearFactory = Callable[..., Module[[Tensor], Tensor]]
 """Makes a projection: `(in_dim, out_dim, bias=...)`, as `Linear` is called."""
+EmbeddingFactory = Callable[..., Module[[Tensor], Tensor]]
+"""Makes the token embedding: `(vocab_size, dim=...)`, as `Embedding` is called; ids -> rows."""
 
 
 def activation(kind: str, x: Tensor) -> Tensor:

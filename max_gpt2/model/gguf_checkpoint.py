@@ -19,10 +19,12 @@ The shapes come from the `gpt2.*` metadata (`gpt2.embedding_length`, `gpt2.block
 `gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. Tensors are read
 in F32, F16, BF16, Q8_0 and Q4_0, and in llama.cpp's Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 (`weight_formats.BY_GGML_TYPE`); anything else is refused naming the tensor, its type and the
-types read. Where the projections and the head (a tied head is `token_embd`) share one of our
-formats (`llama-quantize --pure` writes them so), the file loads in it; a mix of types, as
-llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K), or llama.cpp's other types, load as the
-float32 values they stand for. Embeddings, norms and biases become float32.
+types read. Where the projections, the head and `token_embd` share one of our formats
+(`llama-quantize --pure` writes them so), the file loads in it; a mix of the kernels' formats, as
+llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K), loads as itself, each tensor in its own
+(`weight_formats.mixed`); a file with llama.cpp's other types loads as the float32 values it stands
+for. A quantized `token_embd` stays packed in its type (a float one is packed as the projections
+are); the position embedding, norms and biases become float32.
 
 The other way, `gguf_tensors` and `gguf_metadata` give what `gguf_writer.write_gguf` writes for a
 checkpoint with each tensor in a format: in one of ours (`pure_formats`), as llama.cpp's converter
@@ -140,7 +142,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"{self.path} holds tensors GPT-2 does not have: {', '.join(unexpected[:5])}"
             )
-        packed: dict[str, WeightFormat] = {}  # the projections' and a quantized tied head's formats
+        packed: dict[str, WeightFormat] = {}  # the projections', the head's, a quantized token_embd's
         for stored, name in self._names.items():
             info = self.gguf.tensors.get(stored)
             if info is None:
@@ -155,11 +157,14 @@ class GGUFCheckpoint:
                     f"{self.path}: tensor {stored} has shape {list(info.shape)}, but the file's gpt2.* "
                     f"metadata needs {list(shapes[name])}"
                 )
-            # A tied head is `token_embd`: quantized, it keeps its own type (llama-quantize's presets
-            # keep it apart); a float one is packed as the projections are.
-            tied_head = self.tied and stored == "token_embd.weight" and BY_GGML_TYPE[info.type].quantized
-            if is_packed(name) or tied_head:
-                packed["lm_head.weight" if tied_head else name] = BY_GGML_TYPE[info.type]
+            kind = BY_GGML_TYPE[info.type]
+            if name == "transformer.wte.weight":
+                # `token_embd` (and a tied head, which is it) keeps a quantized type of its own, as
+                # llama-quantize's presets give it; a float one is packed as the projections are.
+                if kind.quantized:
+                    packed |= {name: kind} | ({"lm_head.weight": kind} if self.tied else {})
+            elif is_packed(name):
+                packed[name] = kind
         self.source_formats = frozenset(packed.values())
         if len(self.source_formats) == 1:
             self.weight_format = next(iter(self.source_formats)).loads_as
@@ -188,9 +193,8 @@ class GGUFCheckpoint:
 
 def pure_formats(config: GPT2Config, tied: bool, weight_format: WeightFormat) -> dict[str, WeightFormat]:
     """The format of each parameter a file in one of our formats stores (`llama-quantize --pure`'s choice),
-    by our names: the projections and the head in `weight_format`, the rest F32. A tied head in float32
-    is left out (llama.cpp ties a GPT-2 without `output.weight`); packed, it is written, as it is bound,
-    apart from `token_embd`."""
+    by our names: the projections, the head and the token embedding in `weight_format`, the rest F32.
+    A tied head is left out: it is `token_embd` (llama.cpp ties a GPT-2 without `output.weight`)."""
     left_out = aliases(tied, weight_format)
     return {
         name: weight_format if is_packed(name) else FLOAT32

@@ -10,8 +10,8 @@
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
 With a packed `weight_format` (`max_gpt2.model.weight_formats`) every projection and the LM
-head are `PackedLinear`s, their weights in that format (a file's mix: each in its tensor's own);
-the embeddings stay float32.
+head are `PackedLinear`s, their weights in that format (a file's mix: each in its tensor's own),
+and `wte` a `PackedEmbedding` (tied, the head's very arrays); `wpe` stays float32.
 
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
@@ -50,11 +50,11 @@ from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.tensor import Tensor
 
 from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.block import Block, LinearFactory, layer_norm
+from max_gpt2.model.block import Block, EmbeddingFactory, LinearFactory, layer_norm
 from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
-from max_gpt2.model.packed_linear import PackedLinear, formats_named, take_formats
+from max_gpt2.model.packed_linear import PackedEmbedding, PackedLinear, formats_named, take_formats
 from max_gpt2.model.variants import PLAIN, RANKED, Head, Variant
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
 
@@ -67,11 +67,19 @@ def linear_for(weight_format: WeightFormat, kernels: bool) -> LinearFactory:
     return SkinnyLinear if kernels else Linear
 
 
+def embedding_for(weight_format: WeightFormat) -> EmbeddingFactory:
+    """The token embedding's module for a weight format: its table packed as the head is, or float32."""
+    return (
+        partial(PackedEmbedding, format=weight_format.built_as) if weight_format.kernels_only else Embedding
+    )
+
+
 class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
     """Embeddings, the blocks and the final layer norm: token ids to hidden states [B, S, D].
 
-    `attention()` makes each block's attention, `linear` its MLP's projections and
-    `block` the block (what `GPT2LMHeadModel` chooses for the graph variant);
+    `attention()` makes each block's attention, `linear` its MLP's projections, `block` the
+    block and `embedding` the token embedding (what `GPT2LMHeadModel` chooses for the graph
+    variant and the weight format);
     `block_graph` names the blocks' subgraph, distinct among graphs compiled together.
     """
 
@@ -82,9 +90,10 @@ class GPT2Model(Module[..., Tensor | tuple[Tensor, Tensor]]):
         linear: LinearFactory = Linear,
         block: type[Block] = Block,
         block_graph: str = "block",
+        embedding: EmbeddingFactory = Embedding,
     ) -> None:
         self.block_graph = block_graph
-        self.wte = Embedding(config.vocab_size, dim=config.n_embd)
+        self.wte = embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         self.h = ModuleList(block(config, attention(), linear) for _ in range(config.n_layer))
         self.ln_f = layer_norm(config)
@@ -131,7 +140,12 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
             "kernel_block" if kernels else "block_with_weights" if self.output_attentions else "block"
         )
         self.transformer = GPT2Model(
-            config, lambda: attention(config, self.output_attentions, linear), linear, block, block_graph
+            config,
+            lambda: attention(config, self.output_attentions, linear),
+            linear,
+            block,
+            block_graph,
+            embedding_for(weight_format),
         )
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
         take_formats(self, weight_format)

@@ -1,10 +1,13 @@
-"""`Linear` with its weight stored in a decoding format: bfloat16, q8_0 or q4_0 (`weight_formats`).
+"""`Linear` and `Embedding` with their weight stored in a decoding format (`weight_formats`).
 
-Its parameters are what the format says a linear layer stores (`WeightFormat.stored`): a packed
-"weight" and, for block formats, "scales", in the kernels' layout; the bias is float32 [out], as
-`Linear`'s. With `kernels` (the decoding steps) the product runs through the format's Mojo op,
-which reads each weight once in its packed bytes; without (prompts, and attention maps) the weight
-is unpacked to float32 and multiplied by MAX's matmul.
+A `PackedLinear`'s parameters are what the format says a linear layer stores (`WeightFormat.stored`):
+a packed "weight" and, for block formats, "scales", in the kernels' layout; the bias is float32
+[out], as `Linear`'s. With `kernels` (the decoding steps) the product runs through the format's
+Mojo op, which reads each weight once in its packed bytes; without (prompts, and attention maps)
+the weight is unpacked to float32 and multiplied by MAX's matmul.
+
+A `PackedEmbedding` stores its table [V, D] as a `PackedLinear` of V outputs does (a tied LM head's
+very arrays, `stored_weights.aliases`) and unpacks only the groups of 8 rows its ids fall in.
 """
 
 from __future__ import annotations
@@ -47,12 +50,18 @@ class PackedLinear(Module[[Tensor], Tensor]):
                 rows, product.weight, product.scales, self.format.matmul_op, self.out_dim, product.bias
             )
             return y.reshape([*x.shape[:-1], self.out_dim])
-        if product.scales is None:
-            y = rows @ F.cast(self._deinterleaved(), DType.float32).T
-        else:
-            op = self.format.dequantize_op
-            y = rows @ dequantize(product.weight, product.scales, op, self.out_dim, self.in_dim).T
+        y = rows @ self.unpacked(product.weight, product.scales)[: self.out_dim].T
         return (y + self.bias).reshape([*x.shape[:-1], self.out_dim])
+
+    def unpacked(self, weight: Tensor, scales: Tensor | None) -> Tensor:
+        """Groups of 8 rows of the packed weight, [G, ...] (and their scales), -> float32 [G * 8, in]."""
+        groups = weight.shape[0]
+        if scales is None:  # bfloat16, interleaved in chunks (`kernel_layout`)
+            chunks = int(weight.shape[1]) // (GROUP * CHUNK)
+            grouped = weight.reshape([groups, chunks, GROUP, CHUNK]).permute([0, 2, 1, 3])  # [G, r, c, e]
+            rows = grouped.reshape([groups * GROUP, chunks * CHUNK])[:, : self.in_dim]
+            return F.cast(rows, DType.float32)
+        return dequantize(weight, scales, self.format.dequantize_op, groups * GROUP, self.in_dim)
 
     def stored(self) -> StoredProduct:
         """The product as `gpt2_decode_layer` takes it: the packed weight, its scales (None without), the
@@ -61,11 +70,22 @@ class PackedLinear(Module[[Tensor], Tensor]):
         bias = self.bias if isinstance(self.bias, Tensor) else None
         return StoredProduct(self.weight, scales, bias, self.format.kernel_format)
 
-    def _deinterleaved(self) -> Tensor:
-        """The bfloat16 weight back in rows, [out, in]."""
-        groups, chunks = int(self.weight.shape[0]), int(self.weight.shape[1]) // (GROUP * CHUNK)
-        grouped = self.weight.reshape([groups, chunks, GROUP, CHUNK]).permute([0, 2, 1, 3])  # [G, r, c, e]
-        return grouped.reshape([groups * GROUP, chunks * CHUNK])[: self.out_dim, : self.in_dim]
+
+class PackedEmbedding(PackedLinear):
+    """`Embedding` with its table [V, D] packed in `format`: ids [...] int64 -> [..., D] float32."""
+
+    def __init__(self, vocab_size: int, dim: int, *, format: WeightFormat) -> None:
+        super().__init__(dim, vocab_size, bias=False, format=format, kernels=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        flat = ids.reshape([-1])  # [M]
+        groups = flat // GROUP  # [M]: the group of 8 rows each id lies in
+        scales = getattr(self, "scales", None)
+        picked = None if scales is None else F.gather(scales, groups, axis=0)
+        rows = self.unpacked(F.gather(self.weight, groups, axis=0), picked)  # [M * 8, D]
+        within = F.unsqueeze(flat % GROUP, -1)  # [M, 1]
+        looked_up = F.gather_nd(rows.reshape([-1, GROUP, self.in_dim]), within, batch_dims=1)  # [M, D]
+        return looked_up.reshape([*ids.shape, self.in_dim])
 
 
 def take_formats(model: Module, weight_format: WeightFormat) -> None:

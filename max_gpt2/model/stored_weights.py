@@ -3,15 +3,15 @@ format on its own, so a load holds one tensor in transit at a time.
 
 A `SourceTensor` is one parameter as stored, in MAX layout `[out, in]`: the rows its format stores
 (`WeightFormat.rows`: float32, float16 or bfloat16 bits, or GGUF's blocks of bytes). `store` gives
-what is bound for it in a weight format (`WeightFormat.pack`): the projections and the LM head
-packed, the rest float32. Packed
-blocks go to the kernel's layout as a shuffle of their bytes, never through float32; float
-values are quantized or rounded. A quantized tensor loads only in its own format or as the
-float32 values it stands for (`check_conversion`): quantizing it again would add a second error.
+what is bound for it in a weight format (`WeightFormat.pack`): the projections, the LM head
+and the token embedding packed, the rest float32. Packed blocks go to the kernel's layout as a
+shuffle of their bytes, never through float32; float values are quantized or rounded. A
+quantized tensor loads only in its own format or as the float32 values it stands for
+(`requantizing`): quantizing it again would add a second error.
 
 `StoredWeights` marks arrays already stored so (`store`, `pack`): `devices.weight_buffers` binds
-them as they are. Where the head is tied and the format float32, the head is the embedding's very
-array (`aliases`), bound once.
+them as they are. Where the head is tied it is the embedding's very arrays (`aliases`), packed or
+float32, bound once.
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ def in_format(tensor: SourceTensor, weight_format: WeightFormat) -> np.ndarray:
 
 
 def store(name: str, tensor: SourceTensor, weight_format: WeightFormat) -> dict[str, np.ndarray]:
-    """Parameter `name` as bound in `weight_format`: packed (with its scales) if it is a projection or
-    the head and the format packs, else float32. Float32 data is not copied where it stays float32."""
+    """Parameter `name` as bound in `weight_format`: packed (with its scales) if it is a projection, the
+    head or the token embedding and the format packs, else float32. Float32 data is not copied where
+    it stays float32."""
     if not weight_format.kernels_only or not is_packed(name):
         return {name: to_float32(tensor)}
     own = weight_format.format_for(name)
@@ -119,8 +120,20 @@ def store(name: str, tensor: SourceTensor, weight_format: WeightFormat) -> dict[
 
 
 def aliases(tied: bool, weight_format: WeightFormat) -> dict[str, str]:
-    """Bound names that are another's array: the tied head is `wte`'s in float32 (packed, it is its own)."""
-    return dict(TIED_HEAD) if tied and not weight_format.kernels_only else {}
+    """Bound names that are another's array: a tied head is `wte`'s, packed (its weight and scales,
+    in the head's format, which a tied file gives `wte` too) or float32."""
+    if not tied:
+        return {}
+    if not weight_format.kernels_only:
+        return dict(TIED_HEAD)
+    ((head, wte),) = TIED_HEAD.items()
+    table = weight_format.format_for(head)
+    if weight_format.format_for(wte) is not table:
+        raise ValueError(
+            f"a tied head is the token embedding's table: {weight_format} stores {head} as {table} "
+            f"but {wte} as {weight_format.format_for(wte)}"
+        )
+    return {stored_name(head, part): stored_name(wte, part) for part in table.arrays}
 
 
 def stored_layout(
@@ -155,11 +168,19 @@ def with_aliases(arrays: Mapping[str, np.ndarray], tied: bool, weight_format: We
 
 
 def pack(weights: Mapping[str, np.ndarray], weight_format: WeightFormat) -> StoredWeights:
-    """float32 parameters (MAX layout) -> the same with each projection and the LM head in `weight_format`
-    (`store`). Arrays shared under several names (a tied head) are converted once per name."""
-    packed = StoredWeights()
+    """float32 parameters (MAX layout) -> the same with the projections, the LM head and the token
+    embedding in `weight_format` (`store`). An array shared under several names stored alike (a tied
+    head) is converted once, and bound as one."""
+    packed, first = StoredWeights(), {}
     for name, array in weights.items():
-        packed |= store(name, SourceTensor(FLOAT32, array, array.shape), weight_format)
+        own, packs = weight_format.format_for(name), weight_format.kernels_only and is_packed(name)
+        earlier = first.setdefault((id(array), own, packs), name)
+        if earlier == name:
+            packed |= store(name, SourceTensor(FLOAT32, array, array.shape), weight_format)
+        elif packs:
+            packed |= {stored_name(name, part): packed[stored_name(earlier, part)] for part in own.arrays}
+        else:
+            packed[name] = packed[earlier]
     return packed
 
 

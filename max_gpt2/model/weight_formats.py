@@ -1,11 +1,13 @@
-"""Weight formats: how the language model stores its projections and LM head, one object each.
+"""Weight formats: how the language model stores its projections, LM head and token embedding, one
+object each.
 
 A decoding step reads every weight once, so its speed is bytes of weights over memory bandwidth.
-Besides float32, the projections and the LM head may be stored in fewer bytes (the sums stay
-float32; as in llama.cpp the kernels round each product's input to bfloat16 against bfloat16
-weights, to int8 blocks of 32 against q8_0 and q4_0, of 256 against the K-quants):
+Besides float32, the projections, the LM head and the token embedding may be stored in fewer
+bytes (a lookup unpacks the rows it takes; the sums stay float32; as in llama.cpp the kernels
+round each product's input to bfloat16 against bfloat16 weights, to int8 blocks of 32 against
+q8_0 and q4_0, of 256 against the K-quants):
 
-    float32   4 bytes a weight; the embeddings, biases and layer norms always stay so
+    float32   4 bytes a weight; the position embedding, biases and layer norms always stay so
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
     q8_0      llama.cpp's blocks of 32 int8 values and a float16 scale, 1.0625 bytes a weight
     q4_0      llama.cpp's blocks of 32 4-bit values and a float16 scale, 0.5625 bytes a weight
@@ -105,6 +107,11 @@ class WeightFormat:
         """How its kernels round x before a product, as the decode-layer ops number it (packed_layout.mojo:
         0 as it is, 1 and 2 q8_0's blocks, 8 llama.cpp's q8_K): a layer's c_attn and c_fc read one x."""
         return self.kernel_format
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The arrays a linear layer binds in it, by parameter name ("weight", and "scales" for blocks)."""
+        return tuple(self.stored(GROUP, 256))
 
     @property
     def weight_dtype(self) -> DType:
@@ -560,8 +567,9 @@ def format_named(value: str | WeightFormat, source: str = "weight_format") -> We
 
 
 def is_packed(name: str) -> bool:
-    """Whether parameter `name` is stored in the chosen format: the projections and the LM head."""
-    return name.endswith(CONV1D_WEIGHTS) or name == "lm_head.weight"
+    """Whether parameter `name` is stored in the chosen format: the projections, the LM head and the
+    token embedding (its lookup unpacks the rows it takes, `packed_linear.PackedEmbedding`)."""
+    return name.endswith(CONV1D_WEIGHTS) or name in ("lm_head.weight", "transformer.wte.weight")
 
 
 def is_stored_packed(name: str, weight_format: WeightFormat) -> bool:

@@ -59,7 +59,7 @@ from max_gpt2.inference.lm_options import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.block import LinearFactory
 from max_gpt2.model.checkpoint import open_checkpoint
-from max_gpt2.model.gpt2 import linear_for
+from max_gpt2.model.gpt2 import embedding_for, linear_for
 from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.stored_weights import StoredWeights
@@ -137,7 +137,8 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         self, config: GPT2ServingConfig, linear: LinearFactory, variant: Variant
     ) -> PagedGPT2LMHeadModel:
         with F.lazy(), default_dtype(config.dtype):
-            module = PagedGPT2LMHeadModel(config.model, self.kv_params, variant, linear)
+            embedding = embedding_for(config.weight_format)
+            module = PagedGPT2LMHeadModel(config.model, self.kv_params, variant, linear, embedding)
             take_formats(module, config.weight_format)  # a file's mix: each tensor in its own
             module.to(self.devices[0])
         return module

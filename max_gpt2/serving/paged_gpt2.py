@@ -48,7 +48,7 @@ from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.kernels import paged_attention, paged_decode_layer
 from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.block import LinearFactory, layer_norm
+from max_gpt2.model.block import EmbeddingFactory, LinearFactory, layer_norm
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.kernel_layers import KernelBlock, block_for
 from max_gpt2.model.variants import LAST_LOGITS, Head, Variant
@@ -155,8 +155,9 @@ class PagedGPT2Model(Module[..., Tensor]):
         kv_params: KVCacheParams,
         linear: LinearFactory = Linear,
         decoding: bool = False,
+        embedding: EmbeddingFactory = Embedding,
     ) -> None:
-        self.wte = Embedding(config.vocab_size, dim=config.n_embd)
+        self.wte = embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
         block = block_for(config, decoding, PagedKernelBlock)  # one op a block where it fits
         self.h = ModuleList(
@@ -181,11 +182,11 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     (`max_gpt2.model.variants`) says what comes out: `Head.LOGITS` (a server started
     with `--enable-echo`) every token's logits too, for the prompt's log-probabilities,
     the last of each request's the next-token logits; `Head.LAST_LOGITS` those alone.
-    `linear` makes the projections and the head. Through the kernels (for steps where each
-    request brings one token) every token is its request's last: the graph returns their
-    logits once, gathered from neither the hidden states nor the logits (MAX's gather of an
-    [R, V] copy costs every step: docs/performance.md), and `PagedAttention` takes its
-    decoding kernel.
+    `linear` makes the projections and the head, `embedding` the token embedding. Through the
+    kernels (for steps where each request brings one token) every token is its request's last:
+    the graph returns their logits once, gathered from neither the hidden states nor the logits
+    (MAX's gather of an [R, V] copy costs every step: docs/performance.md), and `PagedAttention`
+    takes its decoding kernel.
     """
 
     def __init__(
@@ -194,6 +195,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         kv_params: KVCacheParams,
         variant: Variant = LAST_LOGITS,
         linear: LinearFactory = Linear,
+        embedding: EmbeddingFactory = Embedding,
     ) -> None:
         if variant.head not in (Head.LAST_LOGITS, Head.LOGITS):
             raise ValueError(
@@ -201,7 +203,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
             )
         decoding = variant.kernels
         self.kv_params, self.every_token, self.decoding = kv_params, variant.head is Head.LOGITS, decoding
-        self.transformer = PagedGPT2Model(config, kv_params, linear, decoding)
+        self.transformer = PagedGPT2Model(config, kv_params, linear, decoding, embedding)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(

@@ -216,7 +216,7 @@ def main() -> None:
             result = in_process(args.checkpoint, weight_format, args.tokens, args.rounds)
             report["in_process"][weight_format.name] = result
             print(
-                f"{weight_format:>9}: prefill {result['prefill_tok_s']:7.1f} tok/s, logprobs "
+                f"{weight_format.name:>9}: prefill {result['prefill_tok_s']:7.1f} tok/s, logprobs "
                 f"{result['logprobs_tok_s']:7.1f} tok/s, {result['ratio']:.2f} of prefill "
                 f"({result['ratio_range'][0]:.2f}-{result['ratio_range'][1]:.2f})",
                 flush=True,
@@ -247,7 +247,7 @@ def main() -> None:
             }
             report["whole_process"][weight_format.name] = summary
             print(
-                f"{weight_format:>9}: ours {summary['ours_tok_s']:.1f} tok/s run, llama-perplexity "
+                f"{weight_format.name:>9}: ours {summary['ours_tok_s']:.1f} tok/s run, llama-perplexity "
                 f"{summary['llama_tok_s']:.1f} (its prompt evaluation alone "
                 f"{summary['llama_eval_tok_s']:.1f}): {summary['ratio']:.2f}x "
                 f"({min(ratios):.2f}-{max(ratios):.2f}); "

@@ -35,10 +35,11 @@ def weight_bytes_per_step(config: GPT2Config, weights: WeightFormat = FLOAT32) -
     packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections
     plain = 2 * 2 * width + 3 * width + width + inner + width  # its layer norms and biases
     head = config.vocab_size * width  # the tied LM head reads all of wte
-    looked_up = GROUP * width if weights.kernels_only else 0  # packed, wte's group of rows (a token's)
     per_weight = weights.bytes_per_weight
-    float32 = (config.n_layer * plain + 2 * width + width + (not looked_up) * width) * 4  # ln_f, a wpe row
-    return round((config.n_layer * packed + head + looked_up) * per_weight) + float32
+    # a token's wte rows: packed, the group of 8 it lies in, else its own row in float32
+    looked_up = GROUP * width * per_weight if weights.kernels_only else width * 4
+    float32 = (config.n_layer * plain + 2 * width + width) * 4  # ln_f, and a row of wpe
+    return round((config.n_layer * packed + head) * per_weight + looked_up) + float32
 
 
 def lm_head_operands() -> tuple[np.ndarray, np.ndarray]:

@@ -162,7 +162,9 @@ class GGUFCheckpoint:
                 # `token_embd` (and a tied head, which is it) keeps a quantized type of its own, as
                 # llama-quantize's presets give it; a float one is packed as the projections are.
                 if kind.quantized:
-                    packed |= {name: kind} | ({"lm_head.weight": kind} if self.tied else {})
+                    packed[name] = kind
+                    if self.tied:
+                        packed["lm_head.weight"] = kind
             elif is_packed(name):
                 packed[name] = kind
         self.source_formats = frozenset(packed.values())

@@ -127,11 +127,11 @@ def aliases(tied: bool, weight_format: WeightFormat) -> dict[str, str]:
     if not weight_format.kernels_only:
         return dict(TIED_HEAD)
     ((head, wte),) = TIED_HEAD.items()
-    table = weight_format.format_for(head)
-    if weight_format.format_for(wte) is not table:
+    table, embedding = weight_format.format_for(head), weight_format.format_for(wte)
+    if embedding is not table:
         raise ValueError(
             f"a tied head is the token embedding's table: {weight_format} stores {head} as {table} "
-            f"but {wte} as {weight_format.format_for(wte)}"
+            f"but {wte} as {embedding}"
         )
     return {stored_name(head, part): stored_name(wte, part) for part in table.arrays}
 
@@ -169,19 +169,16 @@ def with_aliases(arrays: Mapping[str, np.ndarray], tied: bool, weight_format: We
 
 def pack(weights: Mapping[str, np.ndarray], weight_format: WeightFormat) -> StoredWeights:
     """float32 parameters (MAX layout) -> the same with the projections, the LM head and the token
-    embedding in `weight_format` (`store`). An array shared under several names stored alike (a tied
-    head) is converted once, and bound as one."""
-    packed, first = StoredWeights(), {}
+    embedding in `weight_format` (`store`). A tied head (`wte`'s very array under its name, as
+    `Checkpoint.model_weights` hands it out) is converted once and bound as `wte`'s (`aliases`)."""
+    ((head, wte),) = TIED_HEAD.items()
+    tied = head in weights and weights[head] is weights.get(wte)
+    left_out = aliases(tied, weight_format)
+    packed = StoredWeights()
     for name, array in weights.items():
-        own, packs = weight_format.format_for(name), weight_format.kernels_only and is_packed(name)
-        earlier = first.setdefault((id(array), own, packs), name)
-        if earlier == name:
+        if name not in left_out:
             packed |= store(name, SourceTensor(FLOAT32, array, array.shape), weight_format)
-        elif packs:
-            packed |= {stored_name(name, part): packed[stored_name(earlier, part)] for part in own.arrays}
-        else:
-            packed[name] = packed[earlier]
-    return packed
+    return with_aliases(packed, tied, weight_format)
 
 
 def unpack(

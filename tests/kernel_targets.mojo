@@ -1,7 +1,8 @@
 # The decoding step's kernels instantiated for `mojo build --emit asm` (tests/test_kernel_targets.py):
 # gpt2_decode_layer's body in every weight format (a float32 cache beside float32 weights, float16
-# beside each, q4_k_m's mix of q6_k and q4_k too) and the LM head's products. Never run: its pointers and sizes come from the
-# command line, so the compiler must keep every path.
+# beside each, q4_k_m's mix of q6_k and q4_k, the other blocks of 32 mixed, q8_0 beside q5_0 too) and
+# the LM head's products. Never run: its pointers and sizes come from the command line, so the
+# compiler must keep every path.
 from std.memory import UnsafePointer
 from std.sys import argv
 
@@ -9,7 +10,7 @@ from kernels.attend import ROW
 from kernels.decode_layer import LayerWeights, decode_layer
 from kernels.layer_kv import LayerKV
 from kernels.layer_products import Product
-from kernels.packed_layout import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from kernels.packed_layout import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from kernels.quantized_matmul import packed_matmul_blocks
 from kernels.skinny_matmul import dense_matmul
 
@@ -36,9 +37,11 @@ def main() raises:
     layer[DType.float32, DType.float32, 0](address, n)
     layer[DType.float32, DType.float16, 0](address, n)
     layer[DType.bfloat16, DType.float16, 0](address, n)
-    layer[DType.int8, DType.float16, Q8_0](address, n)
+    layer[DType.uint8, DType.float16, Q8_0](address, n)
     layer[DType.uint8, DType.float16, Q4_0](address, n)
     layer[DType.uint8, DType.float16, Q4_K, Q6_K](address, n)
+    layer[DType.uint8, DType.float16, Q4_1, Q5_1](address, n)
+    layer[DType.uint8, DType.float16, Q5_0, Q8_0](address, n)
     var x = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=address)
     var y = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=address)
     var bytes = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=address)
@@ -47,6 +50,9 @@ def main() raises:
     dense_matmul[DType.bfloat16](x, UnsafePointer[BFloat16, ImmutAnyOrigin](unsafe_from_address=address), x, False, y, n, n, n)
     packed_matmul_blocks[Q8_0](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q4_0](x, bytes, scales, x, False, y, n, n, n)
+    packed_matmul_blocks[Q4_1](x, bytes, scales, x, False, y, n, n, n)
+    packed_matmul_blocks[Q5_0](x, bytes, scales, x, False, y, n, n, n)
+    packed_matmul_blocks[Q5_1](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q4_K](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q5_K](x, bytes, scales, x, False, y, n, n, n)
     packed_matmul_blocks[Q6_K](x, bytes, scales, x, False, y, n, n, n)

@@ -30,6 +30,10 @@ SUPER_LAYOUTS = {
     "q5_k": ("q5_k",) * 4,
     "q6_k": ("q6_k",) * 4,
     "q4_k_m": ("q6_k", "q4_k", "q4_k", "q6_k"),
+    # GPT-2 xl's fallbacks in its presets: blocks of 32 beside super-blocks, c_attn's and c_fc's x
+    # rounded two ways (q8_0's and q5_0's)
+    "q8_0_q5_0_q6_k": ("q8_0", "q5_0", "q5_0", "q6_k"),
+    "q5_1_q4_1_q4_k": ("q5_1", "q4_1", "q5_1", "q4_k"),
 }
 # MAX's paged cache as the paged ops take it: its blocks, then for R requests (of the T tokens)
 # cache_lengths [R], lookup_table [R, P], input_row_offsets [R + 1], the page stride and the layer.
@@ -160,9 +164,9 @@ def paged_decode_layer_graph(name: str, layouts: dict) -> Graph:
 
 def compile_ops() -> dict[str, Model]:
     """Every graph above compiled as one module, keyed by graph name (`skinny_matmul_alone`,
-    `cached_attention_alone_float32` and `_float16`, `paged_attention_alone`, `packed_matmuls_alone`
-    and `super_matmuls_alone`, `gpt2_decode_layer_alone` and `_super`, `gpt2_paged_decode_layer_alone`
-    and `_super`: the `SUPER_LAYOUTS` ones)."""
+    `cached_attention_alone_float32` and `_float16`, `paged_attention_alone`, `packed_matmuls_alone`,
+    `super_matmuls_alone` and `small_block_matmuls_alone`, `gpt2_decode_layer_alone` and `_super`,
+    `gpt2_paged_decode_layer_alone` and `_super`: the `SUPER_LAYOUTS` ones)."""
     graphs = [
         skinny_matmul_graph(),
         cached_attention_graph(DType.float32),
@@ -170,6 +174,7 @@ def compile_ops() -> dict[str, Model]:
         paged_attention_graph(),
         packed_matmuls_graph("packed_matmuls_alone", ("bfloat16", "q8_0", "q4_0")),
         packed_matmuls_graph("super_matmuls_alone", ("q4_k", "q5_k", "q6_k")),
+        packed_matmuls_graph("small_block_matmuls_alone", ("q4_1", "q5_0", "q5_1")),
         decode_layer_graph("gpt2_decode_layer_alone", LAYOUTS),
         decode_layer_graph("gpt2_decode_layer_super", SUPER_LAYOUTS),
         paged_decode_layer_graph("gpt2_paged_decode_layer_alone", LAYOUTS),

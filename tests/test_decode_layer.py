@@ -37,7 +37,8 @@ CPU_REF = DeviceRef.CPU()
 EPSILON = 1e-5
 
 
-# The layouts a width of 256 allows besides: the K-quants (super-blocks of 256 weights) and q4_k_m's mix.
+# The layouts a width of 256 allows besides: the K-quants (super-blocks of 256 weights), q4_k_m's mix,
+# and llama.cpp's other blocks of 32 (whole blocks only) beside them, as GPT-2 xl's presets mix them.
 SUPER = {
     "layouts": SUPER_LAYOUTS,
     "layer": "gpt2_decode_layer_super",
@@ -87,12 +88,15 @@ ROUNDED = {
     "bfloat16": bfloat16_activations,
     "q8_0": quantized_activations,
     "q4_0": quantized_activations,
+    "q4_1": quantized_activations,
+    "q5_0": quantized_activations,
+    "q5_1": quantized_activations,
     "q4_k": super_block_activations,
     "q5_k": super_block_activations,
     "q6_k": super_block_activations,
 }
-"""How each format's kernels round a product's input: bfloat16, int8 blocks of 32 (q8_0's) or of 256
-(q8_K's); float32 reads it as it is."""
+"""How each format's kernels round a product's input: bfloat16, int8 blocks of 32 (q8_0's, before every
+block of 32) or of 256 (q8_K's); float32 reads it as it is."""
 
 
 def block_reference(x, attend, norms, weights, biases, formats):

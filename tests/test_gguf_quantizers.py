@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from max_gpt2 import GPT2Config, load_lm, reference
+from max_gpt2.kernels.ops import LAYER_PRODUCTS
 from max_gpt2.model.checkpoint import Checkpoint
 from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint, gguf_metadata, gguf_name, gguf_tensors
 from max_gpt2.model.gguf_mixes import MIXES
@@ -130,9 +131,7 @@ def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset, 
     out = preset_file(tmp_path, config, preset)[1]
     reader = {tensor.name: tensor for tensor in gguf.GGUFReader(out).tensors}
     loaded = GGUFCheckpoint(out)
-    # as it is where the kernels read its types (256-wide rows), else as the float32 values it stands for
-    native = config is TWELVE
-    assert loaded.weight_format.kernels_only == native and (native or loaded.weight_format is FLOAT32)
+    assert loaded.weight_format.kernels_only  # as it is, each tensor in its type, fallbacks included
     bound = bound_weights(loaded, FLOAT32, tmp_path / "cache")
     for name, array in bound.items():
         tensor = reader[gguf_name("transformer.wte.weight" if name == "lm_head.weight" else name)]
@@ -162,6 +161,28 @@ def test_a_q4_k_m_file_runs_each_tensor_in_its_own_format_and_tracks_the_referen
     got = prompt_and_steps(lm, ids, TWELVE.n_positions - 2)
     expected = reference.lm_logits_and_largest_score(ids, dict(values), lm.config)[0]
     assert np.abs(got - expected).max() <= 5e-2 * np.abs(expected).max()
+
+
+def test_an_xl_shaped_q4_k_m_file_runs_its_fallbacks_natively_and_tracks_the_reference(tmp_path):
+    """Q4_K_M where rows are not whole super-blocks (GPT-2 xl's 1600, here 320): c_attn in q8_0 (Q6_K's
+    fallback) in the more-bits layers and q5_0 (Q4_K's) elsewhere, attn c_proj and c_fc in q5_0, mlp
+    c_proj's 1280-wide rows in q6_k and q4_k, the tied head in q8_0; every layer one decode-layer op.
+    A prompt's and two steps' logits against the float64 reference on the file's values, within what
+    rounding x to int8 blocks costs (as the 256-wide file above)."""
+    out = preset_file(tmp_path, XL_LIKE, "q4_k_m")[1]
+    lm = load_lm(out, "cpu", cache_dir=tmp_path / "cache")
+    mix = lm.weight_format
+    assert mix.kernels_only
+    layers = [
+        [mix.format_for(f"transformer.h.{i}.{part}.weight").name for i in (0, 1)] for part in LAYER_PRODUCTS
+    ]
+    assert layers == [["q8_0", "q5_0"], ["q5_0", "q5_0"], ["q5_0", "q5_0"], ["q6_k", "q4_k"]]
+    assert mix.format_for("lm_head.weight").name == "q8_0"
+    values = bound_weights(GGUFCheckpoint(out), FLOAT32, tmp_path / "float32")
+    ids = np.random.default_rng(0).integers(0, XL_LIKE.vocab_size, (2, XL_LIKE.n_positions))
+    got = prompt_and_steps(lm, ids, XL_LIKE.n_positions - 2)
+    expected = reference.lm_logits_and_largest_score(ids, dict(values), lm.config)[0]
+    assert np.abs(got - expected).max() <= 5e-2 * np.abs(expected).max()  # measured 0.015
 
 
 @needs_llama

@@ -12,7 +12,7 @@ from max.engine import Model
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.package import compiled_package
 from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tests.support import (
     LOWEST,
     attention_reference,
@@ -113,6 +113,23 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
 
 
+def check_block_matmuls(outputs, formats, x, w, bias, x_steps) -> None:
+    """A block-matmuls graph's products against float64 on the weights each format stores and x as its
+    products round it (`x_steps`), and its dequantize ops' weights against the format's values, to the bit."""
+    count = len(formats)
+    for format, got, unpacked in zip(formats, outputs[:count], outputs[count:], strict=True):
+        weight = format.values(format.rows(w), w.shape)
+        np.testing.assert_array_equal(unpacked, weight, err_msg=format.name)
+        expected = x_steps @ weight.astype(np.float64).T + (bias if bias.size else 0)
+        np.testing.assert_allclose(
+            got,
+            expected,
+            rtol=0,
+            atol=2e-6 * np.sqrt(w.shape[1]) * np.abs(expected).max(),
+            err_msg=format.name,
+        )
+
+
 @pytest.mark.parametrize("rows", [1, 7, 11])
 @pytest.mark.parametrize(("k", "n"), [(256, 8), (512, 13), (768, 2304), (3072, 97), (768, 1001)])
 def test_super_block_matmuls_match_numpy_on_the_weights_they_store(compiled_ops, rows, k, n):
@@ -124,16 +141,25 @@ def test_super_block_matmuls_match_numpy_on_the_weights_they_store(compiled_ops,
     w = rng.standard_normal((n, k), dtype=np.float32)
     bias = rng.standard_normal(n if (rows + n) % 2 else 0, dtype=np.float32)
     formats = (Q4_K, Q5_K, Q6_K)
-    inputs = packed_inputs(x, w, bias, formats)
-    outputs = [out.to_numpy() for out in compiled_ops["super_matmuls_alone"].execute(*inputs)]
-    x_steps = super_block_activations(x)
-    for format, got, unpacked in zip(formats, outputs[:3], outputs[3:], strict=True):
-        weight = format.values(format.rows(w), w.shape)
-        np.testing.assert_array_equal(unpacked, weight, err_msg=format.name)
-        expected = x_steps @ weight.astype(np.float64).T + (bias if bias.size else 0)
-        np.testing.assert_allclose(
-            got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max(), err_msg=format.name
-        )
+    outputs = compiled_ops["super_matmuls_alone"].execute(*packed_inputs(x, w, bias, formats))
+    check_block_matmuls([out.to_numpy() for out in outputs], formats, x, w, bias, super_block_activations(x))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7, 11])
+@pytest.mark.parametrize(("k", "n"), [(32, 8), (64, 13), (1600, 4800), (3072, 97), (768, 1001)])
+def test_the_other_blocks_of_32_match_numpy_on_the_weights_they_store(compiled_ops, rows, k, n):
+    """q4_1, q5_0 and q5_1 (GPT-2 xl's fallbacks among them: 1600-wide rows) against float64 on the
+    weights they store and x as q8_0 rounds it: the offsets through x's block sums, the mins added
+    times them; N with every remainder of a group of 8 rows, x's rows one and in blocks of every
+    height (two groups side by side from 4 rows, with VNNI); the dequantize ops give the stored
+    weights to the bit."""
+    rng = np.random.default_rng(rows * k + n)
+    x = rng.standard_normal((rows, k), dtype=np.float32) + 0.5  # an offset that the mins' term carries
+    w = rng.standard_normal((n, k), dtype=np.float32) + 0.25  # blocks not centred on zero: mins not 0
+    bias = rng.standard_normal(n if (rows + n) % 2 else 0, dtype=np.float32)
+    formats = (Q4_1, Q5_0, Q5_1)
+    outputs = compiled_ops["small_block_matmuls_alone"].execute(*packed_inputs(x, w, bias, formats))
+    check_block_matmuls([out.to_numpy() for out in outputs], formats, x, w, bias, quantized_activations(x))
 
 
 def test_matmuls_refuse_a_bias_of_the_wrong_length(matmul, packed):

@@ -131,9 +131,10 @@ def test_the_server_refuses_a_format_it_does_not_know(monkeypatch, lm_checkpoint
     def checkpoint():
         return open_checkpoint(lm_checkpoint(LM))
 
-    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q5_1")
+    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q2_k")
     message = (
-        "MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q5_1'"
+        "MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
+        "q6_k; got 'q2_k'"
     )
     with pytest.raises(ValueError, match=message):
         served_weight_format(checkpoint)

@@ -29,7 +29,7 @@ from max_gpt2.model.stored_weights import aliases, pack, unpack
 from max_gpt2.model.weight_adapters import model_parameter_shapes
 from max_gpt2.model.weight_formats import (
     FORMATS,
-    SuperBlockFormat,
+    FieldBlockFormat,
     format_named,
     is_packed,
     mixed,
@@ -39,8 +39,9 @@ from tests.support import LM, LM_ONE_LAYER, LM_SUPER, prompt_and_steps
 
 
 def fitting(format) -> GPT2Config:
-    """A small model whose rows `format` stores: LM, or LM_SUPER for the K-quants' super-blocks."""
-    return LM_SUPER if isinstance(format, SuperBlockFormat) else LM
+    """A small model whose rows `format` stores: LM, or LM_SUPER (256 wide) for llama.cpp's types read by
+    their fields, whose rows are whole blocks (of 32, or super-blocks of 256)."""
+    return LM_SUPER if isinstance(format, FieldBlockFormat) else LM
 
 
 # Largest |logit error| over largest |logit| against the float64 reference, for LM_ONE_LAYER's random
@@ -207,6 +208,9 @@ def test_packing_a_model_packs_the_projections_the_head_and_the_token_embedding_
             "bfloat16": 2**-8,
             "q8_0": 1 / 127,
             "q4_0": 1 / 8,
+            "q4_1": 1 / 8,
+            "q5_0": 1 / 16,
+            "q5_1": 1 / 16,
             "q4_k": 1 / 8,
             "q5_k": 1 / 16,
             "q6_k": 1 / 32,
@@ -286,7 +290,8 @@ def test_a_tied_head_and_embedding_in_different_formats_are_refused_by_name():
 def test_unknown_formats_are_refused_with_the_list():
     with pytest.raises(
         ValueError,
-        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'int4'",
+        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
+        "q6_k; got 'int4'",
     ):
         format_named("int4")
 
@@ -320,7 +325,8 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
 def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
     with pytest.raises(
         ValueError,
-        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k; got 'q2_k'",
+        match="weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
+        "q6_k; got 'q2_k'",
     ):
         load_lm(tmp_path / "missing", "cpu", weight_format="q2_k")
 

@@ -49,7 +49,7 @@ def _writes(buffer: UnsafePointer[Float32, _]) -> UnsafePointer[Float32, MutAnyO
 
 struct LayerWeights[WT: DType, QKV: Int, OUT: Int, FC: Int, DOWN: Int](ImplicitlyCopyable):
     """A block's parameters as the op reads them: the layer norms, their epsilon and the four products,
-    each in its format (c_attn's and c_fc's read the same rounding of x)."""
+    each in its format (and x rounded as its format's products read it)."""
 
     var norms: SIMD[DType.int64, 4]  # addresses: ln_1's weight and bias, ln_2's weight and bias
     var epsilon: Float32
@@ -67,7 +67,6 @@ struct LayerWeights[WT: DType, QKV: Int, OUT: Int, FC: Int, DOWN: Int](Implicitl
         fc: Product[Self.WT, Self.FC],
         down: Product[Self.WT, Self.DOWN],
     ):
-        comptime assert activation_of[Self.QKV]() == activation_of[Self.FC](), "c_attn and c_fc read the same x"
         self.norms, self.epsilon, self.qkv, self.proj, self.fc, self.down = norms, epsilon, qkv, proj, fc, down
 
     @always_inline
@@ -131,6 +130,7 @@ def decode_layer[
     """The op on row-major x and y [B, S, D], the cache where `kv` says; W = d when d is `ROW`, else 0."""
     comptime NORMED = activation_of[QKV]()  # how each product's x is rounded (0: float formats read
     comptime ATTENDED = activation_of[OUT]()  # it as it is)
+    comptime EXPANDED = activation_of[FC]()
     comptime HIDDEN = activation_of[DOWN]()
     var D = H * d
     var rows = B * S
@@ -141,6 +141,7 @@ def decode_layer[
     var hidden = alloc[Float32](rows * wide)
     var normed_q = QuantizedRows[NORMED](rows if NORMED != 0 else 0, D)
     var attended_q = QuantizedRows[ATTENDED](rows if ATTENDED != 0 else 0, D)
+    var expanded_q = QuantizedRows[EXPANDED](rows if EXPANDED != 0 else 0, D)  # ln_2(x) as c_fc reads it
     var hidden_q = QuantizedRows[HIDDEN](rows if HIDDEN != 0 else 0, wide)
     var phases = Phases[PHASES]()
     var pairs = B * H
@@ -148,7 +149,7 @@ def decode_layer[
     # requests shorten a batch's packed steps and leave one row's unchanged (docs/performance.md).
     var attend_chunks = min(pairs, num_physical_cores())
 
-    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
+    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm expanded_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
         @parameter
         def first_norm(chunk: Int):
             for i in range(rows * D):
@@ -188,12 +189,12 @@ def decode_layer[
         @parameter
         def second_norm(chunk: Int):
             layer_norm(_reads(y), weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed), rows, D)
-            comptime if NORMED != 0:
-                normed_q.quantize(_reads(normed), rows)
+            comptime if EXPANDED != 0:
+                expanded_q.quantize(_reads(normed), rows)
 
         @parameter
         def expand(chunk: Int):
-            weights.fc.run[GELU](_reads(normed), normed_q, _writes(hidden), rows, chunk)
+            weights.fc.run[GELU](_reads(normed), expanded_q, _writes(hidden), rows, chunk)
 
         @parameter
         def quantize_hidden(chunk: Int):
@@ -219,6 +220,7 @@ def decode_layer[
     phases.free()
     normed_q.free()
     attended_q.free()
+    expanded_q.free()
     hidden_q.free()
     normed.free()
     qkv.free()

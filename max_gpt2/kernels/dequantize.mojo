@@ -1,4 +1,4 @@
-# dequantize_q8_0, _q4_0, _q4_k, _q5_k and _q6_k: weights in a block format (packed_layout.mojo) back to
+# dequantize_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_k, _q5_k and _q6_k: weights in a block format (packed_layout.mojo) back to
 # float32 [N, K], for the graphs that multiply them with MAX's matmul (prompts, attention maps).
 
 import extensibility
@@ -7,7 +7,7 @@ from max.algorithm import sync_parallelize
 from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
-from .packed_layout import F32, GROUP, NIBBLES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes, block_scales, block_weights, check_blocks, check_dense, row_chunks, scales_at
+from .packed_layout import F32, GROUP, NIBBLES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, block_bytes, block_scales, block_weights, check_blocks, check_dense, fifth_bits_at, has_fifth_bits, is_super, row_chunks, scales_at
 
 
 @always_inline
@@ -21,16 +21,20 @@ def _value[
         return Float32(block.bitcast[Int8]()[(e // 4) * 32 + r * 4 + e % 4]) * step
     var j, half, c, within = e // 32, (e % 32) // 16, (e % 16) // 4, e % 4
     var q = Int((block[j * 128 + c * 32 + r * 4 + within] >> UInt8(4 * half)) & 0xF)
+    comptime if has_fifth_bits[FORMAT]():
+        q |= Int((block[fifth_bits_at[FORMAT]() + j * 32 + r * 4 + within] >> UInt8(4 * half + c)) & 1) << 4
     comptime if FORMAT == Q4_0:
         return Float32(q - 8) * step
+    elif FORMAT == Q5_0:
+        return Float32(q - 16) * step
+    elif not is_super[FORMAT]():  # q4_1, q5_1
+        return Float32(q) * step + steps[GROUP + r].cast[F32]()
     elif FORMAT == Q6_K:
         var top = block[NIBBLES + j * 64 + (c % 2) * 32 + r * 4 + within]
         q |= Int((top >> UInt8(4 * (1 - c // 2) + 2 * half)) & 3) << 4
         var scale = Float32(Int(block.bitcast[Int8]()[scales_at[FORMAT]() + (2 * j + half) * 8 + r]))
         return (step * scale) * Float32(q - 32)
     else:
-        comptime if FORMAT == Q5_K:
-            q |= Int((block[NIBBLES + j * 32 + r * 4 + within] >> UInt8(4 * half + c)) & 1) << 4
         var scaled = step * Float32(Int(block[scales_at[FORMAT]() + j * 8 + r]))
         var offset = steps[GROUP + r].cast[F32]() * Float32(Int(block[scales_at[FORMAT]() + 64 + j * 8 + r]))
         return scaled * Float32(q) - offset
@@ -95,7 +99,7 @@ struct DequantizeQ8:
         target: StaticString,
     ](
         result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.int8, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
         d: InputTensor[dtype=DType.float16, rank=2, ...],
         ctx: DeviceContext,
     ) raises:
@@ -117,6 +121,48 @@ struct DequantizeQ4:
         comptime assert target == "cpu", "dequantize_q4_0 runs on the CPU"
         _execute_dequantize[Q4_0, "dequantize_q4_0"](result, w, d)
 
+
+@extensibility.register("dequantize_q4_1")
+struct DequantizeQ41:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q4_1 runs on the CPU"
+        _execute_dequantize[Q4_1, "dequantize_q4_1"](result, w, d)
+
+@extensibility.register("dequantize_q5_0")
+struct DequantizeQ50:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q5_0 runs on the CPU"
+        _execute_dequantize[Q5_0, "dequantize_q5_0"](result, w, d)
+
+@extensibility.register("dequantize_q5_1")
+struct DequantizeQ51:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        result: OutputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "dequantize_q5_1 runs on the CPU"
+        _execute_dequantize[Q5_1, "dequantize_q5_1"](result, w, d)
 
 @extensibility.register("dequantize_q4_k")
 struct DequantizeQ4K:

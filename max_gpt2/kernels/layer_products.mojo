@@ -1,19 +1,15 @@
 # The four products of a GPT-2 block as gpt2_decode_layer runs them: each a weight in float32,
-# bfloat16 or a block format (q8_0, q4_0 and the K-quants: packed_layout.mojo), its bias, and the
+# bfloat16 or a block format (bytes: q8_0, q4_0, the other blocks of 32 and the K-quants:
+# packed_layout.mojo), its bias, and the
 # chunks its outputs are cut into, run through the standalone products' own loops with an
 # epilogue (epilogue.mojo).
 from extensibility import InputTensor
 from std.memory import UnsafePointer
 
-from .packed_layout import F32, GROUP, Q8_0, activation_of, check_bias, check_blocks, check_chunks, check_dense, row_chunks
+from .packed_layout import F32, GROUP, activation_of, check_bias, check_blocks, check_chunks, check_dense, row_chunks
 from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
 from .dense_rows import PASS_ROWS, dense_rows
-
-
-def stores_as[FORMAT: Int]() -> DType:
-    """The dtype a block format's weight is bound as: int8 for q8_0, bytes for the others."""
-    return DType.int8 if FORMAT == Q8_0 else DType.uint8
 
 
 struct Product[WT: DType, FORMAT: Int](ImplicitlyCopyable):
@@ -28,7 +24,7 @@ struct Product[WT: DType, FORMAT: Int](ImplicitlyCopyable):
     var N: Int
 
     def __init__(out self, w: Int, scales: Int, bias: Int, has_bias: Bool, K: Int, N: Int):
-        comptime assert (Self.FORMAT == 0 and (Self.WT == F32 or Self.WT == DType.bfloat16)) or (Self.FORMAT != 0 and Self.WT == stores_as[Self.FORMAT]()), "a weight dtype its format does not store"
+        comptime assert (Self.FORMAT == 0 and (Self.WT == F32 or Self.WT == DType.bfloat16)) or (Self.FORMAT != 0 and Self.WT == DType.uint8), "a block format's weight is bytes, a row format's float32 or bfloat16"
         self.w, self.scales, self.bias, self.has_bias, self.K, self.N = w, scales, bias, has_bias, K, N
 
     def units(self) -> Int:

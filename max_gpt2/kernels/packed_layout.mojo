@@ -8,11 +8,22 @@
 #
 #   bfloat16     bfloat16 [N / 8, Kp * 8]  group g, chunk c, row r, element e (0..31):
 #                                          at c * 256 + r * 32 + e = W[8g + r, 32c + e]
-#   q8_0 values  int8 [N / 8, Kb * 256]   group g, block b, chunk c (0..7), row r, element e (0..3):
+#   q8_0 values  uint8 [N / 8, Kb * 256]  int8 bits (every block format's weight is bound as bytes):
+#                                          group g, block b, chunk c (0..7), row r, element e (0..3):
 #                                          byte (b * 8 + c) * 32 + r * 4 + e = W[8g + r, 32b + 4c + e]
 #   q4_0 values  uint8 [N / 8, Kb * 128]  byte (b * 4 + c) * 32 + r * 4 + e holds element 32b + 4c + e
 #                                          (low nibble) and 32b + 16 + 4c + e (high nibble) of row 8g + r
 #   scales       float16 [N / 8, Kb * 8]  group g, block b, row r: at b * 8 + r
+#
+# llama.cpp's other blocks of 32 keep q4_0's 4-bit values and add, a block of a group at a time:
+#
+#   q4_1 values  uint8 [N / 8, Kb * 128]  as q4_0's
+#   q5_0, q5_1   uint8 [N / 8, Kb * 160]  at b * 160 the 4-bit q as q4_0's, then at b * 160 + 128 +
+#                                          r * 4 + e the 5th bits of elements 32b + 4c + e (bit c)
+#                                          and 32b + 16 + 4c + e (bit 4 + c), as q5_k's sub-blocks
+#   q5_0 scales  as q4_0's                 (w = d * (q - 16))
+#   q4_1, q5_1   float16 [N / 8, Kb * 16]  at b * 16 + r: d of row 8g + r, at b * 16 + 8 + r: m
+#                                          (w = d * q + m)
 #
 # llama.cpp's K-quants hold super-blocks of 256 weights (K a multiple of 256), 8 sub-blocks of 32
 # each; a group's super-block s is one run of bytes, its sub-block j's 4-bit values laid out as a
@@ -53,14 +64,33 @@ comptime Q4_0 = 2
 comptime Q4_K = 3
 comptime Q6_K = 4
 comptime Q5_K = 5
-# The rounding of x a format's products read: its own for q8_0 and q4_0, llama.cpp's q8_K (int8
-# blocks of 256, sums of 16) for the K-quants.
+comptime Q4_1 = 6
+comptime Q5_0 = 7
+comptime Q5_1 = 9
+# The rounding of x a format's products read: q8_0's own, q4_0's (int8 blocks of 32 with their sums)
+# for every block of 4 or 5-bit values, llama.cpp's q8_K (int8 blocks of 256, sums of 16) for the
+# K-quants.
 comptime Q8_K = 8
 
 
 def activation_of[FORMAT: Int]() -> Int:
     """The rounding of x that FORMAT's products read (0: x as it is, for float32 and bfloat16)."""
-    return Q8_K if is_super[FORMAT]() else FORMAT
+    comptime if is_super[FORMAT]():
+        return Q8_K
+    elif FORMAT == 0 or FORMAT == Q8_0:
+        return FORMAT
+    return Q4_0
+
+
+def has_fifth_bits[FORMAT: Int]() -> Bool:
+    """Whether FORMAT's values are 5 bits, the 5th bits stored after the 4-bit ones."""
+    return FORMAT == Q5_0 or FORMAT == Q5_1 or FORMAT == Q5_K
+
+
+def has_min[FORMAT: Int]() -> Bool:
+    """Whether FORMAT's scales hold a second float16 a row a block, added (q4_1, q5_1) or, times the
+    sub-block mins, subtracted (q4_k, q5_k)."""
+    return FORMAT == Q4_1 or FORMAT == Q5_1 or FORMAT == Q4_K or FORMAT == Q5_K
 
 
 def is_super[FORMAT: Int]() -> Bool:
@@ -96,16 +126,25 @@ def block_bytes[FORMAT: Int]() -> Int:
         return 1408
     elif FORMAT == Q6_K:
         return 1664
+    elif FORMAT == Q5_0 or FORMAT == Q5_1:
+        return GROUP * BLOCK // 2 + GROUP * 4
     return GROUP * BLOCK // 2
 
 
 @always_inline
 def block_scales[FORMAT: Int]() -> Int:
-    """float16 scales of one block (super-block) of a group: one a row, two for q4_k (d and dmin)."""
-    return 2 * GROUP if FORMAT == Q4_K or FORMAT == Q5_K else GROUP
+    """float16 scales of one block (super-block) of a group: one a row, two with a min (d and m, or
+    d and dmin)."""
+    return 2 * GROUP if has_min[FORMAT]() else GROUP
 
 
 comptime NIBBLES = 1024  # bytes of a group's K-quant super-block that hold the low 4 bits of q
+
+
+@always_inline
+def fifth_bits_at[FORMAT: Int]() -> Int:
+    """Where a group's block (super-block) holds its 5th bits: after the 4-bit values."""
+    return NIBBLES if is_super[FORMAT]() else GROUP * BLOCK // 2
 
 
 @always_inline

@@ -1,16 +1,20 @@
-# packed_matmul_q8_0, _q4_0, _q4_k, _q5_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU
-# (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo; the K-quants'
-# products in super_blocks.mojo):
+# packed_matmul_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_k, _q5_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T
+# + bias[N] on the CPU (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo;
+# the K-quants' products in super_blocks.mojo):
 #
 #   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d), 1.0625 bytes a weight
 #   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d), 0.5625
+#   q4_1   the same with a float16 min m a block (w = d * q + m), 0.625
+#   q5_0   blocks of 32 values 0..31 (w = (q - 16) * d), 0.6875
+#   q5_1   values 0..31 and a min (w = d * q + m), 0.75
 #   q4_k   super-blocks of 256: 4-bit values, 6-bit scales and mins per 32, 0.578 (llama.cpp's 0.5625)
 #   q5_k   the same with 5-bit values, 0.703 (llama.cpp's 0.6875)
 #   q6_k   super-blocks of 256: 6-bit values, int8 scales per 16, 0.8203
 #
 # Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
 # each), as llama.cpp does, so a block's dot products are integer multiply-adds
-# (byte_products.mojo). With VNNI, for several rows of x, q8_0 takes x + 128 (1..255) as the
+# (byte_products.mojo); the offsets of q4_0 and q5_0 (8 and 16) come off through x's block sums,
+# and q4_1's and q5_1's min is added times them. With VNNI, for several rows of x, q8_0 takes x + 128 (1..255) as the
 # unsigned operand and w as stored, and 128 * sum(w) comes off once a block for all of them
 # (no sign flip of w per row of x: faster for a batch; for one row, summing w is the extra work,
 # so one row keeps the sign flip).
@@ -35,13 +39,20 @@ from .packed_layout import (
     GROUP,
     PREFETCH_AHEAD,
     Q4_0,
+    Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
     SERIAL_BELOW,
     activation_of,
     block_bytes,
+    block_scales,
+    fifth_bits_at,
+    has_fifth_bits,
+    has_min,
     check_bias,
     check_blocks,
     check_dense,
@@ -70,6 +81,7 @@ def _group_blocks[
     """y[m0 + m, 8g + r] for m < MB, r < 8 * GROUPS (those below N): groups g.. g + GROUPS - 1 of W's
     rows against MB rows of x, plus bias[8g + r] where there is a bias."""
     comptime BYTES = block_bytes[FORMAT]()
+    comptime SCALES = block_scales[FORMAT]()
     comptime L = GROUP * GROUPS  # lanes: one a row of W
     var nb = xq.blocks
     var next_group = nb * BYTES  # bytes from a group's block to the next group's
@@ -84,7 +96,8 @@ def _group_blocks[
             comptime for group in range(GROUPS, 2 * GROUPS):  # the same block of the next two groups
                 comptime for line in range(BYTES // 64):
                     prefetch[requests_ahead[False]()](block + group * next_group + 64 * line)
-        var scales = side_by_side[DType.float16, GROUP, GROUPS](d + (g * nb + b) * GROUP, nb * GROUP).cast[F32]()
+        var steps = d + (g * nb + b) * SCALES
+        var scales = side_by_side[DType.float16, GROUP, GROUPS](steps, nb * SCALES).cast[F32]()
         # A zmm register has no vpsignb: two groups at a time take q8_0's offset x for one row too.
         comptime OFFSET_X = FORMAT == Q8_0 and CompilationTarget.has_vnni() and (MB > 1 or GROUPS == 2)
         # With VNNI, every row of x's dot products with this block, chunk by chunk across the rows:
@@ -113,13 +126,22 @@ def _group_blocks[
                     var signed = with_sign_of(values, repeat4[DType.int8, 8](xq.quants + row * BLOCK + 4 * chunk))
                     var magnitudes = repeat4[DType.uint8, 8](xq.magnitudes + row * BLOCK + 4 * chunk)
                     dots[m] = rebind[SIMD[DType.int32, L]](dot4_add[8](rebind[SIMD[DType.int32, 8]](dots[m]), magnitudes, signed))
-        elif CompilationTarget.has_vnni():
-            comptime for m in range(MB):
-                dots[m] = SIMD[DType.int32, L](xq.q4_offsets[(m0 + m) * nb + b])  # the -8 of every value, times sum(x)
+        elif CompilationTarget.has_vnni() or FORMAT != Q4_0:
+            # Without VNNI the 5-bit formats and the mins take this path too, widening each chunk's pairs.
+            comptime if FORMAT == Q4_0 or FORMAT == Q5_0:
+                comptime OFFSETS = Int32(2 if FORMAT == Q5_0 else 1)  # -8 x sum(x) once or twice: q5_0's -16
+                comptime for m in range(MB):
+                    dots[m] = SIMD[DType.int32, L](OFFSETS * xq.q4_offsets[(m0 + m) * nb + b])  # every value's offset, times sum(x)
+            var fifth = SIMD[DType.uint8, 32 * GROUPS](0)  # bit c: element 4c + e's 5th bit, bit 4 + c: 16 + 4c + e's
+            comptime if has_fifth_bits[FORMAT]():
+                fifth = side_by_side[DType.uint8, 32, GROUPS](block + fifth_bits_at[FORMAT](), next_group)
             comptime for chunk in range(4):
                 var raw = side_by_side[DType.uint8, 32, GROUPS](block + chunk * 32, next_group)
                 var low = raw & 0xF
                 var high = raw >> 4
+                comptime if has_fifth_bits[FORMAT]():
+                    low |= (fifth << UInt8(4 - chunk)) & 0x10
+                    high |= (fifth >> UInt8(chunk)) & 0x10
                 comptime for m in range(MB):
                     var quants = xq.quants + ((m0 + m) * nb + b) * BLOCK
                     dots[m] = dot4_add(dots[m], low, repeat4[DType.int8, L](quants + 4 * chunk))
@@ -138,7 +160,14 @@ def _group_blocks[
                     pairs += pair_products(raw >> 4, repeat4[DType.int8, 8](quants + 16 + 4 * chunk))
                 dots[m] = rebind[SIMD[DType.int32, L]](widen_pairs(pairs) + xq.q4_offsets[row])  # the -8 of every value, times sum(x)
         comptime for m in range(MB):
-            acc[m] = dots[m].cast[F32]().fma(scales * xq.scales[(m0 + m) * nb + b], acc[m])
+            var x_scale = xq.scales[(m0 + m) * nb + b]
+            acc[m] = dots[m].cast[F32]().fma(scales * x_scale, acc[m])
+        comptime if has_min[FORMAT]():
+            var mins = side_by_side[DType.float16, GROUP, GROUPS](steps + GROUP, nb * SCALES).cast[F32]()
+            comptime for m in range(MB):
+                var row = (m0 + m) * nb + b
+                var x_sum = Float32(xq.q4_offsets[row]) * Float32(-0.125)  # sum(x)'s quants, from -8 x it (exact)
+                acc[m] = mins.fma(x_sum * xq.scales[row], acc[m])
     finish_rows[EPILOGUE, L, MB](acc, bias, has_bias, y, m0, N, g * GROUP)
 
 
@@ -215,7 +244,7 @@ def packed_matmul_blocks[
     N: Int,
 ):
     """Y = x @ W^T (+ bias [N]) for dense row-major x [M, K] and y [M, N], W in a block format (q8_0, q4_0,
-    q4_k, q5_k, q6_k) in groups of 8 rows."""
+    q4_1, q5_0, q5_1, q4_k, q5_k, q6_k) in groups of 8 rows."""
     var xq = QuantizedRows[activation_of[FORMAT]()](x, M, K)
     var groups = (N + GROUP - 1) // GROUP
     var chunk = (groups + row_chunks() - 1) // row_chunks()
@@ -273,7 +302,7 @@ struct PackedMatmulQ8:
     ](
         y: OutputTensor[dtype=F32, rank=2, ...],
         x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.int8, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
         d: InputTensor[dtype=DType.float16, rank=2, ...],
         bias: InputTensor[dtype=F32, rank=1, ...],
         ctx: DeviceContext,
@@ -298,6 +327,54 @@ struct PackedMatmulQ4:
         comptime assert target == "cpu", "packed_matmul_q4_0 runs on the CPU"
         _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d, bias)
 
+
+@extensibility.register("packed_matmul_q4_1")
+struct PackedMatmulQ41:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q4_1 runs on the CPU"
+        _execute_blocks[Q4_1, "packed_matmul_q4_1"](y, x, w, d, bias)
+
+@extensibility.register("packed_matmul_q5_0")
+struct PackedMatmulQ50:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q5_0 runs on the CPU"
+        _execute_blocks[Q5_0, "packed_matmul_q5_0"](y, x, w, d, bias)
+
+@extensibility.register("packed_matmul_q5_1")
+struct PackedMatmulQ51:
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        y: OutputTensor[dtype=F32, rank=2, ...],
+        x: InputTensor[dtype=F32, rank=2, ...],
+        w: InputTensor[dtype=DType.uint8, rank=2, ...],
+        d: InputTensor[dtype=DType.float16, rank=2, ...],
+        bias: InputTensor[dtype=F32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "packed_matmul_q5_1 runs on the CPU"
+        _execute_blocks[Q5_1, "packed_matmul_q5_1"](y, x, w, d, bias)
 
 @extensibility.register("packed_matmul_q4_k")
 struct PackedMatmulQ4K:

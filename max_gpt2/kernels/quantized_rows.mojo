@@ -1,6 +1,6 @@
 # Rows of float32 activations rounded to int8 blocks with a float32 scale each, as llama.cpp
 # rounds x before its packed dot products, with the sums and offsets those products take: blocks
-# of 32 (q8_0's rounding, `round`) before q8_0 and q4_0, blocks of 256 (q8_K's: x * -127 / the
+# of 32 (q8_0's rounding, `round`) before q8_0 and the 4 and 5-bit blocks of 32, blocks of 256 (q8_K's: x * -127 / the
 # largest-magnitude value, rounded half to even, as its `nearest_int`) before the K-quants.
 from std.math import round
 from std.memory import UnsafePointer, alloc
@@ -12,7 +12,8 @@ from .packed_layout import BLOCK, F32, Q4_0, Q8_0, Q8_K, SUPER
 struct QuantizedRows[FORMAT: Int]:
     """Rows of x [M, K] as int8 blocks [M, Kp] and a scale a block, FORMAT the rounding (`Q8_0`, `Q4_0`,
     `Q8_K`: `activation_of`), with what its products take besides: for q8_0 the magnitudes and the
-    same + 128, for q4_0 -8 x the quant sum a block, for q8_K the sum of every 16 quants."""
+    same + 128, for q4_0 (every 4 or 5-bit block of 32) -8 x the quant sum a block, for q8_K the sum
+    of every 16 quants."""
 
     comptime WIDTH = SUPER if Self.FORMAT == Q8_K else BLOCK  # values a block
 

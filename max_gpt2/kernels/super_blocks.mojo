@@ -16,7 +16,7 @@ from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, repeat4
 from .epilogue import finish_rows
-from .packed_layout import F32, GROUP, NIBBLES, PREFETCH_AHEAD, Q5_K, Q6_K, Q8_K, SUPER, block_bytes, block_scales, is_super, requests_ahead, scales_at
+from .packed_layout import F32, GROUP, NIBBLES, PREFETCH_AHEAD, Q6_K, Q8_K, SUPER, block_bytes, block_scales, fifth_bits_at, has_fifth_bits, is_super, requests_ahead, scales_at
 from .quantized_rows import QuantizedRows
 
 @always_inline
@@ -60,8 +60,8 @@ def _group_super_blocks[
                 var raw = (nibbles + c * 32).load[width=32]()
                 var low = raw & 0xF  # element 32j + 4c + e of row r, at lane 4r + e
                 var high = raw >> 4  # element 32j + 16 + 4c + e
-                comptime if FORMAT == Q5_K:
-                    var fifth = (block + NIBBLES + j * 32).load[width=32]()  # bit c, and 4 + c
+                comptime if has_fifth_bits[FORMAT]():
+                    var fifth = (block + fifth_bits_at[FORMAT]() + j * 32).load[width=32]()  # bit c, and 4 + c
                     low |= (fifth << UInt8(4 - c)) & 0x10
                     high |= (fifth >> UInt8(c)) & 0x10
                 elif FORMAT == Q6_K:

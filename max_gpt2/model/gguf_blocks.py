@@ -1,8 +1,8 @@
-"""llama.cpp's other block types, decoded to the float32 values they stand for (`weight_formats` uses these).
+"""llama.cpp's other block types taken apart into their fields (`weight_formats` uses these).
 
-A row of weights is stored as blocks; each decoder takes blocks as bytes, uint8 `[n, block bytes]`,
-and returns their values, float32 `[n, weights a block]`, with llama.cpp's own float32 arithmetic
-(`dequantize_row_*`), so the values are exact to the bit. Scales are float16.
+A row of weights is stored as blocks; each `*_fields` takes blocks as bytes, uint8 `[n, block bytes]`,
+and returns their fields, whose `values()` are the float32 weights `[n, weights a block]` in
+llama.cpp's own float32 arithmetic (`dequantize_row_*`), so exact to the bit. Scales are float16.
 
     Q4_1   32 weights, 20 bytes: d, m, 16 bytes of 4-bit q         w = d * q + m
     Q5_0   32 weights, 22 bytes: d, 4 bytes of 5th bits, 16 of q    w = d * (q - 16)
@@ -30,9 +30,9 @@ import numpy as np
 SUPER = 256  # weights in a K-quant super-block
 
 
-def _half(data: np.ndarray, at: int) -> np.ndarray:
-    """The float16 at byte `at` of each block, as float32 [n, 1]."""
-    return np.ascontiguousarray(data[:, at : at + 2]).view(np.float16).astype(np.float32)
+def _float16(data: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block, [n]."""
+    return np.ascontiguousarray(data[:, at : at + 2]).view(np.float16)[:, 0]
 
 
 def _nibbles(data: np.ndarray) -> np.ndarray:
@@ -45,18 +45,34 @@ def _fifth_bits(data: np.ndarray) -> np.ndarray:
     return np.unpackbits(data, axis=-1, bitorder="little") << 4
 
 
-def q4_1(blocks: np.ndarray) -> np.ndarray:
-    return _half(blocks, 0) * _nibbles(blocks[:, 4:20]).astype(np.float32) + _half(blocks, 2)
+class BlockFields(NamedTuple):
+    """Q4_1, Q5_0 or Q5_1 blocks [n] taken apart: d float16 [n], the min m float16 [n] (None for Q5_0,
+    whose values are offset by 16 instead), q uint8 [n, 32] (0..15 or 0..31, weight j at j)."""
+
+    d: np.ndarray
+    m: np.ndarray | None
+    q: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The float32 weights [n, 32]: d * q + m, or d * (q - 16), in llama.cpp's float32 order."""
+        d, q = self.d.astype(np.float32)[:, None], self.q.astype(np.float32)
+        if self.m is None:
+            return d * (q - 16)
+        return d * q + self.m.astype(np.float32)[:, None]
 
 
-def q5_0(blocks: np.ndarray) -> np.ndarray:
-    q = (_nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6])).astype(np.float32) - 16
-    return _half(blocks, 0) * q
+def q4_1_fields(blocks: np.ndarray) -> BlockFields:
+    return BlockFields(_float16(blocks, 0), _float16(blocks, 2), _nibbles(blocks[:, 4:20]))
 
 
-def q5_1(blocks: np.ndarray) -> np.ndarray:
-    q = (_nibbles(blocks[:, 8:24]) | _fifth_bits(blocks[:, 4:8])).astype(np.float32)
-    return _half(blocks, 0) * q + _half(blocks, 2)
+def q5_0_fields(blocks: np.ndarray) -> BlockFields:
+    return BlockFields(_float16(blocks, 0), None, _nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6]))
+
+
+def q5_1_fields(blocks: np.ndarray) -> BlockFields:
+    return BlockFields(
+        _float16(blocks, 0), _float16(blocks, 2), _nibbles(blocks[:, 8:24]) | _fifth_bits(blocks[:, 4:8])
+    )
 
 
 def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,11 +120,6 @@ class Q6KFields(NamedTuple):
         return (step[..., None] * q).reshape(n, SUPER)
 
 
-def _float16(data: np.ndarray, at: int) -> np.ndarray:
-    """The float16 at byte `at` of each block, [n]."""
-    return np.ascontiguousarray(data[:, at : at + 2]).view(np.float16)[:, 0]
-
-
 def _k_fields(blocks: np.ndarray, q: np.ndarray) -> Q4KFields:
     """Q4_K's (and Q5_K's) fields, given their q [n, 8, 32]."""
     scales, mins = _scales_and_mins(blocks[:, 4:16])
@@ -125,18 +136,10 @@ def q4_k_fields(blocks: np.ndarray) -> Q4KFields:
     return _k_fields(blocks, _runs(blocks[:, 16:144]))
 
 
-def q4_k(blocks: np.ndarray) -> np.ndarray:
-    return q4_k_fields(blocks).values()
-
-
 def q5_k_fields(blocks: np.ndarray) -> Q4KFields:
     """Q4_K's fields with 5-bit q (0..31)."""
     high = (blocks[:, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, 32 (l), 8 (s)]
     return _k_fields(blocks, _runs(blocks[:, 48:176]) | (high.transpose(0, 2, 1) << 4))
-
-
-def q5_k(blocks: np.ndarray) -> np.ndarray:
-    return q5_k_fields(blocks).values()
 
 
 def q6_k_fields(blocks: np.ndarray) -> Q6KFields:
@@ -147,7 +150,3 @@ def q6_k_fields(blocks: np.ndarray) -> Q6KFields:
     high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3  # [n, half, quarter, l]
     scales = blocks[:, 192:208].view(np.int8)  # [n, 16]: one per 16 weights
     return Q6KFields(_float16(blocks, 208), scales, (low | (high << 4)).reshape(n, SUPER))
-
-
-def q6_k(blocks: np.ndarray) -> np.ndarray:
-    return q6_k_fields(blocks).values()

@@ -12,9 +12,10 @@ as one stream of memory, not 8 (docs/performance.md). N is padded with zero rows
 q8_0 and q4_0 also put 4 consecutive values of each of the 8 rows in one register. Block data comes
 in as GGUF's (`block_quants.BlockCode.to_blocks`): `interleave_blocks` is a shuffle of its bytes.
 
-The K-quants (q4_k, q5_k, q6_k: `max_gpt2/kernels/packed_layout.mojo` has their byte map) keep a group's
-super-block as one run of bytes: each field of the rows' super-blocks (their q, scales, mins) with
-the 8 rows side by side at one axis of it (`group_field`), the fields one after another.
+llama.cpp's types read by their fields (q4_1, q5_0, q5_1 and the K-quants q4_k, q5_k, q6_k:
+`max_gpt2/kernels/packed_layout.mojo` has their byte map) keep a group's block (super-block) as
+one run of bytes: each field of the rows' blocks (their q, 5th bits, scales, mins) with the 8 rows
+side by side at one axis of it (`group_field`), the fields one after another.
 """
 
 from __future__ import annotations
@@ -90,27 +91,27 @@ def deinterleave_blocks(
 
 
 def _field_axes(
-    groups: int, supers: int, inner: tuple[int, ...], tail: int
+    groups: int, blocks: int, inner: tuple[int, ...], tail: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A field's stored shape [G, Ks, *head, 8, *last] (`last` the final `tail` axes of `inner`) and the
-    axis order that views it as [G, r, Ks, *inner]."""
+    """A field's stored shape [G, Kb, *head, 8, *last] (`last` the final `tail` axes of `inner`) and the
+    axis order that views it as [G, r, Kb, *inner]."""
     head, last = inner[: len(inner) - tail], inner[len(inner) - tail :]
     at = 2 + len(head)  # the rows' axis in the stored array
-    return (groups, supers, *head, GROUP, *last), (0, at, *range(1, at), *range(at + 1, at + 1 + tail))
+    return (groups, blocks, *head, GROUP, *last), (0, at, *range(1, at), *range(at + 1, at + 1 + tail))
 
 
 def group_field(field: np.ndarray, tail: int) -> np.ndarray:
-    """A field of N rows' super-blocks, [N, Ks, *inner], as the kernels store it: [G, Ks, bytes], the
+    """A field of N rows' blocks, [N, Kb, *inner], as the kernels store it: [G, Kb, bytes], the
     group's 8 rows side by side before the last `tail` axes of `inner` (zero rows padding N)."""
-    rows, supers, *inner = field.shape
+    rows, blocks, *inner = field.shape
     groups = -(-rows // GROUP)
-    shape, order = _field_axes(groups, supers, tuple(inner), tail)
-    return _grouped(field, shape, field.dtype, order).reshape(groups, supers, -1)
+    shape, order = _field_axes(groups, blocks, tuple(inner), tail)
+    return _grouped(field, shape, field.dtype, order).reshape(groups, blocks, -1)
 
 
 def ungroup_field(stored: np.ndarray, inner: tuple[int, ...], tail: int, rows: int) -> np.ndarray:
-    """The inverse of `group_field`: stored [G, Ks, bytes] -> the field [rows, Ks, *inner]."""
-    groups, supers = stored.shape[:2]
-    shape, order = _field_axes(groups, supers, inner, tail)
-    view = stored.reshape(shape).transpose(order)  # [G, r, Ks, *inner]
-    return view.reshape(groups * GROUP, supers, *inner)[:rows]
+    """The inverse of `group_field`: stored [G, Kb, bytes] -> the field [rows, Kb, *inner]."""
+    groups, blocks = stored.shape[:2]
+    shape, order = _field_axes(groups, blocks, inner, tail)
+    view = stored.reshape(shape).transpose(order)  # [G, r, Kb, *inner]
+    return view.reshape(groups * GROUP, blocks, *inner)[:rows]

@@ -5,23 +5,25 @@ A decoding step reads every weight once, so its speed is bytes of weights over m
 Besides float32, the projections, the LM head and the token embedding may be stored in fewer
 bytes (a lookup unpacks the rows it takes; the sums stay float32; as in llama.cpp the kernels
 round each product's input to bfloat16 against bfloat16 weights, to int8 blocks of 32 against
-q8_0 and q4_0, of 256 against the K-quants):
+llama.cpp's blocks of 32, of 256 against the K-quants):
 
     float32   4 bytes a weight; the position embedding, biases and layer norms always stay so
     bfloat16  the top half of each float32 (round to nearest even), 2 bytes a weight
     q8_0      llama.cpp's blocks of 32 int8 values and a float16 scale, 1.0625 bytes a weight
     q4_0      llama.cpp's blocks of 32 4-bit values and a float16 scale, 0.5625 bytes a weight
-    q4_k      llama.cpp's Q4_K: super-blocks of 256, 4-bit values, 6-bit scales and mins, 0.578
+    q4_1      its Q4_1: q4_0's with a float16 min a block, 0.625
+    q5_0      its Q5_0: blocks of 32 5-bit values and a float16 scale, 0.6875
+    q5_1      its Q5_1: q5_0's with a float16 min a block, 0.75
+    q4_k      its Q4_K: super-blocks of 256, 4-bit values, 6-bit scales and mins, 0.578
     q5_k      its Q5_K: the same with 5-bit values, 0.703
     q6_k      its Q6_K: super-blocks of 256, 6-bit values, int8 scales per 16, 0.820
 
 (`block_quants` has q8_0's and q4_0's arithmetic, `gguf_blocks` and `gguf_quantizers` the
-K-quants'.) `FORMATS` is the registry, by name; `format_named(name)` looks one up, refusing a name
-it lacks with the list. A GGUF file mixing them (llama-quantize's presets) loads as a
-`MixedFormat` (`mixed`), each tensor in its own. Checkpoints may also store formats that load as
-the float32 values they stand for: `FLOAT16` (GGUF's F16) and `GGML_BLOCKS`, llama.cpp's types no
-kernel reads (Q4_1, Q5_0, Q5_1: `gguf_blocks` decodes them, `gguf_quantizers` writes them for
-llama-quantize's mixes, `gguf_mixes`); `BY_GGML_TYPE` has every format a GGUF file is read in. A
+others'.) `FORMATS` is the registry, by name; `format_named(name)` looks one up, refusing a name
+it lacks with the list. A GGUF file mixing them (llama-quantize's presets, `gguf_mixes`) loads as
+a `MixedFormat` (`mixed`), each tensor in its own. Checkpoints may also store GGUF's F16
+(`FLOAT16`), which loads as the float32 values it stands for; `BY_GGML_TYPE` has every format a
+GGUF file is read in. A
 format knows:
 
 - its name, bytes a weight, llama.cpp's ggml type and `general.file_type`;
@@ -236,34 +238,35 @@ class BlockFormat(WeightFormat):
     def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
         groups, blocks = -(-out_dim // GROUP), -(-in_dim // BLOCK)
         values = GROUP * (self.code.block_bytes - 2)  # a block's value bytes, for 8 rows
-        dtype = np.dtype(self.code.dtype).name
-        return {
-            "weight": Stored((groups, blocks * values), dtype, DType[dtype]),
+        return {  # bytes, q8_0's int8 too: a layer's products bind one dtype, whatever their blocks
+            "weight": Stored((groups, blocks * values), "uint8", DType.uint8),
             "scales": Stored((groups, blocks * GROUP), "float16", DType.float16),
         }
 
     def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         weight, scales = interleave_blocks(rows, self.code)
-        return {"weight": weight, "scales": scales}
+        return {"weight": weight.view(np.uint8), "scales": scales}
 
     def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
-        values, scales = deinterleave_blocks(arrays["weight"], arrays["scales"], self.code, out_dim)
+        weight = arrays["weight"].view(self.code.dtype)
+        values, scales = deinterleave_blocks(weight, arrays["scales"], self.code, out_dim)
         return self.code.dequantize(values, scales, in_dim)
 
 
-Fields = gguf_blocks.Q4KFields | gguf_blocks.Q6KFields
+Fields = gguf_blocks.BlockFields | gguf_blocks.Q4KFields | gguf_blocks.Q6KFields
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class SuperBlockFormat(WeightFormat, ABC):
-    """One of llama.cpp's K-quants read by the kernels (`Q4KFormat`, `Q5KFormat`, `Q6KFormat`): super-blocks
-    of 256 weights, a group of 8 rows' super-block one run of bytes in "weight" (its fields one after
-    another, `kernel_layout.group_field`; the byte map in `max_gpt2/kernels/packed_layout.mojo`) and
-    its float16 d (and dmin) in "scales". GGUF's blocks come apart into fields (`gguf_blocks`)."""
+class FieldBlockFormat(WeightFormat, ABC):
+    """One of llama.cpp's block types whose blocks the kernels read by their fields: a group of 8 rows'
+    block one run of bytes in "weight" (the 4-bit values as q4_0 keeps them, then the fields after
+    them one after another, `kernel_layout.group_field`; the byte map in
+    `max_gpt2/kernels/packed_layout.mojo`), its float16 d (and min) in "scales". GGUF's blocks come
+    apart into fields (`gguf_blocks`). Rows are whole blocks, as GGUF stores them."""
 
     block: ClassVar[tuple[int, int]]  # weights, GGUF bytes
-    halves: ClassVar[int]  # float16 a row a super-block in "scales"
-    parts: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]  # each weight field's shape a super-block
+    halves: ClassVar[int]  # float16 a row a block in "scales"
+    parts: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]  # each weight field's shape a block
     # and its axes after the rows' (`group_field`), in order
     quantize: ClassVar[Callable[[np.ndarray], np.ndarray]]  # llama.cpp's quantizer (`gguf_quantizers`)
     take_apart: ClassVar[Callable[[np.ndarray], Fields]]  # GGUF's blocks -> fields (`gguf_blocks`)
@@ -272,49 +275,45 @@ class SuperBlockFormat(WeightFormat, ABC):
     def gguf_block(self) -> tuple[int, int]:
         return self.block
 
-    @property
-    def activation(self) -> int:
-        return 8  # llama.cpp's q8_K, as every K-quant's products read x
-
     def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return self.fields(rows.reshape(-1, self.block[1])).values().reshape(shape)
 
     def stored(self, out_dim: int, in_dim: int) -> dict[str, Stored]:
         if in_dim % self.block[0]:
             raise ValueError(
-                f"{self.name} stores rows of whole super-blocks of {self.block[0]} weights; "
+                f"{self.name} stores rows of whole blocks of {self.block[0]} weights; "
                 f"these rows have {in_dim}"
             )
-        groups, supers = -(-out_dim // GROUP), in_dim // self.block[0]
-        row_bytes = sum(int(np.prod(inner)) for inner, _ in self.parts)  # a row's super-block, bar d
+        groups, blocks = -(-out_dim // GROUP), in_dim // self.block[0]
+        row_bytes = sum(int(np.prod(inner)) for inner, _ in self.parts)  # a row's block, bar d
         return {
-            "weight": Stored((groups, supers * GROUP * row_bytes), "uint8", DType.uint8),
-            "scales": Stored((groups, supers * GROUP * self.halves), "float16", DType.float16),
+            "weight": Stored((groups, blocks * GROUP * row_bytes), "uint8", DType.uint8),
+            "scales": Stored((groups, blocks * GROUP * self.halves), "float16", DType.float16),
         }
 
     def pack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        count, supers = rows.shape[0], rows.shape[1] // self.block[1]
+        count, blocks = rows.shape[0], rows.shape[1] // self.block[1]
         fields = self.fields(rows.reshape(-1, self.block[1]))
-        q = fields.q.reshape(count, supers, 8, 2, 4, 4)  # [N, Ks, j, half, c, e]
-        parts, halves = self.split(fields, q, count, supers)
-        nibbles = (q[:, :, :, 0] & 0xF) | (q[:, :, :, 1] << 4)  # [N, Ks, j, c, e]: the low 4 bits
+        q = fields.q.reshape(count, blocks, -1, 2, 4, 4)  # [N, Kb, j (32 weights), half, c, e]
+        parts, halves = self.split(fields, q, count, blocks)
+        nibbles = (q[:, :, :, 0] & 0xF) | (q[:, :, :, 1] << 4)  # [N, Kb, j, c, e]: the low 4 bits
         tails = [tail for _, tail in self.parts]
         grouped = [group_field(part, tail) for part, tail in zip([nibbles, *parts], tails, strict=True)]
         weight, scales = np.concatenate(grouped, axis=-1), group_field(halves, 0)
         return {"weight": weight.reshape(len(weight), -1), "scales": scales.reshape(len(scales), -1)}
 
     def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
-        supers, weight = in_dim // self.block[0], arrays["weight"]
-        weight = weight.reshape(len(weight), supers, -1)
+        blocks, weight = in_dim // self.block[0], arrays["weight"]
+        weight = weight.reshape(len(weight), blocks, -1)
         parts, at = [], 0
         for inner, tail in self.parts:
             size = GROUP * int(np.prod(inner))
             parts.append(ungroup_field(weight[..., at : at + size], inner, tail, out_dim))
             at += size
-        scales = arrays["scales"].reshape(len(arrays["scales"]), supers, -1)
-        n = out_dim * supers
+        scales = arrays["scales"].reshape(len(arrays["scales"]), blocks, -1)
+        n = out_dim * blocks
         halves = ungroup_field(scales, (self.halves,), 0, out_dim).reshape(n, self.halves)
-        nibbles = parts[0].reshape(n, 8, 1, 4, 4)
+        nibbles = parts[0].reshape(n, -1, 1, 4, 4)
         q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=2)  # [n, j, half, c, e]
         return (
             self.join([part.reshape(n, -1) for part in parts[1:]], halves, q)
@@ -331,13 +330,79 @@ class SuperBlockFormat(WeightFormat, ABC):
 
     @abstractmethod
     def split(
-        self, fields: Fields, q: np.ndarray, count: int, supers: int
+        self, fields: Fields, q: np.ndarray, count: int, blocks: int
     ) -> tuple[list[np.ndarray], np.ndarray]:
-        """The weight fields after the nibbles, [N, Ks, *inner] each, and the float16 [N, Ks, halves]."""
+        """The weight fields after the nibbles, [N, Kb, *inner] each, and the float16 [N, Kb, halves]."""
 
     @abstractmethod
     def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> Fields:
         """The inverse of `split`, from its parts [n, ...], halves [n, halves] and q [n, j, half, c, e]."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class SmallBlockFormat(FieldBlockFormat):
+    """llama.cpp's Q4_1, Q5_0 and Q5_1: blocks of 32 4-bit values (after them, for the 5-bit ones, their
+    5th bits [1, 4], as q5_k keeps a sub-block's: `FIFTH_BITS`), d and for Q4_1 and Q5_1 a min m. Their
+    products read x rounded as q4_0's do, with its block sums."""
+
+    @property
+    def activation(self) -> int:
+        return Q4_0.kernel_format
+
+    def split(
+        self, fields: gguf_blocks.BlockFields, q: np.ndarray, count: int, blocks: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        steps = [fields.d] if fields.m is None else [fields.d, fields.m]
+        halves = np.stack(steps, axis=-1).reshape(count, blocks, self.halves)
+        if len(self.parts) == 1:
+            return [], halves
+        return [((q >> 4) << FIFTH_BITS).sum(axis=(3, 4), dtype=np.uint8)], halves  # [N, Kb, 1, e]
+
+    def join(self, parts: list[np.ndarray], halves: np.ndarray, q: np.ndarray) -> gguf_blocks.BlockFields:
+        if parts:
+            q = q | (((parts[0].reshape(len(q), 1, 1, 1, 4) >> FIFTH_BITS) & 1) << 4)
+        m = halves[:, 1] if self.halves == 2 else None
+        return gguf_blocks.BlockFields(halves[:, 0], m, q.reshape(len(q), 32))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Q41Format(SmallBlockFormat):
+    block = (32, 20)
+    halves = 2
+    parts = (((1, 4, 4), 1),)
+
+    quantize = staticmethod(gguf_quantizers.q4_1)
+    take_apart = staticmethod(gguf_blocks.q4_1_fields)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Q50Format(SmallBlockFormat):
+    block = (32, 22)
+    halves = 1
+    parts = (((1, 4, 4), 1), ((1, 4), 1))
+
+    quantize = staticmethod(gguf_quantizers.q5_0)
+    take_apart = staticmethod(gguf_blocks.q5_0_fields)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Q51Format(SmallBlockFormat):
+    block = (32, 24)
+    halves = 2
+    parts = (((1, 4, 4), 1), ((1, 4), 1))
+
+    quantize = staticmethod(gguf_quantizers.q5_1)
+    take_apart = staticmethod(gguf_blocks.q5_1_fields)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class SuperBlockFormat(FieldBlockFormat, ABC):
+    """One of llama.cpp's K-quants read by the kernels (`Q4KFormat`, `Q5KFormat`, `Q6KFormat`): super-blocks
+    of 256 weights (8 sub-blocks of 32), their products reading x rounded to llama.cpp's q8_K."""
+
+    @property
+    def activation(self) -> int:
+        return 8  # llama.cpp's q8_K, as every K-quant's products read x
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -420,49 +485,6 @@ class Q6KFormat(SuperBlockFormat):
         )
 
 
-@dataclass(frozen=True, eq=False, repr=False)
-class GGMLBlockFormat(WeightFormat):
-    """One of llama.cpp's other block types: GGUF files hold it (a `gguf_mixes` preset writes it), and it
-    loads as the float32 values it stands for; no kernel reads it."""
-
-    decode: Callable[[np.ndarray], np.ndarray] = gguf_blocks.q4_1
-    encode: Callable[[np.ndarray], np.ndarray] = gguf_quantizers.q4_1
-    block: tuple[int, int] = (32, 20)  # weights, bytes
-
-    @property
-    def loads_as(self) -> WeightFormat:
-        return FLOAT32
-
-    @property
-    def gguf_block(self) -> tuple[int, int]:
-        return self.block
-
-    def rows(self, weight: np.ndarray) -> np.ndarray:
-        return self.encode(weight)
-
-    def values(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return self.decode(rows.reshape(-1, self.block[1])).reshape(shape)
-
-
-def _ggml_blocks(
-    name: str,
-    file_type: int,
-    decode: Callable[[np.ndarray], np.ndarray],
-    encode: Callable[[np.ndarray], np.ndarray],
-    block: tuple[int, int],
-) -> GGMLBlockFormat:
-    return GGMLBlockFormat(
-        name,
-        block[1] / block[0],
-        name.upper(),
-        file_type,
-        quantized=True,
-        decode=decode,
-        encode=encode,
-        block=block,
-    )
-
-
 FLOAT32 = WeightFormat("float32", 4.0, "F32", 0)
 FLOAT16 = Float16Format("float16", 2.0, "F16", 1)
 BFLOAT16 = BFloat16Format("bfloat16", 2.0, "BF16", 32, kernels_only=True, matmul_op="packed_matmul_bf16")
@@ -473,20 +495,16 @@ Q4_0 = BlockFormat(
     "q4_0", 18 / 32, "Q4_0", 2, True, True, "packed_matmul_q4_0", "dequantize_q4_0", 2, code=Q4_0_CODE
 )
 
+Q4_1 = Q41Format("q4_1", 20 / 32, "Q4_1", 3, True, True, "packed_matmul_q4_1", "dequantize_q4_1", 6)
+Q5_0 = Q50Format("q5_0", 22 / 32, "Q5_0", 8, True, True, "packed_matmul_q5_0", "dequantize_q5_0", 7)
+Q5_1 = Q51Format("q5_1", 24 / 32, "Q5_1", 9, True, True, "packed_matmul_q5_1", "dequantize_q5_1", 9)
 Q4_K = Q4KFormat("q4_k", 148 / 256, "Q4_K", 15, True, True, "packed_matmul_q4_k", "dequantize_q4_k", 3)
 Q5_K = Q5KFormat("q5_k", 180 / 256, "Q5_K", 17, True, True, "packed_matmul_q5_k", "dequantize_q5_k", 5)
 Q6_K = Q6KFormat("q6_k", 210 / 256, "Q6_K", 18, True, True, "packed_matmul_q6_k", "dequantize_q6_k", 4)
 
-FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)}
+FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}
 """The formats the projections and the head may be stored in, by name."""
-# llama.cpp's types no kernel reads, and its `general.file_type` of a file mostly in each.
-Q4_1 = _ggml_blocks("q4_1", 3, gguf_blocks.q4_1, gguf_quantizers.q4_1, (32, 20))
-Q5_0 = _ggml_blocks("q5_0", 8, gguf_blocks.q5_0, gguf_quantizers.q5_0, (32, 22))
-Q5_1 = _ggml_blocks("q5_1", 9, gguf_blocks.q5_1, gguf_quantizers.q5_1, (32, 24))
-GGML_BLOCKS = (Q4_1, Q5_0, Q5_1)
-BY_GGML_TYPE = {
-    f.ggml_type: f for f in (FLOAT32, FLOAT16, BFLOAT16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
-}
+BY_GGML_TYPE = {f.ggml_type: f for f in (FLOAT32, FLOAT16, *FORMATS.values())}
 """The formats a GGUF file's tensors are read in, by llama.cpp's type name."""
 NAMED = {f.name: f for f in BY_GGML_TYPE.values()}
 """Every format by name, float16 included: also how a compute dtype stores weights (its bytes)."""
@@ -525,7 +543,7 @@ class MixedFormat(WeightFormat):
 def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
     """The kernels' formats `formats` (the projections' and the head's, by parameter name) as one
     `MixedFormat`, or None where the decode-layer ops cannot take them: a format no kernel reads, or a
-    layer whose products are bound in different dtypes or whose c_attn and c_fc round x differently."""
+    layer whose products are bound in different dtypes (bfloat16 beside blocks)."""
     if not all(format.name in FORMATS and format.kernels_only for format in formats.values()):
         return None
     layers: dict[str, dict[str, WeightFormat]] = {}  # a block's products' formats, by product
@@ -534,8 +552,6 @@ def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
             layers.setdefault(found[1], {})[found[2]] = format
     for products in layers.values():
         if len({format.weight_dtype for format in products.values()}) > 1:
-            return None
-        if products["attn.c_attn"].activation != products["mlp.c_fc"].activation:
             return None
     counts = Counter(formats.values())
     default = counts.most_common(1)[0][0]

@@ -48,7 +48,7 @@ from max_gpt2.model.weight_adapters import CheckpointError
 from max_gpt2.model.weight_formats import WeightFormat
 from max_gpt2.outputs import default_cache_dir, write_atomically
 
-LAYOUT = 2
+LAYOUT = 3
 _CODES = {"float32": "F32", "float16": "F16", "int8": "I8", "uint8": "U8", "uint16": "U16"}
 _HASHED = 1 << 24  # bytes read at a time while hashing
 

@@ -5,10 +5,10 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `--max-length`, the cache's page size). The model's shapes come through our own
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
 same message. How the projections and the LM head are stored (`weight_formats`:
-float32, bfloat16, q8_0, q4_0, q4_k, q5_k, q6_k, or a GGUF file's own mix of them) comes from the
-environment variable `MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve --weight-format` sets it): MAX's
-command line has no option an architecture may add, and its `--quantization-encoding` knows
-neither q8_0 nor bfloat16 on a CPU.
+float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, or a GGUF file's own mix of
+them) comes from the environment variable `MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve
+--weight-format` sets it): MAX's command line has no option an architecture may add, and its
+`--quantization-encoding` knows neither q8_0 nor bfloat16 on a CPU.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from max_gpt2 import GPT2Config
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import BY_GGML_TYPE
+from max_gpt2.model.weight_formats import BY_GGML_TYPE, FORMATS
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.support import LM, LM_ONE_LAYER, run_python
@@ -32,7 +32,7 @@ def _field(reader, key):
     return reader.fields[key].contents()
 
 
-@pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
 def test_convert_writes_what_llama_cpps_tools_would(tmp_path, weight_format):
     """Read by `gguf`'s reader: llama.cpp's names (its name map) and `gpt2.*` metadata, the projections
     and token_embd (the tied head) in the format's type with the bytes `gguf.quants` makes of the
@@ -59,7 +59,7 @@ def test_convert_writes_what_llama_cpps_tools_would(tmp_path, weight_format):
     assert _field(reader, "tokenizer.ggml.token_type")[0] == gguf.TokenType.CONTROL  # <|endoftext|>
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, SMALL.n_layer)
     weights = Checkpoint(checkpoint).model_weights()  # MAX layout: [out, in]
-    kind = {"float32": "F32", "bfloat16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}[weight_format]
+    kind = FORMATS[weight_format].ggml_type
     expected_names = set()
     for name, value in weights.items():
         if name == "lm_head.weight":
@@ -142,7 +142,7 @@ def test_convert_writes_a_llama_quantize_preset(tmp_path):
         "convert", "--checkpoint", str(out), "--weight-format", "q6_k", "--out", str(tmp_path / "x.gguf")
     )
     refused = (
-        f"{out} is q4_k, q5_0, q6_k, q8_0; it loads as float32 (the values it stands for), not as q6_k: "
-        "quantizing it again would add a second error"
+        f"{out} is q4_k, q5_0, q6_k, q8_0; it loads as q5_0+q8_0+q4_k+q6_k or as float32 (the values it "
+        "stands for), not as q6_k: quantizing it again would add a second error"
     )
     assert again.returncode == 2 and refused in again.stderr

@@ -89,12 +89,15 @@ def _group_blocks[
     var group = w + g * next_group
     for b in range(nb):
         var block = group + b * BYTES
+        # Every cache line of the block: a q5_0 or q5_1 block (160 bytes) starts inside a line and
+        # spans three.
+        comptime LINES = (BYTES + 63) // 64
         comptime if GROUPS == 1:
-            comptime for line in range(BYTES // 64):  # every cache line of the block
+            comptime for line in range(LINES):
                 prefetch[requests_ahead[MB == 1]()](block + PREFETCH_AHEAD + 64 * line)
         else:
             comptime for group in range(GROUPS, 2 * GROUPS):  # the same block of the next two groups
-                comptime for line in range(BYTES // 64):
+                comptime for line in range(LINES):
                     prefetch[requests_ahead[False]()](block + group * next_group + 64 * line)
         var steps = d + (g * nb + b) * SCALES
         var scales = side_by_side[DType.float16, GROUP, GROUPS](steps, nb * SCALES).cast[F32]()

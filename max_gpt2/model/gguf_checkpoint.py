@@ -17,14 +17,14 @@ llama.cpp's names, each our module's parameter in MAX layout (GGUF's row-major s
 The shapes come from the `gpt2.*` metadata (`gpt2.embedding_length`, `gpt2.block_count`,
 `gpt2.attention.head_count`, `gpt2.context_length`, `gpt2.feed_forward_length`,
 `gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. Tensors are read
-in F32, F16, BF16, Q8_0 and Q4_0, and in llama.cpp's Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
+in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 (`weight_formats.BY_GGML_TYPE`); anything else is refused naming the tensor, its type and the
 types read. Where the projections, the head and `token_embd` share one of our formats
-(`llama-quantize --pure` writes them so), the file loads in it; a mix of the kernels' formats, as
-llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K), loads as itself, each tensor in its own
-(`weight_formats.mixed`); a file with llama.cpp's other types loads as the float32 values it stands
-for. A quantized `token_embd` stays packed in its type (a float one is packed as the projections
-are); the position embedding, norms and biases become float32.
+(`llama-quantize --pure` writes them so), the file loads in it (F16 as float32); a mix of the
+kernels' formats, as llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K, Q5_0 and Q8_0 beside
+them at GPT-2 xl's width), loads as itself, each tensor in its own (`weight_formats.mixed`); any
+other mix loads as the float32 values it stands for. A quantized `token_embd` stays packed in its
+type (a float one is packed as the projections are); the position embedding, norms and biases become float32.
 
 The other way, `gguf_tensors` and `gguf_metadata` give what `gguf_writer.write_gguf` writes for a
 checkpoint with each tensor in a format: in one of ours (`pure_formats`), as llama.cpp's converter
@@ -122,7 +122,7 @@ class GGUFCheckpoint:
     `source_formats` are the types its projections and head are stored in (llama-quantize's presets
     mix them; a tied head is `token_embd`, counted where it is quantized), `weight_format` what it
     loads as when no other is asked for: the one type's own where it is one of ours
-    (`WeightFormat.loads_as`: F16 and llama.cpp's types no kernel reads as float32), a mix of the
+    (`WeightFormat.loads_as`: F16 as float32), a mix of the
     kernels' formats as itself, each tensor in its own (`weight_formats.mixed`), any other mix as
     float32 (`stored_weights.choose_format`). `tensor(name)` hands out a parameter as stored in the
     file, not copied (`SourceTensor`).

@@ -105,12 +105,6 @@ class WeightFormat:
         return self
 
     @property
-    def activation(self) -> int:
-        """How its kernels round x before a product, as the decode-layer ops number it (packed_layout.mojo:
-        0 as it is, 1 and 2 q8_0's blocks, 8 llama.cpp's q8_K): a layer's c_attn and c_fc read one x."""
-        return self.kernel_format
-
-    @property
     def arrays(self) -> tuple[str, ...]:
         """The arrays a linear layer binds in it, by parameter name ("weight", and "scales" for blocks)."""
         return tuple(self.stored(GROUP, 256))
@@ -343,11 +337,7 @@ class FieldBlockFormat(WeightFormat, ABC):
 class SmallBlockFormat(FieldBlockFormat):
     """llama.cpp's Q4_1, Q5_0 and Q5_1: blocks of 32 4-bit values (after them, for the 5-bit ones, their
     5th bits [1, 4], as q5_k keeps a sub-block's: `FIFTH_BITS`), d and for Q4_1 and Q5_1 a min m. Their
-    products read x rounded as q4_0's do, with its block sums."""
-
-    @property
-    def activation(self) -> int:
-        return Q4_0.kernel_format
+    products read x rounded as q4_0's do, with its block sums (`packed_layout.mojo:activation_of`)."""
 
     def split(
         self, fields: gguf_blocks.BlockFields, q: np.ndarray, count: int, blocks: int
@@ -396,18 +386,10 @@ class Q51Format(SmallBlockFormat):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class SuperBlockFormat(FieldBlockFormat, ABC):
-    """One of llama.cpp's K-quants read by the kernels (`Q4KFormat`, `Q5KFormat`, `Q6KFormat`): super-blocks
-    of 256 weights (8 sub-blocks of 32), their products reading x rounded to llama.cpp's q8_K."""
-
-    @property
-    def activation(self) -> int:
-        return 8  # llama.cpp's q8_K, as every K-quant's products read x
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Q4KFormat(SuperBlockFormat):
-    """q4_k: after the nibbles, each sub-block's 6-bit scale and min, [8] each; d and dmin."""
+class Q4KFormat(FieldBlockFormat):
+    """q4_k: after the nibbles, each sub-block's 6-bit scale and min, [8] each; d and dmin. llama.cpp's
+    K-quants (this, `Q5KFormat`, `Q6KFormat`) hold super-blocks of 256 weights, 8 sub-blocks of 32,
+    their products reading x rounded to llama.cpp's q8_K (`packed_layout.mojo:activation_of`)."""
 
     block = (256, 144)
     halves = 2
@@ -458,7 +440,7 @@ HIGH_BITS = np.array([[4, 0], [6, 2]], np.uint8).reshape(2, 2, 1, 1)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Q6KFormat(SuperBlockFormat):
+class Q6KFormat(FieldBlockFormat):
     """q6_k: after the nibbles, the high 2 bits of the values, chunks c and c + 2 of both halves in a
     byte [8, 2, 4] (`HIGH_BITS`), and the int8 scales of the 16 runs of 16 weights [16]; d."""
 
@@ -542,8 +524,8 @@ class MixedFormat(WeightFormat):
 
 def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
     """The kernels' formats `formats` (the projections' and the head's, by parameter name) as one
-    `MixedFormat`, or None where the decode-layer ops cannot take them: a format no kernel reads, or a
-    layer whose products are bound in different dtypes (bfloat16 beside blocks)."""
+    `MixedFormat`, or None where the decode-layer ops cannot take them: a float format (F32, F16), or
+    a layer whose products are bound in different dtypes (bfloat16 beside blocks)."""
     if not all(format.name in FORMATS and format.kernels_only for format in formats.values()):
         return None
     layers: dict[str, dict[str, WeightFormat]] = {}  # a block's products' formats, by product

@@ -14,10 +14,10 @@
 # Each row of x is first quantized the same way (int8 blocks of 32, a float32 scale
 # each), as llama.cpp does, so a block's dot products are integer multiply-adds
 # (byte_products.mojo); the offsets of q4_0 and q5_0 (8 and 16) come off through x's block sums,
-# and q4_1's and q5_1's min is added times them. With VNNI, for several rows of x, q8_0 takes x + 128 (1..255) as the
-# unsigned operand and w as stored, and 128 * sum(w) comes off once a block for all of them
-# (no sign flip of w per row of x: faster for a batch; for one row, summing w is the extra work,
-# so one row keeps the sign flip).
+# and q4_1's and q5_1's min is added times them. With VNNI, for several rows of x, q8_0 takes
+# x + 128 (1..255) as the unsigned operand and w as stored, and 128 * sum(w) comes off once a block
+# for all of them (no sign flip of w per row of x: faster for a batch; for one row, summing w is the
+# extra work, so one row keeps the sign flip).
 # Streaming W is the work: every cache line of a block is prefetched ahead of its loads
 # (one prefetch a block left most lines to the hardware prefetcher, and the products streamed
 # slower: docs/performance.md).
@@ -163,8 +163,7 @@ def _group_blocks[
                     pairs += pair_products(raw >> 4, repeat4[DType.int8, 8](quants + 16 + 4 * chunk))
                 dots[m] = rebind[SIMD[DType.int32, L]](widen_pairs(pairs) + xq.q4_offsets[row])  # the -8 of every value, times sum(x)
         comptime for m in range(MB):
-            var x_scale = xq.scales[(m0 + m) * nb + b]
-            acc[m] = dots[m].cast[F32]().fma(scales * x_scale, acc[m])
+            acc[m] = dots[m].cast[F32]().fma(scales * xq.scales[(m0 + m) * nb + b], acc[m])
         comptime if has_min[FORMAT]():
             var mins = side_by_side[DType.float16, GROUP, GROUPS](steps + GROUP, nb * SCALES).cast[F32]()
             comptime for m in range(MB):

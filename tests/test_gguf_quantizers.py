@@ -139,6 +139,17 @@ def test_a_preset_file_loads_as_the_values_gguf_reads_from_it(tmp_path, preset, 
         np.testing.assert_array_equal(np.asarray(array).reshape(-1), expected.reshape(-1), err_msg=name)
 
 
+def error_on_the_files_values(lm, out, tmp_path) -> float:
+    """A prompt's and two steps' logits of `lm` (loaded from the GGUF file `out`) against the float64
+    reference on the values the file stands for: the largest |error| over the largest |logit|."""
+    values = bound_weights(GGUFCheckpoint(out), FLOAT32, tmp_path / "float32")
+    config = lm.config
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, config.n_positions))
+    got = prompt_and_steps(lm, ids, config.n_positions - 2)
+    expected = reference.lm_logits_and_largest_score(ids, dict(values), config)[0]
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
 def test_a_q4_k_m_file_runs_each_tensor_in_its_own_format_and_tracks_the_reference(tmp_path):
     """llama-quantize's Q4_K_M mix (q6_k c_attn and mlp c_proj in 6 of 12 layers and the tied head, q4_k
     the rest) loads as it is, each projection in its tensor's format through the kernels, two blocks
@@ -156,11 +167,7 @@ def test_a_q4_k_m_file_runs_each_tensor_in_its_own_format_and_tracks_the_referen
         "q6_k",
     ]
     assert mix.format_for("lm_head.weight").name == "q6_k"
-    values = bound_weights(GGUFCheckpoint(out), FLOAT32, tmp_path / "float32")
-    ids = np.random.default_rng(0).integers(0, TWELVE.vocab_size, (2, TWELVE.n_positions))
-    got = prompt_and_steps(lm, ids, TWELVE.n_positions - 2)
-    expected = reference.lm_logits_and_largest_score(ids, dict(values), lm.config)[0]
-    assert np.abs(got - expected).max() <= 5e-2 * np.abs(expected).max()
+    assert error_on_the_files_values(lm, out, tmp_path) <= 5e-2
 
 
 def test_an_xl_shaped_q4_k_m_file_runs_its_fallbacks_natively_and_tracks_the_reference(tmp_path):
@@ -178,11 +185,7 @@ def test_an_xl_shaped_q4_k_m_file_runs_its_fallbacks_natively_and_tracks_the_ref
     ]
     assert layers == [["q8_0", "q5_0"], ["q5_0", "q5_0"], ["q5_0", "q5_0"], ["q6_k", "q4_k"]]
     assert mix.format_for("lm_head.weight").name == "q8_0"
-    values = bound_weights(GGUFCheckpoint(out), FLOAT32, tmp_path / "float32")
-    ids = np.random.default_rng(0).integers(0, XL_LIKE.vocab_size, (2, XL_LIKE.n_positions))
-    got = prompt_and_steps(lm, ids, XL_LIKE.n_positions - 2)
-    expected = reference.lm_logits_and_largest_score(ids, dict(values), lm.config)[0]
-    assert np.abs(got - expected).max() <= 5e-2 * np.abs(expected).max()  # measured 0.015
+    assert error_on_the_files_values(lm, out, tmp_path) <= 5e-2  # measured 0.015
 
 
 @needs_llama

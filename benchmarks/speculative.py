@@ -3,6 +3,8 @@
     python benchmarks/speculative.py cost --checkpoint DIR [--weight-format float32,bfloat16,q8_0,q4_0]
     python benchmarks/speculative.py lookup --checkpoint DIR [--draft DIR] [--llama-cpp BUILD --gguf FILE
         [--draft-gguf FILE]]
+    python benchmarks/speculative.py serve --checkpoint DIR [--weight-format q4_0] [--llama-cpp BUILD
+        --gguf FILE]
 
 `cost`: on a cache holding a 256-token prompt, batch 1, the time of `extend` with K tokens
 (K = 1..16) over a one-token `decode_step`, and a batch-8 one-token step's over it, per weight
@@ -22,6 +24,13 @@ on the input-grounded prompt in each round, its own figures, and with `--draft-g
 model as a GGUF file) its `llama-speculative` too; each one's text is checked against
 `llama-completion`'s greedy text of the same prompt (drafting may run past `-n`: the shorter text
 must begin the longer).
+
+`serve`: the same input-grounded prompt sent to `max-gpt2 serve` with and without `--prompt-lookup K`
+and, with `--llama-cpp` (holding bin/llama-server) and `--gguf`, to `llama-server` with and without
+`--spec-type ngram-simple --spec-draft-n-max K`, all four running at once and asked in turn,
+`--clients` requests at a time (1: batch 1), greedy, end-of-text ignored. Each server's text is checked
+equal to its own without drafts; a request's decode tokens/s from its first streamed token to its
+last, the median request's, medians of the rounds.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import json
 import re
 import subprocess
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +161,104 @@ def lookup(args: argparse.Namespace) -> dict:
     return results
 
 
+def serve(args: argparse.Namespace) -> dict:
+    """Servers with and without drafting, asked in turn (module docstring)."""
+    from serving_clients import streamed_request  # this folder's
+
+    from max_gpt2.bench.server import ServerProcess, free_port, stop_group, wait_for_health
+
+    text = grounded_prompt(args.checkpoint, args.words)
+    logs = args.out.parent / "speculative-serve"
+    logs.mkdir(parents=True, exist_ok=True)
+    ours = {"max-gpt2 serve": (), "max-gpt2 serve --prompt-lookup": ("--prompt-lookup", str(args.k))}
+    servers, urls = {}, {}
+    for name, options in ours.items():
+        port = free_port()
+        while port in (server.port for server in servers.values()):
+            port = free_port()
+        log = logs / f"{name.replace(' ', '_')}.log"
+        format_options = ("--weight-format", args.weight_format)
+        servers[name] = ServerProcess(
+            args.checkpoint, log, port, "--device", "cpu", *format_options, *options
+        )
+        urls[name] = servers[name].url
+    llama: dict[str, subprocess.Popen] = {}
+    if args.llama_cpp and args.gguf:
+        drafting = ("--spec-type", "ngram-simple", "--spec-draft-n-max", str(args.k))
+        for name, options in {"llama-server": (), "llama-server ngram-simple": drafting}.items():
+            port = free_port()
+            command = [
+                str(args.llama_cpp / "bin" / "llama-server"), "-m", str(args.gguf), "--port", str(port),
+                "-t", "2", "-tb", "2", "-np", str(args.clients), "-c", str(args.clients * args.context),
+                "--no-cache-prompt", *options,
+            ]  # fmt: skip
+            with (logs / f"{name.replace(' ', '_')}.log").open("w") as output:
+                llama[name] = subprocess.Popen(
+                    command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            urls[name] = f"http://127.0.0.1:{port}"
+    try:
+        for server in servers.values():
+            server.wait_until_ready(timeout=1800)
+        for name, process in llama.items():
+            wait_for_health(urls[name], process, timeout=300)
+        texts = {name: completion_text(url, text, args.new_tokens) for name, url in urls.items()}
+        for name in urls:
+            plain = "max-gpt2 serve" if name.startswith("max-gpt2") else "llama-server"
+            assert texts[name] == texts[plain], f"{name} wrote other text than {plain}"
+        rates: dict[str, list[float]] = {name: [] for name in urls}
+        for _ in range(args.rounds):
+            for name, url in urls.items():
+                with ThreadPoolExecutor(args.clients) as pool:
+                    urls_now = [url] * args.clients
+                    runs = list(
+                        pool.map(
+                            streamed_request,
+                            urls_now,
+                            ["gpt2"] * args.clients,
+                            [text] * args.clients,
+                            [args.new_tokens] * args.clients,
+                        )
+                    )
+                decoding = [(args.new_tokens - 1) / (run["seconds"] - run["arrivals"][0]) for run in runs]
+                rates[name].append(float(np.median(decoding)))
+        results = {
+            name: {
+                "tokens/s": float(np.median(rate)),
+                "over its plain": float(
+                    np.median(
+                        np.array(rate)
+                        / np.array(rates["max-gpt2 serve" if "max" in name else "llama-server"])
+                    )
+                ),
+            }
+            for name, rate in rates.items()
+        }
+        results["prompt"] = text
+        lines = servers["max-gpt2 serve --prompt-lookup"].log.read_text().splitlines()
+        results["max-gpt2 serve --prompt-lookup"]["drafts"] = [
+            line for line in lines if "prompt lookup:" in line
+        ][-1:]
+    finally:
+        for server in servers.values():
+            server.stop()
+        for process in llama.values():
+            stop_group(process.pid, process.wait)
+    for name, figures in results.items():
+        print(name, json.dumps(figures), flush=True)
+    return results
+
+
+def completion_text(url: str, prompt: str, new: int) -> str:
+    """A greedy completion of `new` tokens (end-of-text ignored) from the server at `url`: its text."""
+    body = {"model": "gpt2", "prompt": prompt, "max_tokens": new, "temperature": 0, "ignore_eos": True}
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())["choices"][0]["text"]
+
+
 def llama_text(args: argparse.Namespace, tool: list[str], prompt: str, new: int) -> tuple[str, str]:
     """llama.cpp's `tool` (its name, then its own options) on `prompt`, greedy, 2 threads: the text it
     generated (after the prompt) and its log."""
@@ -183,7 +292,7 @@ def llama_drafting(args: argparse.Namespace, tool: list[str], prompt: str, new: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["cost", "lookup"])
+    parser.add_argument("what", choices=["cost", "lookup", "serve"])
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument(
         "--weight-format", default=None, help="cost: a comma list; lookup: one (default float32)"
@@ -196,7 +305,8 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, help="lookup: llama.cpp's build directory")
     parser.add_argument("--gguf", type=Path, help="lookup: the checkpoint as a GGUF file, for llama.cpp")
     parser.add_argument("--draft-gguf", type=Path, help="lookup: the draft as a GGUF, for llama-speculative")
-    parser.add_argument("--context", type=int, default=128, help="llama.cpp's context (-c)")
+    parser.add_argument("--context", type=int, default=128, help="llama.cpp's context (-c), a request's")
+    parser.add_argument("--clients", type=int, default=1, help="serve: requests at a time (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/speculative.json"))
     args = parser.parse_args()
     if args.what == "cost":
@@ -204,7 +314,7 @@ def main() -> None:
         results = cost(args)
     else:
         args.weight_format = args.weight_format or "float32"
-        results = lookup(args)
+        results = lookup(args) if args.what == "lookup" else serve(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")

@@ -52,9 +52,10 @@ SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
 # The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
 # LM's seed-0 checkpoint (the second on it converted to an F32 GGUF file, served quantized to q4_0),
 # started at collection only where a collected test uses its fixture. The first decodes
-# `DECODE_STEPS` tokens a scheduler step (the default) and serves the head explorer, the second 3.
+# `DECODE_STEPS` tokens a scheduler step (the default), drafting up to 8 by prompt lookup, and serves
+# the head explorer; the second decodes 3, without drafts.
 SERVED = {
-    "served_lm": (("--explorer",), None, False),
+    "served_lm": (("--explorer", "--prompt-lookup", "8"), None, False),
     "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key", True),
 }
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
@@ -143,7 +144,8 @@ def ready_server(request: pytest.FixtureRequest) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_lm(request) -> ServerProcess:
-    """`max-gpt2 serve --explorer` on LM's seed-0 checkpoint with its tokenizer, on CPU, float32."""
+    """`max-gpt2 serve --explorer --prompt-lookup 8` on LM's seed-0 checkpoint with its tokenizer, on CPU,
+    float32."""
     return ready_server(request)
 
 

@@ -157,8 +157,9 @@ def decode_layer_graph(name: str, layouts: dict) -> Graph:
 
 
 def paged_decode_layer_graph(name: str, layouts: dict) -> Graph:
-    """`gpt2_paged_decode_layer`: x [R, D] and MAX's cache inputs over its blocks."""
-    lead = [TensorType(DType.float32, ["R", "E"], CPU_REF), *MAX_CACHE_INPUTS]  # x, then MAX's inputs
+    """`gpt2_paged_decode_layer`: x [T, D] (S tokens each of R requests) and MAX's cache inputs over its
+    blocks."""
+    lead = [TensorType(DType.float32, ["T", "E"], CPU_REF), *MAX_CACHE_INPUTS]  # x, then MAX's inputs
     return layer_graph(name, "gpt2_paged_decode_layer", MAX_BLOCKS, lead, layouts)
 
 

@@ -3,6 +3,8 @@ or MAX's pages, against a float64 NumPy block, in each format."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from max.driver import CPU, Buffer
@@ -162,23 +164,25 @@ def test_the_layer_matches_a_float64_block_in_every_format(
 
 
 @pytest.mark.parametrize(
-    ("cached", "page_size", "heads", "head_dim", "wide", "stride", "kind"),
+    ("cached", "new", "page_size", "heads", "head_dim", "wide", "stride", "kind"),
     [
-        ([0, 7, 3], 4, 2, 64, 512, -1, ANY),  # GPT-2's head size; a one-token prompt; pages crossed
-        ([5, 16, 30, 1, 9], 16, 5, 12, 240, "packed", ANY),  # a page begun; an explicit page stride
-        ([0, 7, 3], 4, 4, 64, 768, -1, SUPER),  # super-blocks: 3 rows of x, as 2 and 1
+        ([0, 7, 3], 1, 4, 2, 64, 512, -1, ANY),  # GPT-2's head size; a one-token prompt; pages crossed
+        ([5, 16, 30, 1, 9], 1, 16, 5, 12, 240, "packed", ANY),  # a page begun; an explicit page stride
+        ([0, 7, 3], 1, 4, 4, 64, 768, -1, SUPER),  # super-blocks: 3 rows of x, as 2 and 1
+        ([6, 2], 5, 4, 2, 64, 512, -1, ANY),  # a last token and a draft of 4 each: pages crossed
+        ([3, 11], 3, 4, 4, 64, 768, "packed", SUPER),  # the same in super-blocks, 6 rows of x
     ],
 )
 def test_the_paged_layer_matches_a_float64_block_in_every_format(
-    compiled_ops, cached, page_size, heads, head_dim, wide, stride, kind
+    compiled_ops, cached, new, page_size, heads, head_dim, wide, stride, kind
 ):
-    """Each format's y [R, D] for a token a request, and the one slot a request it writes in the
+    """Each format's y [R * S, D] for S tokens a request, and the S slots a request it writes in the
     layer's keys and values on that request's own pages."""
     width, requests, layer_index = heads * head_dim, len(cached), 1
-    rng = np.random.default_rng(sum(cached) + page_size)
-    blocks, lookup = scattered_pages(rng, cached, [1] * requests, page_size, heads, head_dim)
-    x = rng.standard_normal((requests, width), dtype=np.float32)
-    offsets, cached = np.arange(requests + 1, dtype=np.uint32), np.array(cached, np.uint32)
+    rng = np.random.default_rng(sum(cached) + page_size + new)
+    blocks, lookup = scattered_pages(rng, cached, [new] * requests, page_size, heads, head_dim)
+    x = rng.standard_normal((requests * new, width), dtype=np.float32)
+    offsets, cached = np.arange(requests + 1, dtype=np.uint32) * new, np.array(cached, np.uint32)
     page_stride = blocks[0].size if stride == "packed" else stride
     layer, layouts = compiled_ops[kind["paged"]], kind["layouts"]
     norms, biases, forms = random_block(rng, width, wide, layouts)
@@ -200,22 +204,74 @@ def test_the_paged_layer_matches_a_float64_block_in_every_format(
         np.testing.assert_allclose(blocks_out.to_numpy(), expected_blocks, rtol=0, atol=1e-5, err_msg=name)
 
 
-def test_the_paged_layer_refuses_a_step_that_is_not_a_token_a_request(compiled_ops):
-    """Two rows as one request's two tokens: refused before anything is written."""
+@pytest.mark.parametrize(
+    ("tokens", "offsets", "message"),
+    [
+        (2, [0, 0, 2], "request 1 starts at token 0, not 1: the step's 2 tokens are 1 a request"),
+        (3, [0, 1, 3], "3 tokens are not the same number for each of 2 requests"),
+    ],
+)
+def test_the_paged_layer_refuses_a_step_whose_requests_bring_different_numbers_of_tokens(
+    compiled_ops, tokens, offsets, message
+):
+    """Two rows as one request's two tokens, or three as one and two: refused before anything is written."""
     rng = np.random.default_rng(0)
-    blocks, lookup = scattered_pages(rng, [3, 3], [1, 1], 4, 2, 8)
+    blocks, lookup = scattered_pages(rng, [3, 3], [2, 2], 4, 2, 8)
     norms, biases, forms = random_block(rng, 16, 64)
     written = [Buffer.from_numpy(blocks.copy()) for _ in LAYOUTS]
     paged_layer = compiled_ops["gpt2_paged_decode_layer_alone"]
-    x, cached, offsets = (
-        np.ones((2, 16), np.float32),
-        np.array([3, 3], np.uint32),
-        np.array([0, 0, 2], np.uint32),
-    )
-    lead = [x, cached, lookup, offsets, np.array([-1], np.int64), np.array([0], np.uint32)]
-    with pytest.raises(Exception, match="request 1 starts at token 0; each request brings one token"):
+    x, cached = np.ones((tokens, 16), np.float32), np.array([3, 3], np.uint32)
+    lead = [
+        x,
+        cached,
+        lookup,
+        np.array(offsets, np.uint32),
+        np.array([-1], np.int64),
+        np.array([0], np.uint32),
+    ]
+    with pytest.raises(Exception, match=re.escape(message)):
         paged_layer.execute(*written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms))
     np.testing.assert_array_equal(written[0].to_numpy(), blocks)
+
+
+def test_a_paged_step_of_several_tokens_a_request_is_its_one_token_steps_bit_for_bit(compiled_ops):
+    """Each request's last token and a draft of 3 in one call give the y rows and cache slots that
+    four one-token calls give, one after another, in every format: a drafted token a server keeps
+    is what a step without drafts would have made of it."""
+    rng = np.random.default_rng(7)
+    cached, new, page_size, heads, head_dim = [5, 9], 4, 4, 2, 64
+    width, requests = heads * head_dim, len(cached)
+    blocks, lookup = scattered_pages(rng, cached, [new] * requests, page_size, heads, head_dim)
+    x = rng.standard_normal((requests, new, width), dtype=np.float32)
+    norms, biases, forms = random_block(rng, width, 512)
+    paged_layer = compiled_ops["gpt2_paged_decode_layer_alone"]
+
+    def run(rows, past, written):
+        step = len(rows) // requests
+        offsets = np.arange(requests + 1, dtype=np.uint32) * step
+        lead = [
+            rows,
+            np.array(past, np.uint32),
+            lookup,
+            offsets,
+            np.array([-1], np.int64),
+            np.array([1], np.uint32),
+        ]
+        return [
+            out.to_numpy()
+            for out in paged_layer.execute(
+                *written, *map(Buffer.from_numpy, lead), *parameters(norms, biases, forms)
+            )
+        ]
+
+    together = [Buffer.from_numpy(blocks.copy()) for _ in LAYOUTS]
+    at_once = run(x.reshape(-1, width), cached, together)
+    alone = [Buffer.from_numpy(blocks.copy()) for _ in LAYOUTS]
+    one_by_one = [run(x[:, s], [c + s for c in cached], alone) for s in range(new)]
+    for i, name in enumerate(LAYOUTS):
+        stepped = np.stack([outputs[i] for outputs in one_by_one], axis=1).reshape(-1, width)  # [R * S, D]
+        np.testing.assert_array_equal(at_once[i], stepped, err_msg=name)
+        np.testing.assert_array_equal(together[i].to_numpy(), alone[i].to_numpy(), err_msg=name)
 
 
 @pytest.mark.parametrize(("activation", "fused"), [("gelu_new", True), ("gelu_fast", True), ("gelu", False)])

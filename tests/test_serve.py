@@ -96,6 +96,31 @@ def test_greedy_completions_are_what_our_model_generates(server, expected):
         assert served(complete(server, prompt).choices[0]) == expected[prompt], prompt
 
 
+def test_prompt_lookup_keeps_the_servers_output_and_drafts_where_text_repeats(server, lm):
+    """The server drafts by prompt lookup (`--prompt-lookup 8`): a prompt that repeats itself, alone and
+    beside three more, gets `lm.generate`'s greedy tokens, and the server's log says it kept some of
+    the tokens it drafted (random weights soon repeat their own text too)."""
+    tokenizer = load_tokenizer(server.checkpoint)
+    prompts = ["The cat sat on the mat. The cat", *PROMPTS[1:]]
+    eos, lengths, expected = tokenizer.token_to_id(END_OF_TEXT), [], []
+    for i, prompt in enumerate(prompts):
+        ids = tokenizer.encode(prompt).ids
+        length = LM.n_positions - len(ids) - 2 * i  # to the context's end, or near it
+        lengths.append(length)
+        new = lm.generate(np.array([ids]), length, eos_token_id=eos)[0, len(ids) :].tolist()
+        expected.append(new[: new.index(eos) + 1] if eos in new else new)  # MAX's ids end with it
+    logged = len(server.log.read_text(errors="replace"))
+    assert served(complete(server, prompts[0], max_tokens=lengths[0]).choices[0]).ids == expected[0]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = pool.map(
+            lambda i: served(complete(server, prompts[i], max_tokens=lengths[i]).choices[0]).ids, range(4)
+        )
+        assert list(got) == expected
+    lines = server.log.read_text(errors="replace")[logged:].splitlines()
+    kept = [int(line.split(" kept ")[1].split()[0]) for line in lines if "prompt lookup: request" in line]
+    assert any(kept), server.tail(40)
+
+
 def test_concurrent_requests_each_get_their_own_completion(server, expected):
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         choices = list(pool.map(lambda prompt: complete(server, prompt).choices[0], PROMPTS * 2))

@@ -5,6 +5,7 @@ saying why, where MAX's serving extra is not installed (`pip install -e '.[serve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -74,14 +75,20 @@ def test_ragged_positions_count_from_each_requests_cache():
         ("no tokenizer", "has no tokenizer"),
         ("no architectures", "architectures"),
         ("bfloat16 on cpu", "MAX serves float32 on CPU"),
+        ("a smaller tokenizer", "vocab_size=320 is more than its tokenizer's 300 tokens"),
     ],
 )
 def test_serve_refuses_what_it_cannot_serve_before_starting(change, message, lm_checkpoint, tmp_path):
     checkpoint = tmp_path / "gpt2"
     checkpoint.mkdir()
+    tokenizer_files = ("tokenizer.json", "vocab.json", "merges.txt")
     for file in lm_checkpoint(LM).iterdir():
-        if not (change == "no tokenizer" and file.name in ("tokenizer.json", "vocab.json", "merges.txt")):
+        if not (change == "no tokenizer" and file.name in tokenizer_files):
             (checkpoint / file.name).write_bytes(file.read_bytes())
+    if change == "a smaller tokenizer":  # a 300-token tokenizer beside a 320-id embedding
+        for file in lm_checkpoint(dataclasses.replace(LM, vocab_size=300)).iterdir():
+            if file.name in tokenizer_files:
+                (checkpoint / file.name).write_bytes(file.read_bytes())
     if change == "no architectures":
         config = json.loads((checkpoint / "config.json").read_text())
         (checkpoint / "config.json").write_text(json.dumps({**config, "architectures": None}))

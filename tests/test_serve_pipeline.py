@@ -8,7 +8,7 @@ Everything skips, saying why, where MAX's serving extra is not installed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,15 +21,17 @@ from tests.support import requires_serving
 pytestmark = requires_serving()
 
 
-def text_context(sampling: dict[str, Any], max_length: int = 16, **asks: Any) -> Any:
-    """A request's context as MAX's tokenizer makes it: three prompt tokens, `sampling`'s parameters."""
+def text_context(
+    sampling: dict[str, Any], max_length: int = 16, prompt: Sequence[int] = (0, 1, 2), **asks: Any
+) -> Any:
+    """A request's context as MAX's tokenizer makes it: `prompt`'s tokens, `sampling`'s parameters."""
     from max.pipelines.context import TextContext
     from max.pipelines.context.sampling_params import SamplingParams
     from max.pipelines.context.tokens import TokenBuffer
 
     return TextContext(
         max_length=max_length,
-        tokens=TokenBuffer(np.arange(3)),
+        tokens=TokenBuffer(np.array(prompt, dtype=np.int64)),
         sampling_params=SamplingParams(**sampling),
         **asks,
     )
@@ -126,6 +128,7 @@ def stub_pipeline(
     pipeline = Stubbed.__new__(Stubbed)  # no model, no compile
     pipeline._on_host = on_host
     pipeline._decode_steps = decode_steps
+    pipeline._drafts = None
     pipeline.prepare_batch = lambda batches: (None, None, [c for batch in batches for c in batch])
     pipeline._launch_forward_pass = forward
     pipeline.runs = runs
@@ -214,3 +217,122 @@ def test_a_decoding_step_ends_before_one_more_run_would_pass_its_time_budget(mon
     responses = pipeline._execute(TextGenerationInputs(batches=[[context]]))
     assert responses[context.request_id].tokens == [0, 1, 2, 3]
     assert len(pipeline.kv_manager.claims) == 3
+
+
+def successor_pipeline(successor: np.ndarray, prompt_lookup: int | None, decode_steps: int = 16):
+    """`GPT2TextGenerationPipeline` on a stubbed model whose greedy token after token x is `successor[x]`
+    whatever came before, drafting up to `prompt_lookup` tokens by prompt lookup (None: not at all).
+    `pipeline.runs` lists each run's tokens a request."""
+    from max.pipelines.lib import ModelOutputs
+
+    from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    vocab = len(successor)
+
+    class Cache:
+        def step(self, context: Any) -> None:
+            pass
+
+        def alloc(self, context: Any) -> None:
+            pass
+
+    class Stubbed(GPT2TextGenerationPipeline):
+        kv_manager = Cache()
+
+    def prepare_batch(batches: list[list[Any]]) -> tuple[Any, None, list[Any]]:
+        from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
+
+        flat = [context for batch in batches for context in batch]
+        tokens = np.concatenate([context.tokens.active for context in flat])
+        offsets = np.cumsum([0] + [context.tokens.active_length for context in flat]).astype(np.uint32)
+        ones = Buffer.from_numpy(np.ones(1, np.int64))
+        return Llama3Inputs(Buffer.from_numpy(tokens), Buffer.from_numpy(offsets), ones), None, flat
+
+    def forward(inputs: Any, batch: list[Any], step: int) -> ModelOutputs:
+        tokens, offsets = inputs.tokens.to_numpy(), inputs.input_row_offsets.to_numpy()
+        runs.append(np.diff(offsets).tolist())
+        every = Buffer.from_numpy(np.eye(vocab, dtype=np.float32)[successor[tokens]])  # [T, V]
+        if isinstance(inputs, CheckedDrafts):
+            return ModelOutputs(logits=every, logit_offsets=inputs.input_row_offsets)
+        last = Buffer.from_numpy(every.to_numpy()[offsets[1:] - 1])
+        return ModelOutputs(last, last)
+
+    runs: list[list[int]] = []
+    pipeline = Stubbed.__new__(Stubbed)
+    pipeline._on_host, pipeline._decode_steps = True, decode_steps
+    pipeline._drafts = ServedDrafts(prompt_lookup) if prompt_lookup else None
+    pipeline.prepare_batch = prepare_batch
+    pipeline._launch_forward_pass = forward
+    pipeline.runs = runs
+    return pipeline
+
+
+def served_tokens(pipeline: Any, contexts: list[Any]) -> list[list[int]]:
+    """Each request's tokens after its prompt, through `pipeline`'s scheduler steps until every request
+    is done (the first step runs the prompts)."""
+    from max.pipelines.modeling.types import TextGenerationInputs
+
+    tokens: list[list[int]] = [[] for _ in contexts]
+    for _ in range(100):
+        running = [context for context in contexts if not context.is_done]
+        if not running:
+            return tokens
+        responses = pipeline._execute(TextGenerationInputs(batches=[running]))
+        for i, context in enumerate(contexts):
+            if context.request_id in responses:
+                tokens[i] += responses[context.request_id].tokens
+    raise AssertionError("the requests never ended")
+
+
+@pytest.mark.parametrize(
+    ("prompts", "max_lengths", "eos"),
+    [
+        ([[1, 2, 3, 1]], [30], None),  # the text cycles through its prompt: drafts kept whole
+        ([[1, 2, 9, 4, 1]], [30], None),  # the prompt says 2 follows 1, then 9: the model says 3
+        ([[5, 6, 7, 5], [1, 2, 9, 4, 1], [8]], [40, 23, 12], None),  # three requests, their own lengths
+        ([[1, 2, 3, 4, 1]], [30], 4),  # end-of-text in the middle of a kept draft
+    ],
+)
+def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, max_lengths, eos):
+    """A stubbed model (token x is always followed by successor[x]) served with and without prompt
+    lookup: each request gets the same tokens in both, the drafted server in fewer runs, with
+    S = 1 + the longest draft tokens for every request of a run."""
+    from max.pipelines.context import EOSTracker
+
+    successor = np.array([1, 2, 3, 1, 5, 6, 7, 5, 0, 0, 0])  # 1 -> 2 -> 3 -> 1, 5 -> 6 -> 7 -> 5
+    results = {}
+    for lookup in (None, 8):
+        pipeline = successor_pipeline(successor, lookup)
+        contexts = [
+            text_context(
+                {"temperature": 0},
+                max_length=length,
+                prompt=prompt,
+                eos_tracker=EOSTracker(eos_token_ids={eos} if eos is not None else set()),
+            )
+            for prompt, length in zip(prompts, max_lengths, strict=True)
+        ]
+        results[lookup] = served_tokens(pipeline, contexts), pipeline.runs
+    (plain, plain_runs), (drafted, drafted_runs) = results[None], results[8]
+    for prompt, length, tokens in zip(prompts, max_lengths, plain, strict=True):
+        expected = [int(successor[prompt[-1]])]
+        while len(expected) < length - len(prompt) and expected[-1] != eos:
+            expected.append(int(successor[expected[-1]]))
+        assert tokens == expected  # the stub's greedy text, to its length or end-of-text
+    assert drafted == plain
+    assert len(drafted_runs) < len(plain_runs)
+    assert all(len(set(run)) == 1 and sum(run) <= 16 for run in drafted_runs[1:])  # S each, within 16
+
+
+def test_prompt_lookup_waits_while_a_request_has_its_logits_controlled():
+    """A request asking for a repetition penalty beside one that does not: no run checks drafts (the
+    penalty applies to the logits after each kept token, which a drafted run does not compute)."""
+    successor = np.array([1, 2, 3, 1])
+    pipeline = successor_pipeline(successor, 8)
+    contexts = [
+        text_context({"temperature": 0}, max_length=20, prompt=[1, 2, 3, 1]),
+        text_context({"temperature": 0, "repetition_penalty": 1.0001}, max_length=20, prompt=[1, 2, 3, 1]),
+    ]
+    served_tokens(pipeline, contexts)
+    assert all(run == [1, 1] for run in pipeline.runs[1:])

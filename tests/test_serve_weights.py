@@ -79,11 +79,14 @@ def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_l
     )
 
 
-def serve_arguments(checkpoint, weight_format: str, decode_steps: int | None = None) -> argparse.Namespace:
+def serve_arguments(
+    checkpoint, weight_format: str, decode_steps: int | None = None, prompt_lookup: int | None = None
+) -> argparse.Namespace:
     """`max-gpt2 serve`'s options, as its parser reads them."""
     from max_gpt2.cli import build_parser
 
     steps = [] if decode_steps is None else ["--decode-steps", str(decode_steps)]
+    steps += [] if prompt_lookup is None else ["--prompt-lookup", str(prompt_lookup)]
     options = ["--checkpoint", str(checkpoint), "--device", "cpu", "--weight-format", weight_format, *steps]
     return build_parser().parse_args(["serve", *options])
 
@@ -113,6 +116,34 @@ def test_serve_hands_its_decode_steps_to_the_server_and_only_that(decode_steps, 
     if decode_steps is not None:
         monkeypatch.setenv(DECODE_STEPS_VARIABLE, env[DECODE_STEPS_VARIABLE])
     assert served_decode_steps() == (decode_steps or DECODE_STEPS)
+
+
+@pytest.mark.parametrize("prompt_lookup", [None, 1, 8])
+def test_serve_hands_its_prompt_lookup_to_the_server_and_only_that(prompt_lookup, lm_checkpoint, monkeypatch):
+    """Drafts left asked for in the environment are not served: `--prompt-lookup` (none by default)
+    decides, and the server reads what it was handed."""
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.serving.drafts import served_prompt_lookup
+    from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
+
+    monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, "5")
+    arguments = serve_arguments(lm_checkpoint(LM), "q4_0", prompt_lookup=prompt_lookup)
+    _, env = serve_command(arguments, Progress(io.StringIO()))
+    assert env.get(PROMPT_LOOKUP_VARIABLE) == (None if prompt_lookup is None else str(prompt_lookup))
+    monkeypatch.delenv(PROMPT_LOOKUP_VARIABLE)
+    if prompt_lookup is not None:
+        monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, env[PROMPT_LOOKUP_VARIABLE])
+    assert served_prompt_lookup() == (prompt_lookup or 0)
+
+
+@pytest.mark.parametrize("value", ["-2", "four", "2.5", ""])
+def test_the_server_refuses_prompt_lookup_that_is_not_a_count(value, monkeypatch):
+    from max_gpt2.serving.drafts import served_prompt_lookup
+    from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
+
+    monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, value)
+    with pytest.raises(ValueError, match=f"MAX_GPT2_PROMPT_LOOKUP={value!r}: tokens a request may draft"):
+        served_prompt_lookup()
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "four", "2.5", ""])

@@ -18,8 +18,10 @@ projections and the LM head as bfloat16, q8_0 or q4_0
 converted once into the weights cache and memory-mapped when the server loads. On a CPU a step of
 greedy requests that are all decoding runs up to `--decode-steps` tokens, within
 about 50 ms, before MAX's scheduler sees it again (`max_gpt2.serving.pipeline`):
-streamed tokens then come a few at a time. What MAX's command line cannot carry
-(the format, the steps, the API key) goes in environment variables (`our_variables`).
+streamed tokens then come a few at a time; with `--prompt-lookup K` each of those runs also
+checks up to K tokens looked up in each request's prompt and text, keeping those the model
+chooses (`max_gpt2.serving.drafts`). What MAX's command line cannot carry
+(the format, the steps, the drafts, the API key) goes in environment variables (`our_variables`).
 The server answers OpenAI's `logprobs` (up to 7 alternatives) and, started with
 `--enable-echo` as here, `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from max_gpt2.cli.console import (
     CHECKPOINT_HELP,
@@ -90,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "as fit in about 50 ms (default: max_gpt2.serving.pipeline.DECODE_STEPS)",
     )
     parser.add_argument(
+        "--prompt-lookup",
+        type=positive_int,
+        metavar="K",
+        help="check up to K tokens looked up in each greedy request's prompt and text with its next one, "
+        "on a CPU: the same output, faster where text repeats its input (default: none)",
+    )
+    parser.add_argument(
         "--explorer",
         action="store_true",
         help="also serve the head explorer's page at /explore/ (max-gpt2 explore's; not with --api-key)",
@@ -99,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, progress: Progress) -> int:
     check_port_free(args.port)
     command, env = serve_command(args, progress)
-    _, _, key_variable, _ = our_variables()
+    key_variable = our_variables().api_key
     progress.note("starting MAX's server; the same, by hand:")
     settings = [
         f"{name}={'<key>' if name == key_variable else value}"
@@ -163,9 +173,9 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     require_serve_extra()
     if args.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
-    weights_variable, _, key_variable, explorer_variable = our_variables()
+    variables = our_variables()
     env = server_environment(args, progress)
-    if args.explorer and env.get(key_variable):
+    if args.explorer and env.get(variables.api_key):
         raise ValueError(
             "--explorer: the explorer's page cannot send an API key, so it is not served beside one "
             "(--api-key or MAX_GPT2_API_KEY); run max-gpt2 explore on its own port instead"
@@ -179,17 +189,27 @@ def serve_command(args: argparse.Namespace, progress: Progress) -> tuple[list[st
     checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
     if device.is_host and args.dtype != "float32":
         raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
+    if args.prompt_lookup and not (device.is_host and args.dtype == "float32"):
+        raise ValueError(
+            f"--prompt-lookup {args.prompt_lookup}: drafts are checked by the decoding kernels, which run on "
+            f"the CPU in float32, not on {device_name(device)} in {args.dtype}"
+        )
     if weight_format.kernels_only:
-        env[weights_variable] = weight_format.name
+        env[variables.weight_format] = weight_format.name
     if args.explorer:  # a file's own mix is what the explorer loads it as by default (None)
         own = weight_format.name if weight_format.name in FORMATS else None
         settings = ExplorerSettings(str(path), args.device, args.dtype, own)
-        env[explorer_variable] = settings.to_json()
+        env[variables.explorer] = settings.to_json()
     tokenizer = plan.tokenizer()
     if tokenizer is None:
         raise ValueError(
             f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF "
             f"file's own); a server takes and returns text"
+        )
+    if (vocab := checkpoint.config.vocab_size) > (known := tokenizer.get_vocab_size(with_added_tokens=True)):
+        raise ValueError(
+            f"{checkpoint.path}: the model's vocab_size={vocab} is more than its tokenizer's {known} tokens; "
+            f"MAX's server stops when a request generates an id it cannot decode ({known} to {vocab - 1})"
         )
     config_file = checkpoint.path / "config.json"
     if checkpoint.one_file:  # a GGUF file: MAX reads a directory made for it
@@ -231,14 +251,16 @@ def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str
     # install is not always visible to it (seen here), an explicit path always is.
     paths = [str(PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
-    _, steps_variable, key_variable, _ = our_variables()
-    api_key = args.api_key or os.environ.get(key_variable)
-    for name in our_variables():  # our options decide, not the env
+    variables = our_variables()
+    api_key = args.api_key or os.environ.get(variables.api_key)
+    for name in variables:  # our options decide, not the env
         env.pop(name, None)
     if args.decode_steps is not None:
-        env[steps_variable] = str(args.decode_steps)
+        env[variables.decode_steps] = str(args.decode_steps)
+    if args.prompt_lookup:
+        env[variables.prompt_lookup] = str(args.prompt_lookup)
     if api_key:
-        env[key_variable] = api_key  # not on the command line, where every user of the machine reads it
+        env[variables.api_key] = api_key  # not on the command line, where every user of the machine reads it
     elif not is_loopback(args.host):
         progress.note(
             f"warning: --host {args.host} lets other machines reach the model, and no --api-key is set: "
@@ -247,14 +269,25 @@ def server_environment(args: argparse.Namespace, progress: Progress) -> dict[str
     return env
 
 
-def our_variables() -> tuple[str, str, str, str]:
-    """How `--weight-format`, `--decode-steps`, `--api-key` and `--explorer` reach MAX's processes: its
-    command line has no option an architecture may add."""
+class OurVariables(NamedTuple):
+    """The environment variables that carry our options to MAX's processes, by option."""
+
+    weight_format: str
+    decode_steps: str
+    prompt_lookup: str
+    api_key: str
+    explorer: str
+
+
+def our_variables() -> OurVariables:
+    """How `--weight-format`, `--decode-steps`, `--prompt-lookup`, `--api-key` and `--explorer` reach MAX's
+    processes: its command line has no option an architecture may add."""
     from max_gpt2.serving import server  # the serving extra, checked by now
 
-    return (
+    return OurVariables(
         server.WEIGHT_FORMAT_VARIABLE,
         server.DECODE_STEPS_VARIABLE,
+        server.PROMPT_LOOKUP_VARIABLE,
         server.API_KEY_VARIABLE,
         server.EXPLORER_VARIABLE,
     )

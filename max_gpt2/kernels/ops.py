@@ -164,11 +164,12 @@ def paged_decode_layer(
     layer: int,
     parameters: LayerParameters,
 ) -> Tensor:
-    """`decode_layer` for `x` [R, D], a new token of each of R requests, over MAX's paged cache at `layer`.
+    """`decode_layer` for `x` [R * S, D], S new tokens of each of R requests (one, but where a step checks
+    drafted tokens), over MAX's paged cache at `layer`.
 
     Request r's keys and values are where `kv_collection`'s lookup table puts them, after
-    its `cache_lengths[r]` cached ones; `input_row_offsets` [R + 1] must be 0..R. The
-    blocks are written in place.
+    its `cache_lengths[r]` cached ones; `input_row_offsets` [R + 1] must be 0, S, ..., R * S.
+    The blocks are written in place.
     """
     where = _paged_inputs(kv_collection, input_row_offsets, layer)
     (y,) = F.inplace_custom(

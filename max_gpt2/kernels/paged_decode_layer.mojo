@@ -1,15 +1,16 @@
 # gpt2_paged_decode_layer: gpt2_decode_layer for a server's decoding step, over MAX's paged KV cache
 # (CPU; float32 activations and cache; weights as gpt2_decode_layer takes them):
 #
-#     x                  [R, D]      one new token of each of R requests
+#     x                  [R * S, D]  S new tokens of each of R requests, end to end (S = 1 but for a
+#                                    step checking drafted tokens)
 #     kv_blocks          [pages, 2, L, page_size, H, d]   MAX's cache, written in place
 #     cache_lengths      [R]         tokens request r had cached before this step
 #     lookup_table       [R, P]      request r's token p lives on page lookup_table[r, p // page_size]
-#     input_row_offsets  [R + 1]     must be 0, 1, ..., R: a token a request
+#     input_row_offsets  [R + 1]     must be 0, S, 2S, ..., R * S: as many tokens each request
 #     page_stride        [1]         elements from one page to the next; -1: pages packed end to end
 #     layer              [1]         which layer's keys and values these are
 #     ln_1, ln_2, epsilon, the four products: as gpt2_decode_layer takes them
-#     -> y               [R, D]      the block's output
+#     -> y               [R * S, D]  the block's output
 #
 # The block's phases are gpt2_decode_layer's; only where a request's keys and values lie differs
 # (layer_kv.mojo), as gpt2_paged_attention finds them.
@@ -66,21 +67,22 @@ struct PagedDecodeLayer:
     ) raises:
         comptime assert target == "cpu", "gpt2_paged_decode_layer runs on the CPU"
         var H, d = kv_blocks.dim_size(4), kv_blocks.dim_size(5)
-        var R, D = x.dim_size(0), x.dim_size(1)
-        if H * d != D or y.dim_size(0) != R or y.dim_size(1) != D:
-            raise Error("gpt2_paged_decode_layer: x [", R, ", ", D, "], y [", y.dim_size(0), ", ", y.dim_size(1), "] and the cache's ", H, " heads of ", d, " disagree")
-        if cache_lengths.dim_size(0) != R or input_row_offsets.dim_size(0) != R + 1:
-            raise Error("gpt2_paged_decode_layer: ", R, " tokens, but cache_lengths and row offsets speak of ", cache_lengths.dim_size(0), " and ", input_row_offsets.dim_size(0) - 1, " requests")
-        for r in range(R):
-            if Int(input_row_offsets[r]) != r:
-                raise Error("gpt2_paged_decode_layer: request ", r, " starts at token ", Int(input_row_offsets[r]), "; each request brings one token")
-        if Int(input_row_offsets[R]) != R:
-            raise Error("gpt2_paged_decode_layer: the row offsets end at ", Int(input_row_offsets[R]), ", not at the ", R, " tokens")
+        var T, D, R = x.dim_size(0), x.dim_size(1), cache_lengths.dim_size(0)
+        if H * d != D or y.dim_size(0) != T or y.dim_size(1) != D:
+            raise Error("gpt2_paged_decode_layer: x [", T, ", ", D, "], y [", y.dim_size(0), ", ", y.dim_size(1), "] and the cache's ", H, " heads of ", d, " disagree")
+        if input_row_offsets.dim_size(0) != R + 1:
+            raise Error("gpt2_paged_decode_layer: cache_lengths speak of ", R, " requests, the row offsets of ", input_row_offsets.dim_size(0) - 1)
+        if R == 0 or T % R != 0:
+            raise Error("gpt2_paged_decode_layer: ", T, " tokens are not the same number for each of ", R, " requests")
+        var S = T // R
+        for r in range(R + 1):
+            if Int(input_row_offsets[r]) != r * S:
+                raise Error("gpt2_paged_decode_layer: request ", r, " starts at token ", Int(input_row_offsets[r]), ", not ", r * S, ": the step's ", T, " tokens are ", S, " a request")
         var kv = paged_layer_kv("gpt2_paged_decode_layer", kv_blocks, cache_lengths, lookup_table, input_row_offsets, page_stride, layer)
         var weights = checked_layer[weight_dtype, qkv_format, out_format, fc_format, down_format]("gpt2_paged_decode_layer", D, ln_1_weight, ln_1_bias, ln_2_weight, ln_2_bias, epsilon, qkv_w, qkv_scales, qkv_bias, out_w, out_scales, out_bias, fc_w, fc_scales, fc_bias, down_w, down_scales, down_bias)
         var x_in = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(x.unsafe_ptr()))
         var y_out = UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(y.unsafe_ptr()))
         if d == ROW:
-            decode_layer[F32, ROW](x_in, y_out, kv, weights, R, 1, H, d)
+            decode_layer[F32, ROW](x_in, y_out, kv, weights, R, S, H, d)
         else:
-            decode_layer[F32, 0](x_in, y_out, kv, weights, R, 1, H, d)
+            decode_layer[F32, 0](x_in, y_out, kv, weights, R, S, H, d)

@@ -4,7 +4,8 @@ On the CPU in float32 it compiles two graphs over the same weights (as one
 module, so the kernels they share compile once), as `CompiledLM` keeps a prefill
 and a step graph: a decoding one (each block one `gpt2_paged_decode_layer` op,
 its projections in `skinny_matmul`'s loops) for steps where each of at most
-`SKINNY_ROWS` requests brings one token, and the general one (MAX's flash
+`SKINNY_ROWS` requests brings one token (and for prompt lookup's drafts to check,
+`CheckedDrafts`), and the general one (MAX's flash
 attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul past them) for
 the rest; elsewhere only the general one, with MAX's ops. With packed weights
 (`GPT2ServingConfig.weight_format`: bfloat16, q8_0 or q4_0, packed here at load
@@ -64,6 +65,7 @@ from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.stored_weights import StoredWeights
 from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
+from max_gpt2.serving.drafts import CheckedDrafts, served_prompt_lookup
 from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 
@@ -131,6 +133,11 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         else:  # MAX's graph capture on an accelerator wants its own compiled callable
             graphs = {role: module.compile(*input_types, weights=weights) for role, module in modules.items()}
         self.decoder, self.last_token_model = graphs.get("decoder"), graphs.get("last_token")
+        if self.decoder is None and (most := served_prompt_lookup()):
+            raise ValueError(
+                f"prompt lookup ({most} tokens) checks drafts with the decoding kernels, which run on the "
+                f"CPU in float32: not on {self.devices[0]} in {config.dtype}"
+            )
         return graphs["general"]
 
     def _module(
@@ -174,6 +181,10 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         """One step through the decoding graph when each request brings one token; else through the
         general one, or, when no request wants every token's logits, the last token's graph."""
         assert isinstance(model_inputs, Llama3Inputs)
+        if isinstance(model_inputs, CheckedDrafts):  # S tokens a request: the logits after each
+            assert self.decoder is not None, "load_model refuses prompt lookup without the decoding graph"
+            logits = self._run(self.decoder, model_inputs).next_token_logits  # [R * S, V]
+            return ModelOutputs(logits=logits, logit_offsets=model_inputs.input_row_offsets)
         tokens, requests = model_inputs.tokens.shape[0], model_inputs.input_row_offsets.shape[0] - 1
         if self.decoder is not None and tokens == requests <= SKINNY_ROWS:
             model = self.decoder
@@ -181,15 +192,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
             model = self.last_token_model  # the LM head over [R, D], not [T, D]
         else:
             model = self.model
-        if self.devices[0].is_host:
-            # MAX 26.7 copies each step's cache lengths into the graph's input buffers with an
-            # asynchronous copy, and on the CPU the graph may read them before it lands: a stale
-            # length makes a request's token and cache wrong from then on (docs/performance.md).
-            self.devices[0].synchronize()
-        # MAX's batch processor made these buffers for this graph's inputs: the callable's own
-        # call would check and wrap each again as a tensor, a cost every step (docs/performance.md).
-        outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))
-        self._after_first_run.ran()
+        outputs = self._run(model, model_inputs)
         if outputs.logits is not None:
             return ModelOutputs(
                 logits=outputs.logits,
@@ -203,6 +206,19 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
             next_token_logits=outputs.next_token_logits,
             logit_offsets=one_row_each,
         )
+
+    def _run(self, model: ServedGraph | CompiledCallable, model_inputs: Llama3Inputs) -> Any:
+        """`model`'s outputs (`ModuleV3Outputs`) for MAX's inputs of a step."""
+        if self.devices[0].is_host:
+            # MAX 26.7 copies each step's cache lengths into the graph's input buffers with an
+            # asynchronous copy, and on the CPU the graph may read them before it lands: a stale
+            # length makes a request's token and cache wrong from then on (docs/performance.md).
+            self.devices[0].synchronize()
+        # MAX's batch processor made these buffers for this graph's inputs: the callable's own
+        # call would check and wrap each again as a tensor, a cost every step (docs/performance.md).
+        outputs = tree.unflatten(model.out_tree, model.execute_raw(*model_inputs.buffers))
+        self._after_first_run.ran()
+        return outputs
 
     def compute_log_probabilities(
         self,

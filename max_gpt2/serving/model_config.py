@@ -33,6 +33,7 @@ from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.stored_weights import Stored
 from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
+from max_gpt2.serving.drafts import served_prompt_lookup
 from max_gpt2.serving.max_internals import served_encoding
 from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
 
@@ -63,7 +64,8 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
         *,
         allow_kv_head_replication: bool = False,
     ) -> KVCacheParams:
-        """One key and one value per head and layer (GPT-2 has no grouped-query attention)."""
+        """One key and one value per head and layer (GPT-2 has no grouped-query attention); with prompt
+        lookup, room for each request's drafted tokens (`max_gpt2.serving.drafts`)."""
         return kv_cache_config.to_params(
             dtype=cache_dtype,
             n_kv_heads=huggingface_config.n_head,
@@ -72,6 +74,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
             devices=devices,
             data_parallel_degree=pipeline_config.model.data_parallel_degree,
             allow_kv_head_replication=allow_kv_head_replication,
+            num_draft_tokens=served_prompt_lookup(),
         )
 
     @classmethod

@@ -18,7 +18,8 @@ The blocks, MLP and layer norms are `max_gpt2.model`'s; only the attention
 differs: it writes each token's key and value into the paged cache and attends
 with MAX's ragged flash attention (`flash_attention_ragged`, causal mask), so a
 decoding step reads the cache instead of recomputing the prompt. Built with
-`decoding=True`, for steps where every request brings one token, each block is
+`decoding=True`, for steps where every request brings one token (or the same number:
+its last token and a draft to check, `max_gpt2.serving.drafts`), each block is
 one `gpt2_paged_decode_layer` op (`PagedKernelBlock`: layer norms, projections,
 attention over the pages; where the MLP's activation is GELU's tanh form, else
 attention through `gpt2_paged_attention`, which stores and attends in one kernel); the
@@ -116,7 +117,8 @@ class PagedKernelBlock(KernelBlock):
     """
 
     def forward(self, x: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor) -> Tensor:  # type: ignore[override]
-        """`x` [R, D], a token a request -> [R, D]; stores this layer's keys and values in the cache."""
+        """`x` [R * S, D], S tokens a request (1 but in a step checking drafts) -> [R * S, D]; stores this
+        layer's keys and values in the cache."""
         layer = self.attn.layer_idx  # type: ignore[attr-defined]
         return paged_decode_layer(x, kv_collection, input_row_offsets, layer, self.layer_parameters())
 
@@ -183,10 +185,10 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
     with `--enable-echo`) every token's logits too, for the prompt's log-probabilities,
     the last of each request's the next-token logits; `Head.LAST_LOGITS` those alone.
     `linear` makes the projections and the head, `embedding` the token embedding. Through the
-    kernels (for steps where each request brings one token) every token is its request's last:
-    the graph returns their logits once, gathered from neither the hidden states nor the logits
-    (MAX's gather of an [R, V] copy costs every step: docs/performance.md), and `PagedAttention`
-    takes its decoding kernel.
+    kernels (for steps where each request brings one token, or its last and a draft) the graph
+    returns every token's logits as the next-token logits, gathered from neither the hidden
+    states nor the logits (MAX's gather of an [R, V] copy costs every step: docs/performance.md),
+    and `PagedAttention` takes its decoding kernel.
     """
 
     def __init__(
@@ -213,7 +215,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
         caches = self.kv_params.unflatten_kv_inputs(graph_value(x) for x in kv_inputs)
         kv_collection = tree.leaves(caches, leaf=KVCacheInputsPerDevice)[0]
         hidden = self.transformer(tokens, kv_collection, input_row_offsets)  # [T, D]
-        if self.decoding:  # T == R
+        if self.decoding:  # T == R, or S tokens a request in a step checking drafts
             return ModuleV3Outputs(next_token_logits=self.logits(hidden))
         last_rows = input_row_offsets[1:] - 1  # [R]
         if self.every_token:

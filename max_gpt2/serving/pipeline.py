@@ -3,7 +3,7 @@ sampler, several a step.
 
 `max serve` runs one `TextGenerationPipeline.execute` per step: the batch's
 inputs, the model's graph, then MAX's sampler, a second graph that takes
-temperature, top-k, top-p, min-p and seeds for every request. Three things change here:
+temperature, top-k, top-p, min-p and seeds for every request. Four things change here:
 
 - Penalties and `min_tokens`: each request's next-token logits are edited before
   any token is picked (`controlled`): Hugging Face's repetition penalty over the
@@ -25,6 +25,10 @@ temperature, top-k, top-p, min-p and seeds for every request. Three things chang
   no page for a next token, or when one more token would take it past
   `DECODE_BUDGET_S`: a new prompt waits for the step to end, so a step lasts about
   as long whether a token takes a few milliseconds or twenty.
+- Drafts: with prompt lookup (`max-gpt2 serve --prompt-lookup K`), each run of such
+  a step checks every request's drafted tokens with its last one and keeps what the
+  model chooses (`max_gpt2.serving.drafts`), where no request of the step has its
+  logits penalised or end-of-text banned.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 import numpy as np
 from max.driver import CPU, Buffer
+from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import TextContext, TextGenerationOutput
 from max.pipelines.context.sampling_params import SamplingParams
 from max.pipelines.kv_cache import InsufficientBlocksError
@@ -44,6 +49,7 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import ban, penalize, token_counts
+from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts, served_prompt_lookup
 from max_gpt2.serving.server import DECODE_STEPS_VARIABLE
 
 DECODE_STEPS = 16
@@ -117,6 +123,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         super().__init__(*args, **kwargs)
         self._decode_steps = served_decode_steps()
         self._on_host = all(device.is_host for device in self.session.devices)  # ours, and the host
+        self._drafts = ServedDrafts(most) if (most := served_prompt_lookup()) else None
         logging.getLogger("max.pipelines").addFilter(_ControlsApplied())
 
     def _launch_forward_pass(
@@ -150,17 +157,56 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
             ):
                 break
             model_inputs, _, flat_batch = self.prepare_batch(inputs.batches)  # no grammar: no bitmask
-            outputs = self._launch_forward_pass(model_inputs, flat_batch, step=step)
-            last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
-            assert last_rows is not None
-            new_tokens = np.argmax(last_rows.to_numpy(), axis=-1).tolist()  # [R]
-            for context, token in zip(flat_batch, new_tokens, strict=True):
-                context.advance_token_buffer(new_token=token)  # ends the request at EOS or its length
-                context.advance_fsm(token)
+            for context, tokens in zip(
+                flat_batch, self._next_tokens(model_inputs, flat_batch, step, decoding), strict=True
+            ):
+                for token in tokens:
+                    if context.is_done:
+                        break
+                    context.advance_token_buffer(new_token=token)  # ends the request at EOS or its length
+                    context.advance_fsm(token)
             for context in contexts:
                 self.kv_manager.step(context)
+                if self._drafts and context.is_done:
+                    self._drafts.finish(context)
         outputs_now = {context.request_id: context.to_generation_output() for context in contexts}
         return {request_id: output for request_id, output in outputs_now.items() if output.tokens}
+
+    def _next_tokens(
+        self, model_inputs: ModelInputs, contexts: list[TextContext], step: int, decoding: bool
+    ) -> list[list[int]]:
+        """The tokens each request gets from one run of the model: its argmax, and where it drafts, the
+        drafted tokens the model chose too, each followed by the argmax after it."""
+        drafting = self._drafts and decoding and not any(needs_controls(context) for context in contexts)
+        drafts = self._drafts.propose(contexts) if drafting else []
+        if any(len(draft) for draft in drafts):
+            return self._check_drafts(model_inputs, contexts, drafts, step)
+        outputs = self._launch_forward_pass(model_inputs, contexts, step=step)
+        last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
+        assert last_rows is not None
+        return [[token] for token in np.argmax(last_rows.to_numpy(), axis=-1).tolist()]
+
+    def _check_drafts(
+        self, model_inputs: ModelInputs, contexts: list[TextContext], drafts: list[np.ndarray], step: int
+    ) -> list[list[int]]:
+        """One run of each request's last token and its draft, padded to the longest draft
+        (`max_gpt2.serving.drafts`); the tokens each keeps."""
+        assert self._drafts is not None
+        size = 1 + max(len(draft) for draft in drafts)  # S tokens a request
+        rows = np.empty((len(contexts), size), dtype=np.int64)  # [R, S]
+        for row, context, draft in zip(rows, contexts, drafts, strict=True):
+            row[0], row[1 : 1 + len(draft)] = context.tokens.active[0], draft
+            row[1 + len(draft) :] = row[len(draft)]  # padding, never kept
+        assert isinstance(model_inputs, Llama3Inputs)  # MAX's batch processor's, the model's
+        checked = CheckedDrafts(
+            tokens=Buffer.from_numpy(rows.reshape(-1)),
+            input_row_offsets=Buffer.from_numpy(np.arange(len(contexts) + 1, dtype=np.uint32) * size),
+            return_n_logits=model_inputs.return_n_logits,
+            kv_cache_inputs=model_inputs.kv_cache_inputs,
+        )
+        logits = self._launch_forward_pass(checked, contexts, step).logits.to_numpy()  # [R * S, V]
+        chosen = np.argmax(logits, axis=-1).reshape(len(contexts), size)
+        return [self._drafts.keep(*each) for each in zip(contexts, drafts, chosen, strict=True)]
 
     def _next_step_fits(self, contexts: list[TextContext]) -> bool:
         """Whether every request goes on, with room in the KV cache for its next token (claimed here,

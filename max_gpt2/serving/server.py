@@ -18,6 +18,7 @@ import os
 API_KEY_VARIABLE = "MAX_GPT2_API_KEY"  # --api-key
 WEIGHT_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # --weight-format (`model_config.served_weight_format`)
 DECODE_STEPS_VARIABLE = "MAX_GPT2_DECODE_STEPS"  # --decode-steps (`pipeline.served_decode_steps`)
+PROMPT_LOOKUP_VARIABLE = "MAX_GPT2_PROMPT_LOOKUP"  # --prompt-lookup (`drafts.served_prompt_lookup`)
 EXPLORER_VARIABLE = "MAX_GPT2_EXPLORER"  # --explorer: `explorer.loading.ExplorerSettings` as JSON
 
 

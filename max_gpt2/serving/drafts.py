@@ -1,0 +1,108 @@
+"""Prompt lookup in the server: drafts for a decoding step's requests, checked in the same run.
+
+`max-gpt2 serve --prompt-lookup K` (`MAX_GPT2_PROMPT_LOOKUP`): in a step where every request is
+greedy and decoding (`max_gpt2.serving.pipeline`), each request's last token goes in with up to K
+tokens looked up in its own prompt and text (`max_gpt2.inference.drafting.PromptLookup`, as many
+as its `Pacing` allows, the library's rule). With R requests and S = 1 + the longest draft, the
+decoding graph runs S tokens a request (a shorter draft is padded with its last token, never
+kept) and returns the logits after each, [R * S, V]. A request keeps the argmax after its last
+token, then, while that was its next drafted token, the argmax after that one: what one-token
+steps would have chosen, since the decoding graph computes each token as in a one-token step.
+The output is the same with drafting and without.
+
+MAX's paged cache reserves room for K drafted tokens a request (`num_draft_tokens` in its cache
+parameters: `model_config`) and takes a request's length from the tokens it kept: the keys and
+values of rejected drafts lie past it, to be written over. A step of R requests drafts at most
+`SKINNY_ROWS` tokens in all, where the decoding kernels' products are cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
+from max.pipelines.context import TextContext
+
+from max_gpt2.inference.drafting import DraftCounts, Pacing, PromptLookup
+from max_gpt2.model.kernel_layers import SKINNY_ROWS
+from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
+
+# MAX's server passes on the records of its own components' loggers only.
+logger = logging.getLogger("max.pipelines.max_gpt2")
+
+
+@dataclass
+class CheckedDrafts(Llama3Inputs):
+    """A step's inputs where each request brings its last token and a draft, S tokens a request, end to
+    end: the pipeline model runs them through its decoding graph and gives the logits after each,
+    `ModelOutputs.logits` [R * S, V]."""
+
+
+@dataclass
+class RequestDrafts:
+    """One request's pacing of its drafts, and its counts so far."""
+
+    pacing: Pacing
+    counts: DraftCounts = field(default_factory=DraftCounts)
+
+
+class ServedDrafts:
+    """Each request's drafts by prompt lookup of up to `most` tokens, and what became of them."""
+
+    def __init__(self, most: int) -> None:
+        self.lookup = PromptLookup(most)
+        self.requests: dict[str, RequestDrafts] = {}
+
+    def propose(self, contexts: list[TextContext]) -> list[np.ndarray]:
+        """Each request's draft (int64 [n], maybe empty) to follow its last token: within the step's
+        share of `SKINNY_ROWS` and the request's `max_length`. Requests not in this step are forgotten."""
+        known = self.requests
+        self.requests = {
+            str(c.request_id): known.get(str(c.request_id)) or RequestDrafts(Pacing(self.lookup.most))
+            for c in contexts
+        }
+        share = SKINNY_ROWS // len(contexts) - 1  # drafted tokens a request may bring
+        drafts = []
+        for context in contexts:
+            sequence = np.asarray(context.tokens.all, dtype=np.int64)  # its prompt, then its text
+            room = min(share, context.max_length - len(sequence) - 1)  # the last kept token is free
+            size = min(room, self.requests[str(context.request_id)].pacing.next_size()) if room > 0 else 0
+            drafts.append(self.lookup.propose(sequence, size) if size else sequence[:0])
+        return drafts
+
+    def keep(self, context: TextContext, draft: np.ndarray, chosen: np.ndarray) -> list[int]:
+        """The tokens `context` keeps of a run of its last token and `draft`: `chosen` [S] is the argmax
+        after each of them (the last token first)."""
+        kept = 1
+        while kept <= len(draft) and chosen[kept - 1] == draft[kept - 1]:
+            kept += 1
+        if len(draft):
+            drafts = self.requests[str(context.request_id)]
+            drafts.pacing.record(len(draft), kept - 1)
+            drafts.counts.drafted += len(draft)
+            drafts.counts.accepted += kept - 1
+        return [int(token) for token in chosen[:kept]]
+
+    def finish(self, context: TextContext) -> None:
+        """Logs a request's counts once it is done."""
+        drafts = self.requests.pop(str(context.request_id), None)
+        if drafts is not None and drafts.counts.drafted:
+            counts = drafts.counts
+            logger.info(
+                "prompt lookup: request %s kept %d of %d drafted tokens",
+                context.request_id,
+                counts.accepted,
+                counts.drafted,
+            )
+
+
+def served_prompt_lookup() -> int:
+    """Tokens a request may draft by prompt lookup (`MAX_GPT2_PROMPT_LOOKUP`; 0, none, when unset); a
+    ValueError names the variable and its value."""
+    value = os.environ.get(PROMPT_LOOKUP_VARIABLE, "0")
+    if not value.isdigit():
+        raise ValueError(f"{PROMPT_LOOKUP_VARIABLE}={value!r}: tokens a request may draft, 0 (none) or more")
+    return int(value)

@@ -130,12 +130,13 @@ def check_block_matmuls(outputs, formats, x, w, bias, x_steps) -> None:
         )
 
 
-@pytest.mark.parametrize("rows", [1, 7, 11])
+@pytest.mark.parametrize("rows", [1, 7, 11, 39])
 @pytest.mark.parametrize(("k", "n"), [(256, 8), (512, 13), (768, 2304), (3072, 97), (768, 1001)])
 def test_super_block_matmuls_match_numpy_on_the_weights_they_store(compiled_ops, rows, k, n):
     """q4_k, q5_k and q6_k against float64 on the weights they store and x as they round it (q8_K's blocks
     of 256): one and several super-blocks a row, N with every remainder of a group of 8 rows, x's rows
-    in blocks of every height; the dequantize ops give the stored weights to the bit."""
+    in blocks of every height, and from `UNPACK_FROM` (32) rows each group's integers taken out once
+    (39); the dequantize ops give the stored weights to the bit."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)

@@ -219,14 +219,24 @@ def test_a_decoding_step_ends_before_one_more_run_would_pass_its_time_budget(mon
     assert len(pipeline.kv_manager.claims) == 3
 
 
-def successor_pipeline(successor: np.ndarray, prompt_lookup: int | None, decode_steps: int = 16):
+def successor_pipeline(
+    successor: np.ndarray,
+    prompt_lookup: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+    seconds: Callable[[int], float] = lambda rows: 1.0 + 0.01 * rows,
+):
     """`GPT2TextGenerationPipeline` on a stubbed model whose greedy token after token x is `successor[x]`
-    whatever came before, drafting up to `prompt_lookup` tokens by prompt lookup (None: not at all).
-    `pipeline.runs` lists each run's tokens a request."""
+    whatever came before, drafting up to `prompt_lookup` tokens by prompt lookup (None: not at all),
+    a run of T tokens taking `seconds(T)` on the pipeline's (stubbed) clock. `pipeline.runs` lists
+    each run's tokens a request."""
     from max.pipelines.lib import ModelOutputs
 
+    from max_gpt2.serving import pipeline as served
     from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
     from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    clock = [0.0]
+    monkeypatch.setattr(served, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     vocab = len(successor)
 
@@ -252,6 +262,7 @@ def successor_pipeline(successor: np.ndarray, prompt_lookup: int | None, decode_
     def forward(inputs: Any, batch: list[Any], step: int) -> ModelOutputs:
         tokens, offsets = inputs.tokens.to_numpy(), inputs.input_row_offsets.to_numpy()
         runs.append(np.diff(offsets).tolist())
+        clock[0] += seconds(len(tokens))
         every = Buffer.from_numpy(np.eye(vocab, dtype=np.float32)[successor[tokens]])  # [T, V]
         if isinstance(inputs, CheckedDrafts):
             return ModelOutputs(logits=every, logit_offsets=inputs.input_row_offsets)
@@ -260,7 +271,7 @@ def successor_pipeline(successor: np.ndarray, prompt_lookup: int | None, decode_
 
     runs: list[list[int]] = []
     pipeline = Stubbed.__new__(Stubbed)
-    pipeline._on_host, pipeline._decode_steps = True, decode_steps
+    pipeline._on_host, pipeline._decode_steps = True, 1000  # no time budget: each run a step
     pipeline._drafts = ServedDrafts(prompt_lookup) if prompt_lookup else None
     pipeline.prepare_batch = prepare_batch
     pipeline._launch_forward_pass = forward
@@ -268,13 +279,13 @@ def successor_pipeline(successor: np.ndarray, prompt_lookup: int | None, decode_
     return pipeline
 
 
-def served_tokens(pipeline: Any, contexts: list[Any]) -> list[list[int]]:
+def served_tokens(pipeline: Any, contexts: list[Any], steps: int = 100) -> list[list[int]]:
     """Each request's tokens after its prompt, through `pipeline`'s scheduler steps until every request
     is done (the first step runs the prompts)."""
     from max.pipelines.modeling.types import TextGenerationInputs
 
     tokens: list[list[int]] = [[] for _ in contexts]
-    for _ in range(100):
+    for _ in range(steps):
         running = [context for context in contexts if not context.is_done]
         if not running:
             return tokens
@@ -294,7 +305,7 @@ def served_tokens(pipeline: Any, contexts: list[Any]) -> list[list[int]]:
         ([[1, 2, 3, 4, 1]], [30], 4),  # end-of-text in the middle of a kept draft
     ],
 )
-def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, max_lengths, eos):
+def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, max_lengths, eos, monkeypatch):
     """A stubbed model (token x is always followed by successor[x]) served with and without prompt
     lookup: each request gets the same tokens in both, the drafted server in fewer runs, with
     S = 1 + the longest draft tokens for every request of a run."""
@@ -303,7 +314,7 @@ def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, ma
     successor = np.array([1, 2, 3, 1, 5, 6, 7, 5, 0, 0, 0])  # 1 -> 2 -> 3 -> 1, 5 -> 6 -> 7 -> 5
     results = {}
     for lookup in (None, 8):
-        pipeline = successor_pipeline(successor, lookup)
+        pipeline = successor_pipeline(successor, lookup, monkeypatch)
         contexts = [
             text_context(
                 {"temperature": 0},
@@ -323,16 +334,44 @@ def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, ma
     assert drafted == plain
     assert len(drafted_runs) < len(plain_runs)
     assert all(len(set(run)) == 1 and sum(run) <= 16 for run in drafted_runs[1:])  # S each, within 16
+    assert drafted_runs[1] == [1] * len(prompts)  # the first decoding run measures runs without drafts
 
 
-def test_prompt_lookup_waits_while_a_request_has_its_logits_controlled():
+def test_prompt_lookup_waits_while_a_request_has_its_logits_controlled(monkeypatch):
     """A request asking for a repetition penalty beside one that does not: no run checks drafts (the
     penalty applies to the logits after each kept token, which a drafted run does not compute)."""
     successor = np.array([1, 2, 3, 1])
-    pipeline = successor_pipeline(successor, 8)
+    pipeline = successor_pipeline(successor, 8, monkeypatch)
     contexts = [
         text_context({"temperature": 0}, max_length=20, prompt=[1, 2, 3, 1]),
         text_context({"temperature": 0, "repetition_penalty": 1.0001}, max_length=20, prompt=[1, 2, 3, 1]),
     ]
     served_tokens(pipeline, contexts)
     assert all(run == [1, 1] for run in pipeline.runs[1:])
+
+
+@pytest.mark.parametrize(
+    ("seconds", "drafts_pay"), [(lambda rows: 1.0 + 0.01 * rows, True), (lambda rows: rows**2, False)]
+)
+def test_drafting_pauses_where_drafted_runs_make_fewer_tokens_a_second(seconds, drafts_pay, monkeypatch):
+    """Two requests whose drafts are all kept, a run of T tokens taking `seconds(T)` on a stubbed clock:
+    where a token costs a hundredth of a run, the runs go on drafting; where a run costs T squared,
+    drafted runs make fewer tokens a second than runs without, and drafting pauses after each
+    `JUDGED_AFTER` drafted runs, longer each time; the tokens are the same either way."""
+    from max_gpt2.serving.drafts import JUDGED_AFTER
+
+    successor = np.array([1, 2, 3, 1])
+    results = {}
+    for lookup in (None, 4):
+        pipeline = successor_pipeline(successor, lookup, monkeypatch, seconds)
+        contexts = [text_context({"temperature": 0}, max_length=400, prompt=[1, 2, 3, 1]) for _ in range(2)]
+        results[lookup] = served_tokens(pipeline, contexts, steps=400), pipeline.runs
+    assert results[4][0] == results[None][0]
+    runs = "".join("d" if run[0] > 1 else "." for run in results[4][1][1:])  # after the prompts' run
+    if drafts_pay:
+        assert runs.count("d") > 0.9 * len(runs)
+    else:
+        pauses = [len(stretch) for stretch in runs.split("d") if stretch]
+        assert runs.count("d") < len(runs) / 2
+        assert pauses[:6] == [1, 1, 2, 4, 8, 16]  # the first run measures; then each pause twice as long
+        assert all(len(drafted) == JUDGED_AFTER for drafted in runs.strip(".").split(".") if drafted)

@@ -11,7 +11,7 @@
 # each 16. q4_k and q5_k sum in int32 (at most 63 * 31 * 127 * 256); q6_k's scale x dot of each 16 (at most
 # 128 * 63 * 127 * 16 < 2^24) is exact in float32, where it is summed.
 from std.collections import Array
-from std.memory import UnsafePointer
+from std.memory import UnsafePointer, alloc
 from std.sys.intrinsics import prefetch
 
 from .byte_products import dot4_add, repeat4
@@ -19,10 +19,52 @@ from .epilogue import finish_rows
 from .packed_layout import F32, GROUP, NIBBLES, PREFETCH_AHEAD, Q6_K, Q8_K, SUPER, block_bytes, block_scales, fifth_bits_at, has_fifth_bits, is_super, requests_ahead, scales_at
 from .quantized_rows import QuantizedRows
 
+comptime UNPACKED_BYTES = 8 * 4 * 64  # a super-block's 8 sub-blocks of 4 chunks, unpacked
+comptime UNPACK_FROM = 32  # rows of x from which q5_k and q6_k unpack a group once (docs/performance.md)
+
+
+@always_inline
+def _chunk_quants[FORMAT: Int, j: Int, c: Int](block: UnsafePointer[UInt8, ImmutAnyOrigin]) -> SIMD[DType.uint8, 64]:
+    """Sub-block j's chunk c of a group's super-block as integers (0..15, 0..31 or 0..63): bytes 0..31
+    hold element 32j + 4c + e of row r at 4r + e, bytes 32..63 element 32j + 16 + 4c + e."""
+    var raw = (block + j * 128 + c * 32).load[width=32]()
+    var low = raw & 0xF
+    var high = raw >> 4
+    comptime if has_fifth_bits[FORMAT]():
+        var fifth = (block + fifth_bits_at[FORMAT]() + j * 32).load[width=32]()  # bit c, and 4 + c
+        low |= (fifth << UInt8(4 - c)) & 0x10
+        high |= (fifth >> UInt8(c)) & 0x10
+    elif FORMAT == Q6_K:
+        # chunks c and c + 2 share a byte of high bits: bits 4-7 for c < 2, 0-3 for the others
+        var top = (block + NIBBLES + j * 64 + (c % 2) * 32).load[width=32]()
+        comptime if c < 2:
+            low |= top & 0x30
+            high |= (top >> 2) & 0x30
+        else:
+            low |= (top << 4) & 0x30
+            high |= (top << 2) & 0x30
+    return low.join(high)
+
+
+def _unpack_group[FORMAT: Int](group: UnsafePointer[UInt8, ImmutAnyOrigin], nb: Int, unpacked: UnsafePointer[UInt8, MutUntrackedOrigin]):
+    """A group's nb super-blocks as `_chunk_quants` gives them, `UNPACKED_BYTES` a super-block, chunk
+    (j, c) of super-block s at s * UNPACKED_BYTES + 64 * (4j + c)."""
+    comptime BYTES = block_bytes[FORMAT]()
+    comptime LINES = BYTES // 64
+    for s in range(nb):
+        var block = group + s * BYTES
+        comptime for j in range(8):
+            comptime for line in range(j * LINES // 8, (j + 1) * LINES // 8):  # as `_group_super_blocks`
+                prefetch[requests_ahead[False]()](block + PREFETCH_AHEAD + 64 * line)
+            comptime for c in range(4):
+                (unpacked + s * UNPACKED_BYTES + (j * 4 + c) * 64).store(_chunk_quants[FORMAT, j, c](block))
+
+
 @always_inline
 def _group_super_blocks[
-    X: Int, //, FORMAT: Int, MB: Int, EPILOGUE: Int
+    X: Int, //, FORMAT: Int, MB: Int, EPILOGUE: Int, UNPACKED: Bool
 ](
+    unpacked: UnsafePointer[UInt8, ImmutAnyOrigin],
     w: UnsafePointer[UInt8, ImmutAnyOrigin],
     d: UnsafePointer[Float16, ImmutAnyOrigin],
     xq: QuantizedRows[X],
@@ -34,7 +76,8 @@ def _group_super_blocks[
     g: Int,
 ):
     """y[m0 + m, 8g + r] for m < MB, r < 8 (those below N): group g of W's rows against MB rows of x,
-    plus bias[8g + r] where there is a bias."""
+    plus bias[8g + r] where there is a bias; with UNPACKED its integers read from `unpacked`
+    (`_unpack_group`), else taken out of W's bytes here."""
     comptime BYTES = block_bytes[FORMAT]()
     comptime SCALES = block_scales[FORMAT]()
     comptime L = GROUP
@@ -51,28 +94,19 @@ def _group_super_blocks[
             # as q4_0 and q8_0 ask against one row, decoding streamed q6_k at half the speed
             # (docs/performance.md).
             comptime LINES = BYTES // 64
-            comptime for line in range(j * LINES // 8, (j + 1) * LINES // 8):
-                prefetch[requests_ahead[False]()](block + PREFETCH_AHEAD + 64 * line)
-            var nibbles = block + j * 128
+            comptime if not UNPACKED:
+                comptime for line in range(j * LINES // 8, (j + 1) * LINES // 8):
+                    prefetch[requests_ahead[False]()](block + PREFETCH_AHEAD + 64 * line)
             var lows = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
             var highs = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
             comptime for c in range(4):
-                var raw = (nibbles + c * 32).load[width=32]()
-                var low = raw & 0xF  # element 32j + 4c + e of row r, at lane 4r + e
-                var high = raw >> 4  # element 32j + 16 + 4c + e
-                comptime if has_fifth_bits[FORMAT]():
-                    var fifth = (block + fifth_bits_at[FORMAT]() + j * 32).load[width=32]()  # bit c, and 4 + c
-                    low |= (fifth << UInt8(4 - c)) & 0x10
-                    high |= (fifth >> UInt8(c)) & 0x10
-                elif FORMAT == Q6_K:
-                    # chunks c and c + 2 share a byte of high bits: bits 4-7 for c < 2, 0-3 for the others
-                    var top = (block + NIBBLES + j * 64 + (c % 2) * 32).load[width=32]()
-                    comptime if c < 2:
-                        low |= top & 0x30
-                        high |= (top >> 2) & 0x30
-                    else:
-                        low |= (top << 4) & 0x30
-                        high |= (top << 2) & 0x30
+                var both: SIMD[DType.uint8, 64]
+                comptime if UNPACKED:
+                    both = (unpacked + s * UNPACKED_BYTES + (j * 4 + c) * 64).load[width=64]()
+                else:
+                    both = _chunk_quants[FORMAT, j, c](block)
+                var low = both.slice[32]()  # element 32j + 4c + e of row r, at lane 4r + e
+                var high = both.slice[32, offset=32]()  # element 32j + 16 + 4c + e
                 comptime for m in range(MB):
                     var quants = xq.quants + ((m0 + m) * nb + s) * SUPER + 32 * j
                     lows[m] = dot4_add[L](lows[m], low, repeat4[DType.int8, L](quants + 4 * c))
@@ -106,6 +140,30 @@ def _group_super_blocks[
     finish_rows[EPILOGUE, L, MB](acc, bias, has_bias, y, m0, N, g * GROUP)
 
 
+@always_inline
+def _group_against_rows[
+    X: Int, //, FORMAT: Int, EPILOGUE: Int, UNPACKED: Bool
+](
+    unpacked: UnsafePointer[UInt8, ImmutAnyOrigin],
+    w: UnsafePointer[UInt8, ImmutAnyOrigin],
+    d: UnsafePointer[Float16, ImmutAnyOrigin],
+    xq: QuantizedRows[X],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    N: Int,
+    g: Int,
+):
+    """Group g of W's rows against all M rows of x: 8 rows at a time, then 4, 2, 1."""
+    var m = 0
+    comptime for halving in range(4):
+        comptime MB = 8 >> halving
+        while M - m >= MB:
+            _group_super_blocks[FORMAT, MB, EPILOGUE, UNPACKED](unpacked, w, d, xq, m, bias, has_bias, y, N, g)
+            m += MB
+
+
 def super_block_groups[
     X: Int, //, FORMAT: Int, EPILOGUE: Int
 ](
@@ -124,10 +182,17 @@ def super_block_groups[
     y [M, N] as EPILOGUE says: up to 8 rows of x at a time, while a group's super-blocks are in cache."""
     comptime assert is_super[FORMAT](), "super-blocks are q4_k's, q5_k's and q6_k's"
     comptime assert X == Q8_K, "the K-quants read x rounded to q8_K"
+    comptime BYTES = block_bytes[FORMAT]()
+    var nb = xq.blocks
+    # From UNPACK_FROM rows of x, q5_k's and q6_k's integers are taken out of a group's bytes once, not
+    # once each 8 rows; q4_k's two operations a chunk cost less than the loads that would replace them.
+    var unpacks = M >= UNPACK_FROM and (has_fifth_bits[FORMAT]() or FORMAT == Q6_K)
+    var unpacked = alloc[UInt8](nb * UNPACKED_BYTES if unpacks else 1)
+    var kept = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=Int(unpacked))
     for g in range(first, last):
-        var m = 0
-        comptime for halving in range(4):  # 8 rows of x at a time, then 4, 2, 1
-            comptime MB = 8 >> halving
-            while M - m >= MB:
-                _group_super_blocks[FORMAT, MB, EPILOGUE](w, d, xq, m, bias, has_bias, y, N, g)
-                m += MB
+        if unpacks:
+            _unpack_group[FORMAT](w + g * nb * BYTES, nb, unpacked)
+            _group_against_rows[FORMAT, EPILOGUE, True](kept, w, d, xq, bias, has_bias, y, M, N, g)
+        else:
+            _group_against_rows[FORMAT, EPILOGUE, False](kept, w, d, xq, bias, has_bias, y, M, N, g)
+    unpacked.free()

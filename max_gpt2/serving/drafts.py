@@ -14,6 +14,13 @@ MAX's paged cache reserves room for K drafted tokens a request (`num_draft_token
 parameters: `model_config`) and takes a request's length from the tokens it kept: the keys and
 values of rejected drafts lie past it, to be written over. A step of R requests drafts at most
 `SKINNY_ROWS` tokens in all, where the decoding kernels' products are cheap.
+
+Whether drafts pay depends on how many are kept and on what a run of more tokens costs, which
+grows with the step's requests and the weights' format (docs/performance.md). `RunRates` measures
+it as the server runs: for each number of requests, the tokens a second of recent runs with drafts
+and without (`Rate`); the first run goes without, and so does one every `REMEASURE` drafted runs, to
+compare against; where, `JUDGED_AFTER` drafted runs on, the drafted runs are the slower, drafting
+pauses (1, 2, 4, ... 64 runs).
 """
 
 from __future__ import annotations
@@ -49,12 +56,77 @@ class RequestDrafts:
     counts: DraftCounts = field(default_factory=DraftCounts)
 
 
+KEPT = 0.95  # a run's weight in the sums of tokens and seconds falls by this much each run after it
+JUDGED_AFTER = 8  # drafted runs after which their rate is compared with runs' without drafts
+LONGEST_PAUSE = 64  # runs without drafts, at most, after drafted runs proved the slower
+REMEASURE = 32  # drafted runs between two without drafts
+
+
+@dataclass
+class Rate:
+    """Tokens and seconds of recent runs, each run's share falling by `KEPT` with each later one."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens, self.seconds = KEPT * self.tokens + tokens, KEPT * self.seconds + seconds
+
+    def per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Rates:
+    """A number of requests' runs with drafts and without, and drafting's pause."""
+
+    plain: Rate = field(default_factory=Rate)
+    drafted: Rate = field(default_factory=Rate)
+    since_plain: int = 0  # drafted runs since the last run without drafts
+    since_judged: int = 0  # drafted runs since their rate was last found the lower
+    paused: int = 0  # runs left without drafts
+    pause: int = 0  # the last pause's length
+
+
+class RunRates:
+    """Whether to draft in a run of R requests, from how the runs of R requests fared (module docstring)."""
+
+    def __init__(self) -> None:
+        self.by_requests: dict[int, Rates] = {}
+
+    def drafting(self, requests: int) -> bool:
+        """Whether this run of `requests` requests drafts."""
+        rates = self.by_requests.setdefault(requests, Rates())
+        if rates.paused:
+            rates.paused -= 1
+            return False
+        return bool(rates.plain.seconds) and rates.since_plain < REMEASURE  # a run without drafts first
+
+    def ran(self, requests: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A run of `requests` requests, with drafts or without, made `tokens` tokens in `seconds`."""
+        rates = self.by_requests.setdefault(requests, Rates())
+        if not drafted:
+            rates.plain.add(tokens, seconds)
+            rates.since_plain = 0
+            return
+        rates.drafted.add(tokens, seconds)
+        rates.since_plain, rates.since_judged = rates.since_plain + 1, rates.since_judged + 1
+        if rates.since_judged < JUDGED_AFTER:
+            return
+        if rates.drafted.per_second() < rates.plain.per_second():
+            rates.pause = min(LONGEST_PAUSE, max(1, 2 * rates.pause))
+            rates.paused, rates.since_judged = rates.pause, 0
+        else:
+            rates.pause = 0
+
+
 class ServedDrafts:
     """Each request's drafts by prompt lookup of up to `most` tokens, and what became of them."""
 
     def __init__(self, most: int) -> None:
         self.lookup = PromptLookup(most)
         self.requests: dict[str, RequestDrafts] = {}
+        self.rates = RunRates()
 
     def propose(self, contexts: list[TextContext]) -> list[np.ndarray]:
         """Each request's draft (int64 [n], maybe empty) to follow its last token: within the step's

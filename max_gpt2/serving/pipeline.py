@@ -28,7 +28,8 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
 - Drafts: with prompt lookup (`max-gpt2 serve --prompt-lookup K`), each run of such
   a step checks every request's drafted tokens with its last one and keeps what the
   model chooses (`max_gpt2.serving.drafts`), where no request of the step has its
-  logits penalised or end-of-text banned.
+  logits penalised or end-of-text banned, and while drafted runs of as many requests
+  have made more tokens a second than runs without (`RunRates`).
 """
 
 from __future__ import annotations
@@ -177,14 +178,20 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
     ) -> list[list[int]]:
         """The tokens each request gets from one run of the model: its argmax, and where it drafts, the
         drafted tokens the model chose too, each followed by the argmax after it."""
-        drafting = self._drafts and decoding and not any(needs_controls(context) for context in contexts)
-        drafts = self._drafts.propose(contexts) if drafting else []
+        started, drafts = time.perf_counter(), []  # a drafted run's time includes looking its drafts up
+        if self._drafts and decoding and not any(needs_controls(context) for context in contexts):
+            drafts = self._drafts.propose(contexts) if self._drafts.rates.drafting(len(contexts)) else []
         if any(len(draft) for draft in drafts):
-            return self._check_drafts(model_inputs, contexts, drafts, step)
-        outputs = self._launch_forward_pass(model_inputs, contexts, step=step)
-        last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
-        assert last_rows is not None
-        return [[token] for token in np.argmax(last_rows.to_numpy(), axis=-1).tolist()]
+            tokens = self._check_drafts(model_inputs, contexts, drafts, step)
+        else:
+            outputs = self._launch_forward_pass(model_inputs, contexts, step=step)
+            last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
+            assert last_rows is not None
+            tokens = [[token] for token in np.argmax(last_rows.to_numpy(), axis=-1).tolist()]
+        if self._drafts and decoding:
+            drafted, made = any(len(draft) for draft in drafts), sum(len(kept) for kept in tokens)
+            self._drafts.rates.ran(len(contexts), drafted, made, time.perf_counter() - started)
+        return tokens
 
     def _check_drafts(
         self, model_inputs: ModelInputs, contexts: list[TextContext], drafts: list[np.ndarray], step: int

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP.split(" (")[0])
     parser.add_argument(
         "--weight-format",
-        choices=[*FORMATS, *MIXES],
+        choices=list(dict.fromkeys([*FORMATS, *MIXES])),  # q6_k is both: the preset's mix is what it writes
         help="the projections' and the head's type: one of ours, or llama-quantize's preset of that name "
         "(q4_k_m, q5_k_m, q6_k: types mixed as it mixes them; default: the checkpoint's own)",
     )

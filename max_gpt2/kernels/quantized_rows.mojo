@@ -12,8 +12,8 @@ from .packed_layout import BLOCK, F32, Q4_0, Q8_0, Q8_K, SUPER
 struct QuantizedRows[FORMAT: Int]:
     """Rows of x [M, K] as int8 blocks [M, Kp] and a scale a block, FORMAT the rounding (`Q8_0`, `Q4_0`,
     `Q8_K`: `activation_of`), with what its products take besides: for q8_0 the magnitudes and the
-    same + 128, for q4_0 (every 4 or 5-bit block of 32) -8 x the quant sum a block, for q8_K the sum
-    of every 16 quants."""
+    same + 128, for q4_0 (every 4 or 5-bit block of 32) -8 x the quant sum a block, for q8_K the sums
+    of every 16 and every 32 quants (int16: at most 32 * 127)."""
 
     comptime WIDTH = SUPER if Self.FORMAT == Q8_K else BLOCK  # values a block
 
@@ -22,7 +22,8 @@ struct QuantizedRows[FORMAT: Int]:
     var offset: UnsafePointer[UInt8, MutUntrackedOrigin]  # q + 128, 1..255 (q8_0)
     var scales: UnsafePointer[Float32, MutUntrackedOrigin]
     var q4_offsets: UnsafePointer[Int32, MutUntrackedOrigin]  # -8 * sum(q) (q4_0: values 0..15 stand for -8..7)
-    var sums: UnsafePointer[Int32, MutUntrackedOrigin]  # sum(q) of every 16 (q8_K)
+    var sums16: UnsafePointer[Int16, MutUntrackedOrigin]  # sum(q) of every 16 (q8_K)
+    var sums32: UnsafePointer[Int16, MutUntrackedOrigin]  # sum(q) of every 32 (q8_K)
     var blocks: Int
 
     var K: Int
@@ -37,7 +38,8 @@ struct QuantizedRows[FORMAT: Int]:
         self.offset = alloc[UInt8](values if Self.FORMAT == Q8_0 else 0)
         self.scales = alloc[Float32](M * self.blocks)
         self.q4_offsets = alloc[Int32](M * self.blocks if Self.FORMAT == Q4_0 else 0)
-        self.sums = alloc[Int32](values // 16 if Self.FORMAT == Q8_K else 0)
+        self.sums16 = alloc[Int16](values // 16 if Self.FORMAT == Q8_K else 0)
+        self.sums32 = alloc[Int16](values // 32 if Self.FORMAT == Q8_K else 0)
 
     def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
         """x's M rows of K values, quantized."""
@@ -90,11 +92,16 @@ struct QuantizedRows[FORMAT: Int]:
                 var at = (m * self.blocks + b) * SUPER
                 var inverse = Float32(0) if largest == 0 else -127 / largest
                 self.scales[m * self.blocks + b] = Float32(0) if largest == 0 else 1 / inverse
+                var first_half = Int32(0)
                 comptime for i in range(SUPER // 16):
                     var scaled = (values + 16 * i).load[width=16]() * inverse
                     var q = min(llvm_intrinsic["llvm.roundeven", SIMD[F32, 16]](scaled).cast[DType.int32](), 127)
                     (self.quants + at + 16 * i).store(q.cast[DType.int8]())
-                    self.sums[at // 16 + i] = q.reduce_add()
+                    var total = q.reduce_add()
+                    self.sums16[at // 16 + i] = total.cast[DType.int16]()
+                    comptime if i % 2 == 1:
+                        self.sums32[at // 32 + i // 2] = (first_half + total).cast[DType.int16]()
+                    first_half = total
 
     def free(self):
         self.quants.free()
@@ -102,4 +109,5 @@ struct QuantizedRows[FORMAT: Int]:
         self.offset.free()
         self.scales.free()
         self.q4_offsets.free()
-        self.sums.free()
+        self.sums16.free()
+        self.sums32.free()

@@ -7,14 +7,16 @@
 #   q5_k   the same, q 0..31
 #   q6_k   w = d * scale_i * (q - 32)                q 0..63, int8 scale per 16 weights
 #
-# The offsets come off through x's sums of 16: min_j * sum(xq) over sub-block j, 32 * sum(xq) over
-# each 16. q4_k and q5_k sum in int32 (at most 63 * 31 * 127 * 256); q6_k's scale x dot of each 16 (at most
-# 128 * 63 * 127 * 16 < 2^24) is exact in float32, where it is summed.
+# The offsets come off once a super-block through x's sums (int16): min_j * sum(xq) over sub-block j,
+# 32 * scale_i * sum(xq) over each 16, two sub-blocks' a vpmaddwd (W's mins or scales of two
+# sub-blocks side by side against x's two sums). q4_k and q5_k sum in int32 (at most
+# 63 * 31 * 127 * 256); q6_k's scale x dot of each 16 (at most 128 * 63 * 127 * 16 < 2^24) is exact in
+# float32, where it is summed.
 from std.collections import Array
 from std.memory import UnsafePointer, alloc
 from std.sys.intrinsics import prefetch
 
-from .byte_products import dot4_add, repeat4
+from .byte_products import dot4_add, repeat2, repeat4, word_products
 from .epilogue import finish_rows
 from .packed_layout import F32, GROUP, NIBBLES, PREFETCH_AHEAD, Q6_K, Q8_K, SUPER, block_bytes, block_scales, fifth_bits_at, has_fifth_bits, is_super, requests_ahead, scales_at
 from .quantized_rows import QuantizedRows
@@ -88,7 +90,6 @@ def _group_super_blocks[
         var block = group + s * BYTES
         var sums = Array[SIMD[F32, L], MB](fill=SIMD[F32, L](0))  # scale x dot (q6_k)
         var whole = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # scale x dot (q4_k)
-        var offsets = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))  # min x sum(xq) (q4_k)
         comptime for j in range(8):  # sub-blocks of 32
             # Every cache line of the super-block requested ahead into L2, an eighth at a time: into L1,
             # as q4_0 and q8_0 ask against one row, decoding streamed q6_k at half the speed
@@ -118,21 +119,36 @@ def _group_super_blocks[
                 var first = scales.load[width=L]().cast[F32]()
                 var second = (scales + 8).load[width=L]().cast[F32]()
                 comptime for m in range(MB):
-                    var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
-                    sums[m] = (lows[m] - 32 * sixteens[0]).cast[F32]().fma(first, sums[m])
-                    sums[m] = (highs[m] - 32 * sixteens[1]).cast[F32]().fma(second, sums[m])
+                    sums[m] = lows[m].cast[F32]().fma(first, sums[m])
+                    sums[m] = highs[m].cast[F32]().fma(second, sums[m])
             else:
                 var scale = (block + scales_at[FORMAT]() + 8 * j).load[width=L]().cast[DType.int32]()
-                var least = (block + scales_at[FORMAT]() + 64 + 8 * j).load[width=L]().cast[DType.int32]()
                 comptime for m in range(MB):
-                    var sixteens = xq.sums + ((m0 + m) * nb + s) * (SUPER // 16) + 2 * j
                     whole[m] += scale * (lows[m] + highs[m])
-                    offsets[m] += least * (sixteens[0] + sixteens[1])
+        # The offsets: q6_k's scales of 16 (or q4_k's and q5_k's mins of 32) two at a time, row r's two
+        # side by side at lanes 2r and 2r + 1, against x's two sums over the same weights.
+        comptime PAIRS = 8 if FORMAT == Q6_K else 4
+        comptime EACH = 2 * PAIRS  # x's sums a super-block
+        var offsets = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
+        var per_weights = block + scales_at[FORMAT]() + (0 if FORMAT == Q6_K else 64)
+        comptime for p in range(PAIRS):
+            var first: SIMD[DType.int16, L]
+            var second: SIMD[DType.int16, L]
+            comptime if FORMAT == Q6_K:  # int8 scales
+                first = (per_weights + 16 * p).bitcast[Int8]().load[width=L]().cast[DType.int16]()
+                second = (per_weights + 16 * p + 8).bitcast[Int8]().load[width=L]().cast[DType.int16]()
+            else:  # mins 0..63
+                first = (per_weights + 16 * p).load[width=L]().cast[DType.int16]()
+                second = (per_weights + 16 * p + 8).load[width=L]().cast[DType.int16]()
+            var both = first.interleave(second)
+            comptime for m in range(MB):
+                var x_sums = (xq.sums16 if FORMAT == Q6_K else xq.sums32) + ((m0 + m) * nb + s) * EACH + 2 * p
+                offsets[m] += word_products(both, repeat2(x_sums))
         var steps = (d + (g * nb + s) * SCALES).load[width=L]().cast[F32]()
         comptime for m in range(MB):
             var x_scale = xq.scales[(m0 + m) * nb + s]
             comptime if FORMAT == Q6_K:
-                acc[m] = sums[m].fma(steps * x_scale, acc[m])
+                acc[m] = (sums[m] - (32 * offsets[m]).cast[F32]()).fma(steps * x_scale, acc[m])
             else:
                 acc[m] = whole[m].cast[F32]().fma(steps * x_scale, acc[m])
                 var least_steps = (d + (g * nb + s) * SCALES + L).load[width=L]().cast[F32]()

@@ -30,7 +30,13 @@ benchmark checkpoint loaded twice with `load_lm`, the second time with every
 custom op the model stages taken from the copy, then for each BATCHxPOSITIONS
 a prompt of that length and 39 steps of each model in turn, 4 rounds (`--rounds`); prints
 median step milliseconds, the ratio and its pairs' middle half, and the largest
-difference between the logits of their first steps.
+difference between the logits of their first steps. The copy's model keeps its graphs
+and converted weights apart (graphs kept under ours are keyed by our sources).
+
+    python benchmarks/kernel_ab.py /tmp/try --weight-format q6_k --model medium --steps 1x512 --prompts
+
+the prompts of those shapes instead, one a round from each model in turn, and the
+largest difference between their last logits.
 
     python benchmarks/kernel_ab.py --kv-cache float16 --weight-format q4_0 --steps 1x32,8x100
 
@@ -120,10 +126,11 @@ def step_graph(
     return graph
 
 
-def load_op_by_op_lm(checkpoint: Path, weight_format: WeightFormat) -> CompiledLM:
-    """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`."""
+def load_op_by_op_lm(checkpoint: Path, weight_format: WeightFormat, cache_dir: Path) -> CompiledLM:
+    """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`,
+    its caches in `cache_dir` (graphs kept under ours are keyed as ours and would run one op a block)."""
     with mock.patch.object(gpt2, "block_for", lambda config, kernels: Block):
-        return load_lm(checkpoint, device="cpu", weight_format=weight_format)
+        return load_lm(checkpoint, device="cpu", weight_format=weight_format, cache_dir=cache_dir)
 
 
 def spread(first: list[float], second: list[float]) -> str:
@@ -153,19 +160,37 @@ def time_steps(
     return seconds, first
 
 
-def compare_steps(cases: str, models: dict[str, CompiledLM], rounds: int) -> None:
-    """Prints whole decoding steps of two models of the benchmark checkpoint, the second against the first."""
+def time_prompts(
+    models: dict[str, CompiledLM], batch: int, prompt: int, rounds: int, rng: np.random.Generator
+) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+    """Seconds of each model's prefill of the same prompts, in turn; each one's last logits."""
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    last: dict[str, np.ndarray] = {}
+    for round in range(rounds):
+        ids = rng.integers(0, next(iter(models.values())).config.vocab_size, (batch, prompt))
+        for name in in_turn(list(models), round):
+            cache = models[name].new_cache(batch, prompt)
+            start = time.perf_counter()
+            last[name] = models[name].prefill(ids, cache)
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, last
+
+
+def compare_steps(cases: str, models: dict[str, CompiledLM], rounds: int, prompts: bool = False) -> None:
+    """Prints whole decoding steps (or with `prompts` the prompts before them) of two models of the
+    benchmark checkpoint, the second against the first."""
     first, second = models
     rng = np.random.default_rng(0)
     print(f"| batch x positions | {first} ms | {second} ms | ratio | pairs' middle half | max difference |")
     print("|---|---:|---:|---:|---:|---:|")
     for case in cases.split(","):
         batch, prompt = (int(v) for v in case.split("x"))
-        seconds, logits = time_steps(models, batch, prompt, rounds, rng)
+        seconds, logits = (time_prompts if prompts else time_steps)(models, batch, prompt, rounds, rng)
         difference = float(np.abs(logits[first] - logits[second]).max())
         first_ms, second_ms = (statistics.median(seconds[name]) * 1e3 for name in models)
+        shape = f"{prompt} prompt" if prompts else f"{prompt}..{prompt + STEPS}"
         print(
-            f"| {batch} x {prompt}..{prompt + STEPS} | {first_ms:.2f} | {second_ms:.2f} | "
+            f"| {batch} x {shape} | {first_ms:.2f} | {second_ms:.2f} | "
             f"{second_ms / first_ms:.3f} | {spread(seconds[first], seconds[second])} | {difference:.1e} |",
             flush=True,
         )
@@ -257,11 +282,16 @@ def main() -> int:
         "--kv-cache", choices=["float16"], help="with --steps, no copy: against this KV cache"
     )
     parser.add_argument("--op-by-op", action="store_true", help="with --steps, no copy: against op by op")
+    parser.add_argument(
+        "--prompts", action="store_true", help="with --steps, the prompts of those shapes instead"
+    )
     args = parser.parse_args()
     args.weight_format = FORMATS[args.weight_format]
     others = (args.variant is not None) + (args.kv_cache is not None) + args.op_by_op
     if others != 1 or (args.variant is None and not args.steps):
         parser.error("give an edited copy of the kernels, or --kv-cache or --op-by-op with --steps")
+    if args.prompts and not args.steps:
+        parser.error("--prompts times the prompts of --steps' shapes")
     if args.steps and args.part != "step":
         parser.error("--part picks products to time alone; --steps times whole steps")
     if args.steps:
@@ -279,16 +309,19 @@ def main() -> int:
             other = load_lm(
                 checkpoint, device="cpu", weight_format=args.weight_format, kv_cache=args.kv_cache
             )
-            compare_steps(args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other}, rounds)
+            compare_steps(
+                args.steps, {"float32 cache": ours, f"{args.kv_cache} cache": other}, rounds, args.prompts
+            )
             return 0
         if args.op_by_op:
-            other = load_op_by_op_lm(checkpoint, args.weight_format)
-            compare_steps(args.steps, {"one op a block": ours, "op by op": other}, rounds)
+            with tempfile.TemporaryDirectory() as temporary:
+                other = load_op_by_op_lm(checkpoint, args.weight_format, Path(temporary))
+                compare_steps(args.steps, {"one op a block": ours, "op by op": other}, rounds, args.prompts)
             return 0
         with tempfile.TemporaryDirectory() as temporary:
             package = compiled_package(renamed_copy(args.variant, Path(temporary)), cache=Path(temporary))
             variant = load_variant_lm(checkpoint, args.weight_format, package)
-            compare_steps(args.steps, {"ours": ours, "variant": variant}, rounds)
+            compare_steps(args.steps, {"ours": ours, "variant": variant}, rounds, args.prompts)
         return 0
     compare_products(args)
     return 0

@@ -57,10 +57,13 @@ class VariantOps:
 
 
 def load_variant_lm(checkpoint: Path, weight_format: str, package: Path) -> CompiledLM:
-    """`load_lm` with the kernels of `package` (a `renamed_copy`, compiled) in place of ours."""
+    """`load_lm` with the kernels of `package` (a `renamed_copy`, compiled) in place of ours.
+
+    Its caches are `package`'s directory: graphs kept under ours are keyed by our package's sources,
+    not the copy's, and would run our kernels under the variant's name."""
     functional = max_gpt2.kernels.ops.F
     max_gpt2.kernels.ops.F = VariantOps(functional, package)
     try:
-        return load_lm(checkpoint, device="cpu", weight_format=weight_format)
+        return load_lm(checkpoint, device="cpu", weight_format=weight_format, cache_dir=package.parent)
     finally:
         max_gpt2.kernels.ops.F = functional

@@ -148,15 +148,20 @@ def decode_layer[
     # One run of pairs a core, each pair requesting the next one's keys and values as it goes: the
     # requests shorten a batch's packed steps and leave one row's unchanged (docs/performance.md).
     var attend_chunks = min(pairs, num_physical_cores())
+    # The layer norms and x's rounding split by rows too: against a prompt's hundreds of rows, one
+    # thread doing them alone left the other waiting (docs/performance.md).
+    var row_chunks = min(rows, num_physical_cores())
 
-    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm expanded_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks}:
+    def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm expanded_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks, imm row_chunks}:
         @parameter
         def first_norm(chunk: Int):
-            for i in range(rows * D):
+            var first = chunk * rows // row_chunks
+            var last = (chunk + 1) * rows // row_chunks
+            for i in range(first * D, last * D):
                 y[i] = x[i]  # the residual stream, which the products add to
-            layer_norm(_reads(y), weights.norm(0), weights.norm(1), weights.epsilon, _writes(normed), rows, D)
+            layer_norm(_reads(y) + first * D, weights.norm(0), weights.norm(1), weights.epsilon, _writes(normed) + first * D, last - first, D)
             comptime if NORMED != 0:
-                normed_q.quantize(_reads(normed), rows)
+                normed_q.quantize(_reads(normed), first, last)
 
         @parameter
         def project_qkv(chunk: Int):
@@ -180,7 +185,7 @@ def decode_layer[
 
         @parameter
         def quantize_attended(chunk: Int):
-            attended_q.quantize(_reads(attended), rows)
+            attended_q.quantize(_reads(attended), chunk * rows // row_chunks, (chunk + 1) * rows // row_chunks)
 
         @parameter
         def project_out(chunk: Int):
@@ -188,9 +193,11 @@ def decode_layer[
 
         @parameter
         def second_norm(chunk: Int):
-            layer_norm(_reads(y), weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed), rows, D)
+            var first = chunk * rows // row_chunks
+            var last = (chunk + 1) * rows // row_chunks
+            layer_norm(_reads(y) + first * D, weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed) + first * D, last - first, D)
             comptime if EXPANDED != 0:
-                expanded_q.quantize(_reads(normed), rows)
+                expanded_q.quantize(_reads(normed), first, last)
 
         @parameter
         def expand(chunk: Int):
@@ -198,22 +205,22 @@ def decode_layer[
 
         @parameter
         def quantize_hidden(chunk: Int):
-            hidden_q.quantize(_reads(hidden), rows)
+            hidden_q.quantize(_reads(hidden), chunk * rows // row_chunks, (chunk + 1) * rows // row_chunks)
 
         @parameter
         def project_down(chunk: Int):
             weights.down.run[ADD](_reads(hidden), hidden_q, y, rows, chunk)
 
-        phases.share[first_norm](0, 1)
+        phases.share[first_norm](0, row_chunks)
         phases.share[project_qkv](1, weights.qkv.chunks())
         phases.share[attend](2, attend_chunks)
         comptime if ATTENDED != 0:
-            phases.share[quantize_attended](3, 1)
+            phases.share[quantize_attended](3, row_chunks)
         phases.share[project_out](4, weights.proj.chunks())
-        phases.share[second_norm](5, 1)
+        phases.share[second_norm](5, row_chunks)
         phases.share[expand](6, weights.fc.chunks())
         comptime if HIDDEN != 0:
-            phases.share[quantize_hidden](7, 1)
+            phases.share[quantize_hidden](7, row_chunks)
         phases.share[project_down](8, weights.down.chunks())
 
     sync_parallelize(work, num_physical_cores())

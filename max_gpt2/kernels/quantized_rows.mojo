@@ -44,15 +44,15 @@ struct QuantizedRows[FORMAT: Int]:
     def __init__(out self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int, K: Int):
         """x's M rows of K values, quantized."""
         self = Self(M, K)
-        self.quantize(x, M)
+        self.quantize(x, 0, M)
 
-    def quantize(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
-        """Quantizes x's M rows (of K values) into this room."""
+    def quantize(self, x: UnsafePointer[Float32, ImmutAnyOrigin], first: Int, last: Int):
+        """Quantizes x's rows first..last-1 (of K values) into the same rows of this room."""
         comptime if Self.FORMAT == Q8_K:
-            self._quantize_super(x, M)
+            self._quantize_super(x, first, last)
             return
         var K = self.K
-        for m in range(M):
+        for m in range(first, last):
             for b in range(self.blocks):
                 var block = SIMD[F32, BLOCK](0)
                 var start = b * BLOCK
@@ -73,11 +73,11 @@ struct QuantizedRows[FORMAT: Int]:
                 else:
                     self.q4_offsets[m * self.blocks + b] = -8 * q.reduce_add()
 
-    def _quantize_super(self, x: UnsafePointer[Float32, ImmutAnyOrigin], M: Int):
-        """q8_K's rounding of x's M rows (K whole blocks of 256): llama.cpp's `quantize_row_q8_K_ref`,
-        16 values at a time (one sum each)."""
+    def _quantize_super(self, x: UnsafePointer[Float32, ImmutAnyOrigin], first: Int, last: Int):
+        """q8_K's rounding of x's rows first..last-1 (K whole blocks of 256): llama.cpp's
+        `quantize_row_q8_K_ref`, 16 values at a time (one sum each)."""
         var K = self.K
-        for m in range(M):
+        for m in range(first, last):
             for b in range(self.blocks):
                 var values = x + m * K + b * SUPER
                 var magnitude = SIMD[F32, 16](0)

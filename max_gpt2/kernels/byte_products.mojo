@@ -22,19 +22,21 @@ def pair_products(a: SIMD[DType.uint8, 32], b: SIMD[DType.int8, 32]) -> SIMD[DTy
 
 
 @always_inline
-def word_products(a: SIMD[DType.int16, 16], b: SIMD[DType.int16, 16]) -> SIMD[DType.int32, 8]:
-    """Sums of 2 adjacent products a * b (int16 x int16) into int32 lanes (vpmaddwd)."""
-    comptime if CompilationTarget.has_avx2():
-        return llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, 8]](a, b)
+def word_products[L: Int](a: SIMD[DType.int16, 2 * L], b: SIMD[DType.int16, 2 * L]) -> SIMD[DType.int32, L]:
+    """Sums of 2 adjacent products a * b (int16 x int16) into L int32 lanes (vpmaddwd)."""
+    comptime if CompilationTarget.has_avx512f() and L == 16:
+        return llvm_intrinsic["llvm.x86.avx512.pmaddw.d.512", SIMD[DType.int32, L]](a, b)
+    elif CompilationTarget.has_avx2() and L == 8:
+        return llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, L]](a, b)
     else:
         var even, odd = (a.cast[DType.int32]() * b.cast[DType.int32]()).deinterleave()
-        return even + odd
+        return rebind[SIMD[DType.int32, L]](even + odd)
 
 
 @always_inline
 def widen_pairs(pairs: SIMD[DType.int16, 16]) -> SIMD[DType.int32, 8]:
     """Sums of 2 adjacent int16 lanes into int32 lanes (vpmaddwd by ones)."""
-    return word_products(pairs, SIMD[DType.int16, 16](1))
+    return word_products[8](pairs, SIMD[DType.int16, 16](1))
 
 
 @always_inline
@@ -71,10 +73,10 @@ def repeat4[dtype: DType, L: Int](at: UnsafePointer[Scalar[dtype], MutUntrackedO
 
 
 @always_inline
-def repeat2(at: UnsafePointer[Int16, MutUntrackedOrigin]) -> SIMD[DType.int16, 16]:
-    """The 2 int16 values at `at`, repeated 8 times (vpbroadcastd)."""
+def repeat2[L: Int](at: UnsafePointer[Int16, MutUntrackedOrigin]) -> SIMD[DType.int16, 2 * L]:
+    """The 2 int16 values at `at`, repeated L times (vpbroadcastd)."""
     var word = at.bitcast[Int32]().load()
-    return bitcast[DType.int16, 16](SIMD[DType.int32, 8](word))
+    return bitcast[DType.int16, 2 * L](SIMD[DType.int32, L](word))
 
 
 @always_inline

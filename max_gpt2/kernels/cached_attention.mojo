@@ -17,6 +17,7 @@ from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer, alloc
 
 from .attend import F32, ROW, HeadCache, attend_head, attention_chunks
+from .phases import chunk_span
 
 
 def cached_attention[
@@ -42,8 +43,8 @@ def cached_attention[
 
     def attend(chunk: Int) {imm cache, imm qkv, imm key_bias, imm y, imm B, imm S, imm H, imm M, imm d, imm T, imm D, imm pairs, imm chunks, imm pages}:
         var scratch = alloc[Float32](T + d)
-        var last = (chunk + 1) * pairs // chunks
-        for task in range(chunk * pairs // chunks, last):  # (row, head) pairs, each b * H + h
+        var first_task, last = chunk_span(chunk, chunks, pairs)
+        for task in range(first_task, last):  # (row, head) pairs, each b * H + h
             var head = HeadCache[CT](cache + task * M * d, pages, M, 0, d, B * H * M * d)
             var following = HeadCache[CT](cache + min(task + 1, last - 1) * M * d, pages, M, 0, d, B * H * M * d)
             var b = task // H

@@ -30,7 +30,7 @@ from .layer_kv import LayerKV
 from .layer_norm import layer_norm
 from .layer_products import Product, checked_product
 from .packed_layout import F32, activation_of
-from .phases import Phases
+from .phases import Phases, chunk_span
 from .quantized_rows import QuantizedRows
 
 
@@ -155,8 +155,7 @@ def decode_layer[
     def work(task: Int) {imm x, imm y, imm kv, imm weights, imm S, imm H, imm d, imm D, imm rows, imm normed, imm qkv, imm attended, imm hidden, imm normed_q, imm attended_q, imm expanded_q, imm hidden_q, imm phases, imm pairs, imm attend_chunks, imm row_chunks}:
         @parameter
         def first_norm(chunk: Int):
-            var first = chunk * rows // row_chunks
-            var last = (chunk + 1) * rows // row_chunks
+            var first, last = chunk_span(chunk, row_chunks, rows)
             for i in range(first * D, last * D):
                 y[i] = x[i]  # the residual stream, which the products add to
             layer_norm(_reads(y) + first * D, weights.norm(0), weights.norm(1), weights.epsilon, _writes(normed) + first * D, last - first, D)
@@ -174,8 +173,8 @@ def decode_layer[
         @parameter
         def attend(chunk: Int):
             var scratch = alloc[Float32](kv.longest + d)
-            var last = (chunk + 1) * pairs // attend_chunks
-            for pair in range(chunk * pairs // attend_chunks, last):
+            var first, last = chunk_span(chunk, attend_chunks, pairs)
+            for pair in range(first, last):
                 var b = pair // H
                 var h = pair % H
                 var following = min(pair + 1, last - 1)
@@ -185,7 +184,8 @@ def decode_layer[
 
         @parameter
         def quantize_attended(chunk: Int):
-            attended_q.quantize(_reads(attended), chunk * rows // row_chunks, (chunk + 1) * rows // row_chunks)
+            var first, last = chunk_span(chunk, row_chunks, rows)
+            attended_q.quantize(_reads(attended), first, last)
 
         @parameter
         def project_out(chunk: Int):
@@ -193,8 +193,7 @@ def decode_layer[
 
         @parameter
         def second_norm(chunk: Int):
-            var first = chunk * rows // row_chunks
-            var last = (chunk + 1) * rows // row_chunks
+            var first, last = chunk_span(chunk, row_chunks, rows)
             layer_norm(_reads(y) + first * D, weights.norm(2), weights.norm(3), weights.epsilon, _writes(normed) + first * D, last - first, D)
             comptime if EXPANDED != 0:
                 expanded_q.quantize(_reads(normed), first, last)
@@ -205,7 +204,8 @@ def decode_layer[
 
         @parameter
         def quantize_hidden(chunk: Int):
-            hidden_q.quantize(_reads(hidden), chunk * rows // row_chunks, (chunk + 1) * rows // row_chunks)
+            var first, last = chunk_span(chunk, row_chunks, rows)
+            hidden_q.quantize(_reads(hidden), first, last)
 
         @parameter
         def project_down(chunk: Int):

@@ -7,6 +7,7 @@ from extensibility import InputTensor
 from std.memory import UnsafePointer
 
 from .packed_layout import F32, GROUP, activation_of, check_bias, check_blocks, check_chunks, check_dense, row_chunks
+from .phases import chunk_span
 from .quantized_matmul import block_groups
 from .quantized_rows import QuantizedRows
 from .dense_rows import PASS_ROWS, dense_rows
@@ -51,9 +52,7 @@ struct Product[WT: DType, FORMAT: Int](ImplicitlyCopyable):
     ):
         """Chunk `chunk` of `chunks()` of the outputs, from x (float formats) or xq (block formats, x
         rounded as `activation_of` says)."""
-        var units = self.units()
-        var first = chunk * units // self.chunks()
-        var last = (chunk + 1) * units // self.chunks()
+        var first, last = chunk_span(chunk, self.chunks(), self.units())
         var bias = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=self.bias)
         comptime if Self.FORMAT != 0:
             var w = UnsafePointer[UInt8, ImmutAnyOrigin](unsafe_from_address=self.w)

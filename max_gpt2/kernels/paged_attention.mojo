@@ -21,6 +21,7 @@ from std.memory import UnsafePointer, alloc
 
 from .attend import F32, ROW, attend_head, attention_chunks
 from .layer_kv import LayerKV, paged_layer_kv
+from .phases import chunk_span
 
 comptime U32 = DType.uint32
 
@@ -48,8 +49,8 @@ def paged_attention[
 
     def attend(chunk: Int) {imm kv, imm qkv, imm offsets, imm y, imm H, imm d, imm D, imm pairs, imm chunks}:
         var scratch = alloc[Float32](kv.longest + d)
-        var last = (chunk + 1) * pairs // chunks
-        for task in range(chunk * pairs // chunks, last):  # (request, head) pairs
+        var first_task, last = chunk_span(chunk, chunks, pairs)
+        for task in range(first_task, last):  # (request, head) pairs
             var r = task // H
             var h = task % H
             var first = Int(offsets[r])

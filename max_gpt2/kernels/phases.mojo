@@ -36,3 +36,10 @@ struct Phases[count: Int](ImplicitlyCopyable):
 
     def free(self):
         self.counters.free()
+
+
+@always_inline
+def chunk_span(chunk: Int, chunks: Int, count: Int) -> Tuple[Int, Int]:
+    """The items chunk `chunk` of `chunks` takes of `count`, first and one past the last: runs in order
+    whose lengths differ by at most one."""
+    return chunk * count // chunks, (chunk + 1) * count // chunks

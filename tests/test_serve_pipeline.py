@@ -265,6 +265,9 @@ def successor_pipeline(
         clock[0] += seconds(len(tokens))
         every = Buffer.from_numpy(np.eye(vocab, dtype=np.float32)[successor[tokens]])  # [T, V]
         if isinstance(inputs, CheckedDrafts):
+            for context, size in zip(batch, np.diff(offsets), strict=True):  # as the model's positions allow
+                last = len(context.tokens.all) - 2 + size  # the position of its run's last token
+                assert last < context.max_length, f"a run of {size} tokens reaches position {last}"
             return ModelOutputs(logits=every, logit_offsets=inputs.input_row_offsets)
         last = Buffer.from_numpy(every.to_numpy()[offsets[1:] - 1])
         return ModelOutputs(last, last)
@@ -308,7 +311,8 @@ def served_tokens(pipeline: Any, contexts: list[Any], steps: int = 100) -> list[
 def test_prompt_lookup_keeps_what_the_model_chooses_and_nothing_else(prompts, max_lengths, eos, monkeypatch):
     """A stubbed model (token x is always followed by successor[x]) served with and without prompt
     lookup: each request gets the same tokens in both, the drafted server in fewer runs, with
-    S = 1 + the longest draft tokens for every request of a run."""
+    S = 1 + the longest draft tokens for every request of a run, no request's run reaching past its
+    max_length (the stubbed model refuses it as the real one's positions would)."""
     from max.pipelines.context import EOSTracker
 
     successor = np.array([1, 2, 3, 1, 5, 6, 7, 5, 0, 0, 0])  # 1 -> 2 -> 3 -> 1, 5 -> 6 -> 7 -> 5

@@ -2,13 +2,13 @@
 
 `max-gpt2 serve --prompt-lookup K` (`MAX_GPT2_PROMPT_LOOKUP`): in a step where every request is
 greedy and decoding (`max_gpt2.serving.pipeline`), each request's last token goes in with up to K
-tokens looked up in its own prompt and text (`max_gpt2.inference.drafting.PromptLookup`, as many
-as its `Pacing` allows, the library's rule). With R requests and S = 1 + the longest draft, the
-decoding graph runs S tokens a request (a shorter draft is padded with its last token, never
-kept) and returns the logits after each, [R * S, V]. A request keeps the argmax after its last
-token, then, while that was its next drafted token, the argmax after that one: what one-token
-steps would have chosen, since the decoding graph computes each token as in a one-token step.
-The output is the same with drafting and without.
+tokens looked up in its own prompt and text (`max_gpt2.inference.drafting.PromptLookup`, as many as
+its `Pacing` allows, the library's rule). With R requests and S = 1 + the longest draft, the
+decoding graph runs S tokens a request (a shorter draft is padded with its last token, never kept;
+so no request drafts past the room another has left) and returns the logits after each, [R * S, V].
+A request keeps the argmax after its last token, then, while that was its next drafted token, the
+argmax after that one: what one-token steps would have chosen, since the decoding graph computes
+each token as in a one-token step. The output is the same with drafting and without.
 
 MAX's paged cache reserves room for K drafted tokens a request (`num_draft_tokens` in its cache
 parameters: `model_config`) and takes a request's length from the tokens it kept: the keys and
@@ -130,17 +130,20 @@ class ServedDrafts:
 
     def propose(self, contexts: list[TextContext]) -> list[np.ndarray]:
         """Each request's draft (int64 [n], maybe empty) to follow its last token: within the step's
-        share of `SKINNY_ROWS` and the request's `max_length`. Requests not in this step are forgotten."""
+        share of `SKINNY_ROWS` and within the room every request of the step has left before its
+        `max_length`, since each request's run is padded to the longest draft (past its `max_length`,
+        a padded run would pass the model's positions). Requests not in this step are forgotten."""
         known = self.requests
         self.requests = {
             str(c.request_id): known.get(str(c.request_id)) or RequestDrafts(Pacing(self.lookup.most))
             for c in contexts
         }
+        sequences = [np.asarray(context.tokens.all, dtype=np.int64) for context in contexts]  # prompt, text
         share = SKINNY_ROWS // len(contexts) - 1  # drafted tokens a request may bring
+        rooms = (c.max_length - len(sequence) - 1 for c, sequence in zip(contexts, sequences, strict=True))
+        room = min(share, *rooms)  # the last kept token is free
         drafts = []
-        for context in contexts:
-            sequence = np.asarray(context.tokens.all, dtype=np.int64)  # its prompt, then its text
-            room = min(share, context.max_length - len(sequence) - 1)  # the last kept token is free
+        for context, sequence in zip(contexts, sequences, strict=True):
             size = min(room, self.requests[str(context.request_id)].pacing.next_size()) if room > 0 else 0
             drafts.append(self.lookup.propose(sequence, size) if size else sequence[:0])
         return drafts

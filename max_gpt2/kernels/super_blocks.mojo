@@ -144,17 +144,11 @@ def _group_super_blocks[
         comptime PAIRS = 8 if FORMAT == Q6_K else 4
         comptime EACH = 2 * PAIRS  # x's sums a super-block
         var offsets = Array[SIMD[DType.int32, L], MB](fill=SIMD[DType.int32, L](0))
-        var per_weights = block + scales_at[FORMAT]() + (0 if FORMAT == Q6_K else 64)
+        comptime PER_WEIGHTS = DType.int8 if FORMAT == Q6_K else DType.uint8  # int8 scales, or mins 0..63
+        var per_weights = (block + scales_at[FORMAT]() + (0 if FORMAT == Q6_K else 64)).bitcast[Scalar[PER_WEIGHTS]]()
         comptime for p in range(PAIRS):
-            var first: SIMD[DType.int16, L]
-            var second: SIMD[DType.int16, L]
-            comptime if FORMAT == Q6_K:  # int8 scales
-                var at = (per_weights + 16 * p).bitcast[Int8]()
-                first = side_by_side[DType.int8, GROUP, GROUPS](at, next_group).cast[DType.int16]()
-                second = side_by_side[DType.int8, GROUP, GROUPS](at + 8, next_group).cast[DType.int16]()
-            else:  # mins 0..63
-                first = side_by_side[DType.uint8, GROUP, GROUPS](per_weights + 16 * p, next_group).cast[DType.int16]()
-                second = side_by_side[DType.uint8, GROUP, GROUPS](per_weights + 16 * p + 8, next_group).cast[DType.int16]()
+            var first = side_by_side[PER_WEIGHTS, GROUP, GROUPS](per_weights + 16 * p, next_group).cast[DType.int16]()
+            var second = side_by_side[PER_WEIGHTS, GROUP, GROUPS](per_weights + 16 * p + 8, next_group).cast[DType.int16]()
             var both = first.interleave(second)
             comptime for m in range(MB):
                 var x_sums = (xq.sums16 if FORMAT == Q6_K else xq.sums32) + ((m0 + m) * nb + s) * EACH + 2 * p

@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,14 +55,61 @@ SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
 # The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
 # LM's seed-0 checkpoint (the second on it converted to an F32 GGUF file, served quantized to q4_0),
 # started at collection only where a collected test uses its fixture. The first decodes
-# `DECODE_STEPS` tokens a scheduler step (the default), drafting up to 8 by prompt lookup, and serves
-# the head explorer; the second decodes 3, without drafts.
+# `DECODE_STEPS` tokens a scheduler step (the default), drafting up to 8 by prompt lookup, serves
+# the head explorer, renders chats with the checkpoint's own template (`CHAT_TEMPLATE`), and sends
+# whatever it would send off the machine to `TELEMETRY`'s listener; the second decodes 3, without
+# drafts, answers to two names, lets one origin call it, and has no chat template.
 SERVED = {
     "served_lm": (("--explorer", "--prompt-lookup", "8"), None, False),
-    "served_q4_0_lm": (("--weight-format", "q4_0", "--decode-steps", "3"), "test-key", True),
-}
+    "served_q4_0_lm": (
+        (
+            "--weight-format", "q4_0", "--decode-steps", "3", "--served-model-name", "gpt2", "gpt2-q4",
+            "--allowed-origins", "http://page.example",
+        ),
+        "test-key",
+        True,
+    ),
+}  # fmt: skip
+# The served checkpoint's own chat template (its tokenizer_config.json's `chat_template`).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 BACKGROUND = pytest.StashKey[list[subprocess.Popen]]()
 SCRATCH = pytest.StashKey[Path]()
+TELEMETRY = pytest.StashKey["Listener"]()
+
+
+class Listener:
+    """A TCP listener on the loopback that records every connection made to it (the first bytes each
+    sent): where a server's proxy and telemetry endpoint point, so that what it would send off the
+    machine arrives here instead."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen()
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.received: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:  # closed
+                return
+            with connection:
+                connection.settimeout(5)
+                try:
+                    self.received.append(connection.recv(4096))
+                except OSError:
+                    self.received.append(b"")
+
+    def environment(self) -> dict[str, str]:
+        """Variables that send a process's HTTP(S) and OpenTelemetry traffic here."""
+        names = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "OTEL_EXPORTER_OTLP_ENDPOINT")
+        return {**dict.fromkeys(names, self.url), "NO_PROXY": "", "no_proxy": ""}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,8 +145,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[BACKGROUND] = []
     servers = session.config.stash[SERVERS] = {}
     wanted = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in SERVED}
+    telemetry = session.config.stash[TELEMETRY] = Listener()
     if wanted and not serving_missing():
         checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
+        (checkpoint / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
         gguf_file = scratch / "served-gguf" / "lm.gguf"  # no tokenizer file beside it: the file's own
         gguf_file.parent.mkdir()
         with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
@@ -108,7 +160,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             log = scratch / f"{name}.log"
             options, api_key, from_gguf = SERVED[name]
             served = gguf_file if from_gguf else checkpoint
-            servers[name] = ServerProcess(served, log, port, "--device", "cpu", *options, api_key=api_key)
+            env = telemetry.environment() if name == "served_lm" else None
+            servers[name] = ServerProcess(
+                served, log, port, "--device", "cpu", *options, api_key=api_key, env=env
+            )
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
             prewarm = subprocess.Popen(
@@ -125,6 +180,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stops whatever `pytest_collection_finish` started, whatever happened."""
     for server in session.config.stash.get(SERVERS, {}).values():
         server.stop()
+    if TELEMETRY in session.config.stash:
+        session.config.stash[TELEMETRY].socket.close()
     for process in session.config.stash.get(BACKGROUND, []):
         process.kill()
         process.wait()
@@ -144,16 +201,22 @@ def ready_server(request: pytest.FixtureRequest) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def served_lm(request) -> ServerProcess:
-    """`max-gpt2 serve --explorer --prompt-lookup 8` on LM's seed-0 checkpoint with its tokenizer, on CPU,
-    float32."""
+    """`max-gpt2 serve --explorer --prompt-lookup 8` on LM's seed-0 checkpoint with its tokenizer and chat
+    template, on CPU, float32, its traffic off the machine sent to `telemetry_listener`."""
     return ready_server(request)
+
+
+@pytest.fixture(scope="session")
+def telemetry_listener(request) -> Listener:
+    """The listener `served_lm`'s proxy and telemetry endpoint point at."""
+    return request.config.stash[TELEMETRY]
 
 
 @pytest.fixture(scope="session")
 def served_q4_0_lm(request) -> ServerProcess:
     """The same checkpoint as an F32 GGUF file, served with its projections and head in q4_0
     (`--weight-format q4_0`), up to 3 tokens a scheduler step (`--decode-steps 3`), answering only
-    requests with its API key."""
+    requests with its API key, to the names gpt2 and gpt2-q4, to pages of http://page.example too."""
     return ready_server(request)
 
 

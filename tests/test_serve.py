@@ -203,12 +203,14 @@ def test_logprobs_are_our_models_with_the_true_top_alternatives(server, expected
         np.testing.assert_allclose(served_logprobs, ours.logprobs[0, generated], atol=1e-4)
         for top, position in zip(choice.logprobs.top_logprobs, generated, strict=False):
             # By id, likeliest first, the chosen token added if not among them; then OpenAI's layout
-            # keys them by their text: ids that decode alike share a key, the later one's value kept.
+            # keys them by their text (special tokens spelled out): ids that decode alike share a key,
+            # the later one's value kept.
             by_id = dict(
                 zip(ours.top_ids[0, position].tolist(), ours.top_logprobs[0, position].tolist(), strict=True)
             )
             by_id[(prompt_ids + new)[position]] = float(ours.logprobs[0, position])
-            wanted = {tokenizer.decode([token]): value for token, value in by_id.items()}
+            names = {token: tokenizer.decode([token], skip_special_tokens=False) for token in by_id}
+            wanted = {names[token]: value for token, value in by_id.items()}
             assert top.keys() == wanted.keys()
             assert [top[key] for key in wanted] == pytest.approx(list(wanted.values()), abs=1e-4)
 
@@ -231,7 +233,7 @@ def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expe
     import openai
 
     with pytest.raises(openai.BadRequestError, match="logprobs"):
-        complete(server, PROMPTS[0], logprobs=8)  # MAX computes up to 7 alternatives
+        complete(server, PROMPTS[0], logprobs=21)  # vLLM's most is 20
     with pytest.raises(openai.BadRequestError, match=f"maximum context length of {LM.n_positions}"):
         complete(server, "word " * LM.n_positions, echo=True, logprobs=1, max_tokens=1)
     assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]

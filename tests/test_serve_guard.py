@@ -1,8 +1,9 @@
-"""What the server decides about a request before MAX sees it, without a server: the completion body's
-checks (`max_gpt2.serving.requests`), the HTTP guard (`max_gpt2.serving.guard`: API key, routes,
-`usage` after `n`), the penalties the pipeline applies (`max_gpt2.inference.logit_controls`) against
-Hugging Face's and OpenAI's formulas written out here, and the options `max-gpt2 serve` passes on.
-Everything skips, saying why, where MAX's serving extra is not installed."""
+"""What the server decides about a request before MAX's engine sees it, without a server: each field's
+checks (`max_gpt2.serving.api.protocol` and `requests`), the HTTP guard and routes (`api.guard`,
+`api.routes`: API key, routes, several names, CORS), the penalties the pipeline applies
+(`max_gpt2.inference.logit_controls`) against Hugging Face's and OpenAI's formulas written out here,
+and the options `max-gpt2 serve` passes on or refuses. Everything skips, saying why, where MAX's
+serving extra is not installed."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ from tests.support import requires_serving
 pytestmark = requires_serving()
 
 GOOD = {"model": "gpt2", "prompt": "The cat", "max_tokens": 4}
+VOCAB = 320
 
 # A bad value of each field this server refuses, and what the refusal must say.
 REFUSED = [
     ({"prompt": []}, "prompt", "holds no prompt"),
     ({"prompt": ""}, "prompt", "empty"),
-    ({"prompt": ["a", [1], ""]}, "prompt", "prompt[2]: empty"),
+    ({"prompt": ["a", "b", ""]}, "prompt", "prompt[2]: empty"),
+    ({"prompt": ["a", [1]]}, "prompt", "a string, token ids, or a list of either"),
+    ({"prompt": None}, "prompt", "a string, token ids"),
     ({"max_tokens": -1}, "max_tokens", "at least 1"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"temperature": -1}, "temperature", "between 0 and 2"),
@@ -41,56 +45,130 @@ REFUSED = [
     ({"min_tokens": -1}, "min_tokens", "0 or more"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "more than max_tokens (4)"),
     ({"top_k": -2}, "top_k", "-1 or 0"),
-    ({"logprobs": 0}, "logprobs", "1 to 7"),
-    ({"logprobs": 8}, "logprobs", "1 to 7"),
+    ({"logprobs": -1}, "logprobs", "0 to 20"),
+    ({"logprobs": 21}, "logprobs", "0 to 20"),
     ({"seed": 2**64}, "seed", "64 bits"),
     ({"n": 0}, "n", "1 to 16"),
     ({"n": 17}, "n", "1 to 16"),
-    ({"n": "two"}, "n", "an integer"),
-    ({"n": 2, "seed": 7}, "n", "the same sample"),
+    ({"n": "two"}, "n", "valid integer"),
     ({"best_of": 3}, "best_of", "equal to n (1)"),
-    ({"n": 2, "stream": True}, "stream", "n = 2"),
-    ({"prompt": ["a", "b"], "stream": True}, "stream", "2 prompt(s)"),
-    ({"logit_bias": {"5": 10}}, "logit_bias", "does not apply logit biases"),
+    ({"stop": ["a", ""]}, "stop", "stop[1]: empty"),
+    ({"stop": [1]}, "stop", "a string or a list of strings"),
+    ({"logit_bias": {"x": 1}}, "logit_bias", "'x' is not a token id of the vocabulary (0 to 319)"),
+    ({"logit_bias": {"320": 1}}, "logit_bias", "'320' is not a token id"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "logit_bias[5]: must be between -100 and 100"),
     ({"suffix": "the end"}, "suffix", "cannot insert"),
     ({"thinking_temperature": 0.5}, "thinking_temperature", "no reasoning"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "no reasoning"),
     ({"target_endpoint": "x"}, "target_endpoint", "disaggregated"),
     ({"dkv_cache_hint": {"a": 1}}, "dkv_cache_hint", "disaggregated"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "does not constrain"),
+    ({"stream_options": {"include_usage": "often"}}, "stream_options.include_usage", "valid boolean"),
+    ({"best_answer": True}, "best_answer", "not a field this route takes"),
+]
+# The same for chat completions' own fields.
+CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
+CHAT_REFUSED = [
+    ({"messages": []}, "messages", "messages: empty"),
+    ({"messages": [{"content": "hi"}]}, "messages", "messages[0].role: required"),
+    (
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        "messages",
+        "messages[0].role: must be one of system",
+    ),
+    ({"messages": [{"role": "tool", "content": "4"}]}, "messages", "messages[0].role: GPT-2 calls no tools"),
+    ({"messages": [{"role": "user"}]}, "messages", "messages[0].content: required"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages", "messages[0].content: must be a string"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages",
+        "messages[0].content[0]: GPT-2 reads text parts only",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "a", "tool_calls": []}]},
+        "messages",
+        "tool_calls: GPT-2 calls",
+    ),
+    ({"messages": "hi"}, "messages", "valid array"),
+    ({"tools": [{"type": "function"}]}, "tools", "GPT-2 calls no tools"),
+    ({"tool_choice": "required"}, "tool_choice", "GPT-2 calls no tools"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
+    ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens", "more than max_completion_tokens (4)"),
+    ({"store": True}, "store", "not stored"),
+    ({"audio": {"voice": "x"}}, "audio", "text only"),
+    ({"echo": True}, "echo", "not a field this route takes"),
 ]
 
 
-@pytest.mark.parametrize(("change", "param", "says"), REFUSED, ids=[str(case[0]) for case in REFUSED])
-def test_each_refusal_names_the_field_and_what_it_may_be(change, param, says):
-    from max_gpt2.serving.requests import Refusal, check_completion
+def checked(change: dict[str, Any], chat: bool = False) -> Any:
+    """A request body with `change`, through the route's checks (`parse`, then `check`)."""
+    from max_gpt2.serving.api.chat import checked_messages
+    from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, parse
+    from max_gpt2.serving.api.requests import check, prompts
+
+    body = parse(
+        ChatRequest if chat else CompletionRequest,
+        json.dumps({**(CHAT if chat else GOOD), **change}).encode(),
+    )
+    if chat:
+        checked_messages(body.messages)
+    else:
+        prompts(body.prompt)
+    return check(body, VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "says", "chat"),
+    [(*case, False) for case in REFUSED] + [(*case, True) for case in CHAT_REFUSED],
+    ids=[str(case[0]) for case in REFUSED + CHAT_REFUSED],
+)
+def test_each_refusal_names_the_field_and_what_it_may_be(change, param, says, chat):
+    from max_gpt2.serving.api.protocol import Refusal
 
     with pytest.raises(Refusal) as refused:
-        check_completion({**GOOD, **change})
+        checked(change, chat)
     assert refused.value.status == 400
     assert refused.value.param == param
-    assert refused.value.message.startswith(param)
+    assert refused.value.message.startswith(param) or refused.value.message.startswith("messages[")
     assert says in refused.value.message
 
 
-def test_what_is_honoured_goes_on_as_it_came_or_rewritten_to_mean_the_same():
-    from max_gpt2.serving.requests import FIXED_SEED_ZERO, check_completion
+def test_what_is_honoured_goes_on_to_max_meaning_the_same():
+    """Sampling values as given; each choice of a seeded request a seed of its own (so `n` seeded samples
+    differ, and repeat); `seed: 0` a seed too (MAX takes 0 as "pick one"); biases by id; stop rules."""
+    from max.pipelines.context.sampling_params import SamplingParamsGenerationConfigDefaults
 
-    plain = {**GOOD, "temperature": 0.7, "top_k": 5, "repetition_penalty": 1.2, "stop": ["\n"], "user": "u"}
-    assert check_completion(plain).body == plain and check_completion(plain).copies == 1
-    # n: each prompt n times in a row, OpenAI's order of choices; best_of equal to n selects nothing.
-    fanned = check_completion({**GOOD, "prompt": ["a", [5, 6]], "n": 3, "best_of": 3, "temperature": 0})
-    assert fanned.copies == 3
-    assert fanned.body["prompt"] == ["a", "a", "a", [5, 6], [5, 6], [5, 6]]
-    assert "n" not in fanned.body and "best_of" not in fanned.body
-    ids = check_completion({**GOOD, "prompt": [1, 2], "n": 2, "top_k": 1, "seed": 3}).body["prompt"]
-    assert ids == [[1, 2], [1, 2]]  # greedy: a seed changes nothing, so n copies are fine with one
-    # seed 0 is a seed to OpenAI; MAX would take it as "pick a random one".
-    assert check_completion({**GOOD, "seed": 0}).body["seed"] == FIXED_SEED_ZERO
-    assert check_completion({**GOOD, "seed": 5}).body["seed"] == 5
-    # Unset or empty values of refused fields are no request at all.
-    assert check_completion({**GOOD, "suffix": "", "logit_bias": {}, "n": None}).copies == 1
-    # Values of the wrong type are MAX's schema's to name.
-    assert check_completion({**GOOD, "temperature": "hot"}).body["temperature"] == "hot"
+    from max_gpt2.serving.api.requests import FIXED_SEED_ZERO
+
+    defaults = SamplingParamsGenerationConfigDefaults()
+    asked = checked(
+        {
+            "temperature": 0.7, "top_k": 5, "repetition_penalty": 1.2, "stop": "\n", "user": "u", "n": 3,
+            "seed": 11, "logit_bias": {"7": -100, "9": 2.5}, "min_tokens": 2, "logprobs": 0,
+            "include_stop_str_in_output": True, "stop_token_ids": [4],
+        }
+    )  # fmt: skip
+    requests = [asked.request("r", "gpt2", "The cat", i, defaults, 0, "/v1/completions") for i in range(3)]
+    assert [request.sampling_params.seed for request in requests] == [11, 12, 13]
+    params = requests[0].sampling_params
+    assert (params.temperature, params.top_k, params.repetition_penalty, params.max_new_tokens) == (
+        0.7,
+        5,
+        1.2,
+        4,
+    )
+    assert requests[0].logit_bias == {7: -100.0, 9: 2.5} and requests[0].logprobs == 1  # MAX reads 0 as none
+    assert (asked.rules.stop, asked.rules.keep, asked.rules.min_tokens) == (("\n",), True, 2)
+    assert asked.rules.stop_token_ids == {4} and asked.logprobs == 0 and asked.n == 3
+    zero = checked({"seed": 0}).request("r", "gpt2", "x", 0, defaults, 0, "/")
+    assert zero.sampling_params.seed == FIXED_SEED_ZERO
+    last = checked({"seed": 2**64 - 1, "n": 2}).request("r", "gpt2", "x", 1, defaults, 0, "/")
+    assert last.sampling_params.seed == FIXED_SEED_ZERO  # wraps to 0, which is a seed too
+    assert checked({"suffix": "", "logit_bias": {}, "n": None}).n == 1  # empty values ask nothing
+    chat = checked({"logprobs": True, "max_completion_tokens": 3, "max_tokens": 9}, chat=True)
+    assert chat.logprobs == 0 and chat.sampling.max_new_tokens == 3
 
 
 def hugging_face_repetition(row, seen, penalty):
@@ -137,32 +215,24 @@ def test_banned_ids_are_never_the_argmax_and_ids_outside_the_row_are_ignored():
     np.testing.assert_array_equal(banned[:8], row[:8])
 
 
-class FakePipeline:
-    model_name = "gpt2"
-
-
-def guarded_client(api_key: str | None, usage: dict[str, int] | None = None, explorer: Any = None):
-    """A Starlette app behind `Guard` (with `explorer`, if given) whose completion route answers with
-    what it was sent (and `usage`), through Starlette's test client."""
+def guarded_client(api_key: str | None, explorer: Any = None, origins: tuple[str, ...] = ()):
+    """A bare Starlette app with our routes and guard mounted as on MAX's (`routes.mount`), its engine a
+    stand-in whose tokenizer knows only LM's shapes (no route here runs a model), through Starlette's
+    test client."""
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from max_gpt2.serving.guard import install
+    from max_gpt2.serving.api.routes import mount
+    from max_gpt2.serving.settings import ServingSettings
+    from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
-    async def completions(request: Request) -> JSONResponse:
-        return JSONResponse({"sent": (await request.body()).decode(), "usage": usage})
-
-    async def ok(request: Request) -> Response:
-        return Response("ok")
-
-    routes = [Route("/v1/completions", completions, methods=["POST"])]
-    routes += [Route(path, ok) for path in ("/health", "/v1/models", "/v1/embeddings")]
-    app = Starlette(routes=routes)
-    app.state.pipeline = FakePipeline()
-    install(app, api_key, explorer)
+    tokenizer = GPT2TextTokenizer.__new__(GPT2TextTokenizer)  # only its shapes, no files read
+    tokenizer.model_vocab_size, tokenizer.n_positions = VOCAB, 48
+    app = Starlette()
+    app.state.pipeline = type("Engine", (), {"tokenizer": tokenizer})()
+    app.state.pipeline_config = None
+    settings = ServingSettings(served_names=("gpt2", "other"), allowed_origins=origins)
+    mount(app, settings, api_key, explorer)
     return TestClient(app)
 
 
@@ -181,29 +251,54 @@ def test_an_api_key_is_asked_of_every_request_but_health():
 
 def test_routes_gpt2_cannot_answer_are_refused_with_openais_body():
     client = guarded_client(None)
-    chat = client.post("/v1/chat/completions", json={"model": "gpt2", "messages": []})
-    assert chat.status_code == 404 and "not a chat model" in chat.json()["error"]["message"]
     embeddings = client.post("/v1/embeddings", json={"model": "gpt2", "input": "hi"})
-    assert embeddings.status_code == 404 and "/v1/completions" in embeddings.json()["error"]["message"]
+    assert embeddings.status_code == 404
+    assert "/v1/chat/completions" in embeddings.json()["error"]["message"]
     assert client.get("/v1/completions").status_code == 405
+    assert "answers POST, not GET" in client.get("/tokenize").json()["error"]["message"]
+
+
+def test_every_served_name_is_listed_and_answers_and_others_are_404s():
+    client = guarded_client(None)
+    listed = client.get("/v1/models").json()
+    assert [model["id"] for model in listed["data"]] == ["gpt2", "other"]
+    assert all(model["max_model_len"] == 48 for model in listed["data"])
+    assert client.get("/v1/models/other").json()["id"] == "other"
+    missing = client.get("/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
     wrong_model = client.post("/v1/completions", json={**GOOD, "model": "gpt-4"})
-    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["param"] == "model"
+    assert (
+        wrong_model.status_code == 404 and "serves 'gpt2', 'other'" in wrong_model.json()["error"]["message"]
+    )
 
 
-def test_a_checked_body_goes_on_rewritten_and_n_counts_each_prompt_once_in_usage():
-    usage = {"prompt_tokens": 6, "completion_tokens": 12, "total_tokens": 18}
-    client = guarded_client(None, usage)
-    answer = client.post("/v1/completions", json={**GOOD, "n": 3, "temperature": 0})
-    assert answer.status_code == 200
-    assert json.loads(answer.json()["sent"])["prompt"] == ["The cat"] * 3
-    assert answer.json()["usage"] == {"prompt_tokens": 2, "completion_tokens": 12, "total_tokens": 14}
-    assert int(answer.headers["content-length"]) == len(answer.content)
-    refused = client.post("/v1/completions", json={**GOOD, "top_p": 2})
-    assert refused.status_code == 400
-    assert refused.json()["error"]["param"] == "top_p"
-    not_json = client.post("/v1/completions", content=b"{not json")  # MAX's route answers it
-    assert not_json.json()["sent"] == "{not json"
-    assert json.loads(client.post("/v1/completions", json=GOOD).json()["sent"]) == GOOD
+def test_cors_is_off_by_default_and_a_preflight_needs_no_key_where_origins_are_allowed():
+    """With `--allowed-origins`, a browser's preflight is answered without the key, and the request
+    itself still needs it (its 401 readable by the page); without, no CORS header at all."""
+    page = "http://page.example"
+    preflight = {
+        "Origin": page,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    allowed = guarded_client("s3cret", origins=(page,))
+    answered = allowed.options("/v1/completions", headers=preflight)
+    assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == page
+    assert "authorization" in answered.headers["access-control-allow-headers"].lower()
+    refused = allowed.get("/v1/models", headers={"Origin": page})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page
+    keyed = allowed.get("/v1/models", headers={"Origin": page, "Authorization": "Bearer s3cret"})
+    assert keyed.status_code == 200 and keyed.headers["access-control-allow-origin"] == page
+    assert (
+        "access-control-allow-origin"
+        not in allowed.options("/v1/models", headers={**preflight, "Origin": "http://evil.example"}).headers
+    )
+    off = guarded_client(None)
+    for answer in (
+        off.options("/v1/completions", headers=preflight),
+        off.get("/v1/models", headers={"Origin": page}),
+    ):
+        assert "access-control-allow-origin" not in answer.headers
 
 
 def serve_arguments(*options: str) -> argparse.Namespace:
@@ -215,7 +310,7 @@ def serve_arguments(*options: str) -> argparse.Namespace:
 def test_the_api_key_reaches_the_server_in_its_environment_never_its_command_line(lm_checkpoint, monkeypatch):
     from max_gpt2.cli.serve import serve_command
     from max_gpt2.outputs import Progress
-    from max_gpt2.serving.server import API_KEY_VARIABLE
+    from max_gpt2.serving.settings import API_KEY_VARIABLE
     from tests.support import LM
 
     monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
@@ -245,7 +340,7 @@ def test_only_loopback_hosts_count_as_private():
 
 def test_the_explorer_answers_under_explore_once_its_model_loads_and_the_api_serves_on(lm_checkpoint):
     from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
-    from max_gpt2.serving.guard import EXPLORER
+    from max_gpt2.serving.api.guard import EXPLORER
     from tests.support import LM
 
     explorer = LoadingExplorer(ExplorerSettings(str(lm_checkpoint(LM)), "cpu", "float32", None), EXPLORER)
@@ -263,13 +358,13 @@ def test_the_explorer_answers_under_explore_once_its_model_loads_and_the_api_ser
     assert layer.status_code == 200 and layer.json()["size"] == len(answer.json()["tokens"])
     empty = client.post("/explore/api/explore", json={"text": ""})
     assert empty.status_code == 400 and empty.json() == {"error": "the text is empty: type or paste some"}
-    assert client.post("/v1/completions", json=GOOD).status_code == 200
+    assert client.get("/v1/models").status_code == 200
     assert client.get("/explorer").status_code == 404  # only /explore and under it
 
 
 def test_an_explorer_that_cannot_load_says_why_and_the_api_serves_on(tmp_path):
     from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
-    from max_gpt2.serving.guard import EXPLORER
+    from max_gpt2.serving.api.guard import EXPLORER
 
     explorer = LoadingExplorer(ExplorerSettings(str(tmp_path / "gone"), "cpu", "float32", None), EXPLORER)
     client = guarded_client(None, explorer=explorer)
@@ -287,17 +382,73 @@ def test_serve_explorer_passes_its_load_to_the_server_and_refuses_an_api_key(lm_
     from max_gpt2.cli.serve import serve_command
     from max_gpt2.explorer.loading import ExplorerSettings
     from max_gpt2.outputs import Progress
-    from max_gpt2.serving.server import API_KEY_VARIABLE, EXPLORER_VARIABLE
+    from max_gpt2.serving.settings import API_KEY_VARIABLE, VARIABLE, ServingSettings
     from tests.support import LM
 
     monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
     checkpoint = str(lm_checkpoint(LM))
     options = ("--checkpoint", checkpoint, "--explorer", "--weight-format", "q8_0")
     _, env = serve_command(serve_arguments(*options), Progress(io.StringIO()))
-    assert ExplorerSettings.from_json(env[EXPLORER_VARIABLE]) == ExplorerSettings(
-        checkpoint, "auto", "float32", "q8_0"
-    )
+    explorer = ServingSettings.from_json(env[VARIABLE]).explorer
+    assert ExplorerSettings.from_json(explorer) == ExplorerSettings(checkpoint, "auto", "float32", "q8_0")
     _, env = serve_command(serve_arguments("--checkpoint", checkpoint), Progress(io.StringIO()))
-    assert EXPLORER_VARIABLE not in env
+    assert ServingSettings.from_json(env[VARIABLE]).explorer is None
     with pytest.raises(ValueError, match="--explorer: the explorer's page cannot send an API key"):
         serve_command(serve_arguments(*options, "--api-key", "k"), Progress(io.StringIO()))
+
+
+def test_serve_hands_names_origins_and_a_chat_template_to_the_server(lm_checkpoint, monkeypatch, tmp_path):
+    """Several names (MAX's own option takes one: the first), origins in vLLM's JSON and llama-server's
+    comma-separated spellings, a built-in chat template by name or a file of one, and MAX's telemetry
+    off unless asked for."""
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.outputs import Progress
+    from max_gpt2.serving.chat_templates import TEMPLATES
+    from max_gpt2.serving.settings import API_KEY_VARIABLE, VARIABLE, ServingSettings
+    from tests.support import LM
+
+    monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
+    monkeypatch.setenv("MAX_SERVE_DISABLE_TELEMETRY", "0")
+    options = (
+        "--checkpoint", str(lm_checkpoint(LM)), "--served-model-name", "gpt2", "gpt2-small",
+        "--allowed-origins", '["http://a.example"]', "--cors-origins", "http://b.example, http://c.example",
+        "--chat-template", "chatml",
+    )  # fmt: skip
+    command, env = serve_command(serve_arguments(*options), Progress(io.StringIO()))
+    settings = ServingSettings.from_json(env[VARIABLE])
+    assert settings.served_names == ("gpt2", "gpt2-small") and "--served-model-name=gpt2" in command
+    assert settings.allowed_origins == ("http://a.example", "http://b.example", "http://c.example")
+    assert f"--chat-template={TEMPLATES / 'chatml.jinja'}" in command
+    assert env["MAX_SERVE_DISABLE_TELEMETRY"] == "1"
+    own = tmp_path / "template.jinja"
+    own.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    command, env = serve_command(
+        serve_arguments(*options[:2], "--chat-template", str(own), "--telemetry"), Progress(io.StringIO())
+    )
+    assert f"--chat-template={own}" in command and env["MAX_SERVE_DISABLE_TELEMETRY"] == "0"  # the user's
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (("--host", "127.0.0.1,::1"), "--host 127.0.0.1,::1: one address to listen on"),
+        (("--host", "no-such-host.invalid"), "--host no-such-host.invalid: "),
+        (
+            ("--chat-template", "nothing-here.jinja"),
+            "--chat-template nothing-here.jinja: no such file, nor a built-in",
+        ),
+        (("--chat-template", "BROKEN"), "line 1: "),
+        (("--allowed-origins", "[1]"), "origins are strings"),
+    ],
+)
+def test_serve_refuses_bad_options_before_loading(options, says, lm_checkpoint, tmp_path):
+    """Each refused at once, naming the option, with exit status 2: nothing has loaded."""
+    from tests.support import LM, run_python
+
+    if "BROKEN" in options:
+        broken = tmp_path / "broken.jinja"
+        broken.write_text("{% for m in messages %}{{ m['content'] }")
+        options = (options[0], str(broken))
+    result = run_python("-m", "max_gpt2", "serve", "--checkpoint", lm_checkpoint(LM), *options)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr

@@ -64,12 +64,19 @@ def short_temporary_directory():
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
 def test_a_server_whose_worker_dies_exits_with_the_cause_and_leaves_nothing_behind(
-    served_lm, lm_checkpoint, short_temporary_directory, tmp_path
+    served_lm, lm_checkpoint, compiled_lm, short_temporary_directory, tmp_path
 ):
-    """While it runs, MAX's sockets lie in the server's own directory under TMPDIR. When its worker
-    processes die (killed here, as a crash would end them), the server does not linger answering
-    nothing: it exits non-zero saying so, and then that directory and the shell that watched for
-    the end are gone."""
+    """While it runs, MAX's sockets (and its metrics') lie in the server's own directory under TMPDIR,
+    and it renders chats with the built-in template it was given (`--chat-template chatml`: the
+    checkpoint has none). When its worker processes die (killed here, as a crash would end them),
+    the server does not linger answering nothing: it exits non-zero saying so, and then that
+    directory and the shell that watched for the end are gone."""
+    from max_gpt2.inference.tokenizer import load_tokenizer
+    from max_gpt2.model.checkpoint import Checkpoint
+    from max_gpt2.serving.chat_templates import TEMPLATES
+    from tests.test_serve import client
+    from tests.test_serve_api import greedy, render
+
     temporary = short_temporary_directory
     server = ServerProcess(
         lm_checkpoint(LM),
@@ -77,11 +84,30 @@ def test_a_server_whose_worker_dies_exits_with_the_cause_and_leaves_nothing_behi
         free_port(),
         "--device",
         "cpu",
+        "--chat-template",
+        "chatml",
         env={"TMPDIR": str(temporary)},
     )
     try:
         server.wait_until_ready(timeout=600)
+        # ChatML's markers take 46 of LM's 48 positions in its small tokenizer: room for one new token.
+        messages = [{"role": "user", "content": "hi"}]
+        tokenizer = load_tokenizer(lm_checkpoint(LM))
+        lm = compiled_lm(LM).with_weights(Checkpoint(lm_checkpoint(LM)).model_weights())
+        prompt = tokenizer.encode(render(messages, (TEMPLATES / "chatml.jinja").read_text())).ids
+        ids, pieces = greedy(lm, tokenizer, prompt, 1)
+        chat = client(server).chat.completions.create(
+            model="gpt2",
+            messages=messages,
+            temperature=0,
+            max_tokens=1,
+            extra_body={"return_token_ids": True},
+        )
+        assert chat.usage.prompt_tokens == len(prompt)
+        assert chat.choices[0].message.content == "".join(pieces)
+        assert chat.choices[0].model_extra["token_ids"] == ids
         (own,) = temporary.iterdir()
+        assert (own / "metrics.sock").is_socket()
         assert own.name.startswith("max-gpt2-serve-")
         assert any(stat.S_ISSOCK(entry.lstat().st_mode) for entry in own.iterdir()), list(own.iterdir())
         assert processes_naming(str(own))  # the watching shell

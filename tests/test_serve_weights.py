@@ -5,7 +5,7 @@ A second server (started at collection, `conftest.SERVED`) serves LM's checkpoin
 with the tokenizer it carries, with its weights in q4_0; `lm.generate` and `lm.logprobs` on
 `CompiledLM` with the same format and a float32 KV cache (the paged cache's dtype) are what it must
 answer, token for token and log-probability for log-probability. How the format reaches the server
-(`MAX_GPT2_WEIGHT_FORMAT`) and a GGUF file's model directory are checked without one.
+(`ServingSettings`, in `MAX_GPT2_SERVING`) and a GGUF file's model directory are checked without one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,12 +26,22 @@ from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.weight_formats import FLOAT32
 from max_gpt2.model.weights_cache import bound_weights
 from max_gpt2.outputs import Progress
+from max_gpt2.serving.settings import DECODE_STEPS, VARIABLE, ServingSettings
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
 from tests.test_serve import NEW_TOKENS, PROMPTS, complete, served
 
 pytestmark = requires_serving()
-SERVED_FORMAT_VARIABLE = "MAX_GPT2_WEIGHT_FORMAT"  # what `max-gpt2 serve --weight-format` hands MAX's server
+
+
+def handed(env: dict[str, str]) -> ServingSettings:
+    """The settings `max-gpt2 serve` hands MAX's processes in `env`."""
+    return ServingSettings.from_json(env[VARIABLE])
+
+
+def hand(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+    """This process's environment as a served process's, with these settings."""
+    monkeypatch.setenv(VARIABLE, ServingSettings(**settings).to_json())
 
 
 def served_weights(server) -> dict[str, np.ndarray]:
@@ -72,7 +84,10 @@ def test_packed_weights_give_our_models_log_probabilities(served_q4_0_lm, q4_0_l
     new = served(choice).ids
     ours = q4_0_lm.logprobs(np.array([prompt_ids + new]))[0]
     generated = range(len(prompt_ids), len(prompt_ids) + len(new))
-    np.testing.assert_allclose(choice.logprobs.token_logprobs[: len(new)], ours[generated], atol=1e-4)
+    # The server's paged attention and ours sum a step's keys in another order (float32's 1e-6, as the
+    # float32 server shows); q4_0 rounds each product's x to int8 blocks, which can make that one
+    # rounding step of one value: 1.5e-3 seen at one position (AMD EPYC, AVX2). Tokens stay equal.
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[: len(new)], ours[generated], atol=5e-3)
     echoed = complete(served_q4_0_lm, PROMPTS[0], echo=True, logprobs=1, max_tokens=1).choices[0]
     np.testing.assert_allclose(
         echoed.logprobs.token_logprobs[1 : len(prompt_ids) + 1], ours[1 : len(prompt_ids) + 1], atol=1e-4
@@ -93,66 +108,46 @@ def serve_arguments(
 
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "q8_0", "q4_0"])
 def test_serve_hands_its_weights_format_to_the_server_and_only_that(weights, lm_checkpoint, monkeypatch):
-    """A format left in the environment is not served: `--weight-format` (float32 by default) decides."""
+    """Settings left in the environment are not served: `--weight-format` (float32 by default) decides."""
     from max_gpt2.cli.serve import serve_command
 
-    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q8_0" if weights != "q8_0" else "q4_0")
+    hand(monkeypatch, weight_format="q8_0" if weights != "q8_0" else "q4_0", decode_steps=7, prompt_lookup=5)
     _, env = serve_command(serve_arguments(lm_checkpoint(LM), weights), Progress(io.StringIO()))
-    assert env.get(SERVED_FORMAT_VARIABLE) == (None if weights == "float32" else weights)
+    assert handed(env) == ServingSettings(weight_format=weights)
 
 
-@pytest.mark.parametrize("decode_steps", [None, 1, 3])
-def test_serve_hands_its_decode_steps_to_the_server_and_only_that(decode_steps, lm_checkpoint, monkeypatch):
-    """A count left in the environment is not served either: `--decode-steps` (the server's own
-    default when not given) decides."""
+@pytest.mark.parametrize(("decode_steps", "prompt_lookup"), [(None, None), (1, 8), (3, 1)])
+def test_serve_hands_its_decode_steps_and_prompt_lookup_to_the_server(
+    decode_steps, prompt_lookup, lm_checkpoint, monkeypatch
+):
+    """`--decode-steps` (the server's default when not given) and `--prompt-lookup` (none) reach the
+    worker's pipeline and cache settings as given."""
     from max_gpt2.cli.serve import serve_command
-    from max_gpt2.serving.pipeline import DECODE_STEPS, DECODE_STEPS_VARIABLE, served_decode_steps
 
-    monkeypatch.setenv(DECODE_STEPS_VARIABLE, "7")
-    arguments = serve_arguments(lm_checkpoint(LM), "float32", decode_steps)
+    arguments = serve_arguments(lm_checkpoint(LM), "float32", decode_steps, prompt_lookup)
     _, env = serve_command(arguments, Progress(io.StringIO()))
-    assert env.get(DECODE_STEPS_VARIABLE) == (None if decode_steps is None else str(decode_steps))
-    monkeypatch.delenv(DECODE_STEPS_VARIABLE)
-    if decode_steps is not None:
-        monkeypatch.setenv(DECODE_STEPS_VARIABLE, env[DECODE_STEPS_VARIABLE])
-    assert served_decode_steps() == (decode_steps or DECODE_STEPS)
+    monkeypatch.setenv(VARIABLE, env[VARIABLE])
+    settings = ServingSettings.from_environment()
+    assert (settings.decode_steps, settings.prompt_lookup) == (
+        decode_steps or DECODE_STEPS,
+        prompt_lookup or 0,
+    )
 
 
-@pytest.mark.parametrize("prompt_lookup", [None, 1, 8])
-def test_serve_hands_its_prompt_lookup_to_the_server_and_only_that(prompt_lookup, lm_checkpoint, monkeypatch):
-    """Drafts left asked for in the environment are not served: `--prompt-lookup` (none by default)
-    decides, and the server reads what it was handed."""
-    from max_gpt2.cli.serve import serve_command
-    from max_gpt2.serving.drafts import served_prompt_lookup
-    from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
-
-    monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, "5")
-    arguments = serve_arguments(lm_checkpoint(LM), "q4_0", prompt_lookup=prompt_lookup)
-    _, env = serve_command(arguments, Progress(io.StringIO()))
-    assert env.get(PROMPT_LOOKUP_VARIABLE) == (None if prompt_lookup is None else str(prompt_lookup))
-    monkeypatch.delenv(PROMPT_LOOKUP_VARIABLE)
-    if prompt_lookup is not None:
-        monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, env[PROMPT_LOOKUP_VARIABLE])
-    assert served_prompt_lookup() == (prompt_lookup or 0)
-
-
-@pytest.mark.parametrize("value", ["-2", "four", "2.5", ""])
-def test_the_server_refuses_prompt_lookup_that_is_not_a_count(value, monkeypatch):
-    from max_gpt2.serving.drafts import served_prompt_lookup
-    from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
-
-    monkeypatch.setenv(PROMPT_LOOKUP_VARIABLE, value)
-    with pytest.raises(ValueError, match=f"MAX_GPT2_PROMPT_LOOKUP={value!r}: tokens a request may draft"):
-        served_prompt_lookup()
-
-
-@pytest.mark.parametrize("value", ["0", "-2", "four", "2.5", ""])
-def test_the_server_refuses_decode_steps_that_are_not_a_positive_count(value, monkeypatch):
-    from max_gpt2.serving.pipeline import DECODE_STEPS_VARIABLE, served_decode_steps
-
-    monkeypatch.setenv(DECODE_STEPS_VARIABLE, value)
-    with pytest.raises(ValueError, match=f"MAX_GPT2_DECODE_STEPS={value!r}: steps a scheduler step"):
-        served_decode_steps()
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ('{"decode_steps": 0}', "decode_steps: steps a scheduler step may decode, 1 or more"),
+        ('{"prompt_lookup": -2}', "prompt_lookup: tokens a request may draft, 0 (none) or more"),
+        ('{"served_names": []}', "served_names: one or more non-empty names"),
+        ('{"decode_step": 3}', "unknown settings ['decode_step']"),
+        ("four", "Expecting value"),
+    ],
+)
+def test_the_server_refuses_settings_it_cannot_run_naming_them(setting, says, monkeypatch):
+    monkeypatch.setenv(VARIABLE, setting)
+    with pytest.raises(ValueError, match=f"^{VARIABLE}: .*{re.escape(says)}"):
+        ServingSettings.from_environment()
 
 
 def test_the_server_refuses_a_format_it_does_not_know(monkeypatch, lm_checkpoint):
@@ -162,14 +157,14 @@ def test_the_server_refuses_a_format_it_does_not_know(monkeypatch, lm_checkpoint
     def checkpoint():
         return open_checkpoint(lm_checkpoint(LM))
 
-    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, "q2_k")
+    hand(monkeypatch, weight_format="q2_k")
     message = (
-        "MAX_GPT2_WEIGHT_FORMAT must be one of float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
-        "q6_k; got 'q2_k'"
+        "MAX_GPT2_SERVING's weight_format must be one of float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+        "q4_k, q5_k, q6_k; got 'q2_k'"
     )
     with pytest.raises(ValueError, match=message):
         served_weight_format(checkpoint)
-    monkeypatch.delenv(SERVED_FORMAT_VARIABLE)
+    monkeypatch.delenv(VARIABLE)
     assert served_weight_format(checkpoint).name == "float32"
 
 
@@ -191,8 +186,8 @@ def test_serve_hands_a_files_mix_of_formats_to_the_server(tmp_path, lm_checkpoin
     from max_gpt2.cli import build_parser
 
     _, env = serve_command(build_parser().parse_args(options), Progress(io.StringIO()))
-    assert env[SERVED_FORMAT_VARIABLE] == "q4_k+q6_k"
-    monkeypatch.setenv(SERVED_FORMAT_VARIABLE, env[SERVED_FORMAT_VARIABLE])
+    assert handed(env).weight_format == "q4_k+q6_k"
+    monkeypatch.setenv(VARIABLE, env[VARIABLE])
     served = served_weight_format(lambda: open_checkpoint(path))
     assert served == open_checkpoint(path).weight_format  # opened again: the same mix
     assert served.format_for("transformer.h.1.mlp.c_proj.weight").name == "q6_k"
@@ -215,7 +210,7 @@ def test_serve_makes_a_model_directory_for_a_gguf_file(tmp_path, monkeypatch):
     assert cli.main(convert) == 0
     arguments = cli.build_parser().parse_args(["serve", "--checkpoint", str(gguf_file), "--device", "cpu"])
     command, env = serve_command(arguments, Progress(io.StringIO()))
-    assert env[SERVED_FORMAT_VARIABLE] == "q8_0"
+    assert handed(env).weight_format == "q8_0"
     options = dict(argument.removeprefix("--").split("=", 1) for argument in command if "=" in argument)
     model = Path(options["model-path"])
     assert model.is_relative_to(tmp_path / "cache" / "served")
@@ -226,3 +221,15 @@ def test_serve_makes_a_model_directory_for_a_gguf_file(tmp_path, monkeypatch):
     assert GPT2Config.from_pretrained(model) == config  # tied: the head is token_embd, as written
     text = "The cat sat on the mat."
     assert load_tokenizer(model).encode(text).ids == load_tokenizer(checkpoint).encode(text).ids
+    # A file with a chat template (llama.cpp's key) has it served as the model's own.
+    from max_gpt2.cli.serve_gguf import CHAT_TEMPLATE, model_directory
+
+    assert not (model / "tokenizer_config.json").exists()
+    file = open_checkpoint(gguf_file)
+    metadata = {**file.tokenizer_metadata, CHAT_TEMPLATE: "{{ messages[0]['content'] }}"}
+    monkeypatch.setattr(type(file), "tokenizer_metadata", property(lambda self: metadata))
+    again = model_directory(file, load_tokenizer(gguf_file), "GPT2LMHeadModel", tmp_path / "cache")
+    assert again == model
+    assert json.loads((model / "tokenizer_config.json").read_text()) == {
+        "chat_template": metadata[CHAT_TEMPLATE]
+    }

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import max_gpt2
+from max_gpt2.serving.settings import API_KEY_VARIABLE
 
 SOURCE_ROOT = Path(max_gpt2.__file__).resolve().parents[1]
 """Where the `max_gpt2` this process runs lies: the server runs the same code, whatever the working
@@ -46,7 +47,7 @@ class ServerProcess:
         """`env`: variables set for the server on top of this process's environment; `api_key`: the
         key it requires (`max-gpt2 serve --api-key`, passed in the environment), or None for none."""
         self.checkpoint, self.port, self.log, self.api_key = checkpoint, port, log, api_key
-        key = {"MAX_GPT2_API_KEY": api_key} if api_key else {}
+        key = {API_KEY_VARIABLE: api_key} if api_key else {}
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "max_gpt2", "serve", "--checkpoint", str(checkpoint.resolve())]
         with log.open("w") as output:
@@ -56,8 +57,7 @@ class ServerProcess:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env={
-                    **{name: value for name, value in os.environ.items() if name != "MAX_GPT2_API_KEY"},
-                    "MAX_SERVE_DISABLE_TELEMETRY": "1",  # no telemetry offline
+                    **{name: value for name, value in os.environ.items() if name != API_KEY_VARIABLE},
                     **key,
                     **(env or {}),
                 },

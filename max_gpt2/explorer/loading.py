@@ -7,7 +7,7 @@ explorer nobody opens spends nothing on it). The page is served at once; until t
 its JSON routes answer 503 and say so, and if the load fails, 500 with its error. The API serves on.
 
     settings = ExplorerSettings("~/models/gpt2", "cpu", "float32", None)
-    os.environ[EXPLORER_VARIABLE] = settings.to_json()   # `max-gpt2 serve` to MAX's processes
+    ServingSettings(explorer=settings.to_json())        # how `max-gpt2 serve` hands it to MAX's
     explorer = LoadingExplorer(ExplorerSettings.from_json(...), prefix="/explore")
 """
 

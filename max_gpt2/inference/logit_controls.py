@@ -2,6 +2,7 @@
 
     logits = penalize(logits, seen, generated, repetition=1.3, frequency=0.5, presence=0.2)  # [..., V]
     logits = ban(logits, eos_ids)                                                           # [..., V]
+    logits = add_bias(logits, {50256: -100.0})                                              # [..., V]
 
 Every function takes logits of any leading shape, `[V]` for one row or `[B, V]` for a
 batch, and returns a new float32 array: the work is a few vectorised passes over
@@ -23,7 +24,7 @@ value keeps a softmax over a row whose every token is banned defined).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +54,14 @@ def penalize(
     if frequency or presence:
         counted = generated > 0
         scores[counted] -= (generated[counted] * frequency + presence).astype(np.float32)
+    return scores
+
+
+def add_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
+    """`logits` (float [..., V]) with each id's bias added (OpenAI's `logit_bias`), as a new float32 array."""
+    scores = np.array(logits, dtype=np.float32)
+    ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
+    scores[..., ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
     return scores
 
 

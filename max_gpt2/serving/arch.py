@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from max.graph.weights import WeightsFormat
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
-from max.pipelines.context import TextContext
 from max.pipelines.lib import SupportedArchitecture
 from max.pipelines.modeling.types import PipelineTask
 
 from max_gpt2.serving import weight_adapters
+from max_gpt2.serving.context import GPT2Context
 from max_gpt2.serving.memory_planner import GPT2MemoryPlanner
 from max_gpt2.serving.model import GPT2PipelineModel
 from max_gpt2.serving.model_config import GPT2ServingConfig
@@ -23,7 +23,7 @@ gpt2_arch = SupportedArchitecture(
     pipeline_model=GPT2PipelineModel,
     pipeline_cls=GPT2TextGenerationPipeline,
     tokenizer=GPT2TextTokenizer,
-    context_type=TextContext,
+    context_type=GPT2Context,  # MAX's, with `logit_bias`
     default_weights_format=WeightsFormat.safetensors,
     weight_adapters={
         WeightsFormat.safetensors: weight_adapters.stored_state_dict,

@@ -1,6 +1,6 @@
 """Prompt lookup in the server: drafts for a decoding step's requests, checked in the same run.
 
-`max-gpt2 serve --prompt-lookup K` (`MAX_GPT2_PROMPT_LOOKUP`): in a step where every request is
+`max-gpt2 serve --prompt-lookup K` (`ServingSettings.prompt_lookup`): in a step where every request is
 greedy and decoding (`max_gpt2.serving.pipeline`), each request's last token goes in with up to K
 tokens looked up in its own prompt and text (`max_gpt2.inference.drafting.PromptLookup`, as many as
 its `Pacing` allows, the library's rule). With R requests and S = 1 + the longest draft, the
@@ -26,7 +26,6 @@ pauses (1, 2, 4, ... 64 runs).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +34,6 @@ from max.pipelines.context import TextContext
 
 from max_gpt2.inference.drafting import DraftCounts, Pacing, PromptLookup
 from max_gpt2.model.kernel_layers import SKINNY_ROWS
-from max_gpt2.serving.server import PROMPT_LOOKUP_VARIABLE
 
 # MAX's server passes on the records of its own components' loggers only.
 logger = logging.getLogger("max.pipelines.max_gpt2")
@@ -172,12 +170,3 @@ class ServedDrafts:
                 counts.accepted,
                 counts.drafted,
             )
-
-
-def served_prompt_lookup() -> int:
-    """Tokens a request may draft by prompt lookup (`MAX_GPT2_PROMPT_LOOKUP`; 0, none, when unset); a
-    ValueError names the variable and its value."""
-    value = os.environ.get(PROMPT_LOOKUP_VARIABLE, "0")
-    if not value.isdigit():
-        raise ValueError(f"{PROMPT_LOOKUP_VARIABLE}={value!r}: tokens a request may draft, 0 (none) or more")
-    return int(value)

@@ -78,8 +78,20 @@ CALLS = (
     PrivateName(
         "max._entrypoints.cli.serve.serve_api_and_model_worker",
         "fastapi_app",
-        "`max serve` builds its HTTP app with it, and 26.7 has no option for middleware of one's own: "
-        "wrapped to install the guard (`run_max_serve`)",
+        "`max serve` builds its HTTP app with it, and 26.7 has no option for middleware or routes of "
+        "one's own: wrapped to mount our front end (`run_max_serve`)",
+    ),
+    PrivateName(
+        "max.serve.telemetry.process_controller",
+        "init_and_process",
+        "what MAX's metrics process runs: it serves the metrics on a TCP port of their own (8001 unless "
+        "told), which a second server on the host cannot bind; replaced by `metrics_process`, which "
+        "serves them on a Unix socket our /metrics reads (`use_metrics_socket`)",
+    ),
+    PrivateName(
+        "max.serve.telemetry.process_controller",
+        "process_telemetry",
+        "the metrics process's loop, which `metrics_process` runs as MAX's own does",
     ),
 )
 PRIVATE_API = HOOKS + CALLS
@@ -120,6 +132,47 @@ def run_max_serve(on_app: Callable[[Any], None]) -> None:
 
     entry.fastapi_app = hooked_app
     max_command()()
+
+
+def use_metrics_socket() -> None:
+    """Has MAX's metrics process, once started, serve the metrics on our Unix socket, not on a port."""
+    from max.serve.telemetry import process_controller  # CALLS: the metrics process's function
+
+    process_controller.init_and_process = metrics_process
+
+
+def metrics_process(settings: Any, metrics_queue: Any, alive: Any, commit: Any) -> None:
+    """MAX's metrics process (`process_controller.init_and_process`, as MAX's own sets it up), its
+    registry served on `ServingSettings.metrics_socket` instead of a port (`serve_registry`)."""
+    from max.serve.telemetry.common import configure_metrics, configure_tracing
+    from max.serve.telemetry.process_controller import process_telemetry  # CALLS: MAX's loop
+
+    from max_gpt2.serving.settings import ServingSettings
+
+    configure_metrics(settings)
+    configure_tracing(settings)
+    if path := ServingSettings.from_environment().metrics_socket:
+        serve_registry(path)
+    process_telemetry(metrics_queue, alive, commit)
+
+
+def serve_registry(path: str) -> None:
+    """Answers every connection to the Unix socket `path` with the Prometheus text of this process's
+    registry, from a daemon thread."""
+    import socketserver
+    import threading
+
+    from prometheus_client import REGISTRY, disable_created_metrics, generate_latest
+
+    disable_created_metrics()  # as MAX's own endpoint: no `_created` series
+
+    class Answer(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.sendall(generate_latest(REGISTRY))
+
+    server = socketserver.ThreadingUnixStreamServer(path, Answer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-socket", daemon=True).start()
 
 
 def max_command() -> Callable[[], Any]:

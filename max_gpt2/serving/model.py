@@ -17,9 +17,10 @@ MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor
 and inputs, shared with its Llama 3 architecture: tokens, row offsets, the
 flattened cache) and runs a graph once per step; `GPT2TextGenerationPipeline`
-picks the tokens. MAX's `LogProbabilitiesMixin` answers OpenAI's `logprobs` (up
-to 7 alternatives) from the graph's logits, and with `echo` the prompt's too, from
-every token's logits (a server started with `--enable-echo`, as `max-gpt2 serve`
+picks the tokens. MAX's ragged log-probability graph, built here with room for 31
+alternatives a token (MAX's own `LogProbabilitiesMixin` builds it for 7; vLLM gives up to
+20), answers OpenAI's `logprobs` from the graph's logits, and with `echo` the prompt's
+too, from every token's logits (a server started with `--enable-echo`, as `max-gpt2 serve`
 starts it). Such a server compiles the general graph a second time returning only
 each request's last logits, for the prompt steps where no request asks for
 log-probabilities: the LM head over every prompt token would cost those steps
@@ -45,13 +46,17 @@ from max.engine import InferenceSession, Model
 from max.experimental import functional as F
 from max.experimental.compilation import CompiledCallable
 from max.experimental.tensor import default_dtype
+from max.graph import DeviceRef
 from max.nn.kv_cache import KVCacheInputs, KVCacheInputsPerDevice
 from max.nn.transformer import ReturnLogits
 from max.pipelines.architectures.llama3_modulev3.batch_processor import Llama3ModuleV3BatchProcessor
 from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import LogProbabilities, TextContext
 from max.pipelines.lib import ModelInputs, ModelOutputs, ModuleV3PipelineModelWithKVCache
-from max.pipelines.lib.log_probabilities import LogProbabilitiesMixin
+from max.pipelines.lib.log_probabilities import (
+    compute_log_probabilities_ragged,
+    log_probabilities_ragged_graph,
+)
 from max.profiler import traced
 
 from max_gpt2.inference.compiled import compile_together
@@ -65,9 +70,10 @@ from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.packed_linear import take_formats
 from max_gpt2.model.stored_weights import StoredWeights
 from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
-from max_gpt2.serving.drafts import CheckedDrafts, served_prompt_lookup
+from max_gpt2.serving.drafts import CheckedDrafts
 from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
+from max_gpt2.serving.settings import ServingSettings
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,11 @@ class ServedGraph:
         return self.model.execute(*buffers)
 
 
-class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[TextContext]):
+# Heap levels of the log-probability graph: 2**5 - 1 = 31 alternatives a token, room for vLLM's 20.
+LOGPROB_LEVELS = 5
+
+
+class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
     """GPT-2 for MAX's text-generation pipeline, on MAX's paged KV cache, with log-probabilities.
 
     Its `load_model` replaces MAX's whole (several graphs, compiled together): it overrides and calls
@@ -93,6 +103,11 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
 
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig
     batch_processor_cls: ClassVar[type[Llama3ModuleV3BatchProcessor]] = Llama3ModuleV3BatchProcessor
+
+    def __init__(self, pipeline_config: Any, session: InferenceSession, *args: Any, **kwargs: Any) -> None:
+        super().__init__(pipeline_config, session, *args, **kwargs)
+        device = DeviceRef.from_device(self.devices[0])
+        self._logprobs_model = session.load(log_probabilities_ragged_graph(device, levels=LOGPROB_LEVELS))
 
     def _checkpoint_weights(self) -> StoredWeights:
         """The checkpoint's parameters as bound in the served weight format, through the adapter `arch.py`
@@ -133,7 +148,7 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         else:  # MAX's graph capture on an accelerator wants its own compiled callable
             graphs = {role: module.compile(*input_types, weights=weights) for role, module in modules.items()}
         self.decoder, self.last_token_model = graphs.get("decoder"), graphs.get("last_token")
-        if self.decoder is None and (most := served_prompt_lookup()):
+        if self.decoder is None and (most := ServingSettings.from_environment().prompt_lookup):
             raise ValueError(
                 f"prompt lookup ({most} tokens) checks drafts with the decoding kernels, which run on the "
                 f"CPU in float32: not on {self.devices[0]} in {config.dtype}"
@@ -229,14 +244,25 @@ class GPT2PipelineModel(LogProbabilitiesMixin, ModuleV3PipelineModelWithKVCache[
         batch_top_n: list[int],
         batch_echo: list[bool],
     ) -> list[LogProbabilities | None]:
-        """MAX's log-probabilities, with the first prompt token's (there is none: NaN) put in front.
+        """Each request's log-probabilities (MAX's ragged graph, as `LogProbabilitiesMixin` computes them),
+        with the first prompt token's (there is none: NaN) put in front.
 
         OpenAI's `echo` lists every prompt token, the first with no log-probability
         (null), and clients such as lm-evaluation-harness index the list by prompt
         position; MAX's starts at the second token. NaN goes out as JSON null.
         """
-        results = super().compute_log_probabilities(
-            session, model_inputs, model_outputs, next_tokens, batch_top_n, batch_echo
+        assert model_outputs.next_token_logits is not None
+        every_token = self.return_logits == ReturnLogits.ALL  # a server started with --enable-echo
+        results = compute_log_probabilities_ragged(
+            self.devices[0],
+            self._logprobs_model,
+            input_row_offsets=model_inputs.input_row_offsets.to_numpy(),
+            logits=model_outputs.logits if every_token else None,
+            next_token_logits=model_outputs.next_token_logits,
+            tokens=model_inputs.tokens.to_numpy(),
+            sampled_tokens=next_tokens.to_numpy(),
+            batch_top_n=batch_top_n,
+            batch_echo=batch_echo,
         )
         if not any(batch_echo):
             return results

@@ -6,14 +6,13 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
 same message. How the projections and the LM head are stored (`weight_formats`:
 float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, or a GGUF file's own mix of
-them) comes from the environment variable `MAX_GPT2_WEIGHT_FORMAT` (`max-gpt2 serve
---weight-format` sets it): MAX's command line has no option an architecture may add, and its
+them) comes from our serving settings (`ServingSettings.weight_format`: `max-gpt2 serve
+--weight-format`): MAX's command line has no option an architecture may add, and its
 `--quantization-encoding` knows neither q8_0 nor bfloat16 on a CPU.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,8 @@ from max_gpt2.model.checkpoint import open_checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.stored_weights import Stored
 from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
-from max_gpt2.serving.drafts import served_prompt_lookup
 from max_gpt2.serving.max_internals import served_encoding
-from max_gpt2.serving.server import WEIGHT_FORMAT_VARIABLE
+from max_gpt2.serving.settings import VARIABLE, ServingSettings
 
 
 @dataclass(kw_only=True)
@@ -74,7 +72,7 @@ class GPT2ServingConfig(ArchConfigWithStoredKVParams, ArchConfigWithKVCache):
             devices=devices,
             data_parallel_degree=pipeline_config.model.data_parallel_degree,
             allow_kv_head_replication=allow_kv_head_replication,
-            num_draft_tokens=served_prompt_lookup(),
+            num_draft_tokens=ServingSettings.from_environment().prompt_lookup,
         )
 
     @classmethod
@@ -107,9 +105,9 @@ def served_checkpoint(model_config: MAXModelConfig) -> Path:
 
 
 def served_weight_format(checkpoint: Callable[[], Stored]) -> WeightFormat:
-    """The weight format `MAX_GPT2_WEIGHT_FORMAT` names (float32 when unset), or the served checkpoint's
-    own mix of formats where it names that (`checkpoint` opens it); a ValueError lists ours."""
-    name = os.environ.get(WEIGHT_FORMAT_VARIABLE, FLOAT32.name)
+    """The weight format our serving settings name (float32 by default), or the served checkpoint's own
+    mix of formats where they name that (`checkpoint` opens it); a ValueError lists ours."""
+    name = ServingSettings.from_environment().weight_format
     if name not in FORMATS and (own := checkpoint().weight_format).name == name:
         return own
-    return format_named(name, WEIGHT_FORMAT_VARIABLE)
+    return format_named(name, f"{VARIABLE}'s weight_format")

@@ -5,11 +5,12 @@ sampler, several a step.
 inputs, the model's graph, then MAX's sampler, a second graph that takes
 temperature, top-k, top-p, min-p and seeds for every request. Four things change here:
 
-- Penalties and `min_tokens`: each request's next-token logits are edited before
-  any token is picked (`controlled`): Hugging Face's repetition penalty over the
-  prompt and the tokens so far, OpenAI's frequency and presence penalties over the
-  generated ones, end-of-text banned until `min_tokens`. MAX's own support for
-  them is left off: in MAX 26.7 it cannot be built beside `--enable-echo`.
+- Penalties, `logit_bias` and `min_tokens`: each request's next-token logits are
+  edited before any token is picked (`controlled`): Hugging Face's repetition penalty
+  over the prompt and the tokens so far, OpenAI's frequency and presence penalties over
+  the generated ones, OpenAI's biases (`max_gpt2.serving.context`), end-of-text banned
+  until `min_tokens`. MAX's own support for penalties is left off: in MAX 26.7 it cannot
+  be built beside `--enable-echo`.
 - Greedy steps: when every request of a step is greedy and asks for nothing the
   sampler alone gives (log-probabilities, a grammar, logits processors, label
   scores), its token is the argmax of its row of logits `[R, V]`, which NumPy finds
@@ -17,7 +18,7 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
   Any other step, and every step on an accelerator, goes through MAX's `_execute`.
 - Several tokens a scheduler step: such a step, when every request in it is
   decoding (one new token each, no prompt), goes on for up to `DECODE_STEPS`
-  tokens (`MAX_GPT2_DECODE_STEPS`, which `max-gpt2 serve --decode-steps` sets)
+  tokens (`ServingSettings.decode_steps`: `max-gpt2 serve --decode-steps`)
   before it returns to MAX's scheduler, as vLLM's multi-step scheduling did: MAX's
   own work between two graph runs (scheduler, batch, metrics, the response to the
   API process) is then paid once for several tokens (docs/performance.md). A step
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
@@ -49,11 +49,10 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
-from max_gpt2.inference.logit_controls import ban, penalize, token_counts
-from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts, served_prompt_lookup
-from max_gpt2.serving.server import DECODE_STEPS_VARIABLE
+from max_gpt2.inference.logit_controls import add_bias, ban, penalize, token_counts
+from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
+from max_gpt2.serving.settings import ServingSettings
 
-DECODE_STEPS = 16
 # Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
 # per cent of it, and a prompt that arrives meanwhile waits no longer (docs/performance.md).
 DECODE_BUDGET_S = 0.05
@@ -69,16 +68,23 @@ def greedy_as_is(params: SamplingParams) -> bool:
 
 
 def needs_controls(context: TextContext) -> bool:
-    """Whether `context`'s next logits are penalised or have end-of-text banned (`controlled`)."""
-    return context.sampling_params.needs_penalties or context.tokens.generated_length < context.min_tokens
+    """Whether `context`'s next logits are penalised, biased or have end-of-text banned (`controlled`)."""
+    return (
+        context.sampling_params.needs_penalties
+        or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
+        or context.tokens.generated_length < context.min_tokens
+    )
 
 
 def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
-    """`context`'s next-token logits [V] with its penalties applied and, until it has `min_tokens`
-    tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition over the
-    prompt and the tokens generated so far, as Hugging Face; frequency and presence over the
-    generated ones, as OpenAI."""
+    """`context`'s next-token logits [V] with its penalties and biases applied and, until it has
+    `min_tokens` tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition
+    over the prompt and the tokens generated so far, as Hugging Face; `logit_bias` added (first, as
+    `max_gpt2.inference.sampling` orders it) and frequency and presence over the generated ones, as
+    OpenAI."""
     params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
+    if bias := getattr(context, "logit_bias", None):  # first, as Hugging Face's order and the library's
+        row = add_bias(row, bias)
     row = penalize(
         row,
         token_counts(tokens.all, vocab) > 0,
@@ -122,9 +128,10 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._decode_steps = served_decode_steps()
+        settings = ServingSettings.from_environment()
+        self._decode_steps = settings.decode_steps
         self._on_host = all(device.is_host for device in self.session.devices)  # ours, and the host
-        self._drafts = ServedDrafts(most) if (most := served_prompt_lookup()) else None
+        self._drafts = ServedDrafts(most) if (most := settings.prompt_lookup) else None
         logging.getLogger("max.pipelines").addFilter(_ControlsApplied())
 
     def _launch_forward_pass(
@@ -232,12 +239,3 @@ def within_budget(steps: int, elapsed: float) -> bool:
     """Whether one more step, as long as the `steps` so far took on average (`elapsed` seconds in
     all), ends within `DECODE_BUDGET_S`."""
     return elapsed * (steps + 1) / steps <= DECODE_BUDGET_S
-
-
-def served_decode_steps() -> int:
-    """The most decoding steps one scheduler step runs (`MAX_GPT2_DECODE_STEPS`; `DECODE_STEPS` when
-    unset); a ValueError names the variable and its value."""
-    value = os.environ.get(DECODE_STEPS_VARIABLE, str(DECODE_STEPS))
-    if not (value.isdigit() and int(value) >= 1):
-        raise ValueError(f"{DECODE_STEPS_VARIABLE}={value!r}: steps a scheduler step may decode, 1 or more")
-    return int(value)

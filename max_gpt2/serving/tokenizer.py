@@ -10,7 +10,8 @@ room in the context for a new one. `echo` with `logprobs` asks for the prompt's
 log-probabilities, which need every token's logits: a server started without
 `--enable-echo` would fail on it inside the worker too. MAX's own checks here
 raise ValueError, which its route answers with "Value error." alone: they are
-passed on as an `InputError`, so the client reads what was wrong.
+passed on as an `InputError`, so the client reads what was wrong. The context it makes is a
+`GPT2Context`, carrying a `GPT2Request`'s `logit_bias` to the worker (`max_gpt2.serving.context`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from max.pipelines.context import TextContext
 from max.pipelines.context.exceptions import InputError
 from max.pipelines.lib import PipelineConfig, TextTokenizer
 from max.pipelines.modeling.types import TextGenerationRequest
 
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.serving.context import GPT2Context, GPT2Request
 
 
 class GPT2TextTokenizer(TextTokenizer):
@@ -36,7 +37,7 @@ class GPT2TextTokenizer(TextTokenizer):
         config = GPT2Config.from_pretrained(pipeline_config.model.model_path)
         self.model_vocab_size, self.n_positions = config.vocab_size, config.n_positions
 
-    async def new_context(self, request: TextGenerationRequest) -> TextContext:
+    async def new_context(self, request: TextGenerationRequest) -> GPT2Context:
         if request.echo and request.logprobs and not self.echo_enabled:
             raise InputError(
                 "echo with logprobs needs the prompt's log-probabilities, and this server was started "
@@ -49,7 +50,7 @@ class GPT2TextTokenizer(TextTokenizer):
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
-        return context
+        return GPT2Context.of(context, request.logit_bias if isinstance(request, GPT2Request) else None)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray) -> None:
         """Refuses a prompt of no tokens, of an id outside the vocabulary, or too long to add one."""

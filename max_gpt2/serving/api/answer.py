@@ -1,0 +1,271 @@
+"""How completions and chat completions answer: every choice started, then streamed or gathered.
+
+Both routes ask the same of MAX's engine (`n` choices of each prompt, `Choice`) and differ
+only in the JSON they write around each choice, which a `Shape` says (`completions.py`,
+`chat.py`). `answer` starts every choice first, so a prompt the tokenizer refuses is a 400
+before any response begins, then either streams the choices' chunks as server-sent events,
+side by side as they come, or waits for all of them and answers once. A client that leaves
+stops its choices (the worker is told); a choice that fails once streaming has begun ends
+the stream with OpenAI's error object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from max.pipelines.context.exceptions import InputError
+from max.serve.router.openai_routes import record_request_end, record_request_start
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenNames
+from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
+from max_gpt2.serving.api.requests import Asked, check
+from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.max_internals import error_body
+
+logger = logging.getLogger("max.serve")
+T = TypeVar("T")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left: nobody reads it, logs do
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """One choice, whole: its text, the tokens kept, why it ended."""
+
+    text: str
+    tokens: list[Token]
+    finish: Finish
+
+
+class Shape:
+    """The JSON a route writes around each choice: a subclass a route (`completions.py`, `chat.py`)."""
+
+    object: ClassVar[str]  # the response's `object`
+    chunk_object: ClassVar[str]  # a streamed event's `object`
+    id_prefix: ClassVar[str]
+
+    def __init__(self, asked: Asked, names: TokenNames) -> None:
+        self.asked, self.names = asked, names
+
+    def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
+        """A whole choice of a response."""
+        raise NotImplementedError
+
+    def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
+        """A streamed event's choice: what `chunk` adds (`first`: the choice's first event)."""
+        raise NotImplementedError
+
+
+Body = TypeVar("Body", CompletionRequest, ChatRequest)
+
+
+async def respond(
+    request: Request,
+    kind: type[Body],
+    shape: type[Shape],
+    prompts_of: Callable[[Served, Body], Sequence[Any]],
+) -> Response:
+    """A route's answer: its body parsed as `kind` and checked, its prompts (`prompts_of`) answered in
+    `shape`; a refusal's error body where anything is refused."""
+    served = Served.of(request)
+    try:
+        body = parse(kind, await request.body())
+        model = served.model_name(body.model)
+        asked = check(body, served.vocab_size)
+        prompts = prompts_of(served, body)
+        return await answer(request, served, shape(asked, TokenNames(served.engine)), asked, model, prompts)
+    except Refusal as refusal:
+        return refusal_response(refusal)
+
+
+async def answer(
+    request: Request, served: Served, shape: Shape, asked: Asked, model: str, prompts: Sequence[Any]
+) -> Response:
+    """Starts every choice of `prompts` (`asked.n` each), then streams or gathers them."""
+    choices = await start(request, served, asked, model, prompts)
+    ident = f"{shape.id_prefix}-{request.state.request_id}"
+    created = int(time.time())
+    head = {"id": ident, "created": created, "model": model}
+    record_request_start()  # MAX's running-requests gauge, and its request counts at the end
+    if asked.stream:
+        stream = events(choices, shape, asked, head, request.url.path)
+        return EventSourceResponse(stream, ping=100000, sep="\n")  # no pings: some clients misread them
+    started = time.perf_counter()
+    try:
+        gathered = await unless_client_leaves(request, asyncio.gather(*map(gather, choices)))
+    except ClientLeft:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    finally:
+        record_request_end(request.url.path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
+    body = {
+        **head,
+        "object": shape.object,
+        "choices": [
+            shape.choice(i, choice, whole)
+            for i, (choice, whole) in enumerate(zip(choices, gathered, strict=True))
+        ],
+        "usage": usage(choices, asked),
+    }
+    return JSONResponse(body)
+
+
+async def start(
+    request: Request, served: Served, asked: Asked, model: str, prompts: Sequence[Any]
+) -> list[Choice]:
+    """Every choice submitted, in OpenAI's order (each prompt's `n` together); a `Refusal` for a prompt
+    the tokenizer refuses, with those already submitted withdrawn."""
+    defaults = served.config.model.sampling_params_defaults
+    timestamp, path, ident = request.state.request_timer.start_ns, request.url.path, request.state.request_id
+    choices: list[Choice] = []
+    try:
+        for p, prompt in enumerate(prompts):
+            for i in range(asked.n):
+                made = asked.request(
+                    f"{ident}-{p * asked.n + i}", model, prompt, i, defaults, timestamp, path
+                )
+                choices.append(await Choice.start(served.engine, made, asked.rules))
+    except InputError as error:
+        await withdraw(choices)
+        where = "prompt" if len(prompts) == 1 else f"prompt[{len(choices) // asked.n}]"
+        raise Refusal("prompt", str(error).replace("prompt:", f"{where}:", 1)) from None
+    except BaseException:
+        await withdraw(choices)
+        raise
+    return choices
+
+
+async def withdraw(choices: Sequence[Choice]) -> None:
+    """Stops choices no one will read (the worker is told)."""
+    for choice in choices:
+        await choice.close()
+
+
+async def gather(choice: Choice) -> Gathered:
+    text, tokens, finish = [], [], None
+    async for chunk in choice.chunks():
+        text.append(chunk.text)
+        tokens.extend(chunk.tokens)
+        finish = chunk.finish or finish
+    assert finish is not None, "a choice ends with a finish"
+    return Gathered("".join(text), tokens, finish)
+
+
+async def events(
+    choices: list[Choice], shape: Shape, asked: Asked, head: dict[str, Any], path: str
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer: each choice's chunks as they come, then `usage`
+    where asked, then `[DONE]`; a choice that fails ends the stream with OpenAI's error object."""
+    started, first = time.perf_counter(), set(range(len(choices)))
+    try:
+        async for index, chunk in side_by_side([choice.chunks() for choice in choices]):
+            if not (chunk.text or chunk.tokens or chunk.finish or index in first):
+                continue
+            delta = shape.delta(index, choices[index], chunk, index in first)
+            first.discard(index)
+            yield json.dumps({**head, "object": shape.chunk_object, "choices": [delta]})
+        if asked.include_usage:
+            yield json.dumps(
+                {**head, "object": shape.chunk_object, "choices": [], "usage": usage(choices, asked)}
+            )
+        yield "[DONE]"
+    except Exception as error:  # the stream has begun: the error goes in it
+        logger.exception("a streamed answer failed")
+        yield json.dumps(error_body(500, f"the answer failed while streaming: {error}", None))
+    finally:
+        record_request_end(path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
+
+
+async def side_by_side(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several async iterators as each comes, with the index of its source; all of them
+    stopped if the reader stops."""
+    if len(sources) == 1:
+        async for item in sources[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                await queue.put((index, item, None))
+            await queue.put((index, done, None))
+        except Exception as error:
+            await queue.put((index, done, error))
+
+    tasks = [asyncio.create_task(pump(index, source)) for index, source in enumerate(sources)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is done:
+                running -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ClientLeft(Exception):
+    """The client hung up before its answer was ready."""
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; `ClientLeft` if the client hangs up first, `work` then cancelled (which stops
+    its choices). Reads the request's messages: only once its body has been read."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for each in (task, watch):
+            if not each.done():
+                each.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        raise ClientLeft
+    return task.result()
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has hung up."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def counts(choices: Sequence[Choice], asked: Asked) -> tuple[int, int]:
+    """Tokens made by all choices, and prompt tokens (each prompt once), for MAX's metrics."""
+    found = usage(choices, asked)
+    return found["completion_tokens"], found["prompt_tokens"]
+
+
+def usage(choices: Sequence[Choice], asked: Asked) -> dict[str, Any]:
+    """OpenAI's `usage`: each prompt's tokens once, however many choices it has, and every choice's."""
+    prompt = sum(len(choice.prompt) for choice in choices[:: asked.n])
+    made = sum(choice.made for choice in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": made,
+        "total_tokens": prompt + made,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def token_ids(asked: Asked, choice: Choice, tokens: Sequence[Token], first: bool) -> dict[str, Any]:
+    """The ids of `tokens` (and on a choice's first, its prompt's) where `return_token_ids` asked."""
+    if not asked.return_token_ids:
+        return {}
+    ids = {"token_ids": [token.id for token in tokens]}
+    return {**ids, "prompt_token_ids": [token.id for token in choice.prompt]} if first else ids

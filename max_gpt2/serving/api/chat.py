@@ -1,0 +1,182 @@
+"""`POST /v1/chat/completions`: messages rendered by a chat template, answered as OpenAI's chat.
+
+The template is the checkpoint's own (`chat_template` in its `tokenizer_config.json`, or a
+GGUF file's `tokenizer.chat_template`), or the one `max-gpt2 serve --chat-template` gives
+(a Jinja file, or a built-in name: `max_gpt2.serving.chat_templates`); a server with neither
+answers 400 naming the flag, as vLLM does. Hugging Face's tokenizer renders it (Jinja in a
+sandbox, with its helpers), and the rendered text's ids are the prompt: every completions
+option applies from there (`max_gpt2.serving.api.answer`). Messages are checked first: a role
+of `system`, `developer`, `user` or `assistant`, and content as a string or text parts, each
+refusal naming the message and field. Log-probabilities come in the chat shape
+(`logprobs.content[]`, with `bytes` and `top_logprobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jinja2 import TemplateError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from max_gpt2.serving.api.answer import Gathered, Shape, respond, token_ids
+from max_gpt2.serving.api.choices import Choice, Chunk, Token
+from max_gpt2.serving.api.protocol import ChatRequest, Refusal
+from max_gpt2.serving.api.served import Served
+
+ROLES = ("system", "developer", "user", "assistant")
+MESSAGE_FIELDS = {"role", "content", "name"}
+
+
+async def create_chat_completion(request: Request) -> Response:
+    return await respond(request, ChatRequest, ChatShape, lambda served, body: [prompt_ids(served, body)])
+
+
+def prompt_ids(served: Served, body: ChatRequest) -> list[int]:
+    """A chat request's prompt: its messages, checked and rendered by the chat template, as token ids
+    (the template writes any special tokens itself)."""
+    messages = checked_messages(body.messages)
+    text = render(
+        served, messages, body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
+    )
+    return served.tokenizer.delegate.encode(text, add_special_tokens=False)
+
+
+def checked_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+    """`messages` as the template reads them (role, content as one string, name where given); a
+    `Refusal` naming the first message and field that is not one."""
+    if not messages:
+        raise Refusal("messages", "messages: empty; give at least one message")
+    checked = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise Refusal("messages", f"{where}: must be an object with a role and content; got {message!r}")
+        for field in message.keys() - MESSAGE_FIELDS:
+            why = (
+                "GPT-2 calls no tools"
+                if field.startswith(("tool", "function"))
+                else "not a field of a message"
+            )
+            raise Refusal("messages", f"{where}.{field}: {why}")
+        role = message.get("role")
+        if role not in ROLES:
+            known = ", ".join(ROLES)
+            if role is None:
+                raise Refusal("messages", f"{where}.role: required, one of {known}")
+            why = "GPT-2 calls no tools" if role in ("tool", "function") else f"must be one of {known}"
+            raise Refusal("messages", f"{where}.role: {why}; got {role!r}")
+        checked.append({"role": role, "content": content(message.get("content"), where)})
+        if isinstance(name := message.get("name"), str):
+            checked[-1]["name"] = name
+    return checked
+
+
+def content(value: Any, where: str) -> str:
+    """A message's content as one string: a string, or OpenAI's text parts joined."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise Refusal("messages", f"{where}.content: required (a string, or a list of text parts)")
+    if isinstance(value, list):
+        texts = []
+        for index, part in enumerate(value):
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise Refusal(
+                    "messages",
+                    f"{where}.content[{index}]: GPT-2 reads text parts only "
+                    f'({{"type": "text", "text": ...}}); got {kind!r}',
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise Refusal("messages", f"{where}.content: must be a string or a list of text parts; got {value!r}")
+
+
+def render(
+    served: Served,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    options: dict[str, Any] | None,
+) -> str:
+    """`messages` rendered by the served chat template: the prompt's text."""
+    tokenizer = served.tokenizer.delegate  # Hugging Face's, holding the template
+    if tokenizer.chat_template is None:
+        raise Refusal(
+            None,
+            "this model has no chat template (its tokenizer_config.json has no chat_template): start the "
+            "server with --chat-template FILE, or a built-in one (--chat-template chatml), or use "
+            "/v1/completions",
+        )
+    if add_generation_prompt and continue_final_message:
+        raise Refusal(
+            "continue_final_message",
+            "continue_final_message: cannot be true with add_generation_prompt (the default): set "
+            "add_generation_prompt to false to continue the last message",
+        )
+    if continue_final_message and messages[-1]["role"] != "assistant":
+        raise Refusal(
+            "continue_final_message", "continue_final_message: the last message is not the assistant's"
+        )
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **(options or {}),
+        )
+    except (TemplateError, TypeError, ValueError) as error:  # the template's raise_exception, or its options
+        raise Refusal("messages", f"messages: the chat template could not render them: {error}") from None
+
+
+class ChatShape(Shape):
+    """A chat completion's JSON around each choice."""
+
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": gathered.text},
+            "logprobs": self._logprobs(gathered.tokens),
+            "finish_reason": gathered.finish.reason,
+            "stop_reason": gathered.finish.stop_reason,
+            **token_ids(self.asked, choice, gathered.tokens, True),
+        }
+
+    def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
+        said = {"role": "assistant", "content": chunk.text} if first else {}
+        if chunk.text and not first:
+            said = {"content": chunk.text}
+        return {
+            "index": index,
+            "delta": said,
+            "logprobs": self._logprobs(chunk.tokens),
+            "finish_reason": chunk.finish.reason if chunk.finish else None,
+            "stop_reason": chunk.finish.stop_reason if chunk.finish else None,
+            **token_ids(self.asked, choice, chunk.tokens, first),
+        }
+
+    def _logprobs(self, tokens: Sequence[Token]) -> dict[str, Any] | None:
+        """OpenAI's chat logprobs: each token with its bytes and its `top_logprobs` likeliest alternatives."""
+        if self.asked.logprobs is None:
+            return None
+        return {"content": [self._entry(token.id, token.logprob, token) for token in tokens]}
+
+    def _entry(self, token: int, value: float | None, of: Token | None = None) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "token": self.names(token),
+            "logprob": value,
+            "bytes": self.names.bytes(token),
+        }
+        if of is not None:
+            ranked = list(of.top.items())[: self.asked.logprobs]
+            entry["top_logprobs"] = [self._entry(alternative, logprob) for alternative, logprob in ranked]
+        return entry

@@ -1,0 +1,205 @@
+"""One choice of a completion or a chat answer: a request through MAX's engine, token by token.
+
+MAX's `TokenGeneratorPipeline` (the HTTP process's engine, `app.state.pipeline`) tokenizes a
+request, hands it to the model worker and yields its tokens as the worker makes them, a few at
+a time. `Choice` turns those into what both routes answer with:
+
+- each token's text, decoded as a stream from the prompt on with the `tokenizers` library,
+  as MAX decodes (bytes that are not yet a whole character wait for the next token);
+- its log-probability and likeliest alternatives, where the request asked for them (with
+  `echo`, the prompt's too, the first token's None);
+- the text cut at the first stop string (`StopCut`), the worker told to stop there, and the
+  tokens kept up to the one that completed the match, so token ids and `usage` agree with
+  the text; a stop token id's own text left out (vLLM's), unless asked for.
+
+`Chunk`s come as the worker sends tokens; the last one carries the `Finish`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from max.pipelines.context import GenerationStatus
+from max.pipelines.modeling.types import TextGenerationRequest
+from max.serve.pipelines.llm import TokenGeneratorOutput, TokenGeneratorPipeline
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from max_gpt2.inference.tokenizer import token_bytes
+from max_gpt2.serving.api.stops import StopCut
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How a choice ends besides its length: stop strings (`keep`: with the match), stop token ids, and
+    `min_tokens` (no stop string counts before that many tokens)."""
+
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    keep: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token of a choice: its id, the text it adds (possibly "", part of a character), and where
+    asked for, its log-probability and the likeliest alternatives by id, likeliest first."""
+
+    id: int
+    text: str
+    logprob: float | None = None
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Why a choice ended: OpenAI's `finish_reason` ("stop" or "length") and vLLM's `stop_reason`, the
+    stop string or stop token id matched (None for end-of-text and for length)."""
+
+    reason: str
+    stop_reason: str | int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What a choice adds at once: the text a client may see now, the tokens made, and at the end why."""
+
+    text: str
+    tokens: tuple[Token, ...]
+    finish: Finish | None = None
+
+
+class Choice:
+    """A request submitted to MAX's engine (`start`), its output read as `Chunk`s (`chunks`)."""
+
+    def __init__(
+        self, engine: TokenGeneratorPipeline, request: TextGenerationRequest, rules: Rules, stream: Any
+    ) -> None:
+        self.engine, self.request, self.rules, self._stream = engine, request, rules, stream
+        self.cut = StopCut(rules.stop, rules.keep, rules.min_tokens)
+        self.prompt: tuple[Token, ...] = ()  # with the prompt's log-probabilities where `echo` asked
+        self.made = 0  # tokens kept, for `usage`
+        self._ended = False  # the engine said the request is done (else the worker is told to stop)
+
+    @classmethod
+    async def start(
+        cls, engine: TokenGeneratorPipeline, request: TextGenerationRequest, rules: Rules
+    ) -> Choice:
+        """Tokenizes and submits `request`: a bad prompt raises here (MAX's `InputError`), before a
+        response has begun."""
+        return cls(engine, request, rules, await engine.next_token_chunk(request, parse_reasoning=False))
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        """The choice's chunks; the worker is told to stop at a stop string, or if the reader leaves."""
+        decoder: Decoder | None = None
+        try:
+            async for output in self._stream:
+                self._ended = output.status.is_done
+                if decoder is None:
+                    given = output.prompt_token_ids
+                    prompt = [] if given is None else [int(token) for token in given]
+                    decoder = Decoder(tokenizer_of(self.engine), prompt)
+                    self.prompt = self._prompt_tokens(prompt, output)
+                chunk = self._chunk(output, decoder)
+                yield chunk
+                if chunk.finish is not None:
+                    return
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Lets go of the engine's output; the worker is told to stop where the request has not ended
+        (a stop string, a reader who left, a choice no one reads)."""
+        if not self._ended:
+            self._ended = True
+            self.engine.model_worker.cancel(self.request.request_id)
+        await self._stream.aclose()
+
+    def _chunk(self, output: TokenGeneratorOutput, decoder: Decoder) -> Chunk:
+        """One output of the engine as the tokens it keeps and the text they show."""
+        ids = list(output.token_ids or ())
+        values, tops = log_probabilities(output)
+        values, tops = values[len(values) - len(ids) :], tops[len(tops) - len(ids) :]  # past echo's prompt
+        done = output.status.is_done
+        shown, tokens = [], []
+        for index, token in enumerate(ids):
+            piece = decoder.step(token)
+            last = done and index == len(ids) - 1
+            stopped_by_id = last and output.status == GenerationStatus.END_OF_SEQUENCE
+            if stopped_by_id and token in self.rules.stop_token_ids and not self.rules.keep:
+                piece = ""  # vLLM leaves a stop token's text out
+            tokens.append(Token(token, piece, values[index] if values else None, tops[index] if tops else {}))
+            shown.append(self.cut.add(piece))
+            if self.cut.matched is not None:
+                self.made += len(tokens)
+                return Chunk("".join(shown), tuple(tokens), Finish("stop", self.cut.matched))
+        self.made += len(tokens)
+        if not done:
+            return Chunk("".join(shown), tuple(tokens))
+        shown.append(self.cut.flush())
+        if output.status == GenerationStatus.MAXIMUM_LENGTH:
+            finish = Finish("length")
+        else:  # end-of-text or a stop token id (both "stop"; vLLM names only the latter)
+            stopped = ids[-1] if ids and ids[-1] in self.rules.stop_token_ids else None
+            finish = Finish("stop", stopped)
+        return Chunk("".join(shown), tuple(tokens), finish)
+
+    def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
+        """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""
+        pieces = Decoder(tokenizer_of(self.engine), []).pieces(prompt)
+        values, tops = log_probabilities(output) if self.request.echo else ([], [])
+        if len(values) < len(prompt):
+            return tuple(Token(token, piece) for token, piece in zip(prompt, pieces, strict=True))
+        return tuple(
+            Token(token, piece, None if index == 0 else values[index], {} if index == 0 else tops[index])
+            for index, (token, piece) in enumerate(zip(prompt, pieces, strict=True))
+        )
+
+
+def log_probabilities(output: TokenGeneratorOutput) -> tuple[list[float], list[dict[int, float]]]:
+    """An output's log-probabilities, one a position, and its alternatives by id, likeliest first (empty
+    lists where none were asked for)."""
+    values = list(output.token_log_probabilities or ())
+    tops = [
+        dict(sorted(((token, value) for token, (_, value) in top.items()), key=lambda item: -item[1]))
+        for top in output.top_log_probabilities or ()
+    ]
+    return values, tops
+
+
+def tokenizer_of(engine: TokenGeneratorPipeline) -> Tokenizer:
+    """The `tokenizers` tokenizer behind MAX's (a Hugging Face fast tokenizer)."""
+    return engine.tokenizer.delegate.backend_tokenizer
+
+
+class Decoder:
+    """Token ids to text as a stream after `prompt`, as MAX decodes a completion (special tokens
+    skipped; bytes of an unfinished character wait for the next token)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt: Sequence[int]) -> None:
+        self.tokenizer, self.stream = tokenizer, DecodeStream(ids=list(prompt), skip_special_tokens=True)
+
+    def step(self, token: int) -> str:
+        return self.stream.step(self.tokenizer, token) or ""
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.step(token) for token in ids]
+
+
+class TokenNames:
+    """Each token id's own text, special tokens spelled out (`<|endoftext|>`), as a log-probability entry
+    names it, and its bytes (a byte-level token may hold part of a character); each found once."""
+
+    def __init__(self, engine: TokenGeneratorPipeline) -> None:
+        self.tokenizer = tokenizer_of(engine)
+        self.names: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.names:
+            self.names[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return self.names[token]
+
+    def bytes(self, token: int) -> list[int]:
+        return list(token_bytes(self.tokenizer, token))

@@ -1,0 +1,198 @@
+"""The request bodies the server reads, as typed models: OpenAI's fields, vLLM's and MAX's extensions.
+
+Each route validates its body here first (`parse`): a field of the wrong type, or one no
+model here knows, is a `Refusal` naming it, as vLLM answers with `extra="forbid"` models.
+What the values may be, and what each means, is decided after (`max_gpt2.serving.api.requests`).
+Some fields are accepted with no effect (`NO_EFFECT`), some refused whenever set (`REFUSED`):
+each with why, which the refusal and docs/serving.md repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.responses import JSONResponse
+
+from max_gpt2.serving.max_internals import error_body
+
+# Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them.
+NO_EFFECT = {
+    "user": "an end-user id OpenAI keeps for abuse monitoring; nothing here reads it",
+    "reasoning_split": "GPT-2 writes no reasoning to split off",
+    "cache_salt": "isolates prefix-cache entries, and prefix caching is off (echo needs every prompt token)",
+    "metadata": "tags OpenAI keeps with stored completions; nothing is stored here",
+    "service_tier": "there is one tier here",
+    "parallel_tool_calls": "no tools are called here",
+}
+# Fields refused unless left unset (null, false, or the empty value given): why, per field.
+REFUSED = {
+    "suffix": "GPT-2 writes left to right and cannot insert text before a suffix",
+    "thinking_temperature": "GPT-2 has no reasoning block to give a temperature of its own",
+    "reasoning": "GPT-2 has no reasoning to configure",
+    "reasoning_effort": "GPT-2 has no reasoning to configure",
+    "target_endpoint": "disaggregated serving is not used here",
+    "dkv_cache_hint": "disaggregated serving is not used here",
+    "response_format": "this server does not constrain output to a format",
+    "tools": "GPT-2 calls no tools",
+    "functions": "GPT-2 calls no tools",
+    "function_call": "GPT-2 calls no tools",
+    "audio": "GPT-2 reads and writes text only",
+    "modalities": "GPT-2 reads and writes text only",
+    "prediction": "predicted outputs are not used here",
+    "store": "completions are not stored here",
+    "web_search_options": "this server searches nothing",
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """The fields completions and chat completions share: how tokens are picked, how a choice ends,
+    how many there are and how they come back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    n: int | None = None
+    best_of: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = False
+    # Accepted with no effect, and refused when set (the tables above).
+    user: str | None = None
+    reasoning_split: bool | None = None
+    cache_salt: str | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    thinking_temperature: Any = None
+    reasoning: Any = None
+    reasoning_effort: Any = None
+    target_endpoint: Any = None
+    dkv_cache_hint: Any = None
+    response_format: Any = None
+
+
+class CompletionRequest(Sampling):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: Any = None
+
+
+class ChatRequest(Sampling):
+    """`POST /v1/chat/completions`: `messages` are checked one by one (`max_gpt2.serving.api.chat`)."""
+
+    messages: list[Any]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    tools: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    store: bool | None = None
+    web_search_options: Any = None
+
+
+class TokenizeRequest(BaseModel):
+    """`POST /tokenize`: llama-server's shape (`content`, `add_special`, `with_pieces`) or vLLM's
+    (`prompt` or `messages`, `add_special_tokens`, `return_token_strs`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    content: str | None = None
+    prompt: str | None = None
+    messages: list[Any] | None = None
+    add_special: bool | None = None
+    add_special_tokens: bool | None = None
+    with_pieces: bool = False
+    return_token_strs: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """`POST /detokenize`: `tokens`, in llama-server's shape and vLLM's alike."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class Refusal(Exception):
+    """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why."""
+
+    def __init__(self, param: str | None, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.message, self.status = param, message, status
+
+
+def refusal_response(refusal: Refusal) -> JSONResponse:
+    """OpenAI's error body for `refusal` (as MAX's own errors carry it), its `param` the field it names."""
+    headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+    return JSONResponse(error_body(refusal.status, refusal.message, refusal.param), refusal.status, headers)
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def parse(model: type[Model], body: bytes) -> Model:
+    """`body` (JSON) as `model`; a `Refusal` naming the first field that does not fit, or the body."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        if first["type"] == "json_invalid" or not loc:
+            raise Refusal(
+                None, f"the body is not a JSON object of this route's fields: {first['msg']}"
+            ) from None
+        field = loc[0] if loc[0] in UNIONS else ".".join(loc)
+        if first["type"] == "extra_forbidden":
+            raise Refusal(field, f"{field}: not a field this route takes") from None
+        if first["type"] == "missing":
+            raise Refusal(field, f"{field}: required") from None
+        got = repr(first.get("input"))
+        got = got if len(got) <= 80 else got[:77] + "..."
+        says = f"must be {UNIONS[field]}" if field in UNIONS else first["msg"]
+        raise Refusal(field, f"{field}: {says}; got {got}") from None
+
+
+# What a field of several JSON types may be, said once for all its types' errors.
+UNIONS = {"prompt": "a string, token ids, or a list of either", "stop": "a string or a list of strings"}
+
+
+def unset(value: Any) -> bool:
+    """Whether a client left a field unset (null, false, or an empty string, list or object)."""
+    return value is None or value is False or value == "" or value == [] or value == {}

@@ -1,0 +1,228 @@
+"""What a completion or chat request asks of each of its choices, checked field by field.
+
+`check` takes a parsed request (`max_gpt2.serving.api.protocol`) and returns an `Asked`:
+the sampling values, the stop rules, the log-probabilities and how many choices, each in
+its range, or a `Refusal` for the first field this server cannot honour, naming it and
+what it may be. `Asked.request` then makes MAX's request for one choice. Token ids are
+checked against the vocabulary by the tokenizer (`max_gpt2.serving.tokenizer`), which sees
+every prompt as ids; `logit_bias`'s ids here. docs/serving.md lists every field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from max.pipelines.context.sampling_params import (
+    SamplingParams,
+    SamplingParamsGenerationConfigDefaults,
+    SamplingParamsInput,
+)
+from max.pipelines.modeling.types import RequestID, TextGenerationRequest
+
+from max_gpt2.serving.api.choices import Rules
+from max_gpt2.serving.api.protocol import REFUSED, ChatRequest, CompletionRequest, Refusal, Sampling, unset
+from max_gpt2.serving.context import GPT2Request
+
+MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
+MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.model`'s graph gives up to 31)
+LOGIT_BIAS = 100.0  # OpenAI's bound on a bias, either way
+FIXED_SEED_ZERO = 0x5EED  # what `seed: 0` runs with: MAX takes 0 as "no seed" and picks a random one
+SEED_RANGE = (-(2**63), 2**64 - 1)  # MAX keys its sampler with the seed as 64 bits
+# Numeric fields and their closed ranges.
+RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request's choices, checked: `n` a prompt, what each samples with, how each ends (`rules`),
+    the alternatives a token it reports (`logprobs`, None: no log-probabilities), `echo`, and
+    `logit_bias` by id."""
+
+    n: int
+    sampling: SamplingParamsInput
+    rules: Rules
+    logprobs: int | None
+    echo: bool
+    logit_bias: dict[int, float]
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+    def request(
+        self,
+        request_id: str,
+        model: str,
+        prompt: str | list[int],
+        choice: int,
+        defaults: SamplingParamsGenerationConfigDefaults,
+        timestamp_ns: int,
+        path: str,
+    ) -> TextGenerationRequest:
+        """MAX's request for choice number `choice` of `prompt`: choice i samples with seed + i, so the n
+        choices of a seeded request are n samples, the same ones every time."""
+        seed = self.sampling.seed
+        if seed is not None:
+            seed = (seed + choice) % 2**64 or FIXED_SEED_ZERO  # MAX takes 0 as "pick one at random"
+        sampling = SamplingParams.from_input_and_generation_config(
+            SamplingParamsInput(**{**vars(self.sampling), "seed": seed}), sampling_params_defaults=defaults
+        )
+        return GPT2Request(
+            request_id=RequestID(request_id),
+            model_name=model,
+            prompt=prompt,
+            timestamp_ns=timestamp_ns,
+            request_path=path,
+            logprobs=0 if self.logprobs is None else max(1, self.logprobs),  # MAX reads 0 as none
+            echo=self.echo,
+            sampling_params=sampling,
+            logit_bias=self.logit_bias or None,
+        )
+
+
+def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
+    """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring)."""
+    for field, why in REFUSED.items():
+        if hasattr(body, field) and not unset(getattr(body, field)):
+            raise Refusal(field, f"{field}: {why}; leave it out")
+    _check_ranges(body)
+    length_field = "max_tokens"
+    if isinstance(body, ChatRequest):
+        if body.max_completion_tokens is not None:
+            length_field = "max_completion_tokens"
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        logprobs, echo = _chat_logprobs(body), False
+        if body.tool_choice not in (None, "none", "auto"):
+            raise Refusal("tool_choice", "tool_choice: GPT-2 calls no tools; leave it out, or give none")
+    else:
+        max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise Refusal(
+                "logprobs",
+                f"logprobs: must be 0 to {MAX_LOGPROBS} alternatives, or null for none; got {logprobs}",
+            )
+    _check_lengths(max_tokens, body.min_tokens, length_field)
+    n = _check_choices(body)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+    for index, stop in enumerate(stops):
+        if not stop:
+            raise Refusal("stop", f"stop[{index}]: empty; a stop string needs at least one character")
+    sampling = SamplingParamsInput(
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        temperature=body.temperature,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        repetition_penalty=body.repetition_penalty,
+        max_new_tokens=max_tokens,
+        min_new_tokens=body.min_tokens,
+        ignore_eos=body.ignore_eos,
+        seed=body.seed,
+        stop_token_ids=body.stop_token_ids,
+    )
+    rules = Rules(
+        tuple(stops), frozenset(body.stop_token_ids or ()), body.include_stop_str_in_output, body.min_tokens
+    )
+    return Asked(
+        n=n,
+        sampling=sampling,
+        rules=rules,
+        logprobs=logprobs,
+        echo=echo,
+        logit_bias=_logit_bias(body.logit_bias, vocab_size),
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        return_token_ids=bool(body.return_token_ids),
+    )
+
+
+def prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """A completion's prompts (a string or an id list each); no prompt, or an empty one, refused. Lengths
+    and ids are the tokenizer's to check, which sees every prompt as ids."""
+    single = isinstance(prompt, str) or (prompt and all(isinstance(token, int) for token in prompt))
+    if not (single or prompt):
+        raise Refusal(
+            "prompt", "prompt: the list holds no prompt; give a string, token ids, or a list of them"
+        )
+    given = [prompt] if single else list(prompt)
+    for index, one in enumerate(given):
+        if one in ("", []):
+            where = "prompt" if single else f"prompt[{index}]"
+            raise Refusal("prompt", f"{where}: empty; GPT-2 needs at least one token to continue")
+    return given
+
+
+def _check_ranges(body: Sampling) -> None:
+    """The numeric fields within their ranges, each refusal naming the field and the range."""
+    for field, (low, high) in RANGES.items():
+        value = getattr(body, field)
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            raise Refusal(field, f"{field}: must be between {low:g} and {high:g}; got {value}")
+    penalty = body.repetition_penalty
+    if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
+        raise Refusal("repetition_penalty", f"repetition_penalty: must be above 0 (1 is none); got {penalty}")
+    if body.top_k is not None and body.top_k < -1:
+        raise Refusal("top_k", f"top_k: must be -1 or 0 (no limit) or a positive count; got {body.top_k}")
+    seed = body.seed
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise Refusal("seed", f"seed: must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}); got {seed}")
+
+
+def _check_lengths(max_tokens: int | None, min_tokens: int, name: str) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise Refusal(name, f"{name}: must be at least 1 (every completion gets a token); got {max_tokens}")
+    if min_tokens < 0:
+        raise Refusal("min_tokens", f"min_tokens: must be 0 or more; got {min_tokens}")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise Refusal("min_tokens", f"min_tokens: {min_tokens} is more than {name} ({max_tokens})")
+
+
+def _chat_logprobs(body: ChatRequest) -> int | None:
+    """The alternatives a token a chat request asks for (`top_logprobs`, with `logprobs: true`)."""
+    top = body.top_logprobs
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise Refusal("top_logprobs", f"top_logprobs: must be 0 to {MAX_LOGPROBS}; got {top}")
+    if not body.logprobs:
+        if top:
+            raise Refusal("top_logprobs", "top_logprobs: needs logprobs: true")
+        return None
+    return top or 0
+
+
+def _check_choices(body: Sampling) -> int:
+    """How many choices each prompt gets (`n`), with `best_of` only where it selects nothing."""
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= MAX_N:
+        raise Refusal("n", f"n: must be 1 to {MAX_N} choices a prompt; got {n}")
+    if body.best_of is not None and body.best_of != n:
+        raise Refusal(
+            "best_of",
+            f"best_of: this server does not rank candidates; leave it out or make it equal to n ({n})",
+        )
+    return n
+
+
+def _logit_bias(bias: dict[str, Any] | None, vocab_size: int) -> dict[int, float]:
+    """`logit_bias` by token id, each id in the vocabulary and each bias within OpenAI's bound."""
+    biases = {}
+    for key, value in (bias or {}).items():
+        if not (key.lstrip("-").isdigit() and 0 <= int(key) < vocab_size):
+            raise Refusal(
+                "logit_bias",
+                f"logit_bias: {key!r} is not a token id of the vocabulary (0 to {vocab_size - 1})",
+            )
+        if not (math.isfinite(value) and -LOGIT_BIAS <= value <= LOGIT_BIAS):
+            raise Refusal(
+                "logit_bias",
+                f"logit_bias[{key}]: must be between -{LOGIT_BIAS:g} and {LOGIT_BIAS:g}; got {value}",
+            )
+        biases[int(key)] = float(value)
+    return biases

@@ -1,0 +1,61 @@
+"""What the routes read of the running server: MAX's engine and its config, our settings.
+
+MAX builds its engine (`TokenGeneratorPipeline`: our tokenizer, and a proxy to the model
+worker) and keeps it, with the pipeline's config, in the HTTP app's state; `mount`
+(`max_gpt2.serving.api.routes`) adds our `ServingSettings` beside them. `Served.of(request)`
+gathers the three for a route.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from max.pipelines.lib import PipelineConfig
+from max.serve.pipelines.llm import TokenGeneratorPipeline
+from starlette.requests import Request
+
+from max_gpt2.serving.api.protocol import Refusal
+from max_gpt2.serving.settings import ServingSettings
+from max_gpt2.serving.tokenizer import GPT2TextTokenizer
+
+
+@dataclass(frozen=True)
+class Served:
+    """MAX's engine, its pipeline config and our settings, as the app holds them."""
+
+    engine: TokenGeneratorPipeline
+    config: PipelineConfig
+    settings: ServingSettings
+
+    @classmethod
+    def of(cls, request: Request) -> Served:
+        state: Any = request.app.state
+        return cls(state.pipeline, state.pipeline_config, state.serving)
+
+    @property
+    def tokenizer(self) -> GPT2TextTokenizer:
+        tokenizer = self.engine.tokenizer
+        assert isinstance(tokenizer, GPT2TextTokenizer), "arch.py registers our tokenizer"
+        return tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model has: 0 to this, less one."""
+        return self.tokenizer.model_vocab_size
+
+    @property
+    def context_length(self) -> int:
+        """Tokens the model sees at most (GPT-2's `n_positions`), prompt and completion together."""
+        return self.tokenizer.n_positions
+
+    def model_name(self, asked: str | None) -> str:
+        """The served name a request asked for (the first where it named none); a `Refusal` (404, as
+        OpenAI's) for a name not served here."""
+        names = self.settings.served_names
+        if not asked:
+            return names[0]
+        if asked not in names:
+            served = ", ".join(repr(name) for name in names)
+            raise Refusal("model", f"model: {asked!r} is not served here; this server serves {served}", 404)
+        return asked

@@ -1,0 +1,62 @@
+"""A choice's text cut before its first stop string, token by token, as OpenAI and vLLM cut it.
+
+    cut = StopCut(["\\n\\n", "The End"])
+    shown = cut.add(" The")   # what a client may see now: "" while " The" could begin "The End"
+    shown = cut.add(" cat")   # " The cat"
+    cut.matched               # the stop string that ended the text, or None
+    rest = cut.flush()        # at the end without a match: what was held back
+
+`add` takes each token's text in turn. A stop string counts once it ends in the text of a
+token past the first `after` (`min_tokens`: vLLM checks no stop before then); the first one
+to end ends the text, before it (OpenAI's `stop`) or, with `keep`, after it (vLLM's
+`include_stop_str_in_output`). Text that could begin a stop string is held back until the
+next token tells (`max_gpt2.inference.stop_strings.held_back`), so a client streaming the
+text is never shown what a later match takes away. The library's `stop_strings` keep Hugging
+Face's meaning instead (the match stays in the tokens): docs/generation.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from max_gpt2.inference.stop_strings import held_back
+
+
+class StopCut:
+    """One choice's text so far, what of it a client has been shown, and the stop string that ended it."""
+
+    def __init__(self, stops: Sequence[str], keep: bool = False, after: int = 0) -> None:
+        self.stops, self.keep, self.after = tuple(stops), keep, after
+        self.text = ""  # every token's text so far, the match and what follows it included
+        self.shown = 0  # characters of `text` handed out
+        self.tokens = 0
+        self.matched: str | None = None
+
+    def add(self, piece: str) -> str:
+        """Takes the next token's text; returns what a client may be shown now, after what it was shown."""
+        assert self.matched is None, "the text has ended"
+        before = len(self.text)
+        self.text += piece
+        self.tokens += 1
+        if self.stops and self.tokens > self.after:
+            # Matches ending in this piece (earlier ones ended an earlier piece, or came before `after`).
+            ends = [
+                (start + len(stop), start, stop)
+                for stop in self.stops
+                if (start := self.text.find(stop, max(0, before - len(stop) + 1))) >= 0
+            ]
+            if ends:
+                end, start, self.matched = min(ends)
+                return self._show(end if self.keep else start)
+        # With `keep`, a match ends past the text so far, so nothing shown is ever taken back.
+        held = 0 if self.keep else held_back(self.text, self.stops)
+        return self._show(len(self.text) - held)
+
+    def flush(self) -> str:
+        """What is left to show once the choice has ended without a match."""
+        return "" if self.matched is not None else self._show(len(self.text))
+
+    def _show(self, upto: int) -> str:
+        new = self.text[self.shown : upto]
+        self.shown = max(self.shown, upto)
+        return new

@@ -1,0 +1,86 @@
+"""What `max-gpt2 serve` decides for MAX's processes beyond MAX's own options: one object, made once.
+
+MAX's command line has no option an architecture may add, so `max-gpt2 serve` makes one
+`ServingSettings` from its own options and hands it to MAX's processes as JSON in one
+environment variable (`VARIABLE`). Each process reads it once, with `from_environment`:
+the HTTP process for its front end (the names it answers to, the origins it lets call it,
+the explorer, where MAX's metrics process serves its metrics), the model worker for its
+pipeline (the weight format, the decoding steps, prompt lookup). The API key travels apart,
+in `API_KEY_VARIABLE` (the variable users set themselves), and never on a command line,
+where other users of the machine could read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+VARIABLE = "MAX_GPT2_SERVING"
+API_KEY_VARIABLE = "MAX_GPT2_API_KEY"
+# Greedy tokens a request may get per scheduler step on a CPU (docs/performance.md).
+DECODE_STEPS = 16
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """One served model's settings beyond MAX's options (module docstring).
+
+    `served_names`: every name a request's `model` may give (the first is MAX's);
+    `weight_format`: a `max_gpt2.model.weight_formats` name, or a GGUF file's own mix's;
+    `decode_steps`: greedy tokens a scheduler step may decode on a CPU; `prompt_lookup`:
+    tokens a request may draft (0: none); `allowed_origins`: origins a browser page may
+    call the API from (CORS; `*` any, none: CORS off); `explorer`: the head explorer's
+    settings as its JSON (`max_gpt2.explorer.loading.ExplorerSettings`), or None;
+    `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None.
+    """
+
+    served_names: tuple[str, ...] = ("gpt2",)
+    weight_format: str = "float32"
+    decode_steps: int = DECODE_STEPS
+    prompt_lookup: int = 0
+    allowed_origins: tuple[str, ...] = ()
+    explorer: str | None = None
+    metrics_socket: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.served_names or not all(isinstance(name, str) and name for name in self.served_names):
+            raise ValueError(f"served_names: one or more non-empty names; got {list(self.served_names)}")
+        if not (isinstance(self.decode_steps, int) and self.decode_steps >= 1):
+            raise ValueError(
+                f"decode_steps: steps a scheduler step may decode, 1 or more; got {self.decode_steps!r}"
+            )
+        if not (isinstance(self.prompt_lookup, int) and self.prompt_lookup >= 0):
+            raise ValueError(
+                f"prompt_lookup: tokens a request may draft, 0 (none) or more; got {self.prompt_lookup!r}"
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ServingSettings:
+        """The settings `to_json` wrote; a ValueError names `VARIABLE` and what is wrong."""
+        try:
+            values: dict[str, Any] = json.loads(text)
+            known = {field.name for field in fields(cls)}
+            if unknown := sorted(set(values) - known):
+                raise ValueError(f"unknown settings {unknown}")
+            for name in ("served_names", "allowed_origins"):
+                if name in values:
+                    values[name] = tuple(values[name])
+            return cls(**values)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{VARIABLE}: {error} (max-gpt2 serve writes this variable)") from None
+
+    @classmethod
+    def from_environment(cls) -> ServingSettings:
+        """The settings `max-gpt2 serve` handed this process, or the defaults where it handed none
+        (plain `max serve --custom-architectures max_gpt2.serving`)."""
+        text = os.environ.get(VARIABLE)
+        return cls.from_json(text) if text else cls()
+
+    def environment(self) -> dict[str, str]:
+        """The variable that hands these settings to MAX's processes."""
+        return {VARIABLE: self.to_json()}

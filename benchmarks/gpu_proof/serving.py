@@ -94,7 +94,7 @@ def check_refusals(plan: Plan, client: Any, results: Results, prompt: str) -> No
     answers = {}
     before = served(client, prompt)
     for name, request in (
-        ("logprobs=8", {"prompt": prompt, "logprobs": 8}),
+        ("logprobs=21", {"prompt": prompt, "logprobs": 21}),
         (f"a token id of {plan.lm.vocab_size}", {"prompt": [plan.lm.vocab_size]}),
     ):
         try:

@@ -104,6 +104,7 @@ async def answer(
     except ClientLeft:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
+        await withdraw(choices)  # where one failed, the others stop too
         record_request_end(request.url.path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
     body = {
         **head,
@@ -170,7 +171,7 @@ async def events(
                 continue
             delta = shape.delta(index, choices[index], chunk, index in first)
             first.discard(index)
-            yield json.dumps({**head, "object": shape.chunk_object, "choices": [delta]})
+            yield compact({**head, "object": shape.chunk_object, "choices": [delta]})
         if asked.include_usage:
             yield json.dumps(
                 {**head, "object": shape.chunk_object, "choices": [], "usage": usage(choices, asked)}
@@ -178,7 +179,7 @@ async def events(
         yield "[DONE]"
     except Exception as error:  # the stream has begun: the error goes in it
         logger.exception("a streamed answer failed")
-        yield json.dumps(error_body(500, f"the answer failed while streaming: {error}", None))
+        yield compact(error_body(500, f"the answer failed while streaming: {error}", None))
     finally:
         record_request_end(path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
 
@@ -243,6 +244,11 @@ async def disconnected(request: Request) -> None:
     """Returns once the client has hung up."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def compact(event: dict[str, Any]) -> str:
+    """An event as JSON, as a response body is written (no spaces, UTF-8 as it is)."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
 
 
 def counts(choices: Sequence[Choice], asked: Asked) -> tuple[int, int]:

@@ -195,6 +195,7 @@ class TokenNames:
     def __init__(self, engine: TokenGeneratorPipeline) -> None:
         self.tokenizer = tokenizer_of(engine)
         self.names: dict[int, str] = {}
+        self.spelled: dict[int, list[int]] = {}
 
     def __call__(self, token: int) -> str:
         if token not in self.names:
@@ -202,4 +203,6 @@ class TokenNames:
         return self.names[token]
 
     def bytes(self, token: int) -> list[int]:
-        return list(token_bytes(self.tokenizer, token))
+        if token not in self.spelled:
+            self.spelled[token] = list(token_bytes(self.tokenizer, token))
+        return self.spelled[token]

@@ -106,6 +106,7 @@ class Choice:
                 yield chunk
                 if chunk.finish is not None:
                     return
+            yield Chunk(self.cut.flush(), (), Finish("stop"))  # the engine ended it unasked (shutting down)
         finally:
             await self.close()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.responses import JSONResponse
 
 from max_gpt2.serving.max_internals import error_body
@@ -50,11 +50,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class Sampling(BaseModel):
+# Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`).
+Refused = create_model(
+    "Refused", __config__=ConfigDict(extra="forbid"), **dict.fromkeys(REFUSED, (Any, None))
+)
+
+
+class Sampling(Refused):
     """The fields completions and chat completions share: how tokens are picked, how a choice ends,
     how many there are and how they come back."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = None
@@ -77,18 +81,13 @@ class Sampling(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False
-    # Accepted with no effect, and refused when set (the tables above).
+    # Accepted with no effect (`NO_EFFECT`).
     user: str | None = None
     reasoning_split: bool | None = None
     cache_salt: str | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
-    thinking_temperature: Any = None
-    reasoning: Any = None
-    reasoning_effort: Any = None
-    target_endpoint: Any = None
-    dkv_cache_hint: Any = None
-    response_format: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(Sampling):
@@ -97,7 +96,6 @@ class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     logprobs: int | None = None
-    suffix: Any = None
 
 
 class ChatRequest(Sampling):
@@ -110,16 +108,7 @@ class ChatRequest(Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    tools: Any = None
-    functions: Any = None
-    function_call: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    store: bool | None = None
-    web_search_options: Any = None
+    tool_choice: Any = None  # "none", or "auto" with no tools; else refused (`requests.check`)
 
 
 class TokenizeRequest(BaseModel):

@@ -90,7 +90,7 @@ class Asked:
 def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
     """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring)."""
     for field, why in REFUSED.items():
-        if hasattr(body, field) and not unset(getattr(body, field)):
+        if not unset(getattr(body, field)):
             raise Refusal(field, f"{field}: {why}; leave it out")
     _check_ranges(body)
     length_field = "max_tokens"

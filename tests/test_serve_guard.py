@@ -319,7 +319,7 @@ def test_the_api_key_reaches_the_server_in_its_environment_never_its_command_lin
         serve_arguments("--checkpoint", checkpoint, "--api-key", "k1"), Progress(io.StringIO())
     )
     assert env[API_KEY_VARIABLE] == "k1" and not any("k1" in part for part in command)
-    assert command[1:3] == ["-m", "max_gpt2.serving.server"]
+    assert command[1:3] == ["-m", "max_gpt2.cli.serve_process"]
     monkeypatch.setenv(API_KEY_VARIABLE, "from-env")
     _, env = serve_command(serve_arguments("--checkpoint", checkpoint), Progress(io.StringIO()))
     assert env[API_KEY_VARIABLE] == "from-env"

@@ -7,7 +7,7 @@ It checks the checkpoint (files, `config.json`, tokenizer; or a GGUF file, serve
 model directory made beside it in the cache: `max_gpt2.cli.serve_gguf`), the serving
 extra and the options (`serve_options`), then becomes MAX's `max serve` with our
 architecture (`max_gpt2.serving`) on the local checkpoint, offline, through
-`max_gpt2.serving.server`, which mounts our front end on MAX's HTTP app
+`max_gpt2.cli.serve_process`, which mounts our front end on MAX's HTTP app
 (`max_gpt2.serving.api`: completions, chat, tokenize, metrics, every field honoured or
 refused by name: docs/serving.md); it prints that command. What MAX's command line cannot
 carry goes to MAX's processes as one `ServingSettings` in the environment, the API key in
@@ -49,7 +49,15 @@ from max_gpt2.model.checkpoint import OpenedCheckpoint
 from max_gpt2.model.weight_formats import FLOAT32, FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.serving.chat_templates import chat_template_file
-from max_gpt2.serving.settings import API_KEY_VARIABLE, DECODE_STEPS, VARIABLE, ServingSettings
+from max_gpt2.serving.settings import (
+    API_KEY_VARIABLE,
+    DECODE_STEPS,
+    VARIABLE,
+    ServingSettings,
+    check_device,
+    check_request,
+    check_tokenizer,
+)
 
 # What MAX's `max[serve]` extra adds that the core package does not have.
 SERVE_MODULES = ("fastapi", "uvicorn", "transformers", "zmq")
@@ -130,15 +138,9 @@ def serve_command(
     load), then what a server needs of the checkpoint (a tokenizer; MAX's architecture name) and the
     chat template. `runtime_directory`: the server's own directory, where its metrics socket lies."""
     require_serve_extra()
-    if args.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"--dtype {args.dtype}: the server runs float32 or bfloat16")
-    check_host(args.host, args.port)
     api_key = args.api_key or os.environ.get(API_KEY_VARIABLE)
-    if args.explorer and api_key:
-        raise ValueError(
-            "--explorer: the explorer's page cannot send an API key, so it is not served beside one "
-            f"(--api-key or {API_KEY_VARIABLE}); run max-gpt2 explore on its own port instead"
-        )
+    check_request(args.dtype, args.explorer, bool(api_key))
+    check_host(args.host, args.port)
     chat_template = chat_template_file(args.chat_template) if args.chat_template else None
     path = checkpoint_path(args, progress)
     devices = device_name(resolve_device(args.device))
@@ -147,13 +149,6 @@ def serve_command(
         path, args.device, args.dtype, weight_format=args.weight_format, output_attentions=args.explorer
     )
     checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
-    if device.is_host and args.dtype != "float32":
-        raise ValueError(f"--dtype {args.dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
-    if args.prompt_lookup and not (device.is_host and args.dtype == "float32"):
-        raise ValueError(
-            f"--prompt-lookup {args.prompt_lookup}: drafts are checked by the decoding kernels, which run on "
-            f"the CPU in float32, not on {device_name(device)} in {args.dtype}"
-        )
     # With the explorer, a file's own mix is what it loads as by default (None).
     explorer = ExplorerSettings(
         str(path), args.device, args.dtype, weight_format.name if weight_format.name in FORMATS else None
@@ -167,11 +162,12 @@ def serve_command(
         explorer=explorer.to_json() if args.explorer else None,
         metrics_socket=f"{runtime_directory}/metrics.sock" if runtime_directory else None,
     )
+    check_device(settings, args.dtype, device.is_host, device_name(device))
     model = served_model(checkpoint, plan.tokenizer(), path)
     command = [
         sys.executable,
         "-m",
-        "max_gpt2.serving.server",  # MAX's `max` command, with our front end on its HTTP app
+        "max_gpt2.cli.serve_process",  # MAX's `max` command, with our front end on its HTTP app
         "serve",
         "--custom-architectures=max_gpt2.serving",
         f"--model-path={model}",
@@ -193,16 +189,9 @@ def serve_command(
 def served_model(checkpoint: OpenedCheckpoint, tokenizer: Tokenizer | None, path: str | Path) -> Path:
     """The model directory MAX serves: the checkpoint's own, or one made for a GGUF file; refused where
     MAX could not serve it (no tokenizer, one smaller than the model's vocabulary, no architecture)."""
-    if tokenizer is None:
-        raise ValueError(
-            f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF "
-            f"file's own); a server takes and returns text"
-        )
-    if (vocab := checkpoint.config.vocab_size) > (known := tokenizer.get_vocab_size(with_added_tokens=True)):
-        raise ValueError(
-            f"{checkpoint.path}: the model's vocab_size={vocab} is more than its tokenizer's {known} tokens; "
-            f"MAX's server stops when a request generates an id it cannot decode ({known} to {vocab - 1})"
-        )
+    tokens = None if tokenizer is None else tokenizer.get_vocab_size(with_added_tokens=True)
+    check_tokenizer(checkpoint.path, checkpoint.config.vocab_size, tokens)
+    assert tokenizer is not None
     config_file = checkpoint.path / "config.json"
     if checkpoint.one_file:  # a GGUF file: MAX reads a directory made for it
         return model_directory(checkpoint, tokenizer, ARCHITECTURE, default_cache_dir())

@@ -84,3 +84,44 @@ class ServingSettings:
     def environment(self) -> dict[str, str]:
         """The variable that hands these settings to MAX's processes."""
         return {VARIABLE: self.to_json()}
+
+
+def check_request(dtype: str, explorer: bool, api_key: bool) -> None:
+    """Refuses what no server runs, whatever the checkpoint: a compute dtype other than float32 and
+    bfloat16, the head explorer beside an API key (its page cannot send one)."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype {dtype}: the server runs float32 or bfloat16")
+    if explorer and api_key:
+        raise ValueError(
+            "--explorer: the explorer's page cannot send an API key, so it is not served beside one "
+            f"(--api-key or {API_KEY_VARIABLE}); run max-gpt2 explore on its own port instead"
+        )
+
+
+def check_device(settings: ServingSettings, dtype: str, on_cpu: bool, where: str) -> None:
+    """Refuses what the device (`where`, `on_cpu`) cannot serve: MAX serves float32 on a CPU, and drafts
+    are checked by the decoding kernels, which run on the CPU in float32."""
+    if on_cpu and dtype != "float32":
+        raise ValueError(f"--dtype {dtype}: MAX serves float32 on CPU; bfloat16 needs a GPU")
+    if settings.prompt_lookup and not (on_cpu and dtype == "float32"):
+        raise ValueError(
+            f"--prompt-lookup {settings.prompt_lookup}: drafts are checked by the decoding kernels, "
+            f"which run on the CPU in float32, not on {where} in {dtype}"
+        )
+
+
+def check_tokenizer(source: object, vocab_size: int, tokens: int | None) -> None:
+    """Refuses a checkpoint (`source`) without a tokenizer (`tokens`: its size, None where there is none)
+    or with one smaller than the model's vocabulary: a server takes and returns text, and MAX's stops
+    when a request generates an id it cannot decode."""
+    if tokens is None:
+        raise ValueError(
+            f"{source} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, or a GGUF file's "
+            "own); a server takes and returns text"
+        )
+    if vocab_size > tokens:
+        raise ValueError(
+            f"{source}: the model's vocab_size={vocab_size} is more than its tokenizer's {tokens} tokens; "
+            f"MAX's server stops when a request generates an id it cannot decode "
+            f"({tokens} to {vocab_size - 1})"
+        )

@@ -12,7 +12,7 @@ sees each request before a route does:
   404 naming what is served, and a route asked with another method a 405.
 - With the head explorer (`max-gpt2 serve --explorer`), `/explore/` and what lies
   under it are its page and JSON routes, answered from a worker thread by its own
-  model (`max_gpt2.explorer.loading`, which `max_gpt2.serving.server` hands in).
+  model (`max_gpt2.explorer.loading`, which `max_gpt2.cli.serve_process` hands in).
 """
 
 from __future__ import annotations

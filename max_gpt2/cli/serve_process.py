@@ -1,4 +1,4 @@
-"""`python -m max_gpt2.serving.server serve ...`: MAX's `max serve`, with our front end on its HTTP app.
+"""`python -m max_gpt2.cli.serve_process serve ...`: MAX's `max serve`, with our front end on its HTTP app.
 
 It takes exactly `max serve`'s options and runs MAX's own entry point; what differs is
 the HTTP app, which gets our routes and guard mounted before it serves (MAX 26.7 has no
@@ -8,7 +8,7 @@ the head explorer (`max_gpt2.explorer.loading`); and MAX's metrics process, whic
 on our Unix socket rather than a port of its own (`max_internals.use_metrics_socket`). Our
 settings come from `ServingSettings.from_environment`, the API key from `MAX_GPT2_API_KEY`,
 never the command line, where other users of the machine could read it. `max-gpt2 serve`
-runs this.
+runs this: the process it becomes, above `serving/` and `explorer/`, which mounts both.
 """
 
 from __future__ import annotations

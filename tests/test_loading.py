@@ -9,9 +9,9 @@ import numpy as np
 
 from max_gpt2 import load_lm
 from max_gpt2.inference.artifacts import ArtifactCache
-from max_gpt2.inference.lm import compiled_with
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import LMOptions
+from max_gpt2.inference.loading import compiled_with
 from tests.support import LM, prompt_and_steps, prompts
 
 

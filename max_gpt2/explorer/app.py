@@ -33,8 +33,8 @@ import numpy as np
 from max_gpt2.analysis.head_scores import repeated_random_tokens
 from max_gpt2.explorer.data import Exploration, explore
 from max_gpt2.explorer.page import page
-from max_gpt2.inference.lm import CompiledLM, LoadProgress, step
-from max_gpt2.inference.loading import load_lm
+from max_gpt2.inference.lm import CompiledLM
+from max_gpt2.inference.loading import LoadProgress, load_lm, step
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.inference.sampling import Sampler
 from max_gpt2.inference.tokenizer import END_OF_TEXT

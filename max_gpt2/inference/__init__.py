@@ -16,7 +16,7 @@ __getattr__, __dir__ = lazy_exports(
         "Step": "max_gpt2.inference.generation",
         "KVCache": "max_gpt2.inference.kv_cache",
         "CompiledLM": "max_gpt2.inference.lm",
-        "compile_lm": "max_gpt2.inference.lm",
+        "compile_lm": "max_gpt2.inference.loading",
         "load_lm": "max_gpt2.inference.loading",
         "Sampler": "max_gpt2.inference.sampling",
         "load_tokenizer": "max_gpt2.inference.tokenizer",

@@ -26,8 +26,8 @@ marks real tokens with 1, padding is never attended to, and positions count real
 tokens only. Generation (`lm.generate`, `lm.stream`) is written in
 `max_gpt2.inference.generation` on `prefill`, `decode_step` and `reorder_cache`;
 scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in `max_gpt2.inference.scoring`.
-`compile_lm` (here) and `load_lm` (`max_gpt2.inference.loading`) check every option once
-(`max_gpt2.inference.lm_graphs`), then compile and bind the weights. Attention weights
+`compile_lm` and `load_lm` (`max_gpt2.inference.loading`) check every option once
+(`max_gpt2.inference.lm_options`), then compile and bind the weights. Attention weights
 come from a variant of the graph that also outputs them, compiled the first time
 `attentions` is called.
 """
@@ -35,11 +35,10 @@ come from a variant of the graph that also outputs them, compiled the first time
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from max.driver import CPU, Buffer, Device
+from max.driver import CPU, Buffer
 from max.dtype import DType
 from tokenizers import Tokenizer
 
@@ -48,13 +47,11 @@ from max_gpt2.inference.compiled import CompiledModel
 from max_gpt2.inference.devices import gpu_of, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs
-from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpu_limits import check_attention_weights
-from max_gpt2.model.stored_weights import StoredWeights, check_stored, stored_layout
+from max_gpt2.model.stored_weights import check_lm_weights
 from max_gpt2.model.variants import ATTENTIONS, REORDER, Variant
-from max_gpt2.model.weight_adapters import check_model_weights
 from max_gpt2.model.weight_formats import WeightFormat
 
 if TYPE_CHECKING:
@@ -291,76 +288,3 @@ class CompiledLM(CompiledModel):
     def _inputs(self, *arrays: np.ndarray) -> list[Buffer]:
         """The graph's integer inputs on the device: ids, positions, mask, logit_index."""
         return [Buffer.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device) for a in arrays]
-
-
-class LoadProgress(Protocol):
-    """Where `load_lm` reports its long steps (the CLI's `max_gpt2.outputs.Progress` is one)."""
-
-    def note(self, message: str) -> None:
-        """A line of its own."""
-
-    def step(self, label: str) -> AbstractContextManager[Any]:
-        """Around a step that takes a while: reading the weights, compiling."""
-
-
-def compile_lm(
-    config: GPT2Config,
-    weights: Mapping[str, np.ndarray],
-    device: str | Device = "auto",
-    dtype: str | DType = "float32",
-    output_attentions: bool = False,
-    kernels: bool | None = None,
-    weight_format: str | WeightFormat = "float32",
-    kv_cache: str | DType | None = None,
-) -> CompiledLM:
-    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
-
-    Compiled now: the graphs `generate` runs (prompt and steps, as one module: the kernels they
-    share compile once), or with `output_attentions` only the variant `CompiledLM.attentions`
-    runs; any other the first time it is needed. `kernels`: whether decoding steps run through
-    the Mojo kernels; None where they run (the CPU, float32), False for MAX's ops everywhere.
-    `weight_format` stores the projections and the LM head as "float32", "bfloat16", "q8_0" or
-    "q4_0" (`max_gpt2.model.weight_formats`; all but float32 for the CPU in float32), packed
-    from the float32 `weights` here. `kv_cache`: the KV cache's dtype, the compute dtype or
-    "float16" with float32 compute (half the bytes a step's attention reads; attention computed
-    in float32); None: `WeightFormat.cache_dtype`'s default. What MAX cannot compile on the device
-    (`gpu_limits.hopper_refusal`), or computes wrong there, is refused before compiling.
-    """
-    options = LMOptions.check(device, dtype, kernels, weight_format, kv_cache, output_attentions)
-    return compiled_with(LMGraphs(config, options), weights, output_attentions)
-
-
-def compiled_with(
-    graph: LMGraphs,
-    weights: Mapping[str, np.ndarray],
-    output_attentions: bool,
-    progress: LoadProgress | None = None,
-) -> CompiledLM:
-    """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
-    weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
-    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    variants = [ATTENTIONS] if output_attentions else [graph.prompt_variant, graph.step_variant]
-    kept = graph.kept(*variants)
-    if progress is not None and not kept:
-        progress.note(
-            "(a new graph takes a minute or two to compile; kept compiled, later loads take a moment)"
-        )
-    doing = "reading compiled" if kept else "compiling"
-    with step(progress, f"{doing} {what} for {graph.options.describe()}"):
-        graph.compile(*variants)
-    return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, weights)
-
-
-def check_lm_weights(
-    weights: Mapping[str, Any], config: GPT2Config, weight_format: WeightFormat
-) -> Mapping[str, np.ndarray]:
-    """float32 parameters checked against `config` (`check_model_weights`), or `StoredWeights` checked
-    against `weight_format`'s stored layout (`stored_weights.check_stored`)."""
-    if isinstance(weights, StoredWeights):
-        check_stored(weights, stored_layout(config, weight_format, tied=False), "the stored weights")
-        return weights
-    return check_model_weights(weights, config)
-
-
-def step(progress: LoadProgress | None, label: str) -> AbstractContextManager[Any]:
-    return nullcontext() if progress is None else progress.step(label)

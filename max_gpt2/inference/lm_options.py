@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from max.driver import Device
 from max.dtype import DType
+from typing_extensions import Unpack
 
 from max_gpt2.inference.devices import device_name, gpu_of, kernels_run_on, parse_dtype, resolve_device
 from max_gpt2.model.gpu_limits import check_attention_weights, check_compiles
@@ -25,6 +27,22 @@ def check_weight_format(requested: str | WeightFormat, device: Device, dtype: DT
 
 def _where(device: Device, dtype: DType) -> str:
     return f"{device_name(device)} in {dtype.name}"
+
+
+class CompileOptions(TypedDict, total=False):
+    """What a model is compiled for beside its device and dtype, as given (unchecked): `compile_lm`'s,
+    `load_lm`'s and `plan_load`'s options, written once here and checked in one place
+    (`LMOptions.check`).
+
+    `kernels`: whether decoding steps run through the Mojo kernels (None where they run, False for
+    MAX's ops everywhere); `weight_format`: how the projections and the LM head are stored (None:
+    the checkpoint's own); `kv_cache`: the KV cache's dtype (None: the format's default);
+    `output_attentions`: compile the graph that also returns attention weights."""
+
+    kernels: bool | None
+    weight_format: str | WeightFormat | None
+    kv_cache: str | DType | None
+    output_attentions: bool
 
 
 @dataclass(frozen=True)
@@ -44,11 +62,8 @@ class LMOptions:
         cls,
         device: str | Device = "auto",
         dtype: str | DType = "float32",
-        kernels: bool | None = None,
-        weight_format: str | WeightFormat | None = None,
-        kv_cache: str | DType | None = None,
-        output_attentions: bool = False,
         checkpoint: Callable[[], Stored] | None = None,
+        **options: Unpack[CompileOptions],
     ) -> LMOptions:
         """The options, or a ValueError for what cannot run, before any weight is read: the kernels
         where they do not run (`kernels`: None, where they run), what MAX computes wrong or cannot
@@ -61,6 +76,8 @@ class LMOptions:
         chosen for (`stored_weights.choose_format`: a quantized one only as itself or float32).
         Without it the width is checked where the graphs are made (`LMGraphs`).
         """
+        kernels, weight_format = options.get("kernels"), options.get("weight_format")
+        kv_cache, output_attentions = options.get("kv_cache"), options.get("output_attentions", False)
         # The device's facts first, then the model's rules on them.
         target, compute_dtype = resolve_device(device), parse_dtype(dtype)
         cache = None if kv_cache is None else parse_dtype(kv_cache, "kv_cache")

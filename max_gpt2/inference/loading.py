@@ -1,8 +1,13 @@
-"""Loading: one plan for every load (`plan_load`), and `load_lm`, a checkpoint to a compiled language model.
+"""Loading: one plan for every load (`plan_load`), `load_lm` (a checkpoint to a compiled language
+model) and `compile_lm` (parameters to one).
 
     lm = load_lm("path/to/gpt2")                      # a safetensors directory, file or Hub id
     lm = load_lm("gpt2-q4_0.gguf")                    # a GGUF file, in its own format (here q4_0)
     lm = load_lm("path/to/gpt2", weight_format="q8_0")
+    lm = compile_lm(config, weights, "cpu", weight_format="q4_0")   # parameters already in memory
+
+Their options beside the device, dtype and cache directory are one set (`lm_options.CompileOptions`),
+checked in one place (`LMOptions.check`).
 
 `plan_load` makes every decision of a load and every check, before a tensor is read: `load_lm`,
 the commands and the server (`max-gpt2 serve` before it starts MAX, and MAX's model worker)
@@ -22,22 +27,37 @@ all load through it. Each step is the cheapest one that gives the same model:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 from max.driver import Device
 from max.dtype import DType
 from tokenizers import Tokenizer
+from typing_extensions import Unpack
 
-from max_gpt2.inference.lm import CompiledLM, LoadProgress, compiled_with
+from max_gpt2.inference.lm import CompiledLM
 from max_gpt2.inference.lm_graphs import LMGraphs
-from max_gpt2.inference.lm_options import LMOptions
+from max_gpt2.inference.lm_options import CompileOptions, LMOptions
 from max_gpt2.inference.tokenizer import checkpoint_tokenizer
 from max_gpt2.model.checkpoint import OpenedCheckpoint, open_checkpoint
-from max_gpt2.model.stored_weights import StoredWeights
-from max_gpt2.model.weight_formats import WeightFormat
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.stored_weights import StoredWeights, check_lm_weights
+from max_gpt2.model.variants import ATTENTIONS
 from max_gpt2.model.weights_cache import bound_weights
+
+
+class LoadProgress(Protocol):
+    """Where `load_lm` reports its long steps (the CLI's `max_gpt2.outputs.Progress` is one)."""
+
+    def note(self, message: str) -> None:
+        """A line of its own."""
+
+    def step(self, label: str) -> AbstractContextManager[Any]:
+        """Around a step that takes a while: reading the weights, compiling."""
 
 
 class LoadPlan(NamedTuple):
@@ -67,64 +87,87 @@ def plan_load(
     checkpoint: str | Path | OpenedCheckpoint,
     device: str | Device = "auto",
     dtype: str | DType = "float32",
-    kernels: bool | None = None,
-    weight_format: str | WeightFormat | None = None,
-    kv_cache: str | DType | None = None,
     *,
-    output_attentions: bool = False,
     cache_dir: str | Path | None = None,
+    **options: Unpack[CompileOptions],
 ) -> LoadPlan:
     """Every decision and check of a load of `checkpoint` (a path, or one `open_checkpoint` opened),
     before any tensor is read; `load_lm`'s arguments."""
-    options = LMOptions.check(
-        device,
-        dtype,
-        kernels,
-        weight_format,
-        kv_cache,
-        output_attentions,
-        opened := cache(
-            lambda: open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
-        ),
-    )
-    return LoadPlan(opened(), options, None if cache_dir is None else Path(cache_dir))
+    opened = cache(lambda: open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint)
+    checked = LMOptions.check(device, dtype, opened, **options)
+    return LoadPlan(opened(), checked, None if cache_dir is None else Path(cache_dir))
 
 
 def load_lm(
     checkpoint: str | Path | OpenedCheckpoint,
     device: str | Device = "auto",
     dtype: str | DType = "float32",
-    kernels: bool | None = None,
-    weight_format: str | WeightFormat | None = None,
-    kv_cache: str | DType | None = None,
     *,
-    output_attentions: bool = False,
     progress: LoadProgress | None = None,
     cache_dir: str | Path | None = None,
+    **options: Unpack[CompileOptions],
 ) -> CompiledLM:
     """Opens a GPT-2 checkpoint (a safetensors directory, file or Hub id, or a GGUF file; or takes one
     opened by `open_checkpoint`), compiles the model and binds its weights.
 
-    `weight_format` is how the projections and the LM head are stored for decoding: "float32",
-    "bfloat16", "q8_0" or "q4_0" (`max_gpt2.model.weight_formats`); None: the checkpoint's own
-    (float32 for safetensors; a GGUF file's type: F32 and F16 float32, BF16, Q8_0 and Q4_0 their
-    own). Another is converted from it, once: converted weights are kept in the weights cache
-    under `cache_dir` (None: `max_gpt2.outputs.default_cache_dir()`), and so are compiled graphs. A
-    quantized GGUF file loads in its own format or as float32. `kv_cache`, `kernels` and
-    `output_attentions` are `compile_lm`'s. Every option is checked before a tensor is read
-    (`plan_load`). `progress`, if given, hears of the long steps (`LoadProgress`). The checkpoint's
-    tokenizer, if it has one, comes along as `lm.tokenizer`.
+    `weight_format` is how the projections and the LM head are stored for decoding (one of
+    `max_gpt2.model.weight_formats.FORMATS`); None: the checkpoint's own (float32 for safetensors;
+    a GGUF file's type, or its mix of them). Another is converted from it, once: converted
+    weights are kept in the weights cache under `cache_dir` (None:
+    `max_gpt2.outputs.default_cache_dir()`), and so are compiled graphs. A quantized GGUF file
+    loads in its own format or as float32. The other options are `compile_lm`'s
+    (`lm_options.CompileOptions`), every one checked before a tensor is read
+    (`plan_load`). `progress`, if given, hears of the long steps (`LoadProgress`). The
+    checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
     """
-    plan = plan_load(
-        checkpoint,
-        device,
-        dtype,
-        kernels,
-        weight_format,
-        kv_cache,
-        output_attentions=output_attentions,
-        cache_dir=cache_dir,
-    )
+    plan = plan_load(checkpoint, device, dtype, cache_dir=cache_dir, **options)
+    output_attentions = options.get("output_attentions", False)
     lm = compiled_with(plan.graphs(), plan.weights(progress), output_attentions, progress)
     lm.tokenizer = plan.tokenizer()
     return lm
+
+
+def compile_lm(
+    config: GPT2Config,
+    weights: Mapping[str, np.ndarray],
+    device: str | Device = "auto",
+    dtype: str | DType = "float32",
+    **options: Unpack[CompileOptions],
+) -> CompiledLM:
+    """Compiles GPT-2 for `device` and `dtype` and binds `weights` (`Checkpoint.model_weights()`).
+
+    Compiled now: the graphs `generate` runs (prompt and steps, as one module: the kernels they
+    share compile once), or with `output_attentions` only the variant `CompiledLM.attentions`
+    runs; any other the first time it is needed. A `weight_format` other than float32 is packed
+    from the float32 `weights` here (all but float32 for the CPU in float32); `kv_cache` is the
+    compute dtype or "float16" with float32 compute (half the bytes a step's attention reads),
+    None the format's default (`lm_options.CompileOptions`). What MAX cannot compile on the
+    device (`gpu_limits.hopper_refusal`), or computes wrong there, is refused before compiling.
+    """
+    checked = LMOptions.check(device, dtype, **options)
+    return compiled_with(LMGraphs(config, checked), weights, options.get("output_attentions", False))
+
+
+def compiled_with(
+    graph: LMGraphs,
+    weights: Mapping[str, np.ndarray],
+    output_attentions: bool,
+    progress: LoadProgress | None = None,
+) -> CompiledLM:
+    """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
+    weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
+    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
+    variants = [ATTENTIONS] if output_attentions else [graph.prompt_variant, graph.step_variant]
+    kept = graph.kept(*variants)
+    if progress is not None and not kept:
+        progress.note(
+            "(a new graph takes a minute or two to compile; kept compiled, later loads take a moment)"
+        )
+    doing = "reading compiled" if kept else "compiling"
+    with step(progress, f"{doing} {what} for {graph.options.describe()}"):
+        graph.compile(*variants)
+    return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, weights)
+
+
+def step(progress: LoadProgress | None, label: str) -> AbstractContextManager[Any]:
+    return nullcontext() if progress is None else progress.step(label)

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
+from max_gpt2.model.weight_adapters import CheckpointError, check_model_weights, model_parameter_shapes
 from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, is_packed, stored_name
 
 TIED_HEAD = {"lm_head.weight": "transformer.wte.weight"}
@@ -209,3 +209,14 @@ def check_stored(
             raise ValueError(
                 f"{source}: {name} is {array.dtype} {list(array.shape)}, expected {dtype} {list(shape)}"
             )
+
+
+def check_lm_weights(
+    weights: Mapping[str, Any], config: GPT2Config, weight_format: WeightFormat
+) -> Mapping[str, np.ndarray]:
+    """float32 parameters checked against `config` (`check_model_weights`), or `StoredWeights` checked
+    against `weight_format`'s stored layout (`check_stored`)."""
+    if isinstance(weights, StoredWeights):
+        check_stored(weights, stored_layout(config, weight_format, tied=False), "the stored weights")
+        return weights
+    return check_model_weights(weights, config)

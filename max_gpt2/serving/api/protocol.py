@@ -16,14 +16,18 @@ from starlette.responses import JSONResponse
 
 from max_gpt2.serving.max_internals import error_body
 
-# Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them.
-NO_EFFECT = {
-    "user": "an end-user id OpenAI keeps for abuse monitoring; nothing here reads it",
-    "reasoning_split": "GPT-2 writes no reasoning to split off",
-    "cache_salt": "isolates prefix-cache entries, and prefix caching is off (echo needs every prompt token)",
-    "metadata": "tags OpenAI keeps with stored completions; nothing is stored here",
-    "service_tier": "there is one tier here",
-    "parallel_tool_calls": "no tools are called here",
+# Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them:
+# the JSON type each takes, and why it changes nothing.
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    "user": (str, "an end-user id OpenAI keeps for abuse monitoring; nothing here reads it"),
+    "reasoning_split": (bool, "GPT-2 writes no reasoning to split off"),
+    "cache_salt": (
+        str,
+        "isolates prefix-cache entries, and prefix caching is off (echo needs every prompt token)",
+    ),
+    "metadata": (dict[str, Any], "tags OpenAI keeps with stored completions; nothing is stored here"),
+    "service_tier": (str, "there is one tier here"),
+    "parallel_tool_calls": (bool, "no tools are called here"),
 }
 # Fields refused unless left unset (null, false, or the empty value given): why, per field.
 REFUSED = {
@@ -50,13 +54,17 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-# Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`).
+# Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`); and every
+# field of `NO_EFFECT`, of its type, read by nothing.
 Refused = create_model(
     "Refused", __config__=ConfigDict(extra="forbid"), **dict.fromkeys(REFUSED, (Any, None))
 )
+Ignored = create_model(
+    "Ignored", __base__=Refused, **{field: (kind | None, None) for field, (kind, _) in NO_EFFECT.items()}
+)
 
 
-class Sampling(Refused):
+class Sampling(Ignored):
     """The fields completions and chat completions share: how tokens are picked, how a choice ends,
     how many there are and how they come back."""
 
@@ -81,13 +89,6 @@ class Sampling(Refused):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False
-    # Accepted with no effect (`NO_EFFECT`).
-    user: str | None = None
-    reasoning_split: bool | None = None
-    cache_salt: str | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(Sampling):

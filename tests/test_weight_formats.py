@@ -4,6 +4,7 @@ language model in each format against the float64 reference."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -332,13 +333,15 @@ def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):
 
 
 PACKAGE = Path(__file__).parents[1] / "max_gpt2"
+DOCS = PACKAGE.parent / "docs"
 
 
 def test_no_module_but_the_formats_one_compares_a_format_by_name():
-    """Every other module asks a format object (`WeightFormat`): a comparison of something named
-    *format* with a format's name, or a quantized format's name written anywhere as a value, is
-    the string-compared variant the formats module replaced."""
+    """Every other module asks a format object (`WeightFormat`): a quantized format's name written
+    anywhere as a value, or a comparison of something named *format* with any format's name, is the
+    string-compared variant the formats module replaced (float32 and bfloat16 are dtypes' names too)."""
     names = set(FORMATS) | {"float16"}
+    quantized = {name for name, format in FORMATS.items() if format.quantized}
     offenders = []
     for file in sorted(PACKAGE.rglob("*.py")):
         if file.name == "weight_formats.py":
@@ -349,6 +352,33 @@ def test_no_module_but_the_formats_one_compares_a_format_by_name():
                 literals = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
                 if literals & names:
                     offenders.append(f"{where}: {ast.unparse(node)}")
-            if isinstance(node, ast.Constant) and node.value in ("q8_0", "q4_0"):
+            if isinstance(node, ast.Constant) and node.value in quantized:
                 offenders.append(f"{where}: the value {node.value!r}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_name_check_sees_a_k_quant_compared_without_the_word_format():
+    """The check above would catch `kind == "q4_k"`: the quantized names are all of `FORMATS`'s."""
+    tree = ast.parse('if kind == "q4_k": pass')
+    quantized = {name for name, format in FORMATS.items() if format.quantized}
+    assert any(isinstance(node, ast.Constant) and node.value in quantized for node in ast.walk(tree))
+    assert quantized == set(FORMATS) - {"float32", "bfloat16"}
+
+
+FORMAT_RUN = re.compile(r"`?\b(?:NAMES)\b`?(?:(?:,? (?:or|and) |, )`?\b(?:NAMES)\b`?){3,}")
+
+
+@pytest.mark.parametrize(
+    "page", sorted([*DOCS.glob("*.md"), DOCS.parent / "README.md"]), ids=lambda p: p.name
+)
+def test_every_list_of_the_formats_in_the_docs_is_whole(page):
+    """A list of four or more formats that starts from float32 means all of them: it names every one of
+    `FORMATS`, in its order (subsets, such as the blocks of 32 or the K-quants, leave float32 out)."""
+    run = re.compile(FORMAT_RUN.pattern.replace("NAMES", "|".join(FORMATS)))
+    partial = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for found in run.finditer(line):
+            named = re.findall("|".join(FORMATS), found.group())
+            if "float32" in named and named != list(FORMATS):
+                partial.append(f"{page.name}:{number}: {found.group()}")
+    assert not partial, "lists of formats missing some of " + ", ".join(FORMATS) + ":\n" + "\n".join(partial)

@@ -42,13 +42,18 @@ def fitting(weight_format: WeightFormat, columns: int) -> WeightFormat:
 
 @dataclass(frozen=True, eq=False)
 class Mix:
-    """A llama-quantize preset: its name (ours, lower case), `general.file_type`, the projections' type,
-    and whether attn_qkv and ffn_down take Q6_K in the `more_bits` layers."""
+    """A llama-quantize preset: its name (llama.cpp's), `general.file_type`, the projections' type, and
+    whether attn_qkv and ffn_down take Q6_K in the `more_bits` layers."""
 
-    name: str
+    preset: str
     file_type: int
     base: WeightFormat
     more_bits: bool
+
+    @property
+    def name(self) -> str:
+        """Ours: llama.cpp's in lower case."""
+        return self.preset.lower()
 
     def __str__(self) -> str:
         return self.name
@@ -78,9 +83,9 @@ class Mix:
 MIXES = {
     mix.name: mix
     for mix in (
-        Mix("q4_k_m", 15, BY_GGML_TYPE["Q4_K"], more_bits=True),
-        Mix("q5_k_m", 17, BY_GGML_TYPE["Q5_K"], more_bits=True),
-        Mix("q6_k", 18, BY_GGML_TYPE["Q6_K"], more_bits=False),
+        Mix("Q4_K_M", 15, BY_GGML_TYPE["Q4_K"], more_bits=True),
+        Mix("Q5_K_M", 17, BY_GGML_TYPE["Q5_K"], more_bits=True),
+        Mix("Q6_K", 18, BY_GGML_TYPE["Q6_K"], more_bits=False),
     )
 }
 """llama-quantize's presets `max-gpt2 convert` writes, by our name (llama.cpp's in lower case)."""

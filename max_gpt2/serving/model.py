@@ -8,10 +8,10 @@ its projections in `skinny_matmul`'s loops) for steps where each of at most
 `CheckedDrafts`), and the general one (MAX's flash
 attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul past them) for
 the rest; elsewhere only the general one, with MAX's ops. With packed weights
-(`GPT2ServingConfig.weight_format`: bfloat16, q8_0 or q4_0, packed here at load
-time, CPU and float32 only) both graphs take every projection and the LM head
-through the packed kernels (`PackedLinear`), prompts too, as `CompiledLM` does;
-the paged cache stays float32.
+(`GPT2ServingConfig.weight_format`: any of `weight_formats.FORMATS` but float32, or
+a GGUF file's mix; CPU and float32 only) both graphs take every projection and the
+LM head through the packed kernels (`PackedLinear`), prompts too, as `CompiledLM`
+does; the paged cache stays float32.
 
 MAX's `ModuleV3PipelineModelWithKVCache` does the rest: it sizes and manages the
 paged KV cache, batches requests into ragged inputs (MAX's own batch processor

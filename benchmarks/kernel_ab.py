@@ -97,14 +97,16 @@ def step_shapes(config: GPT2Config, part: str = "step") -> list[tuple[int, int]]
 
 
 def stored(weight: np.ndarray, weight_format: WeightFormat, bias: np.ndarray) -> list[np.ndarray]:
-    """`weight` [N, K] as the kernel for `weight_format` takes it: the matrix, or values and scales, then
-    the bias the kernel adds (empty: none)."""
-    return [*weight_format.pack(weight_format.rows(weight)).values(), bias]
+    """`weight` [N, K] as `gpt2_matmul` takes it in `weight_format`: the matrix or values, the block scales
+    (empty for rows of floats), then the bias the kernel adds (empty: none)."""
+    packed = weight_format.pack(weight_format.rows(weight))
+    return [packed["weight"], packed.get("scales", np.zeros((0, 0), np.float16)), bias]
 
 
 def step_graph(
     name: str,
     op: str,
+    weight_format: WeightFormat,
     rows: int,
     width: int,
     shapes: list[tuple[int, int]],
@@ -119,7 +121,8 @@ def step_graph(
         next_inputs = [k for _, k in shapes[1:]] + [shapes[-1][0]]
         for (n, _), next_k, product in zip(shapes, next_inputs, products, strict=True):
             taken, weights = weights[: len(product)], weights[len(product) :]
-            (y,) = ops.custom(op, CPU_REF, [hidden, *taken], [TensorType(DType.float32, [rows, n], CPU_REF)])
+            product = [TensorType(DType.float32, [rows, n], CPU_REF)]
+            (y,) = ops.custom(op, CPU_REF, [hidden, *taken], product, {"format": weight_format.kernel_format})
             # What the next product takes of y: c_attn's queries feed c_proj, a head's first columns the next.
             hidden = y[:, :next_k] if n > next_k else y
         graph.output(y)
@@ -200,7 +203,6 @@ def compare_products(args: argparse.Namespace) -> None:
     """Prints a step's products (or `--part`'s) through our op and the copy's, at each of `--rows`."""
     config = MODELS[args.model]
     shapes = step_shapes(config, args.part)
-    op = args.weight_format.matmul_op
     rng = np.random.default_rng(0)
     # Unit-variance outputs through the whole chain: weights ~ N(0, 1/K); the projections have
     # biases (zeros here), the head none.
@@ -230,7 +232,8 @@ def compare_products(args: argparse.Namespace) -> None:
                 name: session.load(
                     step_graph(
                         f"ab_{name}_{args.weight_format}_{rows}",
-                        op + suffix,
+                        "gpt2_matmul" + suffix,
+                        args.weight_format,
                         rows,
                         config.n_embd,
                         shapes,

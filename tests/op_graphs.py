@@ -89,17 +89,20 @@ def packed_matmuls_graph(name: str, formats: tuple[str, ...]) -> Graph:
             for key, part in parts.items()
         ]
     types += [TensorType(DType.float32, ["N"], CPU_REF), TensorType(DType.float32, ["NB"], CPU_REF)]
+    types += [TensorType(DType.float16, ["none0", "none1"], CPU_REF)]  # rows of floats' (empty) scales
     with Graph(name, input_types=types, custom_extensions=[kernel_library()]) as graph:
-        x, *weights, rows, bias = (value.tensor for value in graph.inputs)
+        x, *weights, rows, bias, no_scales = (value.tensor for value in graph.inputs)
         product = TensorType(DType.float32, [x.shape[0], rows.shape[0]], CPU_REF)
         weight = TensorType(DType.float32, [rows.shape[0], x.shape[1]], CPU_REF)
         parts = iter(weights)
         products, unpacked = [], []
         for format, kinds in stored.items():
             arrays = [next(parts) for _ in kinds]
-            products += ops.custom(NAMED[format].matmul_op, CPU_REF, [x, *arrays, bias], [product])
-            if NAMED[format].dequantize_op:
-                unpacked += ops.custom(NAMED[format].dequantize_op, CPU_REF, arrays, [weight])
+            code = {"format": NAMED[format].kernel_format}
+            scaled = arrays if len(arrays) == 2 else [*arrays, no_scales]
+            products += ops.custom("gpt2_matmul", CPU_REF, [x, *scaled, bias], [product], code)
+            if code["format"]:  # a block format
+                unpacked += ops.custom("gpt2_dequantize", CPU_REF, arrays, [weight], code)
         graph.output(*products, *unpacked)
     return graph
 

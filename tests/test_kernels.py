@@ -81,6 +81,7 @@ def packed_inputs(
         ),
         Buffer.from_numpy(np.zeros(w.shape[0], np.float32)),
         Buffer.from_numpy(bias),
+        Buffer.from_numpy(np.zeros((0, 0), np.float16)),  # rows of floats' scales: none
     ]
 
 
@@ -166,7 +167,7 @@ def test_the_other_blocks_of_32_match_numpy_on_the_weights_they_store(compiled_o
 def test_matmuls_refuse_a_bias_of_the_wrong_length(matmul, packed):
     x, w, bias = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32), np.ones(9, np.float32)
     message = r"the bias has 9 values .*the product has 10 outputs"
-    with pytest.raises(Exception, match="skinny_matmul: " + message):
+    with pytest.raises(Exception, match="gpt2_matmul: " + message):
         matmul.execute(*map(Buffer.from_numpy, (x, w, bias)))
     with pytest.raises(Exception, match=message):
         packed.execute(*packed_inputs(x, w, bias))
@@ -177,9 +178,7 @@ def test_packed_bfloat16_refuses_a_row_major_weight(packed):
     x, w = np.ones((1, 64), np.float32), np.ones((10, 64), np.float32)
     inputs = packed_inputs(x, w, np.zeros(0, np.float32))
     inputs[1] = Buffer.from_numpy(float32_to_bfloat16_bits(w)).view(DType.bfloat16)
-    message = (
-        r"packed_matmul_bf16: for K = 64 and N = 10 the bfloat16 weight needs \[2, 512\]; got \[10, 64\]"
-    )
+    message = r"gpt2_matmul: for K = 64 and N = 10 the bfloat16 weight needs \[2, 512\]; got \[10, 64\]"
     with pytest.raises(Exception, match=message):
         packed.execute(*inputs)
 

@@ -382,3 +382,24 @@ def test_every_list_of_the_formats_in_the_docs_is_whole(page):
             if "float32" in named and named != list(FORMATS):
                 partial.append(f"{page.name}:{number}: {found.group()}")
     assert not partial, "lists of formats missing some of " + ", ".join(FORMATS) + ":\n" + "\n".join(partial)
+
+
+def test_every_formats_kernel_code_and_block_agree_with_the_kernels():
+    """Python's registry and `kernels/packed_layout.mojo` name the same codes (the compile-time parameter
+    of `gpt2_matmul`, `gpt2_dequantize` and the decode-layer ops), each format's its own, and the same
+    blocks: 32 weights, or the K-quants' super-blocks of 256. Each format's byte layout is held by the
+    kernel tests (`tests/test_kernels.py`): the ops refuse arrays of any other shape (`check_blocks`) and
+    unpack the packed bytes to the format's values, to the bit."""
+    layout = (PACKAGE / "kernels" / "packed_layout.mojo").read_text()
+    codes = {name: int(code) for name, code in re.findall(r"^comptime (Q\d_[0-9K]) = (\d+)", layout, re.M)}
+    sizes = {name: int(size) for name, size in re.findall(r"^comptime (BLOCK|SUPER) = (\d+)", layout, re.M)}
+    blocks = [format for format in FORMATS.values() if format.kernel_format]
+    assert {format.ggml_type: format.kernel_format for format in blocks} == {
+        name: code
+        for name, code in codes.items()
+        if name != "Q8_K"  # x's rounding for the K-quants
+    }
+    assert all(format.kernel_format == 0 for format in FORMATS.values() if format not in blocks)
+    for format in blocks:
+        super_block = format.ggml_type.endswith("_K")
+        assert format.gguf_block[0] == sizes["SUPER" if super_block else "BLOCK"], format.name

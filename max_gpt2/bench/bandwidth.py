@@ -81,14 +81,15 @@ def plain_read_graph(shape: tuple[int, ...]) -> Graph:
 
 
 def skinny_matmul_graph() -> Graph:
-    """`skinny_matmul` alone, for the CPU: x [M, K], W [N, K] and a bias [N] (or [0]: none) in, y [M, N]
-    out (all symbolic)."""
+    """`skinny_matmul` (`gpt2_matmul` on rows of float32) alone, for the CPU: x [M, K], W [N, K] and a bias
+    [N] (or [0]: none) in, y [M, N] out (all symbolic)."""
     cpu = DeviceRef.CPU()
     types = [TensorType(DType.float32, shape, cpu) for shape in (["M", "K"], ["N", "K"], ["B"])]
     with Graph("skinny_matmul_alone", input_types=types, custom_extensions=[kernel_library()]) as graph:
         x, w, bias = (value.tensor for value in graph.inputs)
         out = TensorType(DType.float32, [x.shape[0], w.shape[0]], cpu)
-        graph.output(*ops.custom("skinny_matmul", cpu, [x, w, bias], [out]))
+        no_scales = ops.constant(np.zeros((0, 0), np.float16), DType.float16, cpu)  # rows of floats have none
+        graph.output(*ops.custom("gpt2_matmul", cpu, [x, w, no_scales, bias], [out], {"format": 0}))
     return graph
 
 

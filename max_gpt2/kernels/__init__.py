@@ -7,10 +7,12 @@ activations): the products in every weight format, the cached attention, a whole
 the same over MAX's paged cache for the server, and beam search's cache reorder.
 
 `ops` stages them in a graph and says what each takes and returns (`skinny_matmul`,
-`packed_matmul`, `decode_layer`, ...: the names re-exported here). Graphs load this directory
-compiled once into a `.mojoc` (`max_gpt2.kernels.package`). The modules that put these behind
-GPT-2's parameter names are in `max_gpt2.model.kernel_layers`; where the kernels run is
-`max_gpt2.inference.devices.kernels_run_on`. docs/architecture.md lists the Mojo files.
+`packed_matmul`, `decode_layer`, ...: the names re-exported here); each kind of product is one op,
+its weight format a compile-time parameter (`gpt2_matmul`, `gpt2_dequantize`, the decode-layer
+ops). Graphs load this directory compiled once into a `.mojoc` (`max_gpt2.kernels.package`). The
+modules that put these behind GPT-2's parameter names are in `max_gpt2.model.kernel_layers`; where
+the kernels run is `max_gpt2.inference.devices.kernels_run_on`. docs/architecture.md lists the Mojo
+files.
 """
 
 from max_gpt2.kernels.ops import (

@@ -1,4 +1,4 @@
-# dequantize_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_k, _q5_k and _q6_k: weights in a block format (packed_layout.mojo) back to
+# gpt2_dequantize: weights in a block format (its code a parameter: packed_layout.mojo) back to
 # float32 [N, K], for the graphs that multiply them with MAX's matmul (prompts, attention maps).
 
 import extensibility
@@ -92,118 +92,20 @@ def _execute_dequantize[
     )
 
 
-@extensibility.register("dequantize_q8_0")
-struct DequantizeQ8:
+@extensibility.register("gpt2_dequantize")
+struct Dequantize:
+    """W in a block format (`format`, packed_layout.mojo's code) -> float32 [N, K]."""
+
     @staticmethod
     def execute[
         target: StaticString,
+        format: Int,
     ](
         result: OutputTensor[dtype=F32, rank=2, ...],
         w: InputTensor[dtype=DType.uint8, rank=2, ...],
         d: InputTensor[dtype=DType.float16, rank=2, ...],
         ctx: DeviceContext,
     ) raises:
-        comptime assert target == "cpu", "dequantize_q8_0 runs on the CPU"
-        _execute_dequantize[Q8_0, "dequantize_q8_0"](result, w, d)
-
-
-@extensibility.register("dequantize_q4_0")
-struct DequantizeQ4:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q4_0 runs on the CPU"
-        _execute_dequantize[Q4_0, "dequantize_q4_0"](result, w, d)
-
-
-@extensibility.register("dequantize_q4_1")
-struct DequantizeQ41:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q4_1 runs on the CPU"
-        _execute_dequantize[Q4_1, "dequantize_q4_1"](result, w, d)
-
-@extensibility.register("dequantize_q5_0")
-struct DequantizeQ50:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q5_0 runs on the CPU"
-        _execute_dequantize[Q5_0, "dequantize_q5_0"](result, w, d)
-
-@extensibility.register("dequantize_q5_1")
-struct DequantizeQ51:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q5_1 runs on the CPU"
-        _execute_dequantize[Q5_1, "dequantize_q5_1"](result, w, d)
-
-@extensibility.register("dequantize_q4_k")
-struct DequantizeQ4K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q4_k runs on the CPU"
-        _execute_dequantize[Q4_K, "dequantize_q4_k"](result, w, d)
-
-
-@extensibility.register("dequantize_q6_k")
-struct DequantizeQ6K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q6_k runs on the CPU"
-        _execute_dequantize[Q6_K, "dequantize_q6_k"](result, w, d)
-
-
-@extensibility.register("dequantize_q5_k")
-struct DequantizeQ5K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        result: OutputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "dequantize_q5_k runs on the CPU"
-        _execute_dequantize[Q5_K, "dequantize_q5_k"](result, w, d)
+        comptime assert target == "cpu", "gpt2_dequantize runs on the CPU"
+        comptime assert format != 0, "gpt2_dequantize unpacks a block format; rows of floats need none"
+        _execute_dequantize[format, "gpt2_dequantize"](result, w, d)

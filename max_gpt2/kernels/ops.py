@@ -1,8 +1,8 @@
 """The functions that stage our Mojo ops in a graph: each takes tensors of the graph and returns its result.
 
     skinny_matmul(x [M, K], W [N, K], bias [N])                            -> [M, N]
-    packed_matmul(x [M, K], W as stored, scales, op, N, bias)              -> [M, N]
-    dequantize(W as stored, scales, op, N, K)                              -> float32 [N, K]
+    packed_matmul(x [M, K], W as stored, scales, format, N, bias)          -> [M, N]
+    dequantize(W as stored, scales, format, N, K)                          -> float32 [N, K]
     cached_attention(cache [2, B, H, M, d], qkv [B, S, 3D], key_bias [B, T]) -> [B, S, D]
     decode_layer(x [B, S, D], cache, key_bias, LayerParameters)            -> [B, S, D]
     paged_attention(MAX's paged cache, qkv [T, 3D], row offsets, layer)    -> [T, D]
@@ -12,7 +12,10 @@
 A GPT-2 block goes to the two decode-layer ops as `LayerParameters`: its layer norms in the order
 `LAYER_NORMS`, their epsilon, and its products in the order `LAYER_PRODUCTS`, each a `StoredProduct`.
 `layer_operands` flattens them into the ops' operands; it is the one place that order is written in
-Python (the Mojo ops read it in `decode_layer.mojo:checked_layer`).
+Python (the Mojo ops read it in `decode_layer.mojo:checked_layer`). Every product kind is one op whose
+format is a compile-time parameter: `gpt2_matmul` (and `gpt2_dequantize`) take a format's kernel code
+(`WeightFormat.kernel_format`: 0 for rows of float32 or bfloat16), as the decode-layer ops take one
+for each of a block's products.
 """
 
 from __future__ import annotations
@@ -86,32 +89,52 @@ def kernel_library() -> Path:
 
 def skinny_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`x` [M, K] @ `weight` [N, K]^T + `bias` [N] -> [M, N], each row of `weight` read once."""
-    return packed_matmul(x, weight, None, "skinny_matmul", int(weight.shape[0]), bias)
+    return packed_matmul(x, weight, None, 0, int(weight.shape[0]), bias)
 
 
 def packed_matmul(
-    x: Tensor, weight: Tensor, scales: Tensor | None, op: str, out_dim: int, bias: Tensor | None = None
+    x: Tensor, weight: Tensor, scales: Tensor | None, format: int, out_dim: int, bias: Tensor | None = None
 ) -> Tensor:
-    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] through the Mojo op `op` (a weight format's `matmul_op`).
+    """`x` [M, K] @ W^T + `bias` -> [M, out_dim] through `gpt2_matmul`, W in the format whose kernel code is
+    `format` (`WeightFormat.kernel_format`; 0: rows of floats).
 
     `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and `scales` its
     block scales (None where it has none). The kernel adds the float32 `bias` [out_dim] as it writes
     y, which saves an op a product (docs/performance.md).
     """
     out_type = TensorType(x.dtype, [x.shape[0], out_dim], device=x.device)
-    if bias is None:  # the kernels read an empty bias as none
-        bias = F.constant(np.zeros(0, np.float32), DType.float32, device=x.device)
-    inputs = [x, weight, bias] if scales is None else [x, weight, scales, bias]
-    (y,) = F.custom(op, x.device, inputs, [out_type], custom_extensions=kernel_library())
+    # The op reads an empty bias as none, and takes empty scales beside rows of floats.
+    bias = _empty(DType.float32, 1, x.device) if bias is None else bias
+    scales = _empty(DType.float16, 2, x.device) if scales is None else scales
+    (y,) = F.custom(
+        "gpt2_matmul",
+        x.device,
+        [x, weight, scales, bias],
+        [out_type],
+        parameters={"format": format},
+        custom_extensions=kernel_library(),
+    )
     return y
 
 
-def dequantize(weight: Tensor, scales: Tensor, op: str, rows: int, columns: int) -> Tensor:
+def dequantize(weight: Tensor, scales: Tensor, format: int, rows: int, columns: int) -> Tensor:
     """A block format's `weight` and `scales` as stored -> the float32 W [rows, columns] they stand for,
-    through the Mojo op `op` (the format's `dequantize_op`)."""
+    through `gpt2_dequantize` (`format`: the format's kernel code)."""
     out_type = TensorType(DType.float32, [rows, columns], device=weight.device)
-    (w,) = F.custom(op, weight.device, [weight, scales], [out_type], custom_extensions=kernel_library())
+    (w,) = F.custom(
+        "gpt2_dequantize",
+        weight.device,
+        [weight, scales],
+        [out_type],
+        parameters={"format": format},
+        custom_extensions=kernel_library(),
+    )
     return w
+
+
+def _empty(dtype: DType, rank: int, device: Device | DeviceRef) -> Tensor:
+    """An empty tensor of `rank`, an operand the op reads as none."""
+    return F.constant(np.zeros((0,) * rank, dtype.to_numpy()), dtype, device=device)
 
 
 def cached_attention(cache: Tensor, qkv: Tensor, key_bias: Tensor) -> Tensor:
@@ -220,8 +243,7 @@ def _paged_inputs(kv_collection: PagedCacheValues, input_row_offsets: Tensor, la
 def _layer_inputs(device: Device | DeviceRef, parameters: LayerParameters) -> list[Tensor]:
     """`layer_operands` of `parameters`, with epsilon as a tensor and empty tensors where a product has
     no scales or no bias (the kernels read empty ones as none)."""
-    no_scales = F.constant(np.zeros((0, 0), np.float16), DType.float16, device=device)
-    no_bias = F.constant(np.zeros(0, np.float32), DType.float32, device=device)
+    no_scales, no_bias = _empty(DType.float16, 2, device), _empty(DType.float32, 1, device)
     products = [
         (weight, no_scales if scales is None else scales, no_bias if bias is None else bias)
         for weight, scales, bias, _ in parameters.products

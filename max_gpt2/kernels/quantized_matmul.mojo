@@ -1,6 +1,6 @@
-# packed_matmul_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_k, _q5_k and _q6_k: y[M, N] = x[M, K] @ W[N, K]^T
-# + bias[N] on the CPU (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo;
-# the K-quants' products in super_blocks.mojo):
+# The block formats' products (gpt2_matmul's, products.mojo): y[M, N] = x[M, K] @ W[N, K]^T + bias[N]
+# on the CPU (an empty bias: none), W in llama.cpp's blocks (layout in packed_layout.mojo; the
+# K-quants' products in super_blocks.mojo):
 #
 #   q8_0   blocks of 32 int8 values, one float16 scale a block (w = q * d), 1.0625 bytes a weight
 #   q4_0   blocks of 32 values 0..15, one float16 scale a block (w = (q - 8) * d), 0.5625
@@ -22,10 +22,8 @@
 # (one prefetch a block left most lines to the hardware prefetcher, and the products streamed
 # slower: docs/performance.md).
 
-import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.algorithm import sync_parallelize
-from max.gpu.host import DeviceContext
 from std.collections import Array
 from std.memory import UnsafePointer, bitcast
 from std.sys.info import CompilationTarget
@@ -265,7 +263,7 @@ def packed_matmul_blocks[
 
 
 @always_inline
-def _execute_blocks[
+def execute_blocks[
     FORMAT: Int, name: StaticString
 ](
     y: OutputTensor[dtype=F32, rank=2, ...],
@@ -294,136 +292,3 @@ def _execute_blocks[
         K,
         N,
     )
-
-
-@extensibility.register("packed_matmul_q8_0")
-struct PackedMatmulQ8:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q8_0 runs on the CPU"
-        _execute_blocks[Q8_0, "packed_matmul_q8_0"](y, x, w, d, bias)
-
-
-@extensibility.register("packed_matmul_q4_0")
-struct PackedMatmulQ4:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q4_0 runs on the CPU"
-        _execute_blocks[Q4_0, "packed_matmul_q4_0"](y, x, w, d, bias)
-
-
-@extensibility.register("packed_matmul_q4_1")
-struct PackedMatmulQ41:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q4_1 runs on the CPU"
-        _execute_blocks[Q4_1, "packed_matmul_q4_1"](y, x, w, d, bias)
-
-@extensibility.register("packed_matmul_q5_0")
-struct PackedMatmulQ50:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q5_0 runs on the CPU"
-        _execute_blocks[Q5_0, "packed_matmul_q5_0"](y, x, w, d, bias)
-
-@extensibility.register("packed_matmul_q5_1")
-struct PackedMatmulQ51:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q5_1 runs on the CPU"
-        _execute_blocks[Q5_1, "packed_matmul_q5_1"](y, x, w, d, bias)
-
-@extensibility.register("packed_matmul_q4_k")
-struct PackedMatmulQ4K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q4_k runs on the CPU"
-        _execute_blocks[Q4_K, "packed_matmul_q4_k"](y, x, w, d, bias)
-
-
-@extensibility.register("packed_matmul_q5_k")
-struct PackedMatmulQ5K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q5_k runs on the CPU"
-        _execute_blocks[Q5_K, "packed_matmul_q5_k"](y, x, w, d, bias)
-
-
-@extensibility.register("packed_matmul_q6_k")
-struct PackedMatmulQ6K:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        d: InputTensor[dtype=DType.float16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_q6_k runs on the CPU"
-        _execute_blocks[Q6_K, "packed_matmul_q6_k"](y, x, w, d, bias)

@@ -1,14 +1,12 @@
-# skinny_matmul and packed_matmul_bf16: y[M, N] = x[M, K] @ W[N, K]^T + bias[N] on the CPU, for a
-# few rows of x, W float32 or bfloat16 (an empty bias is none).
+# The products of rows of floats (gpt2_matmul's with format 0, products.mojo): y[M, N] = x[M, K] @
+# W[N, K]^T + bias[N] on the CPU, for a few rows of x, W float32 or bfloat16 (an empty bias is none).
 #
 # What `Linear` computes (W stored [out, in]), shaped for decoding: M (batch x new tokens) is
 # small, so the product is memory bound and W should be read from memory once, whatever M is.
 # The N rows of W are split into equal chunks, one per task, and each task runs dense_rows.mojo's
 # loops over its chunk.
-import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.algorithm import sync_parallelize
-from max.gpu.host import DeviceContext
 from std.memory import UnsafePointer
 
 from .dense_rows import PASS_ROWS, dense_rows
@@ -58,7 +56,7 @@ def dense_matmul[
 
 
 @always_inline
-def _execute[
+def execute_rows[
     WT: DType, name: StaticString
 ](
     y: OutputTensor[dtype=F32, rank=2, ...],
@@ -88,35 +86,3 @@ def _execute[
         K,
         N,
     )
-
-
-@extensibility.register("skinny_matmul")
-struct SkinnyMatmul:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=F32, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "skinny_matmul runs on the CPU"
-        _execute[F32, "skinny_matmul"](y, x, w, bias)
-
-
-@extensibility.register("packed_matmul_bf16")
-struct PackedMatmulBF16:
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        y: OutputTensor[dtype=F32, rank=2, ...],
-        x: InputTensor[dtype=F32, rank=2, ...],
-        w: InputTensor[dtype=DType.bfloat16, rank=2, ...],
-        bias: InputTensor[dtype=F32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "packed_matmul_bf16 runs on the CPU"
-        _execute[DType.bfloat16, "packed_matmul_bf16"](y, x, w, bias)

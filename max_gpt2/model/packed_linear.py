@@ -47,7 +47,7 @@ class PackedLinear(Module[[Tensor], Tensor]):
         rows = x.reshape([-1, self.in_dim])  # [M, in]
         if self.kernels:
             y = packed_matmul(
-                rows, product.weight, product.scales, self.format.matmul_op, self.out_dim, product.bias
+                rows, product.weight, product.scales, product.format, self.out_dim, product.bias
             )
             return y.reshape([*x.shape[:-1], self.out_dim])
         y = rows @ self.unpacked(product.weight, product.scales)[: self.out_dim].T
@@ -61,7 +61,7 @@ class PackedLinear(Module[[Tensor], Tensor]):
             grouped = weight.reshape([groups, chunks, GROUP, CHUNK]).permute([0, 2, 1, 3])  # [G, r, c, e]
             rows = grouped.reshape([groups * GROUP, chunks * CHUNK])[:, : self.in_dim]
             return F.cast(rows, DType.float32)
-        return dequantize(weight, scales, self.format.dequantize_op, groups * GROUP, self.in_dim)
+        return dequantize(weight, scales, self.format.kernel_format, groups * GROUP, self.in_dim)
 
     def stored(self) -> StoredProduct:
         """The product as `gpt2_decode_layer` takes it: the packed weight, its scales (None without), the

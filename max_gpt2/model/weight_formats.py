@@ -31,7 +31,9 @@ format knows:
   bits, or blocks of bytes);
 - `stored` / `pack` / `unpack`: what a linear layer binds (a "weight", and "scales" for blocks), in
   the kernels' layout (`kernel_layout`), from those rows and back to float32;
-- `matmul_op` / `dequantize_op`: the Mojo ops that multiply by it, or unpack it in a graph;
+- `kernel_format`: its code in the kernels (`max_gpt2/kernels/packed_layout.mojo`), the
+  compile-time parameter of the Mojo ops that multiply by it or unpack it (`gpt2_matmul`,
+  `gpt2_dequantize`); 0 for rows of floats;
 - whether it runs only through the kernels (`kernels_only`: every format but float32, on the CPU
   in float32 compute; `check_runs`), is quantized (then it loads only as itself or as float32),
   and the KV cache's dtype beside it (`cache_dtype`: float16 by default beside a packed format).
@@ -46,7 +48,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from max.dtype import DType
@@ -75,7 +77,7 @@ class Stored(NamedTuple):
     max_dtype: DType
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class WeightFormat:
     """A way to store the projections and the LM head; float32 itself (see the module docstring)."""
 
@@ -85,9 +87,7 @@ class WeightFormat:
     file_type: int  # llama.cpp's `general.file_type` of a file whose projections are in it
     kernels_only: bool = False  # stored in the kernels' layout, which MAX's own ops do not read
     quantized: bool = False  # rounded to blocks: reloading it into another quantized format is refused
-    matmul_op: str = "skinny_matmul"
-    dequantize_op: str | None = None  # the op that unpacks it to float32 in a graph, if not a cast
-    kernel_format: int = 0  # the decode-layer ops' code for it (packed_layout.mojo); 0: rows of floats
+    kernel_format: int = 0  # the kernels' code for it (packed_layout.mojo); 0: rows of floats
 
     def __str__(self) -> str:
         return self.name
@@ -177,7 +177,7 @@ class WeightFormat:
         return arrays["weight"]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Float16Format(WeightFormat):
     """GGUF's F16, read and widened to float32 (exactly): not a format to store in."""
 
@@ -192,7 +192,7 @@ class Float16Format(WeightFormat):
         return FLOAT32
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class BFloat16Format(WeightFormat):
     """bfloat16 bit patterns (uint16), rows of 8 interleaved in chunks of 32 (`kernel_layout`)."""
 
@@ -213,7 +213,7 @@ class BFloat16Format(WeightFormat):
         return bfloat16_bits_to_float32(deinterleave_bfloat16(arrays["weight"], out_dim, in_dim))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class BlockFormat(WeightFormat):
     """Blocks of 32 weights and a float16 scale (`block_quants.BlockCode`), 8 rows interleaved."""
 
@@ -250,7 +250,7 @@ class BlockFormat(WeightFormat):
 Fields = gguf_blocks.BlockFields | gguf_blocks.Q4KFields | gguf_blocks.Q6KFields
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class FieldBlockFormat(WeightFormat, ABC):
     """One of llama.cpp's block types whose blocks the kernels read by their fields: a group of 8 rows'
     block one run of bytes in "weight" (the 4-bit values as q4_0 keeps them, then the fields after
@@ -258,12 +258,12 @@ class FieldBlockFormat(WeightFormat, ABC):
     `max_gpt2/kernels/packed_layout.mojo`), its float16 d (and min) in "scales". GGUF's blocks come
     apart into fields (`gguf_blocks`). Rows are whole blocks, as GGUF stores them."""
 
-    block: ClassVar[tuple[int, int]]  # weights, GGUF bytes
-    halves: ClassVar[int]  # float16 a row a block in "scales"
-    parts: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]  # each weight field's shape a block
-    # and its axes after the rows' (`group_field`), in order
-    quantize: ClassVar[Callable[[np.ndarray], np.ndarray]]  # llama.cpp's quantizer (`gguf_quantizers`)
-    take_apart: ClassVar[Callable[[np.ndarray], Fields]]  # GGUF's blocks -> fields (`gguf_blocks`)
+    block: tuple[int, int]  # weights, GGUF bytes
+    halves: int  # float16 a row a block in "scales"
+    parts: tuple[tuple[tuple[int, ...], int], ...]  # each weight field's shape a block and its axes
+    # after the rows' (`group_field`), in order
+    quantize: Callable[[np.ndarray], np.ndarray]  # llama.cpp's quantizer (`gguf_quantizers`)
+    take_apart: Callable[[np.ndarray], Fields]  # GGUF's blocks -> fields (`gguf_blocks`)
 
     @property
     def gguf_block(self) -> tuple[int, int]:
@@ -333,7 +333,7 @@ class FieldBlockFormat(WeightFormat, ABC):
         """The inverse of `split`, from its parts [n, ...], halves [n, halves] and q [n, j, half, c, e]."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class SmallBlockFormat(FieldBlockFormat):
     """llama.cpp's Q4_1, Q5_0 and Q5_1: blocks of 32 4-bit values (after them, for the 5-bit ones, their
     5th bits [1, 4], as q5_k keeps a sub-block's: `FIFTH_BITS`), d and for Q4_1 and Q5_1 a min m. Their
@@ -355,48 +355,11 @@ class SmallBlockFormat(FieldBlockFormat):
         return gguf_blocks.BlockFields(halves[:, 0], m, q.reshape(len(q), 32))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
-class Q41Format(SmallBlockFormat):
-    block = (32, 20)
-    halves = 2
-    parts = (((1, 4, 4), 1),)
-
-    quantize = staticmethod(gguf_quantizers.q4_1)
-    take_apart = staticmethod(gguf_blocks.q4_1_fields)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Q50Format(SmallBlockFormat):
-    block = (32, 22)
-    halves = 1
-    parts = (((1, 4, 4), 1), ((1, 4), 1))
-
-    quantize = staticmethod(gguf_quantizers.q5_0)
-    take_apart = staticmethod(gguf_blocks.q5_0_fields)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Q51Format(SmallBlockFormat):
-    block = (32, 24)
-    halves = 2
-    parts = (((1, 4, 4), 1), ((1, 4), 1))
-
-    quantize = staticmethod(gguf_quantizers.q5_1)
-    take_apart = staticmethod(gguf_blocks.q5_1_fields)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Q4KFormat(FieldBlockFormat):
     """q4_k: after the nibbles, each sub-block's 6-bit scale and min, [8] each; d and dmin. llama.cpp's
     K-quants (this, `Q5KFormat`, `Q6KFormat`) hold super-blocks of 256 weights, 8 sub-blocks of 32,
     their products reading x rounded to llama.cpp's q8_K (`packed_layout.mojo:activation_of`)."""
-
-    block = (256, 144)
-    halves = 2
-    parts = (((8, 4, 4), 1), ((8,), 0), ((8,), 0))
-
-    quantize = staticmethod(gguf_quantizers.q4_k)
-    take_apart = staticmethod(gguf_blocks.q4_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
@@ -408,16 +371,10 @@ class Q4KFormat(FieldBlockFormat):
         return gguf_blocks.Q4KFields(halves[:, 0], halves[:, 1], parts[0], parts[1], q.reshape(len(q), 8, 32))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Q5KFormat(Q4KFormat):
     """q5_k: q4_k's fields with, after the nibbles, the 5th bits of each sub-block's values [8, 4]: bit c
     for element 4c + e, bit 4 + c for element 16 + 4c + e."""
-
-    block = (256, 176)
-    parts = (((8, 4, 4), 1), ((8, 4), 1), ((8,), 0), ((8,), 0))
-
-    quantize = staticmethod(gguf_quantizers.q5_k)
-    take_apart = staticmethod(gguf_blocks.q5_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q4KFields, q: np.ndarray, count: int, supers: int
@@ -439,17 +396,10 @@ FIFTH_BITS = (np.arange(4, dtype=np.uint8) + np.array([[0], [4]], np.uint8))[...
 HIGH_BITS = np.array([[4, 0], [6, 2]], np.uint8).reshape(2, 2, 1, 1)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Q6KFormat(FieldBlockFormat):
     """q6_k: after the nibbles, the high 2 bits of the values, chunks c and c + 2 of both halves in a
     byte [8, 2, 4] (`HIGH_BITS`), and the int8 scales of the 16 runs of 16 weights [16]; d."""
-
-    block = (256, 210)
-    halves = 1
-    parts = (((8, 4, 4), 1), ((8, 2, 4), 1), ((16,), 0))
-
-    quantize = staticmethod(gguf_quantizers.q6_k)
-    take_apart = staticmethod(gguf_blocks.q6_k_fields)
 
     def split(
         self, fields: gguf_blocks.Q6KFields, q: np.ndarray, count: int, supers: int
@@ -467,22 +417,107 @@ class Q6KFormat(FieldBlockFormat):
         )
 
 
-FLOAT32 = WeightFormat("float32", 4.0, "F32", 0)
-FLOAT16 = Float16Format("float16", 2.0, "F16", 1)
-BFLOAT16 = BFloat16Format("bfloat16", 2.0, "BF16", 32, kernels_only=True, matmul_op="packed_matmul_bf16")
+# The registry, one named field a column. `quantized` formats round to blocks; `kernels_only` ones
+# are stored in the kernels' layout; `kernel_format` is the kernels' code (packed_layout.mojo).
+FLOAT32 = WeightFormat(name="float32", bytes_per_weight=4.0, ggml_type="F32", file_type=0)
+FLOAT16 = Float16Format(name="float16", bytes_per_weight=2.0, ggml_type="F16", file_type=1)
+BFLOAT16 = BFloat16Format(
+    name="bfloat16", bytes_per_weight=2.0, ggml_type="BF16", file_type=32, kernels_only=True
+)
+PACKED = {"kernels_only": True, "quantized": True}
 Q8_0 = BlockFormat(
-    "q8_0", 34 / 32, "Q8_0", 7, True, True, "packed_matmul_q8_0", "dequantize_q8_0", 1, code=Q8_0_CODE
+    name="q8_0",
+    bytes_per_weight=34 / 32,
+    ggml_type="Q8_0",
+    file_type=7,
+    kernel_format=1,
+    code=Q8_0_CODE,
+    **PACKED,
 )
 Q4_0 = BlockFormat(
-    "q4_0", 18 / 32, "Q4_0", 2, True, True, "packed_matmul_q4_0", "dequantize_q4_0", 2, code=Q4_0_CODE
+    name="q4_0",
+    bytes_per_weight=18 / 32,
+    ggml_type="Q4_0",
+    file_type=2,
+    kernel_format=2,
+    code=Q4_0_CODE,
+    **PACKED,
 )
-
-Q4_1 = Q41Format("q4_1", 20 / 32, "Q4_1", 3, True, True, "packed_matmul_q4_1", "dequantize_q4_1", 6)
-Q5_0 = Q50Format("q5_0", 22 / 32, "Q5_0", 8, True, True, "packed_matmul_q5_0", "dequantize_q5_0", 7)
-Q5_1 = Q51Format("q5_1", 24 / 32, "Q5_1", 9, True, True, "packed_matmul_q5_1", "dequantize_q5_1", 9)
-Q4_K = Q4KFormat("q4_k", 148 / 256, "Q4_K", 15, True, True, "packed_matmul_q4_k", "dequantize_q4_k", 3)
-Q5_K = Q5KFormat("q5_k", 180 / 256, "Q5_K", 17, True, True, "packed_matmul_q5_k", "dequantize_q5_k", 5)
-Q6_K = Q6KFormat("q6_k", 210 / 256, "Q6_K", 18, True, True, "packed_matmul_q6_k", "dequantize_q6_k", 4)
+# llama.cpp's other blocks of 32: the 4-bit values (q4_0's layout), then the 5th bits [1, 4] for the
+# 5-bit ones; d, and a min for the _1 types.
+FOUR_BITS, FIFTH_BIT = ((1, 4, 4), 1), ((1, 4), 1)
+Q4_1 = SmallBlockFormat(
+    name="q4_1",
+    bytes_per_weight=20 / 32,
+    ggml_type="Q4_1",
+    file_type=3,
+    kernel_format=6,
+    **PACKED,
+    block=(32, 20),
+    halves=2,
+    parts=(FOUR_BITS,),
+    quantize=gguf_quantizers.q4_1,
+    take_apart=gguf_blocks.q4_1_fields,
+)
+Q5_0 = SmallBlockFormat(
+    name="q5_0",
+    bytes_per_weight=22 / 32,
+    ggml_type="Q5_0",
+    file_type=8,
+    kernel_format=7,
+    **PACKED,
+    block=(32, 22),
+    halves=1,
+    parts=(FOUR_BITS, FIFTH_BIT),
+    quantize=gguf_quantizers.q5_0,
+    take_apart=gguf_blocks.q5_0_fields,
+)
+Q5_1 = SmallBlockFormat(
+    name="q5_1",
+    bytes_per_weight=24 / 32,
+    ggml_type="Q5_1",
+    file_type=9,
+    kernel_format=9,
+    **PACKED,
+    block=(32, 24),
+    halves=2,
+    parts=(FOUR_BITS, FIFTH_BIT),
+    quantize=gguf_quantizers.q5_1,
+    take_apart=gguf_blocks.q5_1_fields,
+)
+# The K-quants' super-blocks: the nibbles of 8 sub-blocks, then each format's fields (its class).
+NIBBLES, SUB_BLOCKS = ((8, 4, 4), 1), ((8,), 0)
+Q4_K = Q4KFormat(
+    name="q4_k",
+    bytes_per_weight=148 / 256,
+    ggml_type="Q4_K",
+    file_type=15,
+    kernel_format=3,
+    **PACKED,
+    block=(256, 144),
+    halves=2,
+    parts=(NIBBLES, SUB_BLOCKS, SUB_BLOCKS),
+    quantize=gguf_quantizers.q4_k,
+    take_apart=gguf_blocks.q4_k_fields,
+)
+Q5_K = Q5KFormat(
+    name="q5_k",
+    bytes_per_weight=180 / 256,
+    ggml_type="Q5_K",
+    file_type=17,
+    kernel_format=5,
+    **PACKED,
+    block=(256, 176),
+    halves=2,
+    parts=(NIBBLES, ((8, 4), 1), SUB_BLOCKS, SUB_BLOCKS),
+    quantize=gguf_quantizers.q5_k,
+    take_apart=gguf_blocks.q5_k_fields,
+)
+Q6_K = Q6KFormat(
+    name="q6_k", bytes_per_weight=210 / 256, ggml_type="Q6_K", file_type=18, kernel_format=4, **PACKED,
+    block=(256, 210), halves=1, parts=(NIBBLES, ((8, 2, 4), 1), ((16,), 0)), quantize=gguf_quantizers.q6_k,
+    take_apart=gguf_blocks.q6_k_fields,
+)  # fmt: skip
 
 FORMATS = {f.name: f for f in (FLOAT32, BFLOAT16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}
 """The formats the projections and the head may be stored in, by name."""
@@ -496,7 +531,7 @@ LAYER_PRODUCT = re.compile(r"(transformer\.h\.\d+)\.((?:attn|mlp)\.c_(?:attn|pro
 """A block's projection's parameter name: its block and its product (`attn.c_attn`, ...)."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class MixedFormat(WeightFormat):
     """A file's own mix of the kernels' formats (llama-quantize's presets: q4_k with q6_k, q4_0 beside a
     q6_k head): each projection and the head in its own (`format_for`), the modules built in `default`
@@ -540,10 +575,10 @@ def mixed(formats: Mapping[str, WeightFormat]) -> WeightFormat | None:
     name = "+".join(format.name for format, _ in counts.most_common())
     bytes_per_weight = max(format.bytes_per_weight for format in counts)  # at most that
     return MixedFormat(
-        name,
-        bytes_per_weight,
-        default.ggml_type,
-        default.file_type,
+        name=name,
+        bytes_per_weight=bytes_per_weight,
+        ggml_type=default.ggml_type,
+        file_type=default.file_type,
         kernels_only=True,
         quantized=True,
         formats=tuple(sorted(formats.items())),

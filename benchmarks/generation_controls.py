@@ -26,7 +26,7 @@ import numpy as np
 from max_gpt2 import Sampler, compile_lm
 from max_gpt2.inference.token_history import TokenHistory
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.parameters import model_parameter_shapes
 
 CONTROLLED = Sampler(
     repetition_penalty=1.3,

@@ -74,10 +74,10 @@ from max_gpt2.inference.loading import load_lm
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library
 from max_gpt2.kernels.package import compiled_package
-from max_gpt2.model import gpt2
-from max_gpt2.model.block import Block
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import FORMATS, WeightFormat
+from max_gpt2.model.formats import FORMATS, TensorFormat
+from max_gpt2.model.layers import gpt2
+from max_gpt2.model.layers.block import Block
 from max_gpt2.outputs import Progress, default_cache_dir
 
 CPU_REF = DeviceRef.CPU()
@@ -96,7 +96,7 @@ def step_shapes(config: GPT2Config, part: str = "step") -> list[tuple[int, int]]
     return {"step": layers + head, "layers": layers, "head": head * 3}[part]
 
 
-def stored(weight: np.ndarray, weight_format: WeightFormat, bias: np.ndarray) -> list[np.ndarray]:
+def stored(weight: np.ndarray, weight_format: TensorFormat, bias: np.ndarray) -> list[np.ndarray]:
     """`weight` [N, K] as `gpt2_matmul` takes it in `weight_format`: the matrix or values, the block scales
     (empty for rows of floats), then the bias the kernel adds (empty: none)."""
     packed = weight_format.pack(weight_format.rows(weight))
@@ -106,7 +106,7 @@ def stored(weight: np.ndarray, weight_format: WeightFormat, bias: np.ndarray) ->
 def step_graph(
     name: str,
     op: str,
-    weight_format: WeightFormat,
+    weight_format: TensorFormat,
     rows: int,
     width: int,
     shapes: list[tuple[int, int]],
@@ -129,7 +129,7 @@ def step_graph(
     return graph
 
 
-def load_op_by_op_lm(checkpoint: Path, weight_format: WeightFormat, cache_dir: Path) -> CompiledLM:
+def load_op_by_op_lm(checkpoint: Path, weight_format: TensorFormat, cache_dir: Path) -> CompiledLM:
     """`load_lm` with every block op by op (`Block` with the kernel layers) instead of a `KernelBlock`,
     its caches in `cache_dir` (graphs kept under ours are keyed as ours and would run one op a block)."""
     with mock.patch.object(gpt2, "block_for", lambda config, kernels: Block):

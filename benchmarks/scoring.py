@@ -45,7 +45,7 @@ from max_gpt2 import load_lm
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.server import ServerProcess, free_port
-from max_gpt2.model.weight_formats import FORMATS, WeightFormat, format_named
+from max_gpt2.model.formats import FORMATS, WeightFormat, format_named
 
 LLAMA_RATE = re.compile(r"prompt eval time =.*?([0-9.]+) tokens per second")
 LLAMA_START = re.compile(

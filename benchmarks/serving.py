@@ -55,7 +55,7 @@ from max_gpt2.cli.console import demo_checkpoint
 from max_gpt2.cli.serve import require_serve_extra
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.serving.memory_planner import CPU_BATCH_SIZE
 from max_gpt2.testing import CORPUS

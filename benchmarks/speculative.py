@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from max_gpt2 import Sampler, load_lm
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.formats import FORMATS
 from max_gpt2.testing import CORPUS
 
 STEPS = 7  # a step's time: the median of this many

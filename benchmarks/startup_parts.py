@@ -38,9 +38,9 @@ print(json.dumps({{"seconds": time.perf_counter() - start, "added_mb": peak() - 
 SETUP = """
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import LMOptions
-from max_gpt2.model.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
 from pathlib import Path
-from max_gpt2.model.weight_formats import format_named
+from max_gpt2.model.formats import format_named
 checkpoint, weight_format = open_checkpoint(sys.argv[1]), format_named(sys.argv[2])
 options = LMOptions.check("cpu", "float32", None, weight_format)
 def variants(graphs):
@@ -49,16 +49,17 @@ def variants(graphs):
 PARTS = {
     "imports": (
         "from max_gpt2.inference.loading import load_lm",
-        "import max_gpt2.inference.attention, max_gpt2.model.gpt2",
+        "import max_gpt2.inference.attention, max_gpt2.model.layers.gpt2",
     ),
     "graphs": (
         "g = LMGraphs(checkpoint.config, options); g.compile(*variants(g))",
         "g = LMGraphs(checkpoint.config, options, Path(sys.argv[3])); g.compile(*variants(g))",
     ),
     "weights": (
-        "from max_gpt2.model.weights_cache import bound_weights\n"
+        "from max_gpt2.model.checkpoints.weights_cache import bound_weights\n"
         "w = bound_weights(checkpoint, weight_format)",
-        "from max_gpt2.model.stored_weights import pack\nw = pack(checkpoint.model_weights(), weight_format)",
+        "from max_gpt2.model.checkpoints.stored_weights import pack\n"
+        "w = pack(checkpoint.model_weights(), weight_format)",
     ),
 }
 

@@ -37,10 +37,11 @@ from max_gpt2 import CompiledLM, compile_lm, reference
 from max_gpt2.bench.generation import demo_checkpoint_for
 from max_gpt2.inference.beam_search import log_softmax
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gguf_mixes import MIXES, Mix
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named, is_packed, mixed
+from max_gpt2.model.formats import FLOAT32, FORMATS, WeightFormat, format_named, mixed
+from max_gpt2.model.formats.gguf_mixes import MIXES, Mix
+from max_gpt2.model.parameters import is_packed
 from max_gpt2.outputs import Progress, default_cache_dir, write_atomically
 from max_gpt2.testing import CORPUS
 
@@ -49,7 +50,7 @@ def in_mix(
     mix: Mix, weights: dict[str, np.ndarray], config: GPT2Config, tied: bool, cache: str
 ) -> CompiledLM:
     """`weights` as a file in `mix` loads (`GGUFCheckpoint`): the projections and the head each in its
-    tensor's format where the kernels read them all (`weight_formats.mixed`), else float32 holding the
+    tensor's format where the kernels read them all (`formats.mixed`), else float32 holding the
     values of each tensor's blocks; the embedding the values of its blocks, float32."""
     kinds = mix.formats(config, tied)
     if tied:

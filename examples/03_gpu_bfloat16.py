@@ -14,7 +14,7 @@ from max.driver import Buffer, accelerator_count
 from max.dtype import DType
 
 from max_gpt2 import GPT2Config, compile_attention
-from max_gpt2.model.dtypes import float32_to_bfloat16_bits
+from max_gpt2.model.formats.dtypes import float32_to_bfloat16_bits
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check
 

@@ -19,10 +19,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from max_gpt2.inference.devices import parse_dtype
 from max_gpt2.inference.tokenizer import END_OF_TEXT
-from max_gpt2.model.checkpoint import INDEX_FILE
+from max_gpt2.model.checkpoints.checkpoint import INDEX_FILE
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import float32_to_bfloat16_bits
-from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes, stored_shape
+from max_gpt2.model.formats.dtypes import float32_to_bfloat16_bits
+from max_gpt2.model.parameters import model_parameter_shapes, parameter_shapes, stored_shape
 from max_gpt2.outputs import write_atomically
 
 LAYOUTS = {"hub": "", "save_pretrained": "transformer."}

@@ -46,7 +46,7 @@ from max.engine import Model
 from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, cli, compile_attention, compile_lm
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.explorer.app import ExplorerApp
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests import op_graphs
 from tests.support import LM, die_with_parent, serving_missing

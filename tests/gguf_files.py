@@ -120,8 +120,8 @@ def write_typed_file(
     stands for, read back by `gguf.quants.dequantize`. `values` (by our parameter names) are written
     as they are instead, F32."""
     given = values
-    from max_gpt2.model.gguf_checkpoint import gguf_name
-    from max_gpt2.model.weight_adapters import model_parameter_shapes
+    from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_name
+    from max_gpt2.model.parameters import model_parameter_shapes
 
     writer = gpt2_writer(path, config)
     shapes, values = model_parameter_shapes(config), {}

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from max_gpt2 import GPT2Config
-from max_gpt2.model.gguf_checkpoint import gguf_name
-from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_name
+from max_gpt2.model.parameters import model_parameter_shapes
 
 FIXTURE = Path(__file__).parent / "data" / "llama_quantize_blocks.npz"
 TYPES = ["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]

@@ -16,7 +16,7 @@ from max_gpt2.bench.bandwidth import skinny_matmul_graph
 from max_gpt2.inference.compiled import compile_together
 from max_gpt2.kernels import kernel_library, layer_operands
 from max_gpt2.kernels.ops import PRODUCT_FORMATS
-from max_gpt2.model.weight_formats import NAMED
+from max_gpt2.model.formats import NAMED
 
 GROUP_ROWS, SUPER_WEIGHTS = 8, 256  # a shape every format stores, to read its dtypes from
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from max_gpt2 import GPT2Config, compile_attention, compile_lm
 from max_gpt2.inference.lm_graphs import LMGraphs
-from max_gpt2.model.variants import REORDER
-from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
+from max_gpt2.model.layers.variants import REORDER
+from max_gpt2.model.parameters import model_parameter_shapes, parameter_shapes
 from tests.support import GPT2_SMALL, LM, LM_ONE_LAYER, LM_ONE_LAYER_GGUF, ODD, serving_missing
 
 

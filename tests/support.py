@@ -16,8 +16,8 @@ from max.driver import accelerator_count
 
 from max_gpt2 import CompiledLM, GPT2Config
 from max_gpt2.cli.serve import SERVE_MODULES, missing_modules
-from max_gpt2.model.block_quants import BLOCK
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.formats.block_quants import BLOCK
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
 # Head layouts of the released GPT-2 sizes, a single head, and small odd shapes.
 GPT2_SMALL = GPT2Config(n_embd=768, n_head=12)

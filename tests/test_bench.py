@@ -23,9 +23,9 @@ from max_gpt2.bench import harness
 from max_gpt2.bench.attention import attention_flops
 from max_gpt2.cli import main
 from max_gpt2.kernels import MOJO_PACKAGE
-from max_gpt2.model import gpt2
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layers import block_for
+from max_gpt2.model.layers import gpt2
+from max_gpt2.model.layers.kernel_layers import block_for
 from tests.support import ODD
 
 MODEL = f"{ODD.n_embd}x{ODD.n_head}"

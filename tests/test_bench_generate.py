@@ -14,8 +14,9 @@ from max_gpt2.bench.generation import bench_model
 from max_gpt2.bench.generation_contenders import Generator
 from max_gpt2.cli import main
 from max_gpt2.cli.bench_generate import parse_cases
-from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import NAMED, Q4_0, is_packed
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.model.formats import NAMED, Q4_0
+from max_gpt2.model.parameters import is_packed
 from max_gpt2.outputs import Progress
 from tests.support import LM
 

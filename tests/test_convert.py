@@ -8,8 +8,8 @@ import pytest
 
 from max_gpt2 import GPT2Config
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FORMATS
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.model.formats import BY_GGML_TYPE, FORMATS
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.support import LM, LM_ONE_LAYER, run_python

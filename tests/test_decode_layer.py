@@ -17,12 +17,12 @@ from max.nn.kv_cache import KVCacheParams
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.ops import layer_formats
-from max_gpt2.model.gpt2 import GPT2LMHeadModel, embedding_for, linear_for
-from max_gpt2.model.kernel_layers import KernelBlock, KernelLinear
-from max_gpt2.model.packed_linear import take_formats
-from max_gpt2.model.variants import DECODE, LAST_LOGITS_DECODE
-from max_gpt2.model.weight_adapters import model_parameter_shapes
-from max_gpt2.model.weight_formats import NAMED, Q4_K, Q6_K, Q8_0, is_packed, mixed
+from max_gpt2.model.formats import NAMED, Q4_K, Q6_K, Q8_0, mixed
+from max_gpt2.model.layers.gpt2 import GPT2LMHeadModel, embedding_for, linear_for
+from max_gpt2.model.layers.kernel_layers import KernelBlock, KernelLinear
+from max_gpt2.model.layers.packed_linear import take_formats
+from max_gpt2.model.layers.variants import DECODE, LAST_LOGITS_DECODE
+from max_gpt2.model.parameters import is_packed, model_parameter_shapes
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel, PagedKernelBlock
 from tests.op_graphs import LAYOUTS, SUPER_LAYOUTS
 from tests.support import (

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from max_gpt2.inference.devices import parse_dtype
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ import pytest
 
 from max_gpt2 import CheckpointError, GPT2Config, load_lm
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import open_checkpoint
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint, gguf_name
-from max_gpt2.model.gguf_file import GGUFFile
-from max_gpt2.model.weight_adapters import model_parameter_shapes
-from max_gpt2.model.weight_formats import FLOAT32
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint, gguf_name
+from max_gpt2.model.checkpoints.gguf_file import GGUFFile
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import FLOAT32
+from max_gpt2.model.parameters import model_parameter_shapes
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import encoded, gguf, write_gguf_file
 from tests.support import LM, LM_ONE_LAYER, prompts
@@ -119,7 +119,7 @@ def test_a_quantized_gguf_loads_as_float32_but_not_requantized(save_pretrained, 
 def test_a_gguf_of_llama_cpps_converter_loads_as_its_checkpoint(tmp_path):
     """llama.cpp's own `convert_hf_to_gguf.py` on a checkpoint with GPT-2's tokenizer: the same config,
     bound weights equal to the checkpoint's, and the tokenizer GPT-2's."""
-    from max_gpt2.model.stored_weights import pack
+    from max_gpt2.model.checkpoints.stored_weights import pack
 
     config = GPT2Config(n_embd=64, n_head=2, n_layer=2, n_positions=64, eos_token_id=50256)
     checkpoint = write_checkpoint(tmp_path / "hf", config, 0, "save_pretrained", mask_buffers=False)

@@ -17,12 +17,12 @@ import pytest
 
 from max_gpt2 import GPT2Config, load_lm, reference
 from max_gpt2.kernels.ops import LAYER_PRODUCTS
-from max_gpt2.model.checkpoint import Checkpoint
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint, gguf_metadata, gguf_name, gguf_tensors
-from max_gpt2.model.gguf_mixes import MIXES
-from max_gpt2.model.gguf_writer import write_gguf
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint, gguf_metadata, gguf_name, gguf_tensors
+from max_gpt2.model.checkpoints.gguf_writer import write_gguf
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import BY_GGML_TYPE, FLOAT32
+from max_gpt2.model.formats.gguf_mixes import MIXES
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.llama_cpp import FIXTURE, TYPES, crafted_rows, llama_tool, quantized_by_llama

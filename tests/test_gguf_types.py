@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from max_gpt2 import CheckpointError, GPT2Config, load_lm, reference
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, Q4_0
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import BY_GGML_TYPE, FLOAT32, Q4_0
 from max_gpt2.verify import compare
 from tests.gguf_files import gguf, random_blocks, write_typed_file
 from tests.llama_cpp import TYPES

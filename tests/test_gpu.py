@@ -18,7 +18,7 @@ from max.experimental.tensor import Tensor
 from max_gpt2 import GPT2Config, reference
 from max_gpt2.inference.devices import parse_dtype
 from max_gpt2.inference.sampling import Sampler
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.gpu_limits import hopper_attention_weights_refusal, hopper_refusal
 from max_gpt2.reference import softmax
 from max_gpt2.testing import random_attention_weights

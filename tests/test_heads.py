@@ -16,7 +16,7 @@ from max_gpt2 import reference
 from max_gpt2.analysis.gallery import HEADS_PER_IMAGE, draw_gallery, grid_shape, grid_size
 from max_gpt2.analysis.head_summary import LABELS, summarize
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.variants import ATTENTIONS, DECODE, PLAIN
+from max_gpt2.model.layers.variants import ATTENTIONS, DECODE, PLAIN
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from max_gpt2.verify import compare
 from tests.support import LM, ODD, random_input, run_python

@@ -17,7 +17,7 @@ from max.experimental.tensor import Tensor, TensorType, default_device, default_
 
 from max_gpt2 import compile_attention
 from max_gpt2.inference.attention import CPU_FLASH_TILES, IMPLEMENTATIONS, resolve_impl
-from max_gpt2.model.flash import KernelFlashAttention
+from max_gpt2.model.layers.flash import KernelFlashAttention
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import check
 from tests.support import GPT2_SMALL, ODD, random_input

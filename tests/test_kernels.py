@@ -11,8 +11,8 @@ from max.engine import Model
 
 from max_gpt2.inference.devices import host_buffer
 from max_gpt2.kernels.package import compiled_package
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.weight_formats import BFLOAT16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from max_gpt2.model.formats import BFLOAT16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from tests.support import (
     LOWEST,
     attention_reference,

@@ -9,7 +9,7 @@ from max.dtype import DType
 
 from max_gpt2 import load_lm, reference
 from max_gpt2.inference.lm_options import LMOptions
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.formats import FORMATS
 from tests.support import LM_ONE_LAYER, prompt_and_steps
 
 # Largest |logit error| over largest |logit| against the float64 reference (LM_ONE_LAYER's random

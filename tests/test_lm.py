@@ -12,9 +12,9 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor, TensorType
 
 from max_gpt2 import GPT2Config, load_lm, reference
-from max_gpt2.model.block import activation
 from max_gpt2.model.config import ACTIVATIONS
-from max_gpt2.model.variants import DECODE, PLAIN
+from max_gpt2.model.layers.block import activation
+from max_gpt2.model.layers.variants import DECODE, PLAIN
 from max_gpt2.verify import compare
 from tests.support import LM, LM_ONE_LAYER, left_padding, prompts
 

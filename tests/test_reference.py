@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from max_gpt2 import GPT2Config, reference
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests.support import ODD, random_input
 

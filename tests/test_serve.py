@@ -22,7 +22,7 @@ from tokenizers.decoders import DecodeStream
 
 from max_gpt2.bench.server import ServerProcess
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
 

@@ -31,7 +31,7 @@ from tokenizers.decoders import DecodeStream
 
 from max_gpt2.inference.sampling import Sampler
 from max_gpt2.inference.tokenizer import load_tokenizer, token_bytes
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
 from tests.conftest import CHAT_TEMPLATE
 from tests.support import LM, requires_serving

@@ -72,7 +72,7 @@ def test_a_server_whose_worker_dies_exits_with_the_cause_and_leaves_nothing_behi
     the server does not linger answering nothing: it exits non-zero saying so, and then that
     directory and the shell that watched for the end are gone."""
     from max_gpt2.inference.tokenizer import load_tokenizer
-    from max_gpt2.model.checkpoint import Checkpoint
+    from max_gpt2.model.checkpoints.checkpoint import Checkpoint
     from max_gpt2.serving.chat_templates import TEMPLATES
     from tests.test_serve import client
     from tests.test_serve_api import greedy, render

@@ -19,7 +19,7 @@ import pytest
 
 from max_gpt2 import reference
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
 from tests.test_serve import NEW_TOKENS, PROMPTS, Completion, client, complete, served

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoint import open_checkpoint
-from max_gpt2.model.weight_formats import FLOAT32
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import FLOAT32
 from max_gpt2.outputs import Progress
 from max_gpt2.serving.settings import DECODE_STEPS, VARIABLE, ServingSettings
 from max_gpt2.testing import END_OF_TEXT
@@ -151,7 +151,7 @@ def test_the_server_refuses_settings_it_cannot_run_naming_them(setting, says, mo
 
 
 def test_the_server_refuses_a_format_it_does_not_know(monkeypatch, lm_checkpoint):
-    from max_gpt2.model.checkpoint import open_checkpoint
+    from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
     from max_gpt2.serving.model_config import served_weight_format
 
     def checkpoint():
@@ -174,7 +174,7 @@ def test_serve_hands_a_files_mix_of_formats_to_the_server(tmp_path, lm_checkpoin
     import shutil
 
     from max_gpt2.cli.serve import serve_command
-    from max_gpt2.model.checkpoint import open_checkpoint
+    from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
     from max_gpt2.serving.model_config import served_weight_format
     from tests.gguf_files import write_typed_file
     from tests.test_gguf_types import PRESETS, WIDE

@@ -16,26 +16,20 @@ from max.experimental.tensor import Tensor, TensorType
 
 from max_gpt2 import GPT2Config, load_lm, reference
 from max_gpt2.inference.devices import host_array, packed_buffer, weight_buffers
-from max_gpt2.model.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, quantize_q4_0, quantize_q8_0
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.kernel_layout import (
+from max_gpt2.model.checkpoints.stored_weights import aliases, pack, unpack
+from max_gpt2.model.formats import FORMATS, NAMED, MixedFormat, TensorFormat, format_named, mixed
+from max_gpt2.model.formats.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, quantize_q4_0, quantize_q8_0
+from max_gpt2.model.formats.blocks import FieldBlockFormat
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.formats.kernel_layout import (
     GROUP,
     deinterleave_bfloat16,
     deinterleave_blocks,
     interleave_bfloat16,
     interleave_blocks,
 )
-from max_gpt2.model.packed_linear import PackedEmbedding
-from max_gpt2.model.stored_weights import aliases, pack, unpack
-from max_gpt2.model.weight_adapters import model_parameter_shapes
-from max_gpt2.model.weight_formats import (
-    FORMATS,
-    FieldBlockFormat,
-    format_named,
-    is_packed,
-    mixed,
-    stored_name,
-)
+from max_gpt2.model.layers.packed_linear import PackedEmbedding
+from max_gpt2.model.parameters import is_packed, model_parameter_shapes, stored_name
 from tests.support import LM, LM_ONE_LAYER, LM_SUPER, prompt_and_steps
 
 
@@ -288,6 +282,30 @@ def test_a_tied_head_and_embedding_in_different_formats_are_refused_by_name():
         aliases(True, mix)
 
 
+def test_a_mix_answers_all_its_base_promises_and_nothing_of_one_tensors_format():
+    """`WeightFormat` promises what a model asks of its formats; a file's mix answers each of them as a
+    single format does (per tensor through `format_for`) and offers nothing only one tensor's format
+    can answer (`stored`, `pack`, `rows`: asked of `format_for(name)` instead)."""
+    q4_k, q6_k = FORMATS["q4_k"], FORMATS["q6_k"]
+    mix = mixed(
+        {"lm_head.weight": q6_k, "transformer.h.0.attn.c_attn.weight": q4_k, "transformer.wte.weight": q4_k}
+    )
+    assert isinstance(mix, MixedFormat) and not isinstance(mix, TensorFormat)
+    assert (mix.name, mix.ggml_type, mix.bytes_per_weight) == ("q4_k+q6_k", "Q4_K", q6_k.bytes_per_weight)
+    for format in [*NAMED.values(), mix]:
+        assert isinstance(format.built_as, TensorFormat), format
+        for name in ("lm_head.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.0.ln_1.weight"):
+            assert isinstance(format.format_for(name), TensorFormat), (format, name)
+        assert format.check_runs(True, "the CPU") is format
+        assert format.cache_dtype(None, DType.float32) in (DType.float32, DType.float16)
+        assert format.half_cache == format.kernels_only
+    assert mix.format_for("lm_head.weight") is q6_k and mix.built_as is q4_k
+    assert mix.format_for("transformer.h.0.ln_1.weight") is q4_k  # what is not listed: the default
+    assert not any(hasattr(mix, name) for name in ("stored", "pack", "unpack", "rows", "values", "arrays"))
+    with pytest.raises(ValueError, match=r"weight_format='q4_k\+q6_k' is for decoding on the CPU in float32"):
+        mix.check_runs(False, "GPU")
+
+
 def test_unknown_formats_are_refused_with_the_list():
     with pytest.raises(
         ValueError,
@@ -336,15 +354,15 @@ PACKAGE = Path(__file__).parents[1] / "max_gpt2"
 DOCS = PACKAGE.parent / "docs"
 
 
-def test_no_module_but_the_formats_one_compares_a_format_by_name():
+def test_no_module_but_the_registry_compares_a_format_by_name():
     """Every other module asks a format object (`WeightFormat`): a quantized format's name written
     anywhere as a value, or a comparison of something named *format* with any format's name, is the
-    string-compared variant the formats module replaced (float32 and bfloat16 are dtypes' names too)."""
+    string-compared variant the registry replaced (float32 and bfloat16 are dtypes' names too)."""
     names = set(FORMATS) | {"float16"}
     quantized = {name for name, format in FORMATS.items() if format.quantized}
     offenders = []
     for file in sorted(PACKAGE.rglob("*.py")):
-        if file.name == "weight_formats.py":
+        if file == PACKAGE / "model" / "formats" / "registry.py":
             continue
         for node in ast.walk(ast.parse(file.read_text())):
             where = f"{file.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', '?')}"

@@ -11,8 +11,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from max_gpt2 import Checkpoint, CheckpointError, GPT2Config, load_attention_weights
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.weight_adapters import model_parameter_shapes
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.parameters import model_parameter_shapes
 from max_gpt2.testing import LAYOUTS, checkpoint_shapes, write_checkpoint
 from tests.support import ODD
 

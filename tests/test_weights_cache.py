@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
-from max_gpt2.model import stored_weights
-from max_gpt2.model.checkpoint import Checkpoint, open_checkpoint
-from max_gpt2.model.stored_weights import pack
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS, Q4_0, Q8_0
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints import stored_weights
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from max_gpt2.model.checkpoints.stored_weights import pack
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import FLOAT32, FORMATS, Q4_0, Q8_0
 from max_gpt2.testing import write_checkpoint
 from tests.support import LM
 

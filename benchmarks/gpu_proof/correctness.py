@@ -16,7 +16,7 @@ from gpu_proof.plan import Plan
 from gpu_proof.precompiled import build
 from gpu_proof.record import Results
 from max_gpt2 import compile_attention, load_lm, reference
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights
 from max_gpt2.verify import TOLERANCES, check, compare, precision
 

@@ -22,7 +22,7 @@ from max.engine import InferenceSession, MefStore
 from gpu_proof.plan import Plan
 from gpu_proof.record import Results, cpu_seconds
 from max_gpt2 import compile_attention, compile_lm
-from max_gpt2.model.weight_adapters import model_parameter_shapes, parameter_shapes
+from max_gpt2.model.parameters import model_parameter_shapes, parameter_shapes
 
 T = TypeVar("T")
 HOST_TARGET = "x86-64-v3"  # the host code's instructions: any x86-64 machine lent with a GPU runs them

@@ -23,13 +23,13 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 from max_gpt2.inference.threads import quiet_restless_threads
 from max_gpt2.kernels import kernel_library
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layout import GROUP
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
+from max_gpt2.model.formats import FLOAT32, WeightFormat
+from max_gpt2.model.formats.kernel_layout import GROUP
 
 
 def weight_bytes_per_step(config: GPT2Config, weights: WeightFormat = FLOAT32) -> int:
     """Bytes of weights one batch-1 decoding step reads (see the module docstring), the projections,
-    the LM head and the token embedding in `weights` (`max_gpt2.model.weight_formats.NAMED`: a compute
+    the LM head and the token embedding in `weights` (`max_gpt2.model.formats.NAMED`: a compute
     dtype's too)."""
     width, inner = config.n_embd, config.mlp_width
     packed = 3 * width * width + width * width + width * inner + inner * width  # a block's projections

@@ -65,7 +65,7 @@ from max_gpt2.bench.generation_contenders import (
 )
 from max_gpt2.bench.harness import in_turn, machine_description
 from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint

@@ -23,7 +23,7 @@ from max.dtype import DType
 
 from max_gpt2.bench import harness, llama_cpp
 from max_gpt2.inference.loading import load_lm
-from max_gpt2.model.weight_formats import FLOAT32, NAMED, WeightFormat
+from max_gpt2.model.formats import FLOAT32, NAMED, WeightFormat
 
 CONTENDERS = ("max", "hf-eager", "hf-sdpa")
 

@@ -19,7 +19,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from max_gpt2.model.weight_formats import FORMATS, WeightFormat, format_named
+from max_gpt2.model.formats import FORMATS, WeightFormat, format_named
 
 
 def parse_gguf(spec: str) -> dict[WeightFormat, Path]:

@@ -20,7 +20,7 @@ from max_gpt2.bench.generation_report import format_table, plot
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
 from max_gpt2.cli.console import positive_int
-from max_gpt2.model.weight_formats import FORMATS, format_named
+from max_gpt2.model.formats import FORMATS, format_named
 from max_gpt2.outputs import Progress
 
 

@@ -25,7 +25,7 @@ from max_gpt2.bench.llama_cpp import check_binary
 from max_gpt2.bench.report import publish
 from max_gpt2.bench.startup import contenders, cpu_description, format_table, measure, ratios
 from max_gpt2.cli.console import checkpoint_path, positive_int
-from max_gpt2.model.weight_formats import FORMATS, format_named
+from max_gpt2.model.formats import FORMATS, format_named
 from max_gpt2.outputs import Progress
 
 

@@ -18,9 +18,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from max_gpt2.inference.tokenizer import checkpoint_tokenizer, tokenizer_directory
-from max_gpt2.model.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpoint
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import FORMATS
+from max_gpt2.model.formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.testing import write_checkpoint
 
@@ -139,7 +139,7 @@ def read_prompt_file(path: Path) -> str:
 
 
 def add_weight_format_argument(parser: argparse.ArgumentParser) -> None:
-    """`--weight-format`: how the projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
+    """`--weight-format`: how the projections and the LM head are stored (`max_gpt2.model.formats`)."""
     parser.add_argument(
         "--weight-format",
         choices=list(FORMATS),

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from max_gpt2.cli.console import CHECKPOINT_HELP, open_with_tokenizer
 from max_gpt2.inference.tokenizer import gguf_vocabulary
-from max_gpt2.model.gguf_checkpoint import gguf_metadata, gguf_tensors, pure_formats
-from max_gpt2.model.gguf_mixes import MIXES
-from max_gpt2.model.gguf_writer import write_gguf
-from max_gpt2.model.stored_weights import choose_format, requantizing
-from max_gpt2.model.weight_formats import FORMATS, format_named
+from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_metadata, gguf_tensors, pure_formats
+from max_gpt2.model.checkpoints.gguf_writer import write_gguf
+from max_gpt2.model.checkpoints.stored_weights import choose_format, requantizing
+from max_gpt2.model.formats import FORMATS, format_named
+from max_gpt2.model.formats.gguf_mixes import MIXES
 from max_gpt2.outputs import Progress
 
 

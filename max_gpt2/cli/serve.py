@@ -16,7 +16,7 @@ values live in MAX's paged KV cache; up to `--max-batch-size` requests share eac
 (`max_gpt2.serving.memory_planner.CPU_BATCH_SIZE` on a CPU), a new prompt joining the
 step of those decoding (in-flight batching). MAX serves float32 on CPU; bfloat16 is for
 GPUs; on a CPU `--weight-format` stores the projections and the LM head in a packed
-format (`max_gpt2.model.weight_formats`), converted once into the weights cache. Started
+format (`max_gpt2.model.formats`), converted once into the weights cache. Started
 with `--enable-echo`, the server answers `echo` (the prompt's log-probabilities, what
 lm-evaluation-harness scores with); prefix caching is off, since echo needs every prompt
 token computed. If MAX's model worker dies the server exits non-zero and says why. MAX's
@@ -45,8 +45,8 @@ from max_gpt2.cli.serve_options import add_arguments, check_host
 from max_gpt2.explorer.loading import ExplorerSettings
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
-from max_gpt2.model.checkpoint import OpenedCheckpoint
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint
+from max_gpt2.model.formats import FLOAT32, FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.serving.chat_templates import chat_template_file
 from max_gpt2.serving.settings import (

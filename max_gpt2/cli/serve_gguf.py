@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.weights_cache import content_digest
+from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.checkpoints.weights_cache import content_digest
 from max_gpt2.outputs import write_atomically
 
 WEIGHTS = "model.gguf"

@@ -25,7 +25,7 @@ import numpy as np
 from max_gpt2.cli.console import demo_checkpoint, parse_layers, positive_int
 from max_gpt2.inference.attention import IMPLEMENTATIONS, compile_attention
 from max_gpt2.inference.devices import device_name, resolve_device
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.verify import check, precision
 

@@ -9,9 +9,9 @@ on the same compiled graph in milliseconds instead of compiling again.
 Implementations (`impl`), all computing the same function from the same weights:
 
 - `graph`: `GPT2Attention`, the explicit formulation (scores, mask, softmax).
-- `flash`: causal attention that skips the masked half (`max_gpt2.model.flash`):
+- `flash`: causal attention that skips the masked half (`max_gpt2.model.layers.flash`):
   MAX's flash-attention kernel on GPU, a tiled graph on CPU.
-- `wrapper`: one head at a time (`max_gpt2.model.wrapper`), the tutorials'
+- `wrapper`: one head at a time (`max_gpt2.model.layers.wrapper`), the tutorials'
   starting point, kept as a benchmark baseline.
 - `auto`: the fastest measured for the device and dtype (see `resolve_impl`).
 
@@ -44,14 +44,14 @@ from max_gpt2.inference.devices import (
     to_buffer,
     to_numpy,
 )
-from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.model.checkpoints.weight_adapters import check_weights
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.flash import KernelFlashAttention, TiledCausalAttention
 from max_gpt2.model.gpu_limits import check_attention_weights, check_compiles
-from max_gpt2.model.variants import ATTENTIONS, PLAIN, Head, Variant
-from max_gpt2.model.weight_adapters import check_weights
-from max_gpt2.model.wrapper import PerHeadWrapperAttention
+from max_gpt2.model.layers.attention import GPT2Attention
+from max_gpt2.model.layers.flash import KernelFlashAttention, TiledCausalAttention
+from max_gpt2.model.layers.variants import ATTENTIONS, PLAIN, Head, Variant
+from max_gpt2.model.layers.wrapper import PerHeadWrapperAttention
 
 IMPLEMENTATIONS = ("auto", "graph", "flash", "wrapper")
 

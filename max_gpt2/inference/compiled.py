@@ -3,7 +3,7 @@
 The attention and the language model each stage several graphs from the same
 parameter names: the plain one, one that also outputs every head's attention
 weights, and for the language model on the CPU one that runs decoding steps
-through the Mojo kernels (`max_gpt2.model.variants`). Compiling costs a minute
+through the Mojo kernels (`max_gpt2.model.layers.variants`). Compiling costs a minute
 or two, so none is compiled before something asks for it, and the plain graph
 never carries the extra output. A variant is any hashable value whose `str` names it.
 
@@ -38,7 +38,7 @@ from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.devices import device_name, weight_buffers
 from max_gpt2.inference.threads import AfterFirstRun
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_formats import FLOAT32
+from max_gpt2.model.formats import FLOAT32
 
 if TYPE_CHECKING:
     from max.graph import Graph  # building graphs is the tracer's business: imported there

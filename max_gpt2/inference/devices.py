@@ -17,10 +17,10 @@ import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
 from max.dtype import DType
 
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+from max_gpt2.model.checkpoints.stored_weights import StoredWeights, pack
+from max_gpt2.model.formats import WeightFormat
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
 from max_gpt2.model.gpu_limits import GPU
-from max_gpt2.model.stored_weights import StoredWeights, pack
-from max_gpt2.model.weight_formats import WeightFormat, is_stored_packed
 
 DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16, "float16": DType.float16}
 """The compute dtypes, by the names users type."""
@@ -90,7 +90,7 @@ def weight_buffers(
     or `StoredWeights` already in `weight_format`'s layout), on `device` (None: the host).
 
     The projections and the LM head are packed into `weight_format` and kept as stored
-    (`max_gpt2.model.stored_weights`); every other array is converted to the compute `dtype`, and
+    (`max_gpt2.model.checkpoints.stored_weights`); every other array is converted to the compute `dtype`, and
     bound without a copy where it is float32 on the host already. An array bound under several
     names (a tied LM head is `wte`'s array) is converted once and bound as one buffer.
     """
@@ -100,7 +100,7 @@ def weight_buffers(
     for name, array in stored.items():
         if id(array) in converted:
             continue
-        if is_stored_packed(name, weight_format):
+        if weight_format.binds_own_dtype(name):
             buffer = packed_buffer(array)
             converted[id(array)] = buffer if device.is_host else buffer.to(device)
         else:
@@ -109,7 +109,7 @@ def weight_buffers(
 
 
 def packed_buffer(values: np.ndarray) -> Buffer:
-    """A packed weight as stored (`max_gpt2.model.weight_formats`) on the host: int8, uint8 and
+    """A packed weight as stored (`max_gpt2.model.formats`) on the host: int8, uint8 and
     float16 as they are, bfloat16 from its uint16 bit patterns."""
     buffer = Buffer.from_numpy(np.ascontiguousarray(values))
     return buffer.view(DType.bfloat16) if values.dtype == np.uint16 else buffer

@@ -11,7 +11,7 @@
     result = lm.perplexity("text", stride=512)                     # Perplexity: nll, perplexity, bits/byte
     weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
 
-One graph (`max_gpt2.model.gpt2.GPT2LMHeadModel`, every length symbolic) serves
+One graph (`max_gpt2.model.layers.gpt2.GPT2LMHeadModel`, every length symbolic) serves
 every prompt, and one more every decoding step, so nothing a user passes
 triggers a compile. On the CPU in float32 the step graph runs the same modules
 through the Mojo decoding kernels (`max_gpt2.kernels`), which stream each weight
@@ -48,11 +48,11 @@ from max_gpt2.inference.devices import gpu_of, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.prompts import check_left_padding, check_prompt, check_tokens, position_ids
+from max_gpt2.model.checkpoints.stored_weights import check_lm_weights
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.formats import WeightFormat
 from max_gpt2.model.gpu_limits import check_attention_weights
-from max_gpt2.model.stored_weights import check_lm_weights
-from max_gpt2.model.variants import ATTENTIONS, REORDER, Variant
-from max_gpt2.model.weight_formats import WeightFormat
+from max_gpt2.model.layers.variants import ATTENTIONS, REORDER, Variant
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -63,7 +63,7 @@ class CompiledLM(CompiledModel):
 
     `tokenizer` is the checkpoint's where `load_lm` found one (None otherwise,
     and after `with_weights`); `perplexity` reads text with it. `weight_format`
-    is how the projections and the LM head are stored (`max_gpt2.model.weight_formats`):
+    is how the projections and the LM head are stored (`max_gpt2.model.formats`):
     the float32 weights bound are packed into it here. `kv_dtype` is the KV cache's
     dtype: the compute dtype, or float16 (`kv_cache="float16"`).
     """

@@ -11,7 +11,7 @@
     REORDER     beam search's cache reorder, on the CPU: each layer's rows copied from their
                 parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
-(`max_gpt2.model.variants` says what each computes.) Packed weights run prompts through the
+(`max_gpt2.model.layers.variants` says what each computes.) Packed weights run prompts through the
 kernels as well: one graph per format, the same arithmetic for a prompt's logits as for a step's
 (as llama.cpp, q8_0 and q4_0 quantize the activations of both), at about the speed of MAX's
 matmul on unpacked weights (docs/performance.md).
@@ -34,7 +34,7 @@ from max_gpt2.inference.devices import gpu_of
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpu_limits import check_compiles
-from max_gpt2.model.variants import DECODE, PLAIN, CacheReorder, Head, Variant
+from max_gpt2.model.layers.variants import DECODE, PLAIN, CacheReorder, Head, Variant
 from max_gpt2.outputs import default_cache_dir
 
 if TYPE_CHECKING:

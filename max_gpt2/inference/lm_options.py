@@ -15,13 +15,13 @@ from max.dtype import DType
 from typing_extensions import Unpack
 
 from max_gpt2.inference.devices import device_name, gpu_of, kernels_run_on, parse_dtype, resolve_device
+from max_gpt2.model.checkpoints.stored_weights import Stored, choose_format
+from max_gpt2.model.formats import FLOAT32, WeightFormat, format_named
 from max_gpt2.model.gpu_limits import check_attention_weights, check_compiles
-from max_gpt2.model.stored_weights import Stored, choose_format
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, format_named
 
 
 def check_weight_format(requested: str | WeightFormat, device: Device, dtype: DType) -> WeightFormat:
-    """The format `requested` names (`weight_formats.FORMATS`), if it runs on `device` in `dtype`."""
+    """The format `requested` names (`formats.FORMATS`), if it runs on `device` in `dtype`."""
     return format_named(requested).check_runs(kernels_run_on(device, dtype), _where(device, dtype))
 
 

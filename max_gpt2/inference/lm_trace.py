@@ -20,12 +20,12 @@ from max.graph import TensorType as GraphTensorType
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.kernels import kernel_library, reorder_rows
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.gpt2 import GPT2LMHeadModel
-from max_gpt2.model.variants import CacheReorder, Variant
+from max_gpt2.model.layers.gpt2 import GPT2LMHeadModel
+from max_gpt2.model.layers.variants import CacheReorder, Variant
 
 
 def trace_lm(config: GPT2Config, options: LMOptions, variant: Variant | CacheReorder) -> Graph:
-    """The graph of `variant` (`max_gpt2.model.variants`) for `config` and `options`."""
+    """The graph of `variant` (`max_gpt2.model.layers.variants`) for `config` and `options`."""
     if isinstance(variant, CacheReorder):
         return reorder_graph(config, options)
     device = options.device

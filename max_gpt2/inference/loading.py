@@ -14,11 +14,11 @@ the commands and the server (`max-gpt2 serve` before it starts MAX, and MAX's mo
 all load through it. Each step is the cheapest one that gives the same model:
 
 - the options are checked before anything is opened, then the checkpoint's header and
-  config (`max_gpt2.model.checkpoint.open_checkpoint`) before any tensor is read; the weight
+  config (`max_gpt2.model.checkpoints.checkpoint.open_checkpoint`) before any tensor is read; the weight
   format is the one asked for, else the checkpoint's own (`stored_weights.choose_format`);
 - the weights are memory-mapped as bound (`LoadPlan.weights`): from a GGUF file of float32
   tensors, or from the weights cache, where the first load in a format converts them tensor
-  by tensor (`max_gpt2.model.weights_cache`): quantized, or GGUF's blocks shuffled into the
+  by tensor (`max_gpt2.model.checkpoints.weights_cache`): quantized, or GGUF's blocks shuffled into the
   kernels' layout, never through float32;
 - the graphs are read compiled from the artifact cache on the CPU (`max_gpt2.inference.artifacts`),
   else traced and compiled (MAX's own cache makes that seconds after the first time) and kept;
@@ -43,11 +43,11 @@ from max_gpt2.inference.lm import CompiledLM
 from max_gpt2.inference.lm_graphs import LMGraphs
 from max_gpt2.inference.lm_options import CompileOptions, LMOptions
 from max_gpt2.inference.tokenizer import checkpoint_tokenizer
-from max_gpt2.model.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.stored_weights import StoredWeights, check_lm_weights
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.stored_weights import StoredWeights, check_lm_weights
-from max_gpt2.model.variants import ATTENTIONS
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.layers.variants import ATTENTIONS
 
 
 class LoadProgress(Protocol):
@@ -111,7 +111,7 @@ def load_lm(
     opened by `open_checkpoint`), compiles the model and binds its weights.
 
     `weight_format` is how the projections and the LM head are stored for decoding (one of
-    `max_gpt2.model.weight_formats.FORMATS`); None: the checkpoint's own (float32 for safetensors;
+    `max_gpt2.model.formats.FORMATS`); None: the checkpoint's own (float32 for safetensors;
     a GGUF file's type, or its mix of them). Another is converted from it, once: converted
     weights are kept in the weights cache under `cache_dir` (None:
     `max_gpt2.outputs.default_cache_dir()`), and so are compiled graphs. A quantized GGUF file

@@ -7,7 +7,7 @@
 `score`, `logprobs` and `perplexity` are `Steps`'s methods. A token's
 log-probability comes from the logits at the position before it, through a
 log-softmax over the vocabulary taken inside the graph (the "scores" variant,
-`max_gpt2.model.gpt2.next_token_logprobs`): the graph returns `[batch, seq]`, and the
+`max_gpt2.model.layers.gpt2.next_token_logprobs`): the graph returns `[batch, seq]`, and the
 `[seq, vocab]` logits never reach the host. `score(top_k=k)` takes the k likeliest
 alternatives at each position from the same graph ranking `RANKED` of them (the
 "ranked" variant). A position with no token before it (the first of a row, its
@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 from max_gpt2.inference.prompts import check_prompt
 from max_gpt2.inference.steps import Steps
 from max_gpt2.inference.tokenizer import token_bytes
-from max_gpt2.model.variants import RANKED
+from max_gpt2.model.layers.variants import RANKED
 
 # Most bytes of logits the scoring graph holds at once when windows are batched: GPT-2's windows of
 # 1024 tokens scoring their second half hold 103 MB each. 256 MB ran no faster and held 200-340 MB

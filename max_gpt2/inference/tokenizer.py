@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from max_gpt2.model.gguf_file import GGUFFile
+from max_gpt2.model.checkpoints.gguf_file import GGUFFile
 
 if TYPE_CHECKING:
-    from max_gpt2.model.checkpoint import OpenedCheckpoint
+    from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
 END_OF_TEXT = "<|endoftext|>"

@@ -10,7 +10,7 @@ the same over MAX's paged cache for the server, and beam search's cache reorder.
 `packed_matmul`, `decode_layer`, ...: the names re-exported here); each kind of product is one op,
 its weight format a compile-time parameter (`gpt2_matmul`, `gpt2_dequantize`, the decode-layer
 ops). Graphs load this directory compiled once into a `.mojoc` (`max_gpt2.kernels.package`). The
-modules that put these behind GPT-2's parameter names are in `max_gpt2.model.kernel_layers`; where
+modules that put these behind GPT-2's parameter names are in `max_gpt2.model.layers.kernel_layers`; where
 the kernels run is `max_gpt2.inference.devices.kernels_run_on`. docs/architecture.md lists the Mojo
 files.
 """

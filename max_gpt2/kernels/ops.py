@@ -14,7 +14,7 @@ A GPT-2 block goes to the two decode-layer ops as `LayerParameters`: its layer n
 `layer_operands` flattens them into the ops' operands; it is the one place that order is written in
 Python (the Mojo ops read it in `decode_layer.mojo:checked_layer`). Every product kind is one op whose
 format is a compile-time parameter: `gpt2_matmul` (and `gpt2_dequantize`) take a format's kernel code
-(`WeightFormat.kernel_format`: 0 for rows of float32 or bfloat16), as the decode-layer ops take one
+(`TensorFormat.kernel_format`: 0 for rows of float32 or bfloat16), as the decode-layer ops take one
 for each of a block's products.
 """
 
@@ -53,7 +53,7 @@ Value = TypeVar("Value")
 
 class StoredProduct(NamedTuple):
     """A product as the kernels take it: its weight as stored, its block scales (or None), its bias
-    (or None), and the kernels' code for its format (`WeightFormat.kernel_format`; 0: rows of floats)."""
+    (or None), and the kernels' code for its format (`TensorFormat.kernel_format`; 0: rows of floats)."""
 
     weight: Tensor
     scales: Tensor | None
@@ -96,9 +96,9 @@ def packed_matmul(
     x: Tensor, weight: Tensor, scales: Tensor | None, format: int, out_dim: int, bias: Tensor | None = None
 ) -> Tensor:
     """`x` [M, K] @ W^T + `bias` -> [M, out_dim] through `gpt2_matmul`, W in the format whose kernel code is
-    `format` (`WeightFormat.kernel_format`; 0: rows of floats).
+    `format` (`TensorFormat.kernel_format`; 0: rows of floats).
 
-    `weight` holds W as the format stores it (`max_gpt2.model.weight_formats`) and `scales` its
+    `weight` holds W as the format stores it (`max_gpt2.model.formats`) and `scales` its
     block scales (None where it has none). The kernel adds the float32 `bias` [out_dim] as it writes
     y, which saves an op a product (docs/performance.md).
     """

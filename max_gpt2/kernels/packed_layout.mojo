@@ -1,7 +1,7 @@
 # What the packed matmuls share: the formats, how their weights are laid out and requested ahead, and checks.
 #
 # Rows are stored 8 at a time, interleaved, so that a group of 8 rows is one stream of memory
-# (`max_gpt2.model.weight_formats` lays them out; N is padded to a multiple of 8 with zero rows).
+# (`max_gpt2.model.formats` lays them out; N is padded to a multiple of 8 with zero rows).
 # bfloat16 keeps 32 consecutive values of a row together (K padded to a multiple of 32); q8_0 and
 # q4_0 keep 4, so that one SIMD register holds 4 values of each of 8 rows and a multiply-add
 # produces 8 rows' partial dot products side by side (K padded to whole blocks):

@@ -10,15 +10,15 @@ from max_gpt2.lazy import lazy_exports
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "GPT2Attention": "max_gpt2.model.attention",
-        "causal_mask": "max_gpt2.model.attention",
-        "Block": "max_gpt2.model.block",
-        "Checkpoint": "max_gpt2.model.checkpoint",
-        "load_attention_weights": "max_gpt2.model.checkpoint",
+        "GPT2Attention": "max_gpt2.model.layers.attention",
+        "causal_mask": "max_gpt2.model.layers.attention",
+        "Block": "max_gpt2.model.layers.block",
+        "Checkpoint": "max_gpt2.model.checkpoints.checkpoint",
+        "load_attention_weights": "max_gpt2.model.checkpoints.checkpoint",
         "GPT2Config": "max_gpt2.model.config",
-        "GPT2LMHeadModel": "max_gpt2.model.gpt2",
-        "GPT2Model": "max_gpt2.model.gpt2",
-        "CheckpointError": "max_gpt2.model.weight_adapters",
+        "GPT2LMHeadModel": "max_gpt2.model.layers.gpt2",
+        "GPT2Model": "max_gpt2.model.layers.gpt2",
+        "CheckpointError": "max_gpt2.model.checkpoints.weight_adapters",
     },
 )
 

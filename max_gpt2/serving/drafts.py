@@ -33,7 +33,7 @@ from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import TextContext
 
 from max_gpt2.inference.drafting import DraftCounts, Pacing, PromptLookup
-from max_gpt2.model.kernel_layers import SKINNY_ROWS
+from max_gpt2.model.layers.kernel_layers import SKINNY_ROWS
 
 # MAX's server passes on the records of its own components' loggers only.
 logger = logging.getLogger("max.pipelines.max_gpt2")

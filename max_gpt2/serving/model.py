@@ -8,7 +8,7 @@ its projections in `skinny_matmul`'s loops) for steps where each of at most
 `CheckedDrafts`), and the general one (MAX's flash
 attention; `skinny_matmul` up to `SKINNY_ROWS` rows, MAX's matmul past them) for
 the rest; elsewhere only the general one, with MAX's ops. With packed weights
-(`GPT2ServingConfig.weight_format`: any of `weight_formats.FORMATS` but float32, or
+(`GPT2ServingConfig.weight_format`: any of `formats.FORMATS` but float32, or
 a GGUF file's mix; CPU and float32 only) both graphs take every projection and the
 LM head through the packed kernels (`PackedLinear`), prompts too, as `CompiledLM`
 does; the paged cache stays float32.
@@ -63,13 +63,13 @@ from max_gpt2.inference.compiled import compile_together
 from max_gpt2.inference.devices import kernels_run_on, weight_buffers
 from max_gpt2.inference.lm_options import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
-from max_gpt2.model.block import LinearFactory
-from max_gpt2.model.checkpoint import open_checkpoint
-from max_gpt2.model.gpt2 import embedding_for, linear_for
-from max_gpt2.model.kernel_layers import SKINNY_ROWS, KernelLinear
-from max_gpt2.model.packed_linear import take_formats
-from max_gpt2.model.stored_weights import StoredWeights
-from max_gpt2.model.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
+from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.stored_weights import StoredWeights
+from max_gpt2.model.layers.block import LinearFactory
+from max_gpt2.model.layers.gpt2 import embedding_for, linear_for
+from max_gpt2.model.layers.kernel_layers import SKINNY_ROWS, KernelLinear
+from max_gpt2.model.layers.packed_linear import take_formats
+from max_gpt2.model.layers.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
 from max_gpt2.serving.drafts import CheckedDrafts
 from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel

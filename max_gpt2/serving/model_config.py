@@ -4,7 +4,7 @@ MAX builds this from the checkpoint's `config.json` (read by Hugging Face's
 `AutoConfig`) and the pipeline's own settings (`--quantization-encoding`,
 `--max-length`, the cache's page size). The model's shapes come through our own
 `GPT2Config`, so a config we would refuse elsewhere is refused here too, with the
-same message. How the projections and the LM head are stored (`weight_formats`:
+same message. How the projections and the LM head are stored (`max_gpt2.model.formats`:
 float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, or a GGUF file's own mix of
 them) comes from our serving settings (`ServingSettings.weight_format`: `max-gpt2 serve
 --weight-format`): MAX's command line has no option an architecture may add, and its
@@ -28,10 +28,10 @@ from max.pipelines.modeling.config_enums import SupportedEncoding, supported_enc
 from transformers import AutoConfig
 from typing_extensions import Self
 
-from max_gpt2.model.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.stored_weights import Stored
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.stored_weights import Stored
-from max_gpt2.model.weight_formats import FLOAT32, FORMATS, WeightFormat, format_named
+from max_gpt2.model.formats import FLOAT32, FORMATS, WeightFormat, format_named
 from max_gpt2.serving.max_internals import served_encoding
 from max_gpt2.serving.settings import VARIABLE, ServingSettings
 

@@ -33,6 +33,7 @@ so the same weights bind.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from max import tree
 from max.driver import CPU
@@ -48,11 +49,11 @@ from max.nn.kv_cache import KVCacheInputsPerDevice, KVCacheParams, PagedCacheVal
 from max.pipelines.lib import ModuleV3Outputs
 
 from max_gpt2.kernels import paged_attention, paged_decode_layer
-from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.block import EmbeddingFactory, LinearFactory, layer_norm
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layers import KernelBlock, block_for
-from max_gpt2.model.variants import LAST_LOGITS, Head, Variant
+from max_gpt2.model.layers.attention import GPT2Attention
+from max_gpt2.model.layers.block import EmbeddingFactory, LinearFactory, layer_norm
+from max_gpt2.model.layers.kernel_layers import KernelBlock, block_for
+from max_gpt2.model.layers.variants import LAST_LOGITS, Head, Variant
 
 _store_keys = F.functional(store_k_cache_ragged)
 _store_values = F.functional(store_v_cache_ragged)
@@ -147,25 +148,17 @@ def ragged_positions(input_row_offsets: Tensor, cache_lengths: Tensor, total: in
 class PagedGPT2Model(Module[..., Tensor]):
     """Embeddings and the blocks over the paged cache: [T] ids -> [T, D], before `ln_f`.
 
-    `ln_f` lives here for its parameter name (`transformer.ln_f`); the head applies
-    it to the rows whose logits it computes.
+    `layer(i)` makes block i (`PagedGPT2LMHeadModel` picks its kind and projections), `embedding`
+    the token embedding. `ln_f` lives here for its parameter name (`transformer.ln_f`); the head
+    applies it to the rows whose logits it computes.
     """
 
     def __init__(
-        self,
-        config: GPT2Config,
-        kv_params: KVCacheParams,
-        linear: LinearFactory = Linear,
-        decoding: bool = False,
-        embedding: EmbeddingFactory = Embedding,
+        self, config: GPT2Config, layer: Callable[[int], Module], embedding: EmbeddingFactory
     ) -> None:
         self.wte = embedding(config.vocab_size, dim=config.n_embd)
         self.wpe = Embedding(config.n_positions, dim=config.n_embd)
-        block = block_for(config, decoding, PagedKernelBlock)  # one op a block where it fits
-        self.h = ModuleList(
-            block(config, PagedAttention(config, kv_params, layer, linear, decoding), linear)
-            for layer in range(config.n_layer)
-        )
+        self.h = ModuleList(layer(index) for index in range(config.n_layer))
         self.ln_f = layer_norm(config)
 
     def forward(self, tokens: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor) -> Tensor:
@@ -181,7 +174,7 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
 
     `forward(tokens, return_n_logits, input_row_offsets, *kv_inputs)`: the KV
     cache arrives flattened, as MAX's batch processor lays it out. Its `variant`
-    (`max_gpt2.model.variants`) says what comes out: `Head.LOGITS` (a server started
+    (`max_gpt2.model.layers.variants`) says what comes out: `Head.LOGITS` (a server started
     with `--enable-echo`) every token's logits too, for the prompt's log-probabilities,
     the last of each request's the next-token logits; `Head.LAST_LOGITS` those alone.
     `linear` makes the projections and the head, `embedding` the token embedding. Through the
@@ -205,7 +198,12 @@ class PagedGPT2LMHeadModel(Module[..., ModuleV3Outputs]):
             )
         decoding = variant.kernels
         self.kv_params, self.every_token, self.decoding = kv_params, variant.head is Head.LOGITS, decoding
-        self.transformer = PagedGPT2Model(config, kv_params, linear, decoding, embedding)
+        block = block_for(config, decoding, PagedKernelBlock)  # one op a block where it fits
+
+        def layer(index: int) -> Module:
+            return block(config, PagedAttention(config, kv_params, index, linear, decoding), linear)
+
+        self.transformer = PagedGPT2Model(config, layer, embedding)
         self.lm_head = linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(

@@ -28,7 +28,7 @@ class ServingSettings:
     """One served model's settings beyond MAX's options (module docstring).
 
     `served_names`: every name a request's `model` may give (the first is MAX's);
-    `weight_format`: a `max_gpt2.model.weight_formats` name, or a GGUF file's own mix's;
+    `weight_format`: a `max_gpt2.model.formats` name, or a GGUF file's own mix's;
     `decode_steps`: greedy tokens a scheduler step may decode on a CPU; `prompt_lookup`:
     tokens a request may draft (0: none); `allowed_origins`: origins a browser page may
     call the API from (CORS; `*` any, none: CORS off); `explorer`: the head explorer's

@@ -2,19 +2,19 @@
 
 MAX looks an architecture's adapter up by the format of the checkpoint's files, as its own
 architectures register theirs; GPT-2 comes as safetensors (Hugging Face's) or GGUF (llama.cpp's).
-Both are read as `load_lm` reads them (`max_gpt2.model.checkpoint.open_checkpoint`: both key
+Both are read as `load_lm` reads them (`max_gpt2.model.checkpoints.checkpoint.open_checkpoint`: both key
 layouts, Conv1D transposed, the head tied unless the config unties it, every shape checked, a GGUF
-file's types checked) and bound as it binds them (`max_gpt2.model.weights_cache.bound_weights`:
+file's types checked) and bound as it binds them (`max_gpt2.model.checkpoints.weights_cache.bound_weights`:
 converted once into the weights cache, memory-mapped), so a served checkpoint is refused with the
 same messages and served with the same weights.
 """
 
 from __future__ import annotations
 
-from max_gpt2.model.checkpoint import OpenedCheckpoint
-from max_gpt2.model.stored_weights import StoredWeights, choose_format
-from max_gpt2.model.weight_formats import WeightFormat
-from max_gpt2.model.weights_cache import bound_weights
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint
+from max_gpt2.model.checkpoints.stored_weights import StoredWeights, choose_format
+from max_gpt2.model.checkpoints.weights_cache import bound_weights
+from max_gpt2.model.formats import WeightFormat
 
 
 def stored_state_dict(checkpoint: OpenedCheckpoint, weight_format: WeightFormat) -> StoredWeights:

@@ -1,12 +1,12 @@
 """Reading a Hugging Face GPT-2 safetensors checkpoint: its files, its config, its tensors.
 
 `open_checkpoint(path)` opens whatever a user names: a GGUF file
-(`max_gpt2.model.gguf_checkpoint.GGUFCheckpoint`) or a safetensors checkpoint, below.
+(`max_gpt2.model.checkpoints.gguf_checkpoint.GGUFCheckpoint`) or a safetensors checkpoint, below.
 
 `Checkpoint(path)` finds the files (one `model.safetensors`, shards named by a
 `model.safetensors.index.json`, or a file given directly), refuses pickles
 (`pytorch_model.bin` can run code when loaded), reads `config.json` and hands the
-tensors to the weights adapter (`max_gpt2.model.weight_adapters`):
+tensors to the weights adapter (`max_gpt2.model.checkpoints.weight_adapters`):
 `model_weights()` gives every parameter of `GPT2LMHeadModel`,
 `attention_weights(layer)` one layer's attention, both float32 in MAX layout.
 
@@ -29,18 +29,14 @@ import safetensors
 from max.dtype import DType
 
 from max_gpt2.model import hub
+from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint
+from max_gpt2.model.checkpoints.stored_weights import TIED_HEAD, SourceTensor
+from max_gpt2.model.checkpoints.weight_adapters import CheckpointError, WeightAdapter, layers_found
+from max_gpt2.model.checkpoints.weights_cache import Source
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.dtypes import bfloat16_bits_to_float32
-from max_gpt2.model.gguf_checkpoint import GGUFCheckpoint
-from max_gpt2.model.stored_weights import TIED_HEAD, SourceTensor
-from max_gpt2.model.weight_adapters import (
-    CheckpointError,
-    WeightAdapter,
-    layers_found,
-    model_parameter_shapes,
-)
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
-from max_gpt2.model.weights_cache import Source
+from max_gpt2.model.formats import FLOAT32, TensorFormat, WeightFormat
+from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32
+from max_gpt2.model.parameters import model_parameter_shapes
 
 INDEX_FILE = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -203,7 +199,7 @@ class OpenedCheckpoint(Source, Protocol):
     and the metadata that may hold its tokenizer (None: only files beside it can)."""
 
     weight_format: WeightFormat
-    source_formats: frozenset[WeightFormat]
+    source_formats: frozenset[TensorFormat]
     one_file: bool
     tokenizer_metadata: Mapping[str, Any] | None
 

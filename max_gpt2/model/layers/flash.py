@@ -34,8 +34,8 @@ from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kernels import flash_attention_gpu
 
-from max_gpt2.model.attention import GPT2Attention, causal_mask
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.layers.attention import GPT2Attention, causal_mask
 
 _flash_attention = F.functional(flash_attention_gpu)
 

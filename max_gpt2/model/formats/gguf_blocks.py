@@ -1,4 +1,4 @@
-"""llama.cpp's other block types taken apart into their fields (`weight_formats` uses these).
+"""llama.cpp's other block types taken apart into their fields (`blocks` uses these).
 
 A row of weights is stored as blocks; each `*_fields` takes blocks as bytes, uint8 `[n, block bytes]`,
 and returns their fields, whose `values()` are the float32 weights `[n, weights a block]` in

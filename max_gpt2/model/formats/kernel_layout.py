@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from max_gpt2.model.block_quants import BlockCode
+from max_gpt2.model.formats.block_quants import BlockCode
 
 GROUP = 8  # rows stored interleaved
 CHUNK = 32  # consecutive bfloat16 values of a row stored together (a 64-byte cache line)

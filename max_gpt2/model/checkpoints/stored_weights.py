@@ -2,8 +2,8 @@
 format on its own, so a load holds one tensor in transit at a time.
 
 A `SourceTensor` is one parameter as stored, in MAX layout `[out, in]`: the rows its format stores
-(`WeightFormat.rows`: float32, float16 or bfloat16 bits, or GGUF's blocks of bytes). `store` gives
-what is bound for it in a weight format (`WeightFormat.pack`): the projections, the LM head
+(`TensorFormat.rows`: float32, float16 or bfloat16 bits, or GGUF's blocks of bytes). `store` gives
+what is bound for it in a weight format (`TensorFormat.pack`): the projections, the LM head
 and the token embedding packed, the rest float32. Packed blocks go to the kernel's layout as a
 shuffle of their bytes, never through float32; float values are quantized or rounded. A
 quantized tensor loads only in its own format or as the float32 values it stands for
@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from max_gpt2.model.checkpoints.weight_adapters import CheckpointError, check_model_weights
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import CheckpointError, check_model_weights, model_parameter_shapes
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat, is_packed, stored_name
+from max_gpt2.model.formats import FLOAT32, TensorFormat, WeightFormat
+from max_gpt2.model.parameters import is_packed, model_parameter_shapes, stored_name
 
 TIED_HEAD = {"lm_head.weight": "transformer.wte.weight"}
 
@@ -33,9 +34,9 @@ TIED_HEAD = {"lm_head.weight": "transformer.wte.weight"}
 @dataclass(frozen=True)
 class SourceTensor:
     """One parameter as a checkpoint stores it: its `format`, its `data` (rows as the format stores them,
-    `WeightFormat.rows`), its MAX-layout `shape`, and where it lies, for messages."""
+    `TensorFormat.rows`), its MAX-layout `shape`, and where it lies, for messages."""
 
-    format: WeightFormat
+    format: TensorFormat
     data: np.ndarray
     shape: tuple[int, ...]
     where: str = "a tensor"
@@ -58,7 +59,7 @@ class Stored(Protocol):
     path: Path
     config: GPT2Config
     weight_format: WeightFormat
-    source_formats: frozenset[WeightFormat]
+    source_formats: frozenset[TensorFormat]
 
 
 class StoredWeights(dict):
@@ -100,8 +101,8 @@ def requantizing(checkpoint: Stored, target: object) -> str | None:
     )
 
 
-def in_format(tensor: SourceTensor, weight_format: WeightFormat) -> np.ndarray:
-    """A projection's weight in `weight_format`, row by row as GGUF stores it (`WeightFormat.rows`); as
+def in_format(tensor: SourceTensor, weight_format: TensorFormat) -> np.ndarray:
+    """A projection's weight in `weight_format`, row by row as GGUF stores it (`TensorFormat.rows`); as
     stored where it is in that format already."""
     if tensor.format is weight_format:
         return tensor.data

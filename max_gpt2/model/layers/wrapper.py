@@ -23,7 +23,7 @@ import math
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 
-from max_gpt2.model.attention import GPT2Attention, causal_mask
+from max_gpt2.model.layers.attention import GPT2Attention, causal_mask
 
 
 class PerHeadWrapperAttention(GPT2Attention):

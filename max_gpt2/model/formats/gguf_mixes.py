@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.weight_adapters import model_parameter_shapes
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT16, FLOAT32, WeightFormat, is_packed
+from max_gpt2.model.formats import BY_GGML_TYPE, FLOAT16, FLOAT32, TensorFormat
+from max_gpt2.model.parameters import is_packed, model_parameter_shapes
 
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 _MORE_BITS_PARTS = (".attn.c_attn.weight", ".mlp.c_proj.weight")  # llama.cpp's attn_qkv, ffn_down
@@ -32,7 +32,7 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def fitting(weight_format: WeightFormat, columns: int) -> WeightFormat:
+def fitting(weight_format: TensorFormat, columns: int) -> TensorFormat:
     """`weight_format`, or llama-quantize's fallback where a row of `columns` weights is not whole blocks."""
     if columns % weight_format.gguf_block[0] == 0:
         return weight_format
@@ -47,7 +47,7 @@ class Mix:
 
     preset: str
     file_type: int
-    base: WeightFormat
+    base: TensorFormat
     more_bits: bool
 
     @property
@@ -58,11 +58,11 @@ class Mix:
     def __str__(self) -> str:
         return self.name
 
-    def formats(self, config: GPT2Config, tied: bool) -> dict[str, WeightFormat]:
+    def formats(self, config: GPT2Config, tied: bool) -> dict[str, TensorFormat]:
         """The format of each parameter the file stores, by our names in `model_parameter_shapes`' order;
         a tied head is `token_embd` and is left out."""
         six = BY_GGML_TYPE["Q6_K"]
-        formats: dict[str, WeightFormat] = {}
+        formats: dict[str, TensorFormat] = {}
         for name, shape in model_parameter_shapes(config).items():
             if len(shape) == 1 or name == "transformer.wpe.weight":
                 formats[name] = FLOAT32

@@ -36,16 +36,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.stored_weights import (
+from max_gpt2.model.checkpoints.stored_weights import (
     StoredWeights,
     WeightSource,
     stored_layout,
     stored_tensors,
     with_aliases,
 )
-from max_gpt2.model.weight_adapters import CheckpointError
-from max_gpt2.model.weight_formats import WeightFormat
+from max_gpt2.model.checkpoints.weight_adapters import CheckpointError
+from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.formats import WeightFormat
 from max_gpt2.outputs import default_cache_dir, write_atomically
 
 LAYOUT = 3

@@ -1,4 +1,4 @@
-"""llama.cpp's q8_0 and q4_0 block quantization, bit for bit, and GGUF's blocks (`weight_formats` uses these).
+"""llama.cpp's q8_0 and q4_0 block quantization, bit for bit, and GGUF's blocks (`blocks` uses these).
 
 Blocks of `BLOCK` = 32 weights along a row share a float16 scale d:
 

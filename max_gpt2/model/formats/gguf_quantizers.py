@@ -1,4 +1,4 @@
-"""llama.cpp's quantizers for its other block types, bit for bit (`weight_formats` writes with these).
+"""llama.cpp's quantizers for its other block types, bit for bit (`registry` writes with these).
 
 Each takes float32 weights [N, K] (K a whole number of blocks: 32 weights, or 256 for the K-quants)
 and returns GGUF's blocks, uint8 [N, K / weights a block * bytes a block], the layouts `gguf_blocks`
@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from max_gpt2.model.block_quants import largest_magnitude
-from max_gpt2.model.gguf_blocks import SUPER
+from max_gpt2.model.formats.block_quants import largest_magnitude
+from max_gpt2.model.formats.gguf_blocks import SUPER
 
 F = np.float32
 CHUNK_WEIGHTS = 1 << 17  # weights quantized at a time, so the search's temporaries stay in cache

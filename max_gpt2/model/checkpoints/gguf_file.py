@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from max_gpt2.model.weight_adapters import CheckpointError
-from max_gpt2.model.weight_formats import BY_GGML_TYPE
+from max_gpt2.model.checkpoints.weight_adapters import CheckpointError
+from max_gpt2.model.formats import BY_GGML_TYPE
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

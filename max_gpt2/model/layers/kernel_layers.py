@@ -27,9 +27,9 @@ from max_gpt2.kernels import (
     decode_layer,
     skinny_matmul,
 )
-from max_gpt2.model.block import Block
-from max_gpt2.model.cached_attention import CachedAttention
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.layers.block import Block
+from max_gpt2.model.layers.cached_attention import CachedAttention
 
 SKINNY_ROWS = 16
 """Up to this many rows `skinny_matmul` is the faster; past them a product is bound by arithmetic, where

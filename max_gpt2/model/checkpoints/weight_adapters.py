@@ -1,7 +1,7 @@
 """The weights adapter: a Hugging Face GPT-2 state dict to the parameters of our MAX modules.
 
 Pure: it takes tensors already read (a mapping from the checkpoint's own key
-names to float32 NumPy arrays, as `max_gpt2.model.checkpoint` hands them out)
+names to float32 NumPy arrays, as `max_gpt2.model.checkpoints.checkpoint` hands them out)
 and the config, and returns float32 arrays named and laid out as the modules
 in `max_gpt2.model` want them. No file is opened here.
 
@@ -26,57 +26,19 @@ from typing import Any
 import numpy as np
 
 from max_gpt2.model.config import GPT2Config
+from max_gpt2.model.parameters import (
+    CONV1D_WEIGHTS,
+    PARAMETERS,
+    model_parameter_shapes,
+    parameter_shapes,
+    stored_shape,
+)
 
-PARAMETERS = ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")
-CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-"""Parameters stored by Hugging Face as Conv1D `[in, out]`, transposed on reading."""
 _LAYER_KEY = re.compile(r"(?:transformer\.)?h\.(\d+)\.")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that does not fit its config."""
-
-
-def parameter_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Shapes of the attention parameters in MAX `Linear` layout, by parameter name."""
-    d = config.n_embd
-    return {
-        "c_attn.weight": (3 * d, d),
-        "c_attn.bias": (3 * d,),
-        "c_proj.weight": (d, d),
-        "c_proj.bias": (d,),
-    }
-
-
-def model_parameter_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter of `GPT2LMHeadModel`, in MAX layout, by its module name."""
-    d, inner, vocab = config.n_embd, config.mlp_width, config.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "transformer.wte.weight": (vocab, d),
-        "transformer.wpe.weight": (config.n_positions, d),
-    }
-    for layer in range(config.n_layer):
-        h = f"transformer.h.{layer}."
-        shapes |= {h + "ln_1.weight": (d,), h + "ln_1.bias": (d,)}
-        shapes |= {h + "attn." + name: shape for name, shape in parameter_shapes(config).items()}
-        shapes |= {
-            h + "ln_2.weight": (d,),
-            h + "ln_2.bias": (d,),
-            h + "mlp.c_fc.weight": (inner, d),
-            h + "mlp.c_fc.bias": (inner,),
-            h + "mlp.c_proj.weight": (d, inner),
-            h + "mlp.c_proj.bias": (d,),
-        }
-    return shapes | {
-        "transformer.ln_f.weight": (d,),
-        "transformer.ln_f.bias": (d,),
-        "lm_head.weight": (vocab, d),
-    }
-
-
-def stored_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape a checkpoint stores parameter `name` in: Conv1D weights are `[in, out]`."""
-    return shape[::-1] if name.endswith(CONV1D_WEIGHTS) else shape
 
 
 def layers_found(keys: Any) -> int:

@@ -9,14 +9,14 @@
         ln_f
       lm_head [V, D]  no bias; the same tensor as wte unless the config unties them
 
-With a packed `weight_format` (`max_gpt2.model.weight_formats`) every projection and the LM
+With a packed `weight_format` (`max_gpt2.model.formats`) every projection and the LM
 head are `PackedLinear`s, their weights in that format (a file's mix: each in its tensor's own),
 and `wte` a `PackedEmbedding` (tied, the head's very arrays); `wpe` stays float32.
 
 Parameter names are those of `GPT2LMHeadModel.state_dict()` in Hugging Face
 (`transformer.h.0.mlp.c_fc.weight`, ..., `lm_head.weight`), with every Conv1D
 weight transposed to MAX `Linear`'s `[out, in]`. Tying is the weights' business,
-not the graph's: `max_gpt2.model.checkpoint.Checkpoint.model_weights` hands `wte`'s array
+not the graph's: `max_gpt2.model.checkpoints.checkpoint.Checkpoint.model_weights` hands `wte`'s array
 out as `lm_head.weight` too, so one compiled graph serves tied and untied models.
 
 One call, with B = batch, S = new tokens, T = past + S, K = positions whose logits
@@ -49,14 +49,14 @@ from max.experimental.compilation import as_subgraph
 from max.experimental.nn import Embedding, Linear, Module, ModuleList
 from max.experimental.tensor import Tensor
 
-from max_gpt2.model.attention import GPT2Attention
-from max_gpt2.model.block import Block, EmbeddingFactory, LinearFactory, layer_norm
-from max_gpt2.model.cached_attention import CachedAttention, padding_bias
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
-from max_gpt2.model.packed_linear import PackedEmbedding, PackedLinear, formats_named, take_formats
-from max_gpt2.model.variants import PLAIN, RANKED, Head, Variant
-from max_gpt2.model.weight_formats import FLOAT32, WeightFormat
+from max_gpt2.model.formats import FLOAT32, WeightFormat
+from max_gpt2.model.layers.attention import GPT2Attention
+from max_gpt2.model.layers.block import Block, EmbeddingFactory, LinearFactory, layer_norm
+from max_gpt2.model.layers.cached_attention import CachedAttention, padding_bias
+from max_gpt2.model.layers.kernel_layers import KernelCachedAttention, SkinnyLinear, block_for
+from max_gpt2.model.layers.packed_linear import PackedEmbedding, PackedLinear, formats_named, take_formats
+from max_gpt2.model.layers.variants import PLAIN, RANKED, Head, Variant
 
 
 def linear_for(weight_format: WeightFormat, kernels: bool) -> LinearFactory:
@@ -123,11 +123,11 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
     def __init__(
         self, config: GPT2Config, variant: Variant = PLAIN, weight_format: WeightFormat = FLOAT32
     ) -> None:
-        """`variant`: what the graph returns (`max_gpt2.model.variants`: logits at the positions asked
+        """`variant`: what the graph returns (`max_gpt2.model.layers.variants`: logits at the positions asked
         for, the next tokens' log-probabilities, the likeliest tokens' too, or attention weights) and
         whether the projections and attention run through the Mojo decoding kernels
         (`max_gpt2.kernels`; same parameters, for a few new tokens); `weight_format`: how the
-        projections and the LM head are stored (`max_gpt2.model.weight_formats`)."""
+        projections and the LM head are stored (`max_gpt2.model.formats`)."""
         if variant.head is Head.LAST_LOGITS:
             raise ValueError("GPT2LMHeadModel returns the positions it is asked for (logit_index)")
         kernels, self.variant = variant.kernels, variant

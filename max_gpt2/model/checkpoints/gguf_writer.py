@@ -5,7 +5,7 @@ declared first (`TensorSpec`) and their bytes streamed after: one tensor's data 
 at a time. Metadata values take GGUF's types from Python's: str a string, bool a bool, int
 an unsigned 32-bit integer (what llama.cpp reads for counts, lengths and token ids), float a
 32-bit float, a list of str an array of strings, a NumPy array an array of its dtype.
-The layout is `max_gpt2.model.gguf_file`'s.
+The layout is `max_gpt2.model.checkpoints.gguf_file`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from max_gpt2.model.gguf_file import ARRAY, BLOCKS, DEFAULT_ALIGNMENT, MAGIC, STRING, TYPE_NUMBERS
+from max_gpt2.model.checkpoints.gguf_file import ARRAY, BLOCKS, DEFAULT_ALIGNMENT, MAGIC, STRING, TYPE_NUMBERS
 from max_gpt2.outputs import write_atomically
 
 _ARRAY_TYPES = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16): 3,

@@ -29,7 +29,7 @@ from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 from max.graph import TensorValue, ops
 
-from max_gpt2.model.attention import GPT2Attention, causal_mask
+from max_gpt2.model.layers.attention import GPT2Attention, causal_mask
 
 _shape_to_tensor = F.functional(ops.shape_to_tensor)
 

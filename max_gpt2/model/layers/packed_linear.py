@@ -1,6 +1,6 @@
-"""`Linear` and `Embedding` with their weight stored in a decoding format (`weight_formats`).
+"""`Linear` and `Embedding` with their weight stored in a decoding format (`max_gpt2.model.formats`).
 
-A `PackedLinear`'s parameters are what the format says a linear layer stores (`WeightFormat.stored`):
+A `PackedLinear`'s parameters are what the format says a linear layer stores (`TensorFormat.stored`):
 a packed "weight" and, for block formats, "scales", in the kernels' layout; the bias is float32
 [out], as `Linear`'s. With `kernels` (the decoding steps) the product runs through the format's
 Mojo op, which reads each weight once in its packed bytes; without (prompts, and attention maps)
@@ -18,21 +18,21 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
 from max_gpt2.kernels import StoredProduct, dequantize, packed_matmul
-from max_gpt2.model.kernel_layout import CHUNK, GROUP
-from max_gpt2.model.weight_formats import WeightFormat
+from max_gpt2.model.formats import TensorFormat, WeightFormat
+from max_gpt2.model.formats.kernel_layout import CHUNK, GROUP
 
 
 class PackedLinear(Module[[Tensor], Tensor]):
     """`x @ W^T + b` with W packed in `format`; `[..., in]` -> `[..., out]`."""
 
     def __init__(
-        self, in_dim: int, out_dim: int, *, bias: bool = True, format: WeightFormat, kernels: bool
+        self, in_dim: int, out_dim: int, *, bias: bool = True, format: TensorFormat, kernels: bool
     ) -> None:
         self.kernels, self.in_dim, self.out_dim = kernels, in_dim, out_dim
         self.take_format(format)
         self.bias = Tensor.zeros([out_dim], dtype=DType.float32) if bias else 0
 
-    def take_format(self, format: WeightFormat) -> None:
+    def take_format(self, format: TensorFormat) -> None:
         """Stores W in `format` from now on: its parameters made anew, as that format stores them."""
         self.format = format
         stored = format.stored(self.out_dim, self.in_dim)
@@ -74,7 +74,7 @@ class PackedLinear(Module[[Tensor], Tensor]):
 class PackedEmbedding(PackedLinear):
     """`Embedding` with its table [V, D] packed in `format`: ids [...] int64 -> [..., D] float32."""
 
-    def __init__(self, vocab_size: int, dim: int, *, format: WeightFormat) -> None:
+    def __init__(self, vocab_size: int, dim: int, *, format: TensorFormat) -> None:
         super().__init__(dim, vocab_size, bias=False, format=format, kernels=False)
 
     def forward(self, ids: Tensor) -> Tensor:

@@ -5,7 +5,7 @@
       attn         given: any attention taking ln_1(x) and the cache inputs that follow x
       mlp: MLP     c_fc [D -> W], the activation (GELU in GPT-2), c_proj [W -> D]; W = mlp_width
 
-`max_gpt2.model.kernel_layers.KernelBlock` is the same block as one Mojo op, for decoding steps.
+`max_gpt2.model.layers.kernel_layers.KernelBlock` is the same block as one Mojo op, for decoding steps.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from max.experimental import functional as F
 from max.experimental.nn import LayerNorm, Linear, Module
 from max.experimental.tensor import Tensor
 
-from max_gpt2.model.attention import GPT2Attention
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
+from max_gpt2.model.layers.attention import GPT2Attention
 
 LinearFactory = Callable[..., Module[[Tensor], Tensor]]
 """Makes a projection: `(in_dim, out_dim, bias=...)`, as `Linear` is called."""

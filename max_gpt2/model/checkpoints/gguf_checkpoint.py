@@ -18,11 +18,11 @@ The shapes come from the `gpt2.*` metadata (`gpt2.embedding_length`, `gpt2.block
 `gpt2.attention.head_count`, `gpt2.context_length`, `gpt2.feed_forward_length`,
 `gpt2.attention.layer_norm_epsilon`), the vocabulary from `token_embd`'s rows. Tensors are read
 in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
-(`weight_formats.BY_GGML_TYPE`); anything else is refused naming the tensor, its type and the
+(`formats.BY_GGML_TYPE`); anything else is refused naming the tensor, its type and the
 types read. Where the projections, the head and `token_embd` share one of our formats
 (`llama-quantize --pure` writes them so), the file loads in it (F16 as float32); a mix of the
 kernels' formats, as llama-quantize's presets write (Q4_K_M: Q4_K and Q6_K, Q5_0 and Q8_0 beside
-them at GPT-2 xl's width), loads as itself, each tensor in its own (`weight_formats.mixed`); any
+them at GPT-2 xl's width), loads as itself, each tensor in its own (`formats.mixed`); any
 other mix loads as the float32 values it stands for. A quantized `token_embd` stays packed in its
 type (a float one is packed as the projections are); the position embedding, norms and biases become float32.
 
@@ -39,12 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from max_gpt2.model.checkpoints.gguf_file import GGUFFile
+from max_gpt2.model.checkpoints.gguf_writer import TensorSpec
+from max_gpt2.model.checkpoints.stored_weights import SourceTensor, WeightSource, aliases, in_format
+from max_gpt2.model.checkpoints.weight_adapters import CheckpointError
 from max_gpt2.model.config import ACTIVATIONS, GPT2Config
-from max_gpt2.model.gguf_file import GGUFFile
-from max_gpt2.model.gguf_writer import TensorSpec
-from max_gpt2.model.stored_weights import SourceTensor, WeightSource, aliases, in_format
-from max_gpt2.model.weight_adapters import CheckpointError, model_parameter_shapes
-from max_gpt2.model.weight_formats import BY_GGML_TYPE, FLOAT32, WeightFormat, is_packed, mixed
+from max_gpt2.model.formats import BY_GGML_TYPE, FLOAT32, TensorFormat, mixed
+from max_gpt2.model.parameters import is_packed, model_parameter_shapes
 
 ARCHITECTURE = "gpt2"
 _LAYER_PARTS = {
@@ -122,8 +123,8 @@ class GGUFCheckpoint:
     `source_formats` are the types its projections and head are stored in (llama-quantize's presets
     mix them; a tied head is `token_embd`, counted where it is quantized), `weight_format` what it
     loads as when no other is asked for: the one type's own where it is one of ours
-    (`WeightFormat.loads_as`: F16 as float32), a mix of the
-    kernels' formats as itself, each tensor in its own (`weight_formats.mixed`), any other mix as
+    (`TensorFormat.loads_as`: F16 as float32), a mix of the
+    kernels' formats as itself, each tensor in its own (`formats.mixed`), any other mix as
     float32 (`stored_weights.choose_format`). `tensor(name)` hands out a parameter as stored in the
     file, not copied (`SourceTensor`).
     """
@@ -142,7 +143,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"{self.path} holds tensors GPT-2 does not have: {', '.join(unexpected[:5])}"
             )
-        packed: dict[str, WeightFormat] = {}  # the projections', the head's, a quantized token_embd's
+        packed: dict[str, TensorFormat] = {}  # the projections', the head's, a quantized token_embd's
         for stored, name in self._names.items():
             info = self.gguf.tensors.get(stored)
             if info is None:
@@ -193,7 +194,7 @@ class GGUFCheckpoint:
         return SourceTensor(BY_GGML_TYPE[info.type], self.gguf.data(stored), info.shape, where)
 
 
-def pure_formats(config: GPT2Config, tied: bool, weight_format: WeightFormat) -> dict[str, WeightFormat]:
+def pure_formats(config: GPT2Config, tied: bool, weight_format: TensorFormat) -> dict[str, TensorFormat]:
     """The format of each parameter a file in one of our formats stores (`llama-quantize --pure`'s choice),
     by our names: the projections, the head and the token embedding in `weight_format`, the rest F32.
     A tied head is left out: it is `token_embd` (llama.cpp ties a GPT-2 without `output.weight`)."""
@@ -206,7 +207,7 @@ def pure_formats(config: GPT2Config, tied: bool, weight_format: WeightFormat) ->
 
 
 def gguf_tensors(
-    source: WeightSource, formats: dict[str, WeightFormat]
+    source: WeightSource, formats: dict[str, TensorFormat]
 ) -> tuple[list[TensorSpec], Iterator[np.ndarray]]:
     """`source`'s parameters as a GGUF file holds them in `formats` (`pure_formats`, or a
     `gguf_mixes.Mix`'s), under llama.cpp's names. The data comes one tensor at a time, as the writer asks."""

@@ -17,6 +17,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "CompiledAttention": "max_gpt2.inference",
         "CompiledLM": "max_gpt2.inference",
+        "Constraint": "max_gpt2.inference",
         "KVCache": "max_gpt2.inference",
         "Sampler": "max_gpt2.inference",
         "Step": "max_gpt2.inference",
@@ -39,6 +40,7 @@ __all__ = [
     "CheckpointError",
     "CompiledAttention",
     "CompiledLM",
+    "Constraint",
     "GPT2Attention",
     "GPT2Config",
     "KVCache",

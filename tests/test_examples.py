@@ -10,6 +10,7 @@ earlier blocks that have not run yet, so `-k` can pick any one.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,11 @@ def check_generation(ns: dict[str, Any]) -> None:
     short = int(mask[0].sum())
     np.testing.assert_array_equal(ns["out"][0, -short - 20 :], lm.generate(batch[:1, -short:], 20)[0])
     np.testing.assert_allclose(ns["other"].logits(ids), lm.logits(ids), rtol=1e-6, atol=1e-6)  # rebound
+    new = ids.shape[1]
+    assert json.loads(lm.tokenizer.decode(ns["as_json"][0, new:].tolist()))["answer"] in ("yes", "no")
+    assert lm.tokenizer.decode(ns["picked"][0, new:].tolist()) in ("red", "green")
+    assert re.fullmatch("[0-9]{1,3}", lm.tokenizer.decode(ns["mixed"][0, new:].tolist()))
+    np.testing.assert_array_equal(ns["mixed"][1], lm.generate(ids, 20, eos_token_id=ns["eos"])[0])  # free
 
 
 def check_correctness(ns: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import max_gpt2
 
 PACKAGE = Path(max_gpt2.__file__).parent
-RANKS = {"outputs": 0, "lazy": 0, "kernels": 1, "model": 2, "inference": 3, "serving": 4}
+RANKS = {"outputs": 0, "lazy": 0, "max_internals": 0, "kernels": 1, "model": 2, "inference": 3, "serving": 4}
 TOOLS = {"analysis", "explorer", "cli", "bench", "__main__"}
 LIBRARY_MODULES = {"reference", "verify", "testing"}  # top-level modules of the library
 MODEL_RANKS = {

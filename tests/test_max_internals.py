@@ -1,4 +1,4 @@
-"""MAX's private API that max-gpt2 uses (`max_gpt2.serving.max_internals`) is still in the installed MAX,
+"""MAX's private API that max-gpt2 uses (`max_gpt2.max_internals`) is still in the installed MAX,
 and no other module of max-gpt2 names any.
 
 A MAX upgrade that renames or drops one of these names fails here, naming it and the
@@ -22,7 +22,7 @@ from tests.support import requires_serving
 
 MAX_VERSION = version("max")
 PACKAGE = Path(max_gpt2.__file__).parent
-INTERNALS = PACKAGE / "serving" / "max_internals.py"
+INTERNALS = PACKAGE / "max_internals.py"
 MISSING = object()
 METHODS = (FunctionType, staticmethod, classmethod, property)
 
@@ -76,7 +76,7 @@ def parameters(function: Any) -> list[str]:
 @requires_serving()
 def test_every_private_name_we_use_is_in_the_installed_max():
     """Each of `PRIVATE_API` is found where it says, and each hook is overridden with MAX's parameters."""
-    from max_gpt2.serving.max_internals import HOOKS, PRIVATE_API, max_command
+    from max_gpt2.max_internals import HOOKS, PRIVATE_API, max_command
 
     problems = [
         f"{use.path} is gone; we need it: {use.why}"
@@ -102,15 +102,15 @@ def test_every_private_name_we_use_is_in_the_installed_max():
         max_command()
     except (ValueError, ImportError) as error:
         problems.append(f"MAX's `max` console script does not load: {error!r}")
-    assert not problems, (
-        f"MAX {MAX_VERSION} lacks what max_gpt2/serving/max_internals.py relies on:\n" + "\n".join(problems)
+    assert not problems, f"MAX {MAX_VERSION} lacks what max_gpt2/max_internals.py relies on:\n" + "\n".join(
+        problems
     )
 
 
 @requires_serving()
 def test_every_private_hook_we_override_is_declared():
     """A private method of ours that shadows one of a MAX base class is one of `HOOKS`, with why."""
-    from max_gpt2.serving.max_internals import HOOKS
+    from max_gpt2.max_internals import HOOKS
 
     hooks = [
         (lookup(hook.module, hook.name.rpartition(".")[0]), hook.name.rpartition(".")[2]) for hook in HOOKS
@@ -124,7 +124,7 @@ def test_every_private_hook_we_override_is_declared():
         )
     ]
     assert not undeclared, (
-        f"MAX {MAX_VERSION}: declare these in max_gpt2/serving/max_internals.py's HOOKS, with why:\n"
+        f"MAX {MAX_VERSION}: declare these in max_gpt2/max_internals.py's HOOKS, with why:\n"
         + "\n".join(undeclared)
     )
 
@@ -141,7 +141,7 @@ def test_no_other_module_names_maxs_private_api():
         for node in ast.walk(tree)
         for what in private_uses(node, ours)
     ]
-    assert not found, "MAX's private API belongs in max_gpt2/serving/max_internals.py:\n" + "\n".join(found)
+    assert not found, "MAX's private API belongs in max_gpt2/max_internals.py:\n" + "\n".join(found)
 
 
 def defined_names(node: ast.AST) -> list[str]:

@@ -62,7 +62,7 @@ REFUSED = [
     ({"reasoning": {"effort": "low"}}, "reasoning", "no reasoning"),
     ({"target_endpoint": "x"}, "target_endpoint", "disaggregated"),
     ({"dkv_cache_hint": {"a": 1}}, "dkv_cache_hint", "disaggregated"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "does not constrain"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema: required"),
     ({"stream_options": {"include_usage": "often"}}, "stream_options.include_usage", "valid boolean"),
     ({"best_answer": True}, "best_answer", "not a field this route takes"),
 ]

@@ -5,7 +5,7 @@ the HTTP app, which gets our routes and guard mounted before it serves (MAX 26.7
 option for routes or middleware of one's own, so the function that builds the app is
 wrapped: `max_internals.run_max_serve`), with, where `ServingSettings.explorer` says so,
 the head explorer (`max_gpt2.explorer.loading`); and MAX's metrics process, which serves
-on our Unix socket rather than a port of its own (`max_internals.use_metrics_socket`). Our
+on our Unix socket rather than a port of its own (`serving.api.metrics.metrics_process`). Our
 settings come from `ServingSettings.from_environment`, the API key from `MAX_GPT2_API_KEY`,
 never the command line, where other users of the machine could read it. `max-gpt2 serve`
 runs this: the process it becomes, above `serving/` and `explorer/`, which mounts both.
@@ -18,9 +18,10 @@ import os
 
 def main() -> None:
     from max_gpt2.explorer.loading import ExplorerSettings, LoadingExplorer
+    from max_gpt2.max_internals import run_max_serve, use_metrics_socket
     from max_gpt2.serving.api.guard import EXPLORER
+    from max_gpt2.serving.api.metrics import metrics_process
     from max_gpt2.serving.api.routes import mount
-    from max_gpt2.serving.max_internals import run_max_serve, use_metrics_socket
     from max_gpt2.serving.settings import API_KEY_VARIABLE, ServingSettings
 
     settings = ServingSettings.from_environment()
@@ -31,7 +32,7 @@ def main() -> None:
         else None
     )
     if settings.metrics_socket:
-        use_metrics_socket()
+        use_metrics_socket(metrics_process)
     run_max_serve(lambda app: mount(app, settings, api_key, explorer))
 
 

@@ -13,6 +13,7 @@ __getattr__, __dir__ = lazy_exports(
         "CompiledAttention": "max_gpt2.inference.attention",
         "compile_attention": "max_gpt2.inference.attention",
         "from_pretrained": "max_gpt2.inference.attention",
+        "Constraint": "max_gpt2.inference.constraints",
         "Step": "max_gpt2.inference.generation",
         "KVCache": "max_gpt2.inference.kv_cache",
         "CompiledLM": "max_gpt2.inference.lm",
@@ -26,6 +27,7 @@ __getattr__, __dir__ = lazy_exports(
 __all__ = [
     "CompiledAttention",
     "CompiledLM",
+    "Constraint",
     "KVCache",
     "Sampler",
     "Step",

@@ -13,7 +13,8 @@ tokens just chosen. How tokens are chosen is one `Sampler` (greedy by default),
 its logits controls included; `eos_token_id` and `stop_strings` end rows,
 `min_new_tokens` bans end-of-text until then, `num_return_sequences` runs each
 prompt several times in one batch, and `context_overflow="shift"` goes on past
-`n_positions` (`max_gpt2.inference.context_shift`). The options are checked in
+`n_positions` (`max_gpt2.inference.context_shift`), and `constraint` holds rows to a JSON schema,
+a pattern, choices or a grammar (`max_gpt2.inference.constraints`). The options are checked in
 `max_gpt2.inference.generation_options`.
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from max_gpt2.inference.beam_search import beam_search
+from max_gpt2.inference.constraints import Constraint, GrammarEngine, Guide
 from max_gpt2.inference.context_shift import kept_tail
 from max_gpt2.inference.drafting import DraftCounts, Speculation
 from max_gpt2.inference.generation_options import Options, check_options
@@ -72,6 +74,7 @@ class StreamOptions(TypedDict, total=False):
     max_matching_ngram_size: int
     assistant_model: Steps | None
     num_assistant_tokens: int
+    constraint: Constraint | Sequence[Constraint | None] | None
 
 
 class GenerationOptions(StreamOptions, total=False):
@@ -102,7 +105,9 @@ def stream(
     together, in one batch of batch x n rows.
     """
     checked, drafts = _checked(lm, max_new_tokens, options), DraftCounts()
-    return Stream(_steps(lm, *_prompts(lm, input_ids, attention_mask, checked), checked, drafts), drafts)
+    ids, mask = _prompts(lm, input_ids, attention_mask, checked)
+    guide = _guide(lm, checked, ids.shape[0])
+    return Stream(_steps(lm, ids, mask, checked, drafts, guide), drafts)
 
 
 def _checked(lm: Steps, max_new_tokens: int, options: dict[str, Any]) -> Options:
@@ -134,8 +139,27 @@ def _prompts(
     return ids, mask
 
 
+def _guide(lm: Steps, options: Options, rows: int) -> Guide | None:
+    """The constrained rows' guide, each prompt's constraint repeated for its `num_return_sequences`
+    rows; refused where a list of constraints is not one a prompt."""
+    constraint, repeats = options.constraint, options.num_return_sequences
+    if constraint is None:
+        return None
+    per_prompt = constraint if isinstance(constraint, tuple) else (constraint,) * (rows // repeats)
+    if len(per_prompt) * repeats != rows:
+        raise ValueError(f"constraint: one a prompt, for {rows // repeats} prompts; got {len(per_prompt)}")
+    assert options.tokenizer is not None  # `check_options` refuses a constraint without one
+    engine = GrammarEngine(options.tokenizer, lm.config.vocab_size, options.eos)
+    return engine.guide([c for c in per_prompt for _ in range(repeats)])
+
+
 def _steps(
-    lm: Steps, ids: np.ndarray, mask: np.ndarray, options: Options, drafts: DraftCounts | None = None
+    lm: Steps,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    options: Options,
+    drafts: DraftCounts | None = None,
+    guide: Guide | None = None,
 ) -> Iterator[Step]:
     sampler, eos, steps, drafter = options.sampler, options.eos, options.max_new_tokens, options.drafter
     batch, seq_len = ids.shape
@@ -157,7 +181,11 @@ def _steps(
         scores = sampler.controlled(logits, history)
         if step < options.min_new_tokens and eos:
             scores = ban(scores, eos)
+        if guide is not None:
+            scores = guide.mask(scores, finished)
         tokens = sampler(scores, rng)
+        if guide is not None:
+            guide.accept(tokens, finished)
         if eos or stops:
             tokens = np.where(finished, fill, tokens)
             hit_eos = ~finished & (tokens[:, None] == stop_ids).any(axis=1)
@@ -206,7 +234,8 @@ def generate(
     ids, mask = _prompts(lm, input_ids, attention_mask, checked)
     if checked.num_beams > 1:
         return beam_search(lm, ids, mask, checked)
-    new = np.stack([step.tokens for step in _steps(lm, ids, mask, checked)], axis=1)  # [rows, steps run]
+    steps = _steps(lm, ids, mask, checked, guide=_guide(lm, checked, ids.shape[0]))
+    new = np.stack([step.tokens for step in steps], axis=1)  # [rows, steps run]
     if checked.stop_strings:
         return np.concatenate([ids, new], axis=1)
     # Fewer steps than asked: every row ended, so the last step is end-of-text throughout.

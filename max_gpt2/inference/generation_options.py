@@ -5,7 +5,8 @@ Each refusal names the argument and what it may be. Hugging Face's names:
 `pad_token_id`, `num_return_sequences`, `num_beams`, `length_penalty`,
 `early_stopping`, and speculative decoding's `prompt_lookup_num_tokens`
 (`max_matching_ngram_size`) or `assistant_model` (`num_assistant_tokens`),
-made into a `Drafter` (`max_gpt2.inference.drafting`); ours: `context_overflow`.
+made into a `Drafter` (`max_gpt2.inference.drafting`); ours: `context_overflow`, and `constraint`
+(`max_gpt2.inference.constraints`: one `Constraint` for every row, or one a prompt, None free).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from max_gpt2.inference.constraints import Constraint
 from max_gpt2.inference.drafting import AssistantModel, Drafter, PromptLookup
 from max_gpt2.inference.prompts import check_generation
 from max_gpt2.inference.sampling import Sampler
@@ -43,6 +45,7 @@ class Options:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     drafter: Drafter | None = None  # speculative decoding: what drafts the tokens to check
+    constraint: Constraint | tuple[Constraint | None, ...] | None = None  # every row's, or a prompt's
 
 
 def _count(name: str, value: Any, least: int) -> int:
@@ -69,6 +72,7 @@ def check_options(
     max_matching_ngram_size: int = 2,
     assistant_model: Steps | None = None,
     num_assistant_tokens: int = 8,
+    constraint: Constraint | Sequence[Constraint | None] | None = None,
 ) -> Options:
     """The options checked against `config`; ValueError or TypeError naming the first that is wrong."""
     sampler = Sampler() if sampler is None else sampler
@@ -109,11 +113,42 @@ def check_options(
             "speculative decoding (prompt_lookup_num_tokens, assistant_model) takes neither num_beams > 1 "
             "nor context_overflow='shift'"
         )
+    constraint = _constraint(constraint, tokenizer, min_new, beams, drafter)
+    if constraint is not None and not eos:  # a complete text ends on end-of-text: the model's own
+        eos = config.stop_token_ids
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else None)
     return Options(
         sampler, int(max_new_tokens), eos, min_new, stops, tokenizer, pad, returned,
-        context_overflow == "shift", beams, float(length_penalty), early_stopping, drafter,
+        context_overflow == "shift", beams, float(length_penalty), early_stopping, drafter, constraint,
     )  # fmt: skip
+
+
+def _constraint(
+    constraint: Any, tokenizer: Tokenizer | None, min_new: int, beams: int, drafter: Drafter | None
+) -> Constraint | tuple[Constraint | None, ...] | None:
+    """`constraint` checked: one `Constraint`, or a sequence of them (None: a free prompt), or None."""
+    if constraint is None or isinstance(constraint, Constraint):
+        given = constraint
+    elif isinstance(constraint, Sequence) and not isinstance(constraint, str):
+        given = tuple(constraint)
+        if not given or not all(c is None or isinstance(c, Constraint) for c in given):
+            raise TypeError(
+                f"constraint must be a Constraint or a list of them (None: free); got {constraint!r}"
+            )
+    else:
+        raise TypeError(f"constraint must be a Constraint or a list of them, got {type(constraint).__name__}")
+    if given is None:
+        return None
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError("constraint needs the tokenizer whose tokens spell the text: pass tokenizer=")
+    if min_new:
+        raise ValueError("constraint ends a row once its text is complete, which min_new_tokens would forbid")
+    if beams > 1 or drafter is not None:
+        raise ValueError(
+            "constraint takes neither num_beams > 1 nor speculative decoding (prompt_lookup_num_tokens, "
+            "assistant_model)"
+        )
+    return given
 
 
 def _drafter(

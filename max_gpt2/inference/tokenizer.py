@@ -163,6 +163,11 @@ def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
     piece = tokenizer.id_to_token(token_id)
     if piece is None:
         raise ValueError(f"token id {token_id} is not in the tokenizer's vocabulary")
+    return piece_bytes(piece)
+
+
+def piece_bytes(piece: str) -> bytes:
+    """The bytes a byte-level BPE piece (`Ġcat`: b" cat") stands for."""
     return bytes(_BYTE_LEVEL[character] for character in piece)
 
 

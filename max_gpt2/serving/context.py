@@ -1,10 +1,14 @@
-"""What a served request carries beyond MAX's own: OpenAI's `logit_bias`, from the route to the worker.
+"""What a served request carries beyond MAX's own, from the route to the worker: OpenAI's `logit_bias`,
+and the constraint its text is held to.
 
 MAX's request (`TextGenerationRequest`, in the HTTP process) and context (`TextContext`, sent
-to the model worker) have no field for a per-token bias, so ours add one: the route makes a
+to the model worker) have no field for a per-token bias, and their grammar fields ask MAX's own
+structured output for what it compiles, so ours add both: the route makes a
 `GPT2Request`, our tokenizer (`max_gpt2.serving.tokenizer`) turns it into a `GPT2Context`, and
 MAX carries that to the worker as the architecture's context type (`arch.py`), where the
-pipeline adds each bias to its token's logit before a token is picked.
+pipeline adds each bias to its token's logit before a token is picked and masks what the
+constraint forbids (`max_gpt2.serving.constraints`). The constraint travels as its kind and
+source (`max_gpt2.inference.constraints.Constraint`'s fields), plain data MAX can send.
 """
 
 from __future__ import annotations
@@ -17,19 +21,24 @@ from max.pipelines.modeling.types import TextGenerationRequest
 
 @dataclass(frozen=True)
 class GPT2Request(TextGenerationRequest):
-    """MAX's request, with `logit_bias`: token id -> what its logit gains (OpenAI's, -100 to 100)."""
+    """MAX's request, with `logit_bias`: token id -> what its logit gains (OpenAI's, -100 to 100), and
+    `constraint`: (kind, source) of the text's `Constraint`, or None."""
 
     logit_bias: dict[int, float] | None = None
+    constraint: tuple[str, str] | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
-    """MAX's context, with the request's `logit_bias` (None: none)."""
+    """MAX's context, with the request's `logit_bias` and `constraint` (None: none)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
+    constraint: tuple[str, str] | None = field(default=None)
 
     @classmethod
-    def of(cls, context: TextContext, logit_bias: dict[int, float] | None) -> GPT2Context:
-        """`context` as a `GPT2Context`, with `logit_bias`."""
+    def of(cls, context: TextContext, request: TextGenerationRequest) -> GPT2Context:
+        """`context` as a `GPT2Context`, with `request`'s `logit_bias` and `constraint` where it is ours."""
         values = {each.name: getattr(context, each.name) for each in fields(TextContext) if each.init}
-        return cls(**values, logit_bias=logit_bias)
+        if not isinstance(request, GPT2Request):
+            return cls(**values)
+        return cls(**values, logit_bias=request.logit_bias, constraint=request.constraint)

@@ -98,7 +98,7 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
     """GPT-2 for MAX's text-generation pipeline, on MAX's paged KV cache, with log-probabilities.
 
     Its `load_model` replaces MAX's whole (several graphs, compiled together): it overrides and calls
-    none of the private hooks MAX's `load_model` goes through (`max_gpt2.serving.max_internals`).
+    none of the private hooks MAX's `load_model` goes through (`max_gpt2.max_internals`).
     """
 
     model_config_cls: ClassVar[type[Any]] = GPT2ServingConfig

@@ -28,11 +28,11 @@ from max.pipelines.modeling.config_enums import SupportedEncoding, supported_enc
 from transformers import AutoConfig
 from typing_extensions import Self
 
+from max_gpt2.max_internals import served_encoding
 from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
 from max_gpt2.model.checkpoints.stored_weights import Stored
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.formats import FLOAT32, FORMATS, WeightFormat, format_named
-from max_gpt2.serving.max_internals import served_encoding
 from max_gpt2.serving.settings import VARIABLE, ServingSettings
 
 

@@ -50,6 +50,7 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import add_bias, ban, penalize, token_counts
+from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
 from max_gpt2.serving.settings import ServingSettings
 
@@ -68,11 +69,13 @@ def greedy_as_is(params: SamplingParams) -> bool:
 
 
 def needs_controls(context: TextContext) -> bool:
-    """Whether `context`'s next logits are penalised, biased or have end-of-text banned (`controlled`)."""
+    """Whether `context`'s next logits are penalised, biased, have end-of-text banned (`controlled`) or
+    are held to a constraint (`max_gpt2.serving.constraints`)."""
     return (
         context.sampling_params.needs_penalties
         or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
         or context.tokens.generated_length < context.min_tokens
+        or constraint_of(context) is not None
     )
 
 
@@ -123,7 +126,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
     """MAX's pipeline, with all-greedy steps on the host decided by NumPy's argmax, several a step.
 
     It overrides two of MAX's private hooks, `_execute` and `_launch_forward_pass`: they are listed, with
-    why, in `max_gpt2.serving.max_internals.HOOKS`, where a MAX upgrade that drops them is caught.
+    why, in `max_gpt2.max_internals.HOOKS`, where a MAX upgrade that drops them is caught.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -132,6 +135,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         self._decode_steps = settings.decode_steps
         self._on_host = all(device.is_host for device in self.session.devices)  # ours, and the host
         self._drafts = ServedDrafts(most) if (most := settings.prompt_lookup) else None
+        self._constraints = ServedConstraints(lambda: self.tokenizer.grammars)
         logging.getLogger("max.pipelines").addFilter(_ControlsApplied())
 
     def _launch_forward_pass(
@@ -148,6 +152,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         for row, context in enumerate(flat_batch):
             if needs_controls(context):
                 rows[row] = controlled(rows[row], context)
+            if constraint_of(context) is not None:
+                rows[row] = self._constraints.mask(context, rows[row])
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(
@@ -221,6 +227,11 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         logits = self._launch_forward_pass(checked, contexts, step).logits.to_numpy()  # [R * S, V]
         chosen = np.argmax(logits, axis=-1).reshape(len(contexts), size)
         return [self._drafts.keep(*each) for each in zip(contexts, drafts, chosen, strict=True)]
+
+    def release(self, request_id: Any) -> None:
+        """MAX's release of a request that ended or was cancelled, and our constraint's state for it."""
+        super().release(request_id)
+        self._constraints.release(request_id)
 
     def _next_step_fits(self, contexts: list[TextContext]) -> bool:
         """Whether every request goes on, with room in the KV cache for its next token (claimed here,

@@ -11,12 +11,15 @@ log-probabilities, which need every token's logits: a server started without
 `--enable-echo` would fail on it inside the worker too. MAX's own checks here
 raise ValueError, which its route answers with "Value error." alone: they are
 passed on as an `InputError`, so the client reads what was wrong. The context it makes is a
-`GPT2Context`, carrying a `GPT2Request`'s `logit_bias` to the worker (`max_gpt2.serving.context`).
+`GPT2Context`, carrying a `GPT2Request`'s `logit_bias` and constraint to the worker
+(`max_gpt2.serving.context`). `grammars` is the grammar engine for the model's vocabulary: the
+route checks a constraint with it, the worker's pipeline masks with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -24,8 +27,10 @@ from max.pipelines.context.exceptions import InputError
 from max.pipelines.lib import PipelineConfig, TextTokenizer
 from max.pipelines.modeling.types import TextGenerationRequest
 
+from max_gpt2.inference.constraints import GrammarEngine
+from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.serving.context import GPT2Context, GPT2Request
+from max_gpt2.serving.context import GPT2Context
 
 
 class GPT2TextTokenizer(TextTokenizer):
@@ -36,6 +41,14 @@ class GPT2TextTokenizer(TextTokenizer):
         self.echo_enabled = pipeline_config.model.enable_echo
         config = GPT2Config.from_pretrained(pipeline_config.model.model_path)
         self.model_vocab_size, self.n_positions = config.vocab_size, config.n_positions
+        self.model_path = model_path
+
+    @cached_property
+    def grammars(self) -> GrammarEngine:
+        """The grammar engine for the model's vocabulary and end-of-text ids, made at its first use."""
+        tokenizer = load_tokenizer(self.model_path)
+        assert tokenizer is not None, "max-gpt2 serve refuses a checkpoint without a tokenizer"
+        return GrammarEngine(tokenizer, self.model_vocab_size, sorted(self.eos_token_ids))
 
     async def new_context(self, request: TextGenerationRequest) -> GPT2Context:
         if request.echo and request.logprobs and not self.echo_enabled:
@@ -50,7 +63,7 @@ class GPT2TextTokenizer(TextTokenizer):
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
-        return GPT2Context.of(context, request.logit_bias if isinstance(request, GPT2Request) else None)
+        return GPT2Context.of(context, request)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray) -> None:
         """Refuses a prompt of no tokens, of an id outside the vocabulary, or too long to add one."""

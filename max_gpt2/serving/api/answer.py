@@ -25,11 +25,11 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from max_gpt2.max_internals import error_body
 from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
-from max_gpt2.serving.max_internals import error_body
 
 logger = logging.getLogger("max.serve")
 T = TypeVar("T")
@@ -80,6 +80,7 @@ async def respond(
         body = parse(kind, await request.body())
         model = served.model_name(body.model)
         asked = check(body, served.vocab_size)
+        served.check_constraint(asked)
         prompts = prompts_of(served, body)
         return await answer(request, served, shape(asked, TokenNames(served.engine)), asked, model, prompts)
     except Refusal as refusal:

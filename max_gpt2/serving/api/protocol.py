@@ -9,12 +9,12 @@ each with why, which the refusal and docs/serving.md repeat.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.responses import JSONResponse
 
-from max_gpt2.serving.max_internals import error_body
+from max_gpt2.max_internals import error_body
 
 # Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them:
 # the JSON type each takes, and why it changes nothing.
@@ -37,7 +37,6 @@ REFUSED = {
     "reasoning_effort": "GPT-2 has no reasoning to configure",
     "target_endpoint": "disaggregated serving is not used here",
     "dkv_cache_hint": "disaggregated serving is not used here",
-    "response_format": "this server does not constrain output to a format",
     "tools": "GPT-2 calls no tools",
     "functions": "GPT-2 calls no tools",
     "function_call": "GPT-2 calls no tools",
@@ -54,6 +53,35 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema is enforced whether `strict` or not, as vLLM's."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: `text` (free), `json_object` (any object) or `json_schema`."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of a JSON schema, any JSON object, a regex, choices, a grammar."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 # Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`); and every
 # field of `NO_EFFECT`, of its type, read by nothing.
 Refused = create_model(
@@ -64,9 +92,18 @@ Ignored = create_model(
 )
 
 
-class Sampling(Ignored):
+class Constrained(BaseModel):
+    """What the output must be (`max_gpt2.serving.api.requests`): OpenAI's, vLLM's and llama-server's."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+
+
+class Sampling(Ignored, Constrained):
     """The fields completions and chat completions share: how tokens are picked, how a choice ends,
-    how many there are and how they come back."""
+    how many there are, how they come back and what they must be."""
 
     model: str | None = None
     max_tokens: int | None = None

@@ -21,6 +21,7 @@ from max.pipelines.context.sampling_params import (
 )
 from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
+from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.protocol import REFUSED, ChatRequest, CompletionRequest, Refusal, Sampling, unset
 from max_gpt2.serving.context import GPT2Request
@@ -43,8 +44,8 @@ RANGES: dict[str, tuple[float, float]] = {
 @dataclass(frozen=True)
 class Asked:
     """One request's choices, checked: `n` a prompt, what each samples with, how each ends (`rules`),
-    the alternatives a token it reports (`logprobs`, None: no log-probabilities), `echo`, and
-    `logit_bias` by id."""
+    the alternatives a token it reports (`logprobs`, None: no log-probabilities), `echo`,
+    `logit_bias` by id, and what its text must be (`constraint`, None: free)."""
 
     n: int
     sampling: SamplingParamsInput
@@ -55,6 +56,8 @@ class Asked:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    constraint: Constraint | None = None
+    constraint_field: str | None = None  # the request field it came from
 
     def request(
         self,
@@ -84,6 +87,7 @@ class Asked:
             echo=self.echo,
             sampling_params=sampling,
             logit_bias=self.logit_bias or None,
+            constraint=None if self.constraint is None else (self.constraint.kind, self.constraint.source),
         )
 
 
@@ -109,6 +113,9 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
                 f"logprobs: must be 0 to {MAX_LOGPROBS} alternatives, or null for none; got {logprobs}",
             )
     _check_lengths(max_tokens, body.min_tokens, length_field)
+    constraint_field, constraint = _constraint(body) or (None, None)
+    if constraint is not None and body.min_tokens:
+        raise Refusal("min_tokens", "min_tokens: a constrained text ends once complete; leave it out")
     n = _check_choices(body)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
     for index, stop in enumerate(stops):
@@ -141,7 +148,46 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         return_token_ids=bool(body.return_token_ids),
+        constraint=constraint,
+        constraint_field=constraint_field,
     )
+
+
+def _constraint(body: Sampling) -> tuple[str, Constraint] | None:
+    """What the text must be, from whichever of OpenAI's `response_format`, vLLM's `structured_outputs`
+    and llama-server's `json_schema` and `grammar` the request sets, with that field; a `Refusal` where it
+    sets two. Whether the engine compiles it is the route's to check (`Served.check_constraint`)."""
+    given: list[tuple[str, Constraint]] = []
+    if (form := body.response_format) is not None and form.type != "text":
+        if form.type == "json_object":
+            given.append(("response_format", Constraint.json_object()))
+        elif form.json_schema is None or form.json_schema.json_schema is None:
+            raise Refusal("response_format", "response_format.json_schema.schema: required for json_schema")
+        else:
+            given.append(("response_format", Constraint.json_schema(form.json_schema.json_schema)))
+    if (outputs := body.structured_outputs) is not None:
+        asked = [
+            Constraint.json_schema(outputs.json_) if outputs.json_ is not None else None,
+            Constraint.json_object() if outputs.json_object else None,
+            Constraint.regex(outputs.regex) if outputs.regex is not None else None,
+            _choice(outputs.choice) if outputs.choice is not None else None,
+            Constraint.grammar(outputs.grammar) if outputs.grammar is not None else None,
+        ]
+        given += [("structured_outputs", each) for each in asked if each is not None]
+    if body.json_schema is not None:
+        given.append(("json_schema", Constraint.json_schema(body.json_schema)))
+    if body.grammar is not None:
+        given.append(("grammar", Constraint.grammar(body.grammar)))
+    if len(given) > 1:
+        raise Refusal(given[1][0], f"{given[1][0]}: one constraint a request; {given[0][0]} sets one already")
+    return given[0] if given else None
+
+
+def _choice(choices: list[str]) -> Constraint:
+    try:
+        return Constraint.choice(choices)
+    except ValueError as error:
+        raise Refusal("structured_outputs", f"structured_outputs.{error}") from None
 
 
 def prompts(prompt: str | list[Any]) -> list[str | list[int]]:

@@ -16,6 +16,7 @@ from max.serve.pipelines.llm import TokenGeneratorPipeline
 from starlette.requests import Request
 
 from max_gpt2.serving.api.protocol import Refusal
+from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.settings import ServingSettings
 from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
@@ -48,6 +49,15 @@ class Served:
     def context_length(self) -> int:
         """Tokens the model sees at most (GPT-2's `n_positions`), prompt and completion together."""
         return self.tokenizer.n_positions
+
+    def check_constraint(self, asked: Asked) -> None:
+        """Refuses, naming its field, a constraint the grammar engine cannot compile (its message)."""
+        if asked.constraint is None:
+            return
+        try:
+            self.tokenizer.grammars.compiled(asked.constraint)
+        except ValueError as error:
+            raise Refusal(asked.constraint_field, f"{asked.constraint_field}: {error}") from None
 
     def model_name(self, asked: str | None) -> str:
         """The served name a request asked for (the first where it named none); a `Refusal` (404, as

@@ -1,14 +1,13 @@
 """MAX's private API: every use of it in max-gpt2, here and nowhere else, each with why we need it.
 
-MAX 26.7 gives no public way to do these few things, so the server leans on names
-MAX may rename in any release. Listing them in one place means an upgrade is
-checked in one place: `tests/test_max_internals.py` looks each one up in the
-installed MAX and fails naming what went missing, and that no other module
-names MAX's private API. Where 26.7 has a public way, the code takes it instead:
-the pipeline's `kv_manager` and `session.devices`, the pipeline model's
-`arch_config_as` and its batch processor's `get_symbolic_inputs`,
-`Tensor.graph_values` for the KV cache's graph inputs, and the `max` command's
-console-script entry point.
+MAX 26.7 gives no public way to do these few things, so the server (and constrained decoding,
+on MAX's bundled grammar engine) leans on names MAX may rename in any release. Listing them in
+one place means an upgrade is checked in one place: `tests/test_max_internals.py` looks each one
+up in the installed MAX and fails naming what went missing, and that no other module names MAX's
+private API. Where 26.7 has a public way, the code takes it instead: the pipeline's `kv_manager`
+and `session.devices`, the pipeline model's `arch_config_as` and its batch processor's
+`get_symbolic_inputs`, `Tensor.graph_values` for the KV cache's graph inputs, and the `max`
+command's console-script entry point.
 
 - `HOOKS`: private methods of MAX's classes that a subclass of ours overrides,
   calling MAX's own through `super()`, as MAX's architectures override theirs
@@ -85,14 +84,31 @@ CALLS = (
         "max.serve.telemetry.process_controller",
         "init_and_process",
         "what MAX's metrics process runs: it serves the metrics on a TCP port of their own (8001 unless "
-        "told), which a second server on the host cannot bind; replaced by `metrics_process`, which "
-        "serves them on a Unix socket our /metrics reads (`use_metrics_socket`)",
+        "told), which a second server on the host cannot bind; replaced by `metrics_process` "
+        "(`max_gpt2.serving.api.metrics`), which serves them on a Unix socket our /metrics reads "
+        "(`use_metrics_socket`)",
     ),
     PrivateName(
         "max.serve.telemetry.process_controller",
         "process_telemetry",
         "the metrics process's loop, which `metrics_process` runs as MAX's own does",
     ),
+    PrivateName(
+        "max._xgrammar",
+        "GrammarCompiler",
+        "MAX's bundled grammar engine (xgrammar), which its own structured output runs on, compiles "
+        "each constraint of constrained decoding (`grammar_compiler`)",
+    ),
+    PrivateName("max._xgrammar", "TokenizerInfo", "the engine's view of a vocabulary (`grammar_compiler`)"),
+    PrivateName("max._xgrammar", "GrammarMatcher", "a constrained row's state (`grammar_matcher`)"),
+    PrivateName("max._xgrammar", "get_bitmask_size", "the allowed tokens' bitmask's width (`bitmask_words`)"),
+    PrivateName(
+        "max._core.xgrammar",
+        "TokenizerInfo.detect_metadata_from_hf",
+        "a vocabulary's type and prefix space, read from the tokenizer's JSON as the engine's "
+        "`from_huggingface` reads them, which needs a `transformers` tokenizer (`grammar_compiler`)",
+    ),
+    PrivateName("max._core.xgrammar", "VocabType", "the vocabulary's type by its code (`grammar_compiler`)"),
 )
 PRIVATE_API = HOOKS + CALLS
 
@@ -134,45 +150,54 @@ def run_max_serve(on_app: Callable[[Any], None]) -> None:
     max_command()()
 
 
-def use_metrics_socket() -> None:
-    """Has MAX's metrics process, once started, serve the metrics on our Unix socket, not on a port."""
+def use_metrics_socket(process: Callable[..., None]) -> None:
+    """Has MAX's metrics process, once started, run `process` (with `init_and_process`'s arguments:
+    settings, queue, alive, commit) in place of MAX's own, which serves the metrics on a port."""
     from max.serve.telemetry import process_controller  # CALLS: the metrics process's function
 
-    process_controller.init_and_process = metrics_process
+    process_controller.init_and_process = process
 
 
-def metrics_process(settings: Any, metrics_queue: Any, alive: Any, commit: Any) -> None:
-    """MAX's metrics process (`process_controller.init_and_process`, as MAX's own sets it up), its
-    registry served on `ServingSettings.metrics_socket` instead of a port (`serve_registry`)."""
-    from max.serve.telemetry.common import configure_metrics, configure_tracing
-    from max.serve.telemetry.process_controller import process_telemetry  # CALLS: MAX's loop
+def process_telemetry(metrics_queue: Any, alive: Any, commit: Any) -> None:
+    """MAX's metrics process's loop, as MAX's own `init_and_process` runs it."""
+    from max.serve.telemetry.process_controller import process_telemetry as loop  # CALLS: MAX's loop
 
-    from max_gpt2.serving.settings import ServingSettings
-
-    configure_metrics(settings)
-    configure_tracing(settings)
-    if path := ServingSettings.from_environment().metrics_socket:
-        serve_registry(path)
-    process_telemetry(metrics_queue, alive, commit)
+    loop(metrics_queue, alive, commit)
 
 
-def serve_registry(path: str) -> None:
-    """Answers every connection to the Unix socket `path` with the Prometheus text of this process's
-    registry, from a daemon thread."""
-    import socketserver
-    import threading
+def grammar_compiler(tokenizer_json: str, pieces: list[str], stop_ids: list[int], special: list[int]) -> Any:
+    """MAX's grammar engine's compiler for one vocabulary: `pieces` the tokens' strings by id (the
+    model's vocabulary), `tokenizer_json` the tokenizer's own JSON (`tokenizers.Tokenizer.to_str`),
+    `stop_ids` what ends a complete text, `special` ids that are never text."""
+    import json
 
-    from prometheus_client import REGISTRY, disable_created_metrics, generate_latest
+    from max import _xgrammar as xgrammar  # CALLS: MAX's grammar engine
+    from max._core.xgrammar import TokenizerInfo, VocabType  # CALLS: the vocabulary's metadata
 
-    disable_created_metrics()  # as MAX's own endpoint: no `_created` series
+    metadata = json.loads(TokenizerInfo.detect_metadata_from_hf(tokenizer_json))
+    info = xgrammar.TokenizerInfo(
+        pieces,
+        VocabType(metadata["vocab_type"]),
+        len(pieces),
+        stop_token_ids=stop_ids,
+        add_prefix_space=metadata["add_prefix_space"],
+        special_token_ids=special,
+    )
+    return xgrammar.GrammarCompiler(info, max_threads=1)
 
-    class Answer(socketserver.BaseRequestHandler):
-        def handle(self) -> None:
-            self.request.sendall(generate_latest(REGISTRY))
 
-    server = socketserver.ThreadingUnixStreamServer(path, Answer)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-socket", daemon=True).start()
+def grammar_matcher(compiled: Any, stop_ids: list[int]) -> Any:
+    """A matcher of one compiled grammar: which tokens may come next, and the state the chosen advance."""
+    from max._xgrammar import GrammarMatcher  # CALLS: MAX's grammar engine
+
+    return GrammarMatcher(compiled, override_stop_tokens=stop_ids)
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """The int32 words a row of the engine's allowed-token bitmask takes for `vocab_size` tokens."""
+    from max._xgrammar import get_bitmask_size  # CALLS: MAX's grammar engine
+
+    return get_bitmask_size(vocab_size)
 
 
 def max_command() -> Callable[[], Any]:

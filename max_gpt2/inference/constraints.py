@@ -1,0 +1,196 @@
+"""Constrained decoding: each row's new text held to a JSON schema, any JSON, a regular expression,
+one of a list of choices or a GBNF grammar, on MAX's bundled grammar engine (xgrammar).
+
+    out = lm.generate(ids, 40, constraint=Constraint.json_schema(schema))        # every row
+    out = lm.generate(ids, 40, constraint=[Constraint.regex(r"[0-9]+"), None])    # one a prompt; None: free
+    out = lm.generate(ids, 8, constraint=Constraint.choice(["yes", "no"]))
+
+Each step the engine says which tokens may come next in each constrained row (a bitmask over the
+vocabulary, [rows, ceil(V / 32)] int32), and of those the ones that keep the text valid UTF-8
+(`max_gpt2.inference.utf8`); the others get the lowest float32 logit after the logits
+controls and before the sampler or argmax, so a greedy row takes the unconstrained choice wherever
+that was allowed. The chosen token advances the row's matcher. Once the text is complete only the
+end-of-text ids may follow, and the row ends on one as with `eos_token_id`; a row that runs out of
+`max_new_tokens` first ends incomplete (the server's `finish_reason: "length"`). JSON is written
+without free whitespace (`, ` and `: ` between items), so a small model cannot wander in blank space.
+A schema, pattern or grammar the engine cannot compile is refused with its message, before any step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from max_gpt2.inference.logit_controls import LOWEST
+from max_gpt2.inference.tokenizer import piece_bytes
+from max_gpt2.inference.utf8 import Utf8Tokens
+from max_gpt2.max_internals import bitmask_words, grammar_compiler, grammar_matcher
+
+# The engine's errors start with its log prefix: "[10:09:12] external/.../file.cc:168: ".
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def _schema(compiler: Any, text: str) -> Any:
+    return compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
+
+
+# How each kind of constraint compiles (xgrammar's compiler, the constraint's source).
+COMPILE: dict[str, Callable[[Any, str], Any]] = {
+    "json_schema": _schema,
+    "json_object": _schema,
+    "regex": lambda compiler, text: compiler.compile_regex(text),
+    "grammar": lambda compiler, text: compiler.compile_grammar(text, "root"),
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a row's new text must be, as plain data (the server carries it to its model worker): made
+    by `json_schema`, `json_object`, `regex`, `choice` or `grammar`. `kind` is one of `COMPILE`'s,
+    `source` the schema as JSON text, the pattern or the grammar (GBNF)."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMPILE or not isinstance(self.source, str):
+            raise ValueError(f"a constraint is one of {', '.join(COMPILE)} with its text; got {self!r}")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | str) -> Constraint:
+        """JSON that validates against `schema` (a dict, or its JSON text); no properties beyond
+        those it lists, as OpenAI's `strict`."""
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Any JSON object (OpenAI's `response_format: {"type": "json_object"}`)."""
+        return cls("json_object", '{"type": "object"}')
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """Text the whole of which matches `pattern` (xgrammar's regular expressions)."""
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, choices: Sequence[str]) -> Constraint:
+        """Exactly one of `choices` (non-empty strings)."""
+        if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError(f"choice needs a list of non-empty strings; got {choices!r}")
+        # A JSON string literal is a valid EBNF one: quotes, backslashes and control characters escaped.
+        return cls.grammar("root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
+
+    @classmethod
+    def grammar(cls, gbnf: str) -> Constraint:
+        """Text that `gbnf`'s rule `root` derives (GBNF: `root ::= "yes" | "no"`)."""
+        return cls("grammar", gbnf)
+
+
+class GrammarEngine:
+    """The grammar engine for one tokenizer and vocabulary: it compiles constraints and makes their
+    row guides. `vocab_size` is the model's (ids past the tokenizer's are no text, never allowed);
+    `stop_ids` end a row once its text is complete."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_ids: Sequence[int]) -> None:
+        if not stop_ids:
+            raise ValueError("a constraint ends a row on end-of-text: give eos_token_id")
+        pieces = [""] * vocab_size
+        for piece, id_ in tokenizer.get_vocab(with_added_tokens=True).items():
+            if id_ < vocab_size:
+                pieces[id_] = piece
+        special = [id_ for id_ in tokenizer.get_added_tokens_decoder() if id_ < vocab_size]
+        self.vocab_size, self.stop_ids = vocab_size, [int(id_) for id_ in stop_ids]
+        self.words = bitmask_words(vocab_size)
+        self.compiler = grammar_compiler(tokenizer.to_str(), pieces, self.stop_ids, special)
+        self.utf8 = Utf8Tokens([piece_bytes(piece) for piece in pieces], special)
+
+    def compiled(self, constraint: Constraint) -> Any:
+        """`constraint` compiled; a ValueError names its kind and gives the engine's message."""
+        try:
+            return COMPILE[constraint.kind](self.compiler, constraint.source)
+        except RuntimeError as error:
+            message = _LOG_PREFIX.sub("", str(error).strip().splitlines()[0])
+            raise ValueError(f"{constraint.kind}: {message}") from None
+
+    def row(self, constraint: Constraint, compiled: Any = None) -> RowGuide:
+        """A `RowGuide` for one row held to `constraint` (`compiled` where it is compiled already)."""
+        compiled = self.compiled(constraint) if compiled is None else compiled
+        return RowGuide(grammar_matcher(compiled, self.stop_ids), self)
+
+    def guide(self, constraints: Sequence[Constraint | None]) -> Guide:
+        """A `Guide` for rows constrained by `constraints` (one a row; None: free)."""
+        compiled = {c: self.compiled(c) for c in dict.fromkeys(c for c in constraints if c is not None)}
+        rows = {row: self.row(c, compiled[c]) for row, c in enumerate(constraints) if c is not None}
+        return Guide(rows, self)
+
+
+class RowGuide:
+    """One row's matcher: `mask` its next-token logits, `accept` the token chosen. Its text stays
+    valid UTF-8 (`utf8`: where its last character stands). Once it is complete only the stop ids
+    may follow (a server that ignores end-of-text goes on with them)."""
+
+    def __init__(self, matcher: Any, engine: GrammarEngine) -> None:
+        self.matcher, self.engine, self.utf8 = matcher, engine, 0
+
+    def fill(self, bitmask: np.ndarray, index: int) -> None:
+        """Writes which tokens the grammar allows next into row `index` of `bitmask` (int32 [rows, words])."""
+        if not self.matcher.is_terminated():
+            self.matcher.fill_next_token_bitmask(bitmask, index)
+            return
+        bits = np.zeros(bitmask.shape[1] * 32, dtype=bool)
+        bits[self.engine.stop_ids] = True
+        bitmask[index] = np.packbits(bits, bitorder="little").view(np.int32)
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        """`row` (float [V]) with the tokens not allowed next at the lowest float32, as a new array."""
+        bitmask = np.empty((1, self.engine.words), dtype=np.int32)
+        self.fill(bitmask, 0)
+        return masked(row[None], bitmask, self.engine.utf8.valid[[self.utf8]])[0]
+
+    def accept(self, token: int) -> None:
+        """Advances the matcher by `token`; a RuntimeError where the constraint forbids it."""
+        self.utf8 = int(self.engine.utf8.following[self.utf8, token])
+        if self.utf8 < 0 or (not self.matcher.is_terminated() and not self.matcher.accept_token(int(token))):
+            raise RuntimeError(f"token {int(token)} breaks the constraint")
+
+
+def masked(scores: np.ndarray, bitmask: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """`scores` (float [rows, V]) at the lowest float32 where `bitmask` (int32 [rows, words], bit i of
+    a row: token i allowed) has no bit or `valid` (bool [rows, V]) is False, as a new float32 array."""
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=scores.shape[-1], bitorder="little")
+    return np.where(allowed.view(bool) & valid, scores, LOWEST).astype(np.float32, copy=False)
+
+
+class Guide:
+    """The constrained rows of a batch through one generation: `mask` the logits of a step, then
+    `accept` the tokens chosen. `rows` maps a batch row to its `RowGuide`."""
+
+    def __init__(self, rows: dict[int, RowGuide], engine: GrammarEngine) -> None:
+        self.rows, self.engine = rows, engine
+        self.index = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        self.bitmask = np.full((len(rows), engine.words), -1, dtype=np.int32)  # [constrained rows, words]
+
+    def mask(self, scores: np.ndarray, finished: np.ndarray) -> np.ndarray:
+        """`scores` (float32 [batch, V]) with what each unfinished constrained row may not take next at
+        the lowest float32, as a new array (a finished row's token is replaced by its fill)."""
+        for index, (row, guide) in enumerate(self.rows.items()):
+            if finished[row]:
+                self.bitmask[index] = -1
+            else:
+                guide.fill(self.bitmask, index)
+        states = [0 if finished[row] else guide.utf8 for row, guide in self.rows.items()]
+        scores = np.array(scores, dtype=np.float32)
+        scores[self.index] = masked(scores[self.index], self.bitmask, self.engine.utf8.valid[states])
+        return scores
+
+    def accept(self, tokens: np.ndarray, finished: np.ndarray) -> None:
+        """Advances each unfinished constrained row by its token (int64 [batch])."""
+        for row, guide in self.rows.items():
+            if not finished[row]:
+                guide.accept(int(tokens[row]))

@@ -1,0 +1,175 @@
+"""Constrained decoding (`max_gpt2.inference.constraints`) on the compiled test LM, random weights:
+every output parses and validates (`jsonschema`, Python's `re`), greedy picks the model's likeliest
+token among those an independent check written here allows, and what cannot be honoured is refused."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from max_gpt2 import Constraint, Sampler, load_tokenizer
+from max_gpt2.inference import utf8
+from max_gpt2.inference.tokenizer import token_bytes
+from tests.support import LM
+
+EOS = 0  # the test tokenizer's <|endoftext|> (`max_gpt2.testing.write_tokenizer`)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 4},
+        "size": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kind": {"enum": ["cat", "dog"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+        "where": {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "ok": {"type": "null"}},
+            "required": ["x"],
+        },
+    },
+    "required": ["name", "size", "kind", "where"],
+}
+SAMPLERS = [Sampler(), Sampler(do_sample=True, seed=3), Sampler(do_sample=True, temperature=1.5, seed=8)]
+
+
+@pytest.fixture
+def lm_and_tokenizer(compiled_lm, lm_checkpoint):
+    return compiled_lm(LM), load_tokenizer(lm_checkpoint(LM))
+
+
+def texts(tokenizer, out: np.ndarray, prompt: int) -> list[tuple[str, bool]]:
+    """Each row's new text up to end-of-text (strict UTF-8: a constraint keeps it valid), and whether
+    it ended there."""
+    rows = []
+    for row in out[:, prompt:]:
+        ended = EOS in row.tolist()
+        new = row[: row.tolist().index(EOS)] if ended else row
+        rows.append((b"".join(token_bytes(tokenizer, int(t)) for t in new).decode("utf-8"), ended))
+    return rows
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=["greedy", "sampled", "hot"])
+def test_every_output_of_a_schema_parses_and_validates(lm_and_tokenizer, sampler):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema checks the outputs")
+    lm, tokenizer = lm_and_tokenizer
+    ids = np.array([tokenizer.encode("The cat").ids] * 3)
+    options = {"eos_token_id": EOS, "tokenizer": tokenizer, "context_overflow": "shift"}
+    rows = 1 if not sampler.do_sample else 2
+    schema = Constraint.json_schema(SCHEMA)
+    out = lm.generate(ids, 160, sampler=sampler, constraint=schema, num_return_sequences=rows, **options)
+    for text, ended in texts(tokenizer, out, ids.shape[1]):
+        assert ended, f"{text!r} did not end"
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def allowed_by_pattern(tokenizer, prefix: str, pattern: re.Pattern[str], longest: int) -> np.ndarray:
+    """Written here, apart from the engine: the tokens whose text keeps `prefix` within `pattern`'s
+    characters and `longest` characters, and end-of-text once the text is not empty."""
+    allowed = np.zeros(LM.vocab_size, dtype=bool)
+    for id_ in range(1, tokenizer.get_vocab_size()):
+        text = prefix + token_bytes(tokenizer, id_).decode("utf-8", "replace")
+        allowed[id_] = len(text) <= longest and pattern.fullmatch(text) is not None
+    allowed[EOS] = bool(prefix)
+    return allowed
+
+
+def test_greedy_takes_the_likeliest_token_an_independent_check_allows(lm_and_tokenizer):
+    lm, tokenizer = lm_and_tokenizer
+    ids = np.array([tokenizer.encode("The cat sat").ids])
+    pattern, free_choice_taken = re.compile("[a-z ]*"), 0
+    prefix = ""
+    for step in lm.stream(
+        ids, 16, constraint=Constraint.regex("[a-z ]{1,12}"), eos_token_id=EOS, tokenizer=tokenizer
+    ):
+        allowed = allowed_by_pattern(tokenizer, prefix, pattern, 12)
+        token, likeliest = int(step.tokens[0]), int(np.argmax(step.logits[0]))
+        assert token == int(np.argmax(np.where(allowed, step.logits[0], -np.inf)))
+        free_choice_taken += token == likeliest
+        if token == EOS:
+            break
+        prefix += token_bytes(tokenizer, token).decode("utf-8")
+    assert re.fullmatch("[a-z ]{1,12}", prefix)
+    assert free_choice_taken < 16  # the model's own choice was refused at least once here
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS[:2], ids=["greedy", "sampled"])
+def test_a_choice_gives_exactly_one_of_the_choices(lm_and_tokenizer, sampler):
+    lm, tokenizer = lm_and_tokenizer
+    choices = ["yes", "no", 'say "hi"', "back\\slash"]
+    ids = np.array([tokenizer.encode("The cat").ids] * 4)
+    out = lm.generate(
+        ids, 20, sampler=sampler, constraint=Constraint.choice(choices), eos_token_id=EOS, tokenizer=tokenizer
+    )
+    for text, ended in texts(tokenizer, out, ids.shape[1]):
+        assert ended and text in choices
+
+
+def test_a_gbnf_grammar_and_one_constraint_a_prompt(lm_and_tokenizer):
+    lm, tokenizer = lm_and_tokenizer
+    grammar = 'root ::= "(" digits ("+" digits)* ")"\ndigits ::= [0-9] [0-9]?'
+    ids = np.array([tokenizer.encode("The cat").ids] * 3)
+    constraints = [Constraint.grammar(grammar), None, Constraint.regex("[a-c]{2,5}")]
+    sampler = Sampler(do_sample=True, seed=5)
+    out = lm.generate(ids, 40, sampler=sampler, constraint=constraints, eos_token_id=EOS, tokenizer=tokenizer)
+    (sums, ended), (letters, ended_too) = texts(tokenizer, out[[0, 2]], ids.shape[1])
+    assert ended and re.fullmatch(r"\([0-9]{1,2}(\+[0-9]{1,2})*\)", sums)
+    assert ended_too and re.fullmatch("[a-c]{2,5}", letters)
+    greedy_free = lm.generate(ids, 12, eos_token_id=EOS, tokenizer=tokenizer)
+    greedy = lm.generate(
+        ids, 12, constraint=[None, Constraint.json_object(), None], eos_token_id=EOS, tokenizer=tokenizer
+    )
+    np.testing.assert_array_equal(greedy[[0, 2]], greedy_free[[0, 2]])  # free rows are untouched
+
+
+def test_a_constraint_that_cannot_finish_runs_to_the_length(lm_and_tokenizer):
+    lm, tokenizer = lm_and_tokenizer
+    ids = np.array([tokenizer.encode("The cat").ids])
+    out = lm.generate(ids, 6, constraint=Constraint.regex("[a-z]{40}"), eos_token_id=EOS, tokenizer=tokenizer)
+    ((text, ended),) = texts(tokenizer, out, ids.shape[1])
+    assert not ended and re.fullmatch("[a-z]+", text) and len(out[0]) == ids.shape[1] + 6
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"constraint": Constraint.json_schema("{not json")}, "json_schema: "),
+        ({"constraint": Constraint.json_schema({"type": "object", "required": 3})}, "json_schema: "),
+        ({"constraint": Constraint.regex("(a")}, "regex: "),
+        ({"constraint": Constraint.grammar("root ::= ")}, "grammar: "),
+        ({"constraint": Constraint.grammar('start ::= "a"')}, "grammar: "),
+        ({"constraint": [Constraint.regex("a")] * 3}, "constraint: one a prompt, for 2 prompts; got 3"),
+        ({"constraint": "a"}, "constraint must be a Constraint or a list of them"),
+        ({"constraint": Constraint.regex("a"), "min_new_tokens": 2}, "which min_new_tokens would forbid"),
+        ({"constraint": Constraint.regex("a"), "num_beams": 2}, "constraint takes neither num_beams"),
+        ({"constraint": Constraint.regex("a"), "prompt_lookup_num_tokens": 2}, "nor speculative decoding"),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_before_any_step(lm_and_tokenizer, options, message):
+    lm, tokenizer = lm_and_tokenizer
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+        lm.generate(np.array([[5, 6], [7, 8]]), 4, eos_token_id=EOS, tokenizer=tokenizer, **options)
+
+
+def test_a_choice_list_is_checked():
+    with pytest.raises(ValueError, match="choice needs a list of non-empty strings"):
+        Constraint.choice("yes")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=12))
+def test_the_utf8_states_agree_with_pythons_decoder(data):
+    """`utf8.after` against Python's own decoder: a boundary where the bytes decode, inside a character
+    where they are a valid start of more, -1 where no continuation could make them valid."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(data, final=False)
+        state = "inside" if decoder.getstate()[0] else "boundary"
+    except UnicodeDecodeError:
+        state = "broken"
+    got = utf8.after(0, data)
+    assert {"boundary": got == 0, "inside": got > 0, "broken": got == -1}[state], (data, got)

@@ -1,0 +1,193 @@
+"""Constrained output through the real server (`served_lm`, random weights): OpenAI's `response_format`,
+vLLM's `structured_outputs` and llama-server's `json_schema` and `grammar`, on completions and chat,
+streamed or not. Every output is checked apart from the engine (`jsonschema`, Python's `re`, the
+list of choices); greedy output equals `lm.generate` with the same `Constraint`; what the engine
+cannot compile, or two constraints at once, is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from max_gpt2 import Constraint
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.testing import END_OF_TEXT
+from tests.support import LM, requires_serving
+from tests.test_serve import client, served
+from tests.test_serve_api import post
+
+pytestmark = requires_serving()
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["kind", "n"],
+}
+GRAMMAR = 'root ::= "(" [0-9] ("+" [0-9])? ")"'
+CHOICES = ["yes", "no", 'a "quoted" one']
+PROMPT = "The cat"
+
+
+@pytest.fixture(scope="module")
+def server(served_lm):
+    return served_lm
+
+
+@pytest.fixture(scope="module")
+def lm(compiled_lm, server):
+    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return load_tokenizer(server.checkpoint)
+
+
+def valid_json(text: str, schema: dict[str, Any] = SCHEMA) -> bool:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema checks the outputs")
+    jsonschema.validate(json.loads(text), schema)
+    return True
+
+
+def is_object(text: str) -> bool:
+    return isinstance(json.loads(text), dict)
+
+
+# Any JSON object has no bound on its length (a string may run on): where it ends, it parses.
+UNBOUNDED = {"openai json_object"}
+
+
+def letters(text: str) -> bool:
+    return re.fullmatch("[a-c]{2,4}", text) is not None
+
+
+def sums(text: str) -> bool:
+    return re.fullmatch(r"\([0-9](\+[0-9])?\)", text) is not None
+
+
+def chosen(text: str) -> bool:
+    return text in CHOICES
+
+
+FORM = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
+# Each way a client asks (the fields of a completion's body) and what its text must pass.
+ASKED: list[tuple[str, dict[str, Any], Any]] = [
+    ("openai json_schema", {"response_format": FORM}, valid_json),
+    ("openai json_object", {"response_format": {"type": "json_object"}}, is_object),
+    ("vllm json", {"structured_outputs": {"json": SCHEMA}}, valid_json),
+    ("vllm regex", {"structured_outputs": {"regex": "[a-c]{2,4}"}}, letters),
+    ("vllm choice", {"structured_outputs": {"choice": CHOICES}}, chosen),
+    ("vllm grammar", {"structured_outputs": {"grammar": GRAMMAR}}, sums),
+    ("llama-server json_schema", {"json_schema": SCHEMA}, valid_json),
+    ("llama-server grammar", {"grammar": GRAMMAR}, sums),
+]
+
+
+@pytest.mark.parametrize(("name", "fields", "passes"), ASKED, ids=[case[0] for case in ASKED])
+def test_every_spelling_gives_text_that_passes_its_check_sampled_and_streamed(server, name, fields, passes):
+    for stream in (False, True):
+        body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 1.0, "seed": 4, "n": 3, "stream": stream}
+        answer = client(server).completions.create(model="gpt2", **body, extra_body=fields)
+        texts, finishes = ["", "", ""], [None, None, None]
+        for chunk in answer if stream else [answer]:
+            for choice in chunk.choices:
+                texts[choice.index] += choice.text
+                finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+        ended = [text for text, finish in zip(texts, finishes, strict=True) if finish == "stop"]
+        assert len(ended) == 3 or (name in UNBOUNDED and set(finishes) <= {"stop", "length"}), texts
+        assert all(passes(text) for text in ended), texts
+
+
+def test_greedy_constrained_completions_and_chats_are_what_lm_generate_gives(server, lm, tokenizer):
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    prompt_ids = tokenizer.encode(PROMPT).ids
+    schema = Constraint.json_schema(SCHEMA)
+    ids = lm.generate(np.array([prompt_ids]), 40, constraint=schema, eos_token_id=eos, tokenizer=tokenizer)
+    expected = ids[0, len(prompt_ids) :].tolist()
+    expected = expected[: expected.index(eos) + 1]
+    form = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    answer = client(server).completions.create(
+        model="gpt2", prompt=PROMPT, max_tokens=40, temperature=0,
+        extra_body={"response_format": form, "return_token_ids": True},
+    )  # fmt: skip
+    got = served(answer.choices[0])
+    assert got.ids == expected and valid_json(got.text)
+    short = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}
+    chat = client(server).chat.completions.create(
+        model="gpt2", messages=[{"role": "user", "content": "a cat?"}], max_tokens=24, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": short}},
+    )  # fmt: skip
+    assert chat.choices[0].finish_reason == "stop" and valid_json(chat.choices[0].message.content, short)
+
+
+def test_a_constraint_that_cannot_finish_ends_at_the_length(server):
+    answer = client(server).completions.create(
+        model="gpt2",
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"grammar": 'root ::= [a-z]+ "!"'},
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and re.fullmatch("[a-z]+", choice.text)
+
+
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": 3}}}
+REFUSED = [
+    ({"response_format": BAD_SCHEMA}, "response_format", "response_format: json_schema: "),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema: required"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "response_format.type"),
+    ({"structured_outputs": {"regex": "(a"}}, "structured_outputs", "structured_outputs: regex: "),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs", "choice needs a list of non-empty"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern", "not a"),
+    ({"grammar": "root ::= "}, "grammar", "grammar: grammar: "),
+    ({"json_schema": SCHEMA, "grammar": GRAMMAR}, "grammar", "one constraint a request; json_schema sets"),
+    ({"json_schema": SCHEMA, "min_tokens": 2}, "min_tokens", "a constrained text ends once complete"),
+]
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), REFUSED)
+def test_what_cannot_be_compiled_or_honoured_is_a_400_naming_the_field(server, fields, param, says):
+    for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", CHAT)):
+        status, answer = post(server, route, {**body, "max_tokens": 4, **fields})
+        assert status == 400 and answer["error"]["param"] == param, answer
+        assert says in answer["error"]["message"], answer
+
+
+def test_a_burst_of_constrained_and_free_requests_leaves_every_answer_right(server, lm, tokenizer):
+    """24 requests at once, constrained ones beside free ones: each constrained text passes its check,
+    each free greedy one is `lm.generate`'s, and the server answers on."""
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    prompt_ids = tokenizer.encode(PROMPT).ids
+    free = lm.generate(np.array([prompt_ids]), 8, eos_token_id=eos)[0, len(prompt_ids) :].tolist()
+    free = free[: free.index(eos) + 1] if eos in free else free
+
+    def request(i: int) -> bool:
+        if i % 3 == 0:
+            answer = client(server).completions.create(
+                model="gpt2",
+                prompt=PROMPT,
+                max_tokens=8,
+                temperature=0,
+                extra_body={"return_token_ids": True},
+            )
+            return served(answer.choices[0]).ids == free
+        _, fields, passes = bounded[i % len(bounded)]
+        status, answer = post(
+            server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "seed": i, **fields}
+        )
+        return status == 200 and bool(passes(answer["choices"][0]["text"]))
+
+    bounded = [case for case in ASKED if case[0] not in UNBOUNDED]
+    with ThreadPoolExecutor(24) as pool:
+        assert all(pool.map(request, range(24)))

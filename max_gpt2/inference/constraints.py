@@ -109,6 +109,7 @@ class GrammarEngine:
         self.words = bitmask_words(vocab_size)
         self.compiler = grammar_compiler(tokenizer.to_str(), pieces, self.stop_ids, special)
         self.utf8 = Utf8Tokens([piece_bytes(piece) for piece in pieces], special)
+        self.utf8_words = self.utf8.packed(self.words)  # int32 [states, words]: the same as bitmasks
 
     def compiled(self, constraint: Constraint) -> Any:
         """`constraint` compiled; a ValueError names its kind and gives the engine's message."""
@@ -139,19 +140,22 @@ class RowGuide:
         self.matcher, self.engine, self.utf8 = matcher, engine, 0
 
     def fill(self, bitmask: np.ndarray, index: int) -> None:
-        """Writes which tokens the grammar allows next into row `index` of `bitmask` (int32 [rows, words])."""
-        if not self.matcher.is_terminated():
-            self.matcher.fill_next_token_bitmask(bitmask, index)
+        """Writes which tokens may come next into row `index` of `bitmask` (int32 [rows, words]): the
+        grammar's, of them those that keep the text valid UTF-8."""
+        if self.matcher.is_terminated():
+            bits = np.zeros(bitmask.shape[1] * 32, dtype=bool)
+            bits[self.engine.stop_ids] = True
+            bitmask[index] = np.packbits(bits, bitorder="little").view(np.int32)
             return
-        bits = np.zeros(bitmask.shape[1] * 32, dtype=bool)
-        bits[self.engine.stop_ids] = True
-        bitmask[index] = np.packbits(bits, bitorder="little").view(np.int32)
+        self.matcher.fill_next_token_bitmask(bitmask, index)
+        bitmask[index] &= self.engine.utf8_words[self.utf8]
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """`row` (float [V]) with the tokens not allowed next at the lowest float32, as a new array."""
-        bitmask = np.empty((1, self.engine.words), dtype=np.int32)
+        bitmask, scores = np.empty((1, self.engine.words), dtype=np.int32), np.array(row, np.float32)[None]
         self.fill(bitmask, 0)
-        return masked(row[None], bitmask, self.engine.utf8.valid[[self.utf8]])[0]
+        block(scores, bitmask)
+        return scores[0]
 
     def accept(self, token: int) -> None:
         """Advances the matcher by `token`; a RuntimeError where the constraint forbids it."""
@@ -160,11 +164,11 @@ class RowGuide:
             raise RuntimeError(f"token {int(token)} breaks the constraint")
 
 
-def masked(scores: np.ndarray, bitmask: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """`scores` (float [rows, V]) at the lowest float32 where `bitmask` (int32 [rows, words], bit i of
-    a row: token i allowed) has no bit or `valid` (bool [rows, V]) is False, as a new float32 array."""
+def block(scores: np.ndarray, bitmask: np.ndarray) -> None:
+    """Sets `scores` (float32 [rows, V]) to the lowest float32, in place, where `bitmask` (int32 [rows,
+    words], bit i of a row: token i allowed) has no bit: one pass over the rows (docs/performance.md)."""
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=scores.shape[-1], bitorder="little")
-    return np.where(allowed.view(bool) & valid, scores, LOWEST).astype(np.float32, copy=False)
+    np.putmask(scores, allowed == 0, LOWEST)
 
 
 class Guide:
@@ -184,9 +188,13 @@ class Guide:
                 self.bitmask[index] = -1
             else:
                 guide.fill(self.bitmask, index)
-        states = [0 if finished[row] else guide.utf8 for row, guide in self.rows.items()]
         scores = np.array(scores, dtype=np.float32)
-        scores[self.index] = masked(scores[self.index], self.bitmask, self.engine.utf8.valid[states])
+        if len(self.index) == len(scores):  # every row constrained: no gather and scatter
+            block(scores, self.bitmask)
+        else:
+            rows = scores[self.index]
+            block(rows, self.bitmask)
+            scores[self.index] = rows
         return scores
 
     def accept(self, tokens: np.ndarray, finished: np.ndarray) -> None:

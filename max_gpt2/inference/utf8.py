@@ -51,3 +51,9 @@ class Utf8Tokens:
                 following[state, id_] = after(state, vocabulary[id_])
         following[:, list(neutral)] = np.arange(len(STATES), dtype=np.int8)[:, None]
         self.following, self.valid = following, following >= 0
+
+    def packed(self, words: int) -> np.ndarray:
+        """`valid` as bitmasks: int32 [len(STATES), words], bit i of a row set where token i is valid."""
+        bits = np.zeros((len(STATES), words * 32), dtype=bool)
+        bits[:, : self.valid.shape[1]] = self.valid
+        return np.packbits(bits, axis=1, bitorder="little").view(np.int32)

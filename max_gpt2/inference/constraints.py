@@ -152,10 +152,9 @@ class RowGuide:
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """`row` (float [V]) with the tokens not allowed next at the lowest float32, as a new array."""
-        bitmask, scores = np.empty((1, self.engine.words), dtype=np.int32), np.array(row, np.float32)[None]
+        bitmask = np.empty((1, self.engine.words), dtype=np.int32)
         self.fill(bitmask, 0)
-        block(scores, bitmask)
-        return scores[0]
+        return blocked(row[None], bitmask)[0]
 
     def accept(self, token: int) -> None:
         """Advances the matcher by `token`; a RuntimeError where the constraint forbids it."""
@@ -164,11 +163,16 @@ class RowGuide:
             raise RuntimeError(f"token {int(token)} breaks the constraint")
 
 
-def block(scores: np.ndarray, bitmask: np.ndarray) -> None:
-    """Sets `scores` (float32 [rows, V]) to the lowest float32, in place, where `bitmask` (int32 [rows,
-    words], bit i of a row: token i allowed) has no bit: one pass over the rows (docs/performance.md)."""
+def blocked(scores: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+    """`scores` (float [rows, V]) at the lowest float32 where `bitmask` (int32 [rows, words], bit i of a
+    row: token i allowed) has no bit, as a new float32 array. Arithmetic, not a select: the lowest
+    float32 added to a logit is the lowest float32 again, and a pass without branches costs the same
+    whatever the mask holds (a select is several times slower on a mask of mixed bits)."""
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=scores.shape[-1], bitorder="little")
-    np.putmask(scores, allowed == 0, LOWEST)
+    out = np.subtract(allowed, 1, dtype=np.float32)  # 0 where allowed, -1 where not
+    out *= -LOWEST
+    out += scores
+    return np.maximum(out, LOWEST, out=out)  # a logit already at the lowest stays there, not -inf
 
 
 class Guide:
@@ -188,13 +192,10 @@ class Guide:
                 self.bitmask[index] = -1
             else:
                 guide.fill(self.bitmask, index)
-        scores = np.array(scores, dtype=np.float32)
         if len(self.index) == len(scores):  # every row constrained: no gather and scatter
-            block(scores, self.bitmask)
-        else:
-            rows = scores[self.index]
-            block(rows, self.bitmask)
-            scores[self.index] = rows
+            return blocked(scores, self.bitmask)
+        scores = np.array(scores, dtype=np.float32)
+        scores[self.index] = blocked(scores[self.index], self.bitmask)
         return scores
 
     def accept(self, tokens: np.ndarray, finished: np.ndarray) -> None:

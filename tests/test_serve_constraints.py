@@ -38,18 +38,10 @@ PROMPT = "The cat"
 
 
 @pytest.fixture(scope="module")
-def server(served_lm):
-    return served_lm
-
-
-@pytest.fixture(scope="module")
-def lm(compiled_lm, server):
-    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
-
-
-@pytest.fixture(scope="module")
-def tokenizer(server):
-    return load_tokenizer(server.checkpoint)
+def served_model(compiled_lm, served_lm):
+    """The served weights in a compiled LM here, and the served tokenizer."""
+    weights = Checkpoint(served_lm.checkpoint).model_weights()
+    return compiled_lm(LM).with_weights(weights), load_tokenizer(served_lm.checkpoint)
 
 
 def valid_json(text: str, schema: dict[str, Any] = SCHEMA) -> bool:
@@ -93,7 +85,10 @@ ASKED: list[tuple[str, dict[str, Any], Any]] = [
 
 
 @pytest.mark.parametrize(("name", "fields", "passes"), ASKED, ids=[case[0] for case in ASKED])
-def test_every_spelling_gives_text_that_passes_its_check_sampled_and_streamed(server, name, fields, passes):
+def test_every_spelling_gives_text_that_passes_its_check_sampled_and_streamed(
+    served_lm, name, fields, passes
+):
+    server = served_lm
     for stream in (False, True):
         body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 1.0, "seed": 4, "n": 3, "stream": stream}
         answer = client(server).completions.create(model="gpt2", **body, extra_body=fields)
@@ -107,7 +102,8 @@ def test_every_spelling_gives_text_that_passes_its_check_sampled_and_streamed(se
         assert all(passes(text) for text in ended), texts
 
 
-def test_greedy_constrained_completions_and_chats_are_what_lm_generate_gives(server, lm, tokenizer):
+def test_greedy_constrained_completions_and_chats_are_what_lm_generate_gives(served_lm, served_model):
+    server, (lm, tokenizer) = served_lm, served_model
     eos = tokenizer.token_to_id(END_OF_TEXT)
     prompt_ids = tokenizer.encode(PROMPT).ids
     schema = Constraint.json_schema(SCHEMA)
@@ -129,7 +125,8 @@ def test_greedy_constrained_completions_and_chats_are_what_lm_generate_gives(ser
     assert chat.choices[0].finish_reason == "stop" and valid_json(chat.choices[0].message.content, short)
 
 
-def test_a_constraint_that_cannot_finish_ends_at_the_length(server):
+def test_a_constraint_that_cannot_finish_ends_at_the_length(served_lm):
+    server = served_lm
     answer = client(server).completions.create(
         model="gpt2",
         prompt=PROMPT,
@@ -157,16 +154,18 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.mark.parametrize(("fields", "param", "says"), REFUSED)
-def test_what_cannot_be_compiled_or_honoured_is_a_400_naming_the_field(server, fields, param, says):
+def test_what_cannot_be_compiled_or_honoured_is_a_400_naming_the_field(served_lm, fields, param, says):
+    server = served_lm
     for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", CHAT)):
         status, answer = post(server, route, {**body, "max_tokens": 4, **fields})
         assert status == 400 and answer["error"]["param"] == param, answer
         assert says in answer["error"]["message"], answer
 
 
-def test_a_burst_of_constrained_and_free_requests_leaves_every_answer_right(server, lm, tokenizer):
+def test_a_burst_of_constrained_and_free_requests_leaves_every_answer_right(served_lm, served_model):
     """24 requests at once, constrained ones beside free ones: each constrained text passes its check,
     each free greedy one is `lm.generate`'s, and the server answers on."""
+    server, (lm, tokenizer) = served_lm, served_model
     eos = tokenizer.token_to_id(END_OF_TEXT)
     prompt_ids = tokenizer.encode(PROMPT).ids
     free = lm.generate(np.array([prompt_ids]), 8, eos_token_id=eos)[0, len(prompt_ids) :].tolist()

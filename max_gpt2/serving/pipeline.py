@@ -9,8 +9,8 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
   edited before any token is picked (`controlled`): Hugging Face's repetition penalty
   over the prompt and the tokens so far, OpenAI's frequency and presence penalties over
   the generated ones, OpenAI's biases (`max_gpt2.serving.context`), end-of-text banned
-  until `min_tokens`. MAX's own support for penalties is left off: in MAX 26.7 it cannot
-  be built beside `--enable-echo`.
+  until `min_tokens`; then a constraint's mask (`max_gpt2.serving.constraints`). MAX's own
+  support for penalties is left off: in MAX 26.7 it cannot be built beside `--enable-echo`.
 - Greedy steps: when every request of a step is greedy and asks for nothing the
   sampler alone gives (log-probabilities, a grammar, logits processors, label
   scores), its token is the argmax of its row of logits `[R, V]`, which NumPy finds
@@ -69,14 +69,18 @@ def greedy_as_is(params: SamplingParams) -> bool:
 
 
 def needs_controls(context: TextContext) -> bool:
-    """Whether `context`'s next logits are penalised, biased, have end-of-text banned (`controlled`) or
-    are held to a constraint (`max_gpt2.serving.constraints`)."""
+    """Whether `context`'s next logits are penalised, biased or have end-of-text banned (`controlled`)."""
     return (
         context.sampling_params.needs_penalties
         or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
         or context.tokens.generated_length < context.min_tokens
-        or constraint_of(context) is not None
     )
+
+
+def edits_logits(context: TextContext) -> bool:
+    """Whether the pipeline edits `context`'s next logits: its controls, or its constraint's mask
+    (`max_gpt2.serving.constraints`). Such a request's step drafts nothing."""
+    return needs_controls(context) or constraint_of(context) is not None
 
 
 def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
@@ -142,9 +146,10 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         self, curr_step_inputs: ModelInputs, flat_batch: list[TextContext], step: int
     ) -> ModelOutputs:
         """The model's outputs for a step, each request's next-token logits `controlled` where it asks
-        for penalties or a minimum length: MAX's sampler and our argmax both pick from those."""
+        for penalties or a minimum length, and masked where it has a constraint: MAX's sampler and our
+        argmax both pick from those."""
         outputs = super()._launch_forward_pass(curr_step_inputs, flat_batch, step)
-        if not any(needs_controls(context) for context in flat_batch):
+        if not any(edits_logits(context) for context in flat_batch):
             return outputs
         last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
         assert last_rows is not None
@@ -192,7 +197,7 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         """The tokens each request gets from one run of the model: its argmax, and where it drafts, the
         drafted tokens the model chose too, each followed by the argmax after it."""
         started, drafts = time.perf_counter(), []  # a drafted run's time includes looking its drafts up
-        if self._drafts and decoding and not any(needs_controls(context) for context in contexts):
+        if self._drafts and decoding and not any(edits_logits(context) for context in contexts):
             drafts = self._drafts.propose(contexts) if self._drafts.rates.drafting(len(contexts)) else []
         if any(len(draft) for draft in drafts):
             tokens = self._check_drafts(model_inputs, contexts, drafts, step)

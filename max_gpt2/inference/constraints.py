@@ -110,6 +110,9 @@ class GrammarEngine:
         self.compiler = grammar_compiler(tokenizer.to_str(), pieces, self.stop_ids, special)
         self.utf8 = Utf8Tokens([piece_bytes(piece) for piece in pieces], special)
         self.utf8_words = self.utf8.packed(self.words)  # int32 [states, words]: the same as bitmasks
+        stops = np.zeros(self.words * 32, dtype=bool)
+        stops[self.stop_ids] = True
+        self.stop_words = np.packbits(stops, bitorder="little").view(np.int32)  # a complete text's next
 
     def compiled(self, constraint: Constraint) -> Any:
         """`constraint` compiled; a ValueError names its kind and gives the engine's message."""
@@ -143,9 +146,7 @@ class RowGuide:
         """Writes which tokens may come next into row `index` of `bitmask` (int32 [rows, words]): the
         grammar's, of them those that keep the text valid UTF-8."""
         if self.matcher.is_terminated():
-            bits = np.zeros(bitmask.shape[1] * 32, dtype=bool)
-            bits[self.engine.stop_ids] = True
-            bitmask[index] = np.packbits(bits, bitorder="little").view(np.int32)
+            bitmask[index] = self.engine.stop_words
             return
         self.matcher.fill_next_token_bitmask(bitmask, index)
         bitmask[index] &= self.engine.utf8_words[self.utf8]
@@ -180,7 +181,7 @@ class Guide:
     `accept` the tokens chosen. `rows` maps a batch row to its `RowGuide`."""
 
     def __init__(self, rows: dict[int, RowGuide], engine: GrammarEngine) -> None:
-        self.rows, self.engine = rows, engine
+        self.rows = rows
         self.index = np.fromiter(rows, dtype=np.int64, count=len(rows))
         self.bitmask = np.full((len(rows), engine.words), -1, dtype=np.int32)  # [constrained rows, words]
 

@@ -50,10 +50,11 @@ class Utf8Tokens:
             for state in range(len(STATES)):
                 following[state, id_] = after(state, vocabulary[id_])
         following[:, list(neutral)] = np.arange(len(STATES), dtype=np.int8)[:, None]
-        self.following, self.valid = following, following >= 0
+        self.following = following
 
     def packed(self, words: int) -> np.ndarray:
-        """`valid` as bitmasks: int32 [len(STATES), words], bit i of a row set where token i is valid."""
+        """Bitmasks of the tokens valid from each state: int32 [len(STATES), words], bit i of a row set
+        where token i keeps the text valid UTF-8."""
         bits = np.zeros((len(STATES), words * 32), dtype=bool)
-        bits[:, : self.valid.shape[1]] = self.valid
+        bits[:, : self.following.shape[1]] = self.following >= 0
         return np.packbits(bits, axis=1, bitorder="little").view(np.int32)

@@ -11,8 +11,9 @@ weights (one graph each a format and cache, tests/test_weight_formats.py,
 test_bench_generate.py and test_serve_weights.py), the attention-weights variants of the odd attention and
 of LM (tests/test_heads.py), the Mojo ops alone (tests/test_kernels.py and
 test_decode_layer.py: seven small graphs as one module, tests/op_graphs.py), and for the
-serving tests two servers' paged-cache graphs (float32 and q4_0 weights, three
-each, compiled as one module), MAX's sampler and `ragged_positions` alone.
+serving tests three servers' paged-cache graphs (float32 and q4_0 weights, and LM
+with 512 positions, three each, compiled as one module), MAX's sampler and
+`ragged_positions` alone.
 
 MAX compiles on little more than one core, so on a fresh 2-core machine the
 session starts the slow work later tests need in other processes as soon as the
@@ -38,6 +39,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -49,26 +51,39 @@ from max_gpt2.explorer.app import ExplorerApp
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests import op_graphs
-from tests.support import LM, die_with_parent, serving_missing
+from tests.support import LM, LM_PAGES, die_with_parent, serving_missing
 
 SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
-# The servers tests may ask for, by fixture: each `max-gpt2 serve` with these options and API key on
-# LM's seed-0 checkpoint (the second on it converted to an F32 GGUF file, served quantized to q4_0),
-# started at collection only where a collected test uses its fixture. The first decodes
-# `DECODE_STEPS` tokens a scheduler step (the default), drafting up to 8 by prompt lookup, serves
-# the head explorer, renders chats with the checkpoint's own template (`CHAT_TEMPLATE`), and sends
-# whatever it would send off the machine to `TELEMETRY`'s listener; the second decodes 3, without
-# drafts, answers to two names, lets one origin call it, and has no chat template.
+
+
+class Served(NamedTuple):
+    """A server tests may ask for: `max-gpt2 serve` with `options` and `api_key` on the seed-0 checkpoint
+    of `config` with a tokenizer (`from_gguf`: converted to an F32 GGUF file)."""
+
+    options: tuple[str, ...]
+    api_key: str | None = None
+    from_gguf: bool = False
+    config: GPT2Config = LM
+
+
+# The servers tests may ask for, by fixture, each started at collection only where a collected test
+# uses its fixture. The first decodes `DECODE_STEPS` tokens a scheduler step (the default), drafting
+# up to 8 by prompt lookup, serves the head explorer, renders chats with the checkpoint's own template
+# (`CHAT_TEMPLATE`), and sends whatever it would send off the machine to `TELEMETRY`'s listener; the
+# second decodes 3 from a GGUF file quantized to q4_0, without drafts, answers to two names, lets one
+# origin call it, and has no chat template; the third serves LM_PAGES, whose prompts span MAX's
+# 128-token pages, to 4 requests a step (a cache of 4 * 512 / 128 pages: prefix reuse and eviction).
 SERVED = {
-    "served_lm": (("--explorer", "--prompt-lookup", "8"), None, False),
-    "served_q4_0_lm": (
+    "served_lm": Served(("--explorer", "--prompt-lookup", "8")),
+    "served_q4_0_lm": Served(
         (
             "--weight-format", "q4_0", "--decode-steps", "3", "--served-model-name", "gpt2", "gpt2-q4",
             "--allowed-origins", "http://page.example",
         ),
-        "test-key",
-        True,
+        api_key="test-key",
+        from_gguf=True,
     ),
+    "served_pages_lm": Served(("--max-batch-size", "4"), config=LM_PAGES),
 }  # fmt: skip
 # The served checkpoint's own chat template (its tokenizer_config.json's `chat_template`).
 CHAT_TEMPLATE = (
@@ -147,22 +162,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in SERVED}
     telemetry = session.config.stash[TELEMETRY] = Listener()
     if wanted and not serving_missing():
-        checkpoint = write_checkpoint(scratch / "served", LM, seed=0, tokenizer=True)
-        (checkpoint / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
-        gguf_file = scratch / "served-gguf" / "lm.gguf"  # no tokenizer file beside it: the file's own
-        gguf_file.parent.mkdir()
-        with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
-            assert cli.main(["convert", "--checkpoint", str(checkpoint), "--out", str(gguf_file)]) == 0
         for name in sorted(wanted):
             port = free_port()
             while port in (server.port for server in servers.values()):  # free, but perhaps not yet bound
                 port = free_port()
             log = scratch / f"{name}.log"
-            options, api_key, from_gguf = SERVED[name]
-            served = gguf_file if from_gguf else checkpoint
+            spec = SERVED[name]
+            served = served_checkpoint(scratch, spec.config, spec.from_gguf)
             env = telemetry.environment() if name == "served_lm" else None
             servers[name] = ServerProcess(
-                served, log, port, "--device", "cpu", *options, api_key=api_key, env=env
+                served, log, port, "--device", "cpu", *spec.options, api_key=spec.api_key, env=env
             )
     if os.environ.get("MAX_GPT2_PREWARM") == "1":
         with (scratch / "prewarm.log").open("w") as log:
@@ -174,6 +183,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 preexec_fn=die_with_parent,
             )
         session.config.stash[BACKGROUND].append(prewarm)
+
+
+def served_checkpoint(scratch: Path, config: GPT2Config, as_gguf: bool) -> Path:
+    """The seed-0 checkpoint of `config` with a tokenizer (LM's with its chat template too), or it as an
+    F32 GGUF file with no tokenizer file beside it (the file's own), written once in `scratch`."""
+    directory = scratch / f"served-{config.n_positions}"
+    if not directory.exists():
+        write_checkpoint(directory, config, seed=0, tokenizer=True)
+        if config == LM:
+            (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    if not as_gguf:
+        return directory
+    gguf_file = scratch / f"served-{config.n_positions}-gguf" / "lm.gguf"
+    if not gguf_file.exists():
+        gguf_file.parent.mkdir()
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
+            assert cli.main(["convert", "--checkpoint", str(directory), "--out", str(gguf_file)]) == 0
+    return gguf_file
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -210,6 +237,13 @@ def served_lm(request) -> ServerProcess:
 def telemetry_listener(request) -> Listener:
     """The listener `served_lm`'s proxy and telemetry endpoint point at."""
     return request.config.stash[TELEMETRY]
+
+
+@pytest.fixture(scope="session")
+def served_pages_lm(request) -> ServerProcess:
+    """`max-gpt2 serve --max-batch-size 4` on LM_PAGES's seed-0 checkpoint with its tokenizer: prefix
+    caching on (the default), a cache of 16 pages."""
+    return ready_server(request)
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,8 @@ SEQ_LENS = [1, 2, 7, 64, 129]
 # the kernels' partial blocks tested). examples/04_generate.py uses LM's shapes, so it finds LM's
 # graph in MAX's cache.
 LM = GPT2Config(n_embd=60, n_head=5, n_layer=3, n_positions=48, vocab_size=320)
+# LM with room for prompts that span MAX's pages of 128 tokens (its smallest), for prefix reuse.
+LM_PAGES = dataclasses.replace(LM, n_positions=512)
 LM_ONE_LAYER = GPT2Config(
     n_embd=32, n_head=1, n_layer=1, n_positions=40, vocab_size=101, n_inner=96, activation_function="gelu"
 )

@@ -451,7 +451,7 @@ FIELDS = [
     "n", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "echo", "logit_bias", "seed",
     "min_tokens", "stop_token_ids", "include_stop_str_in_output", "content", "tokens", "with_pieces",
     "add_special", "return_token_ids", "response_format", "structured_outputs", "json_schema", "grammar",
-    "unknown_field",
+    "cache_salt", "cache_prompt", "unknown_field",
 ]  # fmt: skip
 JSON = st.recursive(
     st.none()

@@ -44,6 +44,8 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"extra_body": {"include_stop_str_in_output": "maybe"}}, 400, "include_stop_str_in_output: Input"),
     ({"extra_body": {"repetition_penalty": -1}}, 400, "repetition_penalty: must be above 0"),
     ({"extra_body": {"min_tokens": 20}, "max_tokens": 4}, 400, "min_tokens: 20 is more than max_tokens"),
+    ({"extra_body": {"cache_salt": ""}}, 400, "cache_salt: String should have at least 1 character"),
+    ({"extra_body": {"cache_prompt": "maybe"}}, 400, "cache_prompt: Input should be a valid boolean"),
     ({"model": "gpt-4"}, 404, "model: 'gpt-4' is not served here"),
 ]
 

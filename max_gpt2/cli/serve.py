@@ -18,11 +18,13 @@ step of those decoding (in-flight batching). MAX serves float32 on CPU; bfloat16
 GPUs; on a CPU `--weight-format` stores the projections and the LM head in a packed
 format (`max_gpt2.model.formats`), converted once into the weights cache. Started
 with `--enable-echo`, the server answers `echo` (the prompt's log-probabilities, what
-lm-evaluation-harness scores with); prefix caching is off, since echo needs every prompt
-token computed. If MAX's model worker dies the server exits non-zero and says why. MAX's
-server leaves its ZMQ sockets in the temporary directory when it stops; it gets a
-directory of its own (`TMPDIR`, where the metrics socket lies too), removed once the
-server is gone. With `--explorer` the head explorer is served at /explore/ beside the API.
+lm-evaluation-harness scores with). MAX's prefix cache keeps each prompt's full pages of keys
+and values for later prompts that begin alike (off with `--no-enable-prefix-caching`); a
+request for its prompt's log-probabilities reads none of them. If MAX's model worker dies the
+server exits non-zero and says why. MAX's server leaves its ZMQ sockets in the temporary
+directory when it stops; it gets a directory of its own (`TMPDIR`, where the metrics socket
+lies too), removed once the server is gone. With `--explorer` the head explorer is served at
+/explore/ beside the API.
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ def serve_command(
         f"--port={args.port}",
         *([f"--chat-template={chat_template}"] if chat_template else []),
         "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
-        "--no-enable-prefix-caching",  # a cached prefix would have no log-probabilities to echo
+        # A prompt's full pages kept for later prompts that begin alike (MAX's prefix cache); a request
+        # for the prompt's log-probabilities reads none of them (`max_gpt2.serving.tokenizer`).
+        "--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching",
         "--enable-in-flight-batching",  # a new prompt joins the running decodes' step, not stalls them
         *([f"--max-batch-size={args.max_batch_size}"] if args.max_batch_size is not None else []),
     ]

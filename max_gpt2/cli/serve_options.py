@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "on a CPU: the same output, faster where text repeats its input (default: none)",
     )
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep prompts' keys and values in MAX's paged cache for later requests that begin alike, "
+        "which then prefill only what follows (default: on; --no-enable-prefix-caching turns it off)",
+    )
+    parser.add_argument(
         "--chat-template",
         metavar="FILE_OR_NAME",
         help="render /v1/chat/completions' messages with this Jinja file or built-in template (chatml) "

@@ -21,11 +21,13 @@ from max.pipelines.modeling.types import TextGenerationRequest
 
 @dataclass(frozen=True)
 class GPT2Request(TextGenerationRequest):
-    """MAX's request, with `logit_bias`: token id -> what its logit gains (OpenAI's, -100 to 100), and
-    `constraint`: (kind, source) of the text's `Constraint`, or None."""
+    """MAX's request, with `logit_bias`: token id -> what its logit gains (OpenAI's, -100 to 100),
+    `constraint`: (kind, source) of the text's `Constraint`, or None, and `cache_prompt`
+    (llama-server's): whether the prompt may read pages MAX's prefix cache kept."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
+    cache_prompt: bool = True
 
 
 @dataclass(kw_only=True)

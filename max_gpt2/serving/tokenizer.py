@@ -8,7 +8,8 @@ as text or as ids, so this is where they are checked: each id inside the model's
 vocabulary (the embedding's gather has no other guard), at least one token, and
 room in the context for a new one. `echo` with `logprobs` asks for the prompt's
 log-probabilities, which need every token's logits: a server started without
-`--enable-echo` would fail on it inside the worker too. MAX's own checks here
+`--enable-echo` would fail on it inside the worker too; such a request reads no page MAX's prefix
+cache kept (`reads_cached_prompt`), as it would have no logits for those tokens. MAX's own checks here
 raise ValueError, which its route answers with "Value error." alone: they are
 passed on as an `InputError`, so the client reads what was wrong. The context it makes is a
 `GPT2Context`, carrying a `GPT2Request`'s `logit_bias` and constraint to the worker
@@ -30,7 +31,7 @@ from max.pipelines.modeling.types import TextGenerationRequest
 from max_gpt2.inference.constraints import GrammarEngine
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.serving.context import GPT2Context
+from max_gpt2.serving.context import GPT2Context, GPT2Request
 
 
 class GPT2TextTokenizer(TextTokenizer):
@@ -63,7 +64,10 @@ class GPT2TextTokenizer(TextTokenizer):
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
-        return GPT2Context.of(context, request)
+        context = GPT2Context.of(context, request)
+        if not reads_cached_prompt(request):
+            context.cache_salt = f"unshared {request.request_id}"  # no other request's pages match it
+        return context
 
     def check_ids(self, ids: Sequence[int] | np.ndarray) -> None:
         """Refuses a prompt of no tokens, of an id outside the vocabulary, or too long to add one."""
@@ -81,3 +85,11 @@ class GPT2TextTokenizer(TextTokenizer):
                 f"prompt: {ids.size} tokens leave no room for a new one in the model's maximum context "
                 f"length of {self.n_positions}"
             )
+
+
+def reads_cached_prompt(request: TextGenerationRequest) -> bool:
+    """Whether a request's prompt may start past pages MAX's prefix cache kept: not where it asks for the
+    prompt's log-probabilities (`echo` with `logprobs`: a kept page has no logits; vLLM reads none
+    for `prompt_logprobs` either), nor where it asks not to (llama-server's `cache_prompt: false`)."""
+    echoes = bool(request.echo and request.logprobs)
+    return not echoes and (not isinstance(request, GPT2Request) or request.cache_prompt)

@@ -259,14 +259,16 @@ def counts(choices: Sequence[Choice], asked: Asked) -> tuple[int, int]:
 
 
 def usage(choices: Sequence[Choice], asked: Asked) -> dict[str, Any]:
-    """OpenAI's `usage`: each prompt's tokens once, however many choices it has, and every choice's."""
+    """OpenAI's `usage`: each prompt's tokens once, however many choices it has, and every choice's; of
+    the prompt tokens, those read from MAX's prefix cache (its first choice's)."""
     prompt = sum(len(choice.prompt) for choice in choices[:: asked.n])
+    cached = sum(choice.cached for choice in choices[:: asked.n])
     made = sum(choice.made for choice in choices)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": made,
         "total_tokens": prompt + made,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

@@ -81,6 +81,7 @@ class Choice:
         self.cut = StopCut(rules.stop, rules.keep, rules.min_tokens)
         self.prompt: tuple[Token, ...] = ()  # with the prompt's log-probabilities where `echo` asked
         self.made = 0  # tokens kept, for `usage`
+        self.cached = 0  # prompt tokens MAX's prefix cache held (`usage.prompt_tokens_details`)
         self._ended = False  # the engine said the request is done (else the worker is told to stop)
 
     @classmethod
@@ -102,6 +103,7 @@ class Choice:
                     prompt = [] if given is None else [int(token) for token in given]
                     decoder = Decoder(tokenizer_of(self.engine), prompt)
                     self.prompt = self._prompt_tokens(prompt, output)
+                    self.cached = output.cached_token_count or 0  # the first output alone carries it
                 chunk = self._chunk(output, decoder)
                 yield chunk
                 if chunk.finish is not None:

@@ -21,14 +21,11 @@ from max_gpt2.max_internals import error_body
 NO_EFFECT: dict[str, tuple[Any, str]] = {
     "user": (str, "an end-user id OpenAI keeps for abuse monitoring; nothing here reads it"),
     "reasoning_split": (bool, "GPT-2 writes no reasoning to split off"),
-    "cache_salt": (
-        str,
-        "isolates prefix-cache entries, and prefix caching is off (echo needs every prompt token)",
-    ),
     "metadata": (dict[str, Any], "tags OpenAI keeps with stored completions; nothing is stored here"),
     "service_tier": (str, "there is one tier here"),
     "parallel_tool_calls": (bool, "no tools are called here"),
 }
+CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
 # Fields refused unless left unset (null, false, or the empty value given): why, per field.
 REFUSED = {
     "suffix": "GPT-2 writes left to right and cannot insert text before a suffix",
@@ -126,6 +123,8 @@ class Sampling(Ignored, Constrained):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX)
+    cache_prompt: bool = True
 
 
 class CompletionRequest(Sampling):

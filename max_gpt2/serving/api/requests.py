@@ -45,7 +45,8 @@ RANGES: dict[str, tuple[float, float]] = {
 class Asked:
     """One request's choices, checked: `n` a prompt, what each samples with, how each ends (`rules`),
     the alternatives a token it reports (`logprobs`, None: no log-probabilities), `echo`,
-    `logit_bias` by id, and what its text must be (`constraint`, None: free)."""
+    `logit_bias` by id, what its text must be (`constraint`, None: free), and which cached prompt pages
+    it may read (`cache_salt`, `cache_prompt`)."""
 
     n: int
     sampling: SamplingParamsInput
@@ -58,6 +59,8 @@ class Asked:
     return_token_ids: bool
     constraint: Constraint | None = None
     constraint_field: str | None = None  # the request field it came from
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached pages
+    cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
 
     def request(
         self,
@@ -88,6 +91,8 @@ class Asked:
             sampling_params=sampling,
             logit_bias=self.logit_bias or None,
             constraint=None if self.constraint is None else (self.constraint.kind, self.constraint.source),
+            cache_salt=self.cache_salt,
+            cache_prompt=self.cache_prompt,
         )
 
 
@@ -150,6 +155,8 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         return_token_ids=bool(body.return_token_ids),
         constraint=constraint,
         constraint_field=constraint_field,
+        cache_salt=body.cache_salt,
+        cache_prompt=body.cache_prompt,
     )
 
 

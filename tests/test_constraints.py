@@ -134,6 +134,43 @@ def test_a_constraint_that_cannot_finish_runs_to_the_length(lm_and_tokenizer):
     assert not ended and re.fullmatch("[a-z]+", text) and len(out[0]) == ids.shape[1] + 6
 
 
+def test_drafted_tokens_are_kept_only_where_the_constraint_allows_them(lm_and_tokenizer):
+    """Prompt lookup under a constraint: the text is the text without drafts, some drafts kept."""
+    lm, tokenizer = lm_and_tokenizer
+    constraint = Constraint.regex("[a-z ]{1,80}")
+    options = {"constraint": constraint, "eos_token_id": EOS, "tokenizer": tokenizer}
+    ids = np.array([tokenizer.encode("the cat the cat the cat the cat").ids])
+    plain = lm.generate(ids, 30, **options)
+    steps = lm.stream(ids, 30, prompt_lookup_num_tokens=4, **options)
+    drafted = np.concatenate([ids[0], [int(step.tokens[0]) for step in steps]])
+    np.testing.assert_array_equal(drafted, plain[0, : len(drafted)])
+    assert len(drafted) == len(plain[0]) or drafted[-1] == EOS
+    assert steps.drafts.accepted > 0
+
+
+def test_looking_ahead_fills_each_drafted_position_and_leaves_the_matcher_as_it_was(lm_and_tokenizer):
+    """`RowGuide.ahead`: the allowed prefix of a draft, each position's mask as after accepting the tokens
+    before it, the matcher rolled back (its next mask unchanged)."""
+    from max_gpt2.inference.constraints import GrammarEngine
+
+    _, tokenizer = lm_and_tokenizer
+    engine = GrammarEngine(tokenizer, LM.vocab_size, [EOS])
+    guide = engine.row(Constraint.choice(["ab", "ba"]))
+    a, b = (tokenizer.token_to_id(letter) for letter in "ab")
+    before = guide.mask(np.zeros(LM.vocab_size))
+    bitmask = np.full((4, engine.words), -1, dtype=np.int32)
+    assert guide.ahead([a, b, EOS], bitmask) == 3
+    assert guide.ahead([a, a, EOS]) == 1
+    np.testing.assert_array_equal(guide.mask(np.zeros(LM.vocab_size)), before)
+    walked = engine.row(Constraint.choice(["ab", "ba"]))
+    for index, token in enumerate([a, b, EOS]):
+        allowed = walked.mask(np.zeros(LM.vocab_size)) == 0
+        assert (
+            np.unpackbits(bitmask[index].view(np.uint8), bitorder="little")[: LM.vocab_size] == allowed
+        ).all()
+        walked.accept(token)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -145,8 +182,7 @@ def test_a_constraint_that_cannot_finish_runs_to_the_length(lm_and_tokenizer):
         ({"constraint": [Constraint.regex("a")] * 3}, "constraint: one a prompt, for 2 prompts; got 3"),
         ({"constraint": "a"}, "constraint must be a Constraint or a list of them"),
         ({"constraint": Constraint.regex("a"), "min_new_tokens": 2}, "which min_new_tokens would forbid"),
-        ({"constraint": Constraint.regex("a"), "num_beams": 2}, "constraint takes neither num_beams"),
-        ({"constraint": Constraint.regex("a"), "prompt_lookup_num_tokens": 2}, "nor speculative decoding"),
+        ({"constraint": Constraint.regex("a"), "num_beams": 2}, "constraint does not take num_beams > 1"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_before_any_step(lm_and_tokenizer, options, message):

@@ -125,6 +125,40 @@ def test_greedy_constrained_completions_and_chats_are_what_lm_generate_gives(ser
     assert chat.choices[0].finish_reason == "stop" and valid_json(chat.choices[0].message.content, short)
 
 
+def test_drafts_under_a_constraint_keep_what_lm_generate_gives(served_lm, served_model):
+    """The server drafts by prompt lookup (`--prompt-lookup 8`) for constrained requests too: each draft
+    cut where the constraint forbids it and each position masked. A prompt that repeats itself, held
+    to a pattern, alone and beside a free request and another pattern, gets `lm.generate`'s tokens,
+    and the log says drafted tokens were kept."""
+    server, (lm, tokenizer) = served_lm, served_model
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    prompts = ["the cat the cat the cat the cat", "the cat the cat the cat the cat", PROMPT]
+    patterns = ["[a-z ]{1,30}", None, "[a-z ]{1,20}"]
+    expected = []
+    for prompt, pattern in zip(prompts, patterns, strict=True):
+        ids = tokenizer.encode(prompt).ids
+        constraint = Constraint.regex(pattern) if pattern else None
+        new = lm.generate(np.array([ids]), 32, constraint=constraint, eos_token_id=eos, tokenizer=tokenizer)
+        new = new[0, len(ids) :].tolist()
+        expected.append(new[: new.index(eos) + 1] if eos in new else new)
+
+    def request(i: int) -> list[int]:
+        fields = {"structured_outputs": {"regex": patterns[i]}} if patterns[i] else {}
+        answer = client(server).completions.create(
+            model="gpt2", prompt=prompts[i], max_tokens=32, temperature=0,
+            extra_body={"return_token_ids": True, **fields},
+        )  # fmt: skip
+        return served(answer.choices[0]).ids
+
+    logged = len(server.log.read_text(errors="replace"))
+    assert request(0) == expected[0]
+    lines = server.log.read_text(errors="replace")[logged:].splitlines()
+    kept = [int(line.split(" kept ")[1].split()[0]) for line in lines if "prompt lookup: request" in line]
+    assert any(kept), server.tail(40)  # the constrained request alone drafted, and kept some
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        assert list(pool.map(request, range(len(prompts)))) == expected
+
+
 def test_a_constraint_that_cannot_finish_ends_at_the_length(served_lm):
     server = served_lm
     answer = client(server).completions.create(

@@ -163,6 +163,32 @@ class RowGuide:
         if self.utf8 < 0 or (not self.matcher.is_terminated() and not self.matcher.accept_token(int(token))):
             raise RuntimeError(f"token {int(token)} breaks the constraint")
 
+    def ahead(self, tokens: Sequence[int], bitmask: np.ndarray | None = None) -> int:
+        """How many of `tokens` (a draft), one after another, the constraint allows from here; with
+        `bitmask` (int32 [S, words], S > that many), its row i filled with what may follow the first i
+        of them. The matcher is rolled back to where it was: only chosen tokens advance it."""
+        utf8, accepted, allowed = self.utf8, 0, 0
+        try:
+            for token in tokens:
+                if bitmask is not None:
+                    self.fill(bitmask, allowed)
+                following = int(self.engine.utf8.following[self.utf8, token])
+                if following < 0:
+                    break
+                if not self.matcher.is_terminated():
+                    if not self.matcher.accept_token(int(token)):
+                        break
+                    accepted += 1
+                self.utf8, allowed = following, allowed + 1
+            else:
+                if bitmask is not None and allowed < len(bitmask):
+                    self.fill(bitmask, allowed)
+        finally:
+            if accepted:
+                self.matcher.rollback(accepted)
+            self.utf8 = utf8
+        return allowed
+
 
 def blocked(scores: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
     """`scores` (float [rows, V]) at the lowest float32 where `bitmask` (int32 [rows, words], bit i of a

@@ -113,7 +113,7 @@ def check_options(
             "speculative decoding (prompt_lookup_num_tokens, assistant_model) takes neither num_beams > 1 "
             "nor context_overflow='shift'"
         )
-    constraint = _constraint(constraint, tokenizer, min_new, beams, drafter)
+    constraint = _constraint(constraint, tokenizer, min_new, beams)
     if constraint is not None and not eos:  # a complete text ends on end-of-text: the model's own
         eos = config.stop_token_ids
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else None)
@@ -124,7 +124,7 @@ def check_options(
 
 
 def _constraint(
-    constraint: Any, tokenizer: Tokenizer | None, min_new: int, beams: int, drafter: Drafter | None
+    constraint: Any, tokenizer: Tokenizer | None, min_new: int, beams: int
 ) -> Constraint | tuple[Constraint | None, ...] | None:
     """`constraint` checked: one `Constraint`, or a sequence of them (None: a free prompt), or None."""
     if constraint is None or isinstance(constraint, Constraint):
@@ -143,11 +143,8 @@ def _constraint(
         raise ValueError("constraint needs the tokenizer whose tokens spell the text: pass tokenizer=")
     if min_new:
         raise ValueError("constraint ends a row once its text is complete, which min_new_tokens would forbid")
-    if beams > 1 or drafter is not None:
-        raise ValueError(
-            "constraint takes neither num_beams > 1 nor speculative decoding (prompt_lookup_num_tokens, "
-            "assistant_model)"
-        )
+    if beams > 1:
+        raise ValueError("constraint does not take num_beams > 1: beams reordered would each need a matcher")
     return given
 
 

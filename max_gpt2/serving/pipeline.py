@@ -30,7 +30,9 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
   a step checks every request's drafted tokens with its last one and keeps what the
   model chooses (`max_gpt2.serving.drafts`), where no request of the step has its
   logits penalised or end-of-text banned, and while drafted runs of as many requests
-  have made more tokens a second than runs without (`RunRates`).
+  have made more tokens a second than runs without (`RunRates`); a constrained
+  request's draft is cut where its constraint forbids it and each position masked
+  (`max_gpt2.serving.constraints`).
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def needs_controls(context: TextContext) -> bool:
 
 
 def edits_logits(context: TextContext) -> bool:
-    """Whether the pipeline edits `context`'s next logits: its controls, or its constraint's mask
-    (`max_gpt2.serving.constraints`). Such a request's step drafts nothing."""
+    """Whether the pipeline edits `context`'s next logits: its controls (then its step drafts nothing),
+    or its constraint's mask (`max_gpt2.serving.constraints`)."""
     return needs_controls(context) or constraint_of(context) is not None
 
 
@@ -149,8 +151,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         for penalties or a minimum length, and masked where it has a constraint: MAX's sampler and our
         argmax both pick from those."""
         outputs = super()._launch_forward_pass(curr_step_inputs, flat_batch, step)
-        if not any(edits_logits(context) for context in flat_batch):
-            return outputs
+        if isinstance(curr_step_inputs, CheckedDrafts) or not any(edits_logits(c) for c in flat_batch):
+            return outputs  # a run of drafts is masked where its tokens are chosen (`_check_drafts`)
         last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
         assert last_rows is not None
         rows = np.array(last_rows.to(CPU()).to_numpy())  # [R, V], ours to edit
@@ -197,8 +199,16 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         """The tokens each request gets from one run of the model: its argmax, and where it drafts, the
         drafted tokens the model chose too, each followed by the argmax after it."""
         started, drafts = time.perf_counter(), []  # a drafted run's time includes looking its drafts up
-        if self._drafts and decoding and not any(edits_logits(context) for context in contexts):
-            drafts = self._drafts.propose(contexts) if self._drafts.rates.drafting(len(contexts)) else []
+        if (
+            self._drafts
+            and decoding
+            and not any(needs_controls(context) for context in contexts)
+            and self._drafts.rates.drafting(len(contexts))
+        ):
+            drafts = [  # a constrained request's cut at its first token the constraint forbids
+                self._constraints.allowed(context, draft) if len(draft) and constraint_of(context) else draft
+                for context, draft in zip(contexts, self._drafts.propose(contexts), strict=True)
+            ]
         if any(len(draft) for draft in drafts):
             tokens = self._check_drafts(model_inputs, contexts, drafts, step)
         else:
@@ -230,7 +240,13 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
             kv_cache_inputs=model_inputs.kv_cache_inputs,
         )
         logits = self._launch_forward_pass(checked, contexts, step).logits.to_numpy()  # [R * S, V]
-        chosen = np.argmax(logits, axis=-1).reshape(len(contexts), size)
+        runs = logits.reshape(len(contexts), size, -1)  # [R, S, V]
+        chosen = np.stack(
+            [
+                np.argmax(self._constraints.mask_run(c, draft, run) if constraint_of(c) else run, axis=-1)
+                for run, c, draft in zip(runs, contexts, drafts, strict=True)
+            ]
+        )
         return [self._drafts.keep(*each) for each in zip(contexts, drafts, chosen, strict=True)]
 
     def release(self, request_id: Any) -> None:

@@ -44,7 +44,7 @@ from max_gpt2.model.formats import format_named
 checkpoint, weight_format = open_checkpoint(sys.argv[1]), format_named(sys.argv[2])
 options = LMOptions.check("cpu", "float32", None, weight_format)
 def variants(graphs):
-    return (*graphs.prompt_variants(), graphs.step_variant)
+    return graphs.prompt_variant, graphs.step_variant
 """
 PARTS = {
     "imports": (

@@ -15,13 +15,12 @@ from max.experimental.nn import Module, ModuleList
 from max.experimental.tensor import Tensor, TensorType
 
 from max_gpt2 import GPT2Config, load_lm, reference
-from max_gpt2.inference.devices import bfloat16_pairs, host_array, packed_buffer, weight_buffers
+from max_gpt2.inference.devices import host_array, packed_buffer, weight_buffers
 from max_gpt2.model.checkpoints.stored_weights import aliases, pack, unpack
 from max_gpt2.model.formats import FORMATS, NAMED, MixedFormat, TensorFormat, format_named, mixed
 from max_gpt2.model.formats.block_quants import BLOCK, Q4_0_CODE, Q8_0_CODE, quantize_q4_0, quantize_q8_0
 from max_gpt2.model.formats.blocks import FieldBlockFormat
 from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from max_gpt2.model.formats.format import UNPACKED_PROMPT_ROWS
 from max_gpt2.model.formats.kernel_layout import (
     GROUP,
     deinterleave_bfloat16,
@@ -30,7 +29,6 @@ from max_gpt2.model.formats.kernel_layout import (
     interleave_blocks,
 )
 from max_gpt2.model.layers.packed_linear import PackedEmbedding
-from max_gpt2.model.layers.variants import PLAIN
 from max_gpt2.model.parameters import is_packed, model_parameter_shapes, stored_name
 from tests.support import LM, LM_ONE_LAYER, LM_SUPER, prompt_and_steps
 
@@ -341,23 +339,6 @@ def test_the_model_in_each_format_tracks_the_reference(compiled_lm, lm_weights, 
         expected = reference.lm_logits_and_largest_score(ids, parameters, config)[0]
         error = np.abs(got - expected).max() / np.abs(expected).max()
         assert error <= tolerance[format], error
-
-
-def test_a_long_bfloat16_prompt_runs_where_it_is_fastest_and_tracks_the_reference(compiled_lm, lm_weights):
-    """From `UNPACKED_PROMPT_ROWS` rows a bfloat16 prompt on a CPU without bfloat16 pairs runs MAX's matmul
-    on the weights unpacked (the plain graph), elsewhere the kernels; either way its logits, and the
-    steps after it (the kernels'), track the reference on the stored weights."""
-    lm, weights = compiled_lm(LM, weights="bfloat16"), lm_weights(LM)
-    rows = (2, UNPACKED_PROMPT_ROWS // 2 + 3)  # the prompt: 2 x 35 rows
-    assert (lm.graph.prompt_for(rows[0] * rows[1]) is PLAIN) == (not bfloat16_pairs())
-    assert lm.graph.prompt_for(UNPACKED_PROMPT_ROWS - 1) is lm.graph.prompt_variant  # short ones: kernels
-    stored = unpack(
-        pack(weights, format_named("bfloat16")), format_named("bfloat16"), model_parameter_shapes(LM)
-    )
-    ids = np.random.default_rng(6).integers(0, LM.vocab_size, (rows[0], rows[1] + 2))
-    got = prompt_and_steps(lm, ids, rows[1])
-    expected = reference.lm_logits_and_largest_score(ids, stored, LM)[0]
-    assert np.abs(got - expected).max() / np.abs(expected).max() <= ON_STORED_WEIGHTS["bfloat16"]
 
 
 def test_load_lm_refuses_an_unknown_format_before_reading(tmp_path):

@@ -76,7 +76,7 @@ class ExplorerApp:
         graphs = lm.graph
         what = "compiling GPT-2's generation graphs, for continuations"
         with step(progress, what):
-            graphs.compile(*graphs.prompt_variants(), graphs.step_variant)
+            graphs.compile(graphs.prompt_variant, graphs.step_variant)
         return cls(lm, prefix)
 
     def handle(self, method: str, path: str, query: str, body: bytes) -> Response:

@@ -12,7 +12,6 @@ boundary as float32 (rounded on the way in, widened on the way out);
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 from max.driver import CPU, Accelerator, Buffer, Device, accelerator_count
@@ -65,17 +64,6 @@ def device_name(device: Device) -> str:
 def kernels_run_on(device: Device, dtype: DType) -> bool:
     """Whether the Mojo decoding kernels (`max_gpt2.kernels`) serve `device` in `dtype`: the CPU, float32."""
     return device.is_host and dtype == DType.float32
-
-
-def bfloat16_pairs() -> bool:
-    """Whether this CPU multiplies bfloat16 pairs itself (x86's AVX-512 BF16, `vdpbf16ps`), as the
-    bfloat16 kernels then do (`kernels/bfloat16_products.mojo`'s `BF16_PAIRS`); read from Linux's
-    /proc/cpuinfo (elsewhere: no)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return False
-    return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in lines)
 
 
 def gpu_of(device: Device) -> GPU | None:

@@ -133,8 +133,7 @@ class CompiledLM(CompiledModel):
             check_left_padding(mask)
         cache.attention_mask = mask
         logit_index = np.arange(seq_len) if all_logits else np.array([seq_len - 1])
-        variant = self.graph.prompt_for(ids.size)
-        logits = self._run(variant, ids, position_ids(mask), mask, logit_index, cache)
+        logits = self._run(self.graph.prompt_variant, ids, position_ids(mask), mask, logit_index, cache)
         return logits if all_logits else logits[:, 0]
 
     def decode_step(self, tokens: Any, cache: KVCache) -> np.ndarray:
@@ -224,7 +223,7 @@ class CompiledLM(CompiledModel):
         batch, seq_len = ids.shape
         logit_index = np.arange(first - 1, seq_len - 1)  # position t - 1 predicts token t
         cache = self.new_cache(batch, seq_len)
-        variant = self.graph.scoring(ranked, ids.size)
+        variant = self.graph.scoring(ranked)
         return self._run(variant, ids, position_ids(mask), mask, logit_index, cache)
 
     # Generation and scoring are written on the steps above (`max_gpt2.inference.generation`,

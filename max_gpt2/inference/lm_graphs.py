@@ -14,8 +14,7 @@
 (`max_gpt2.model.layers.variants` says what each computes.) Packed weights run prompts through the
 kernels as well: one graph per format, the same arithmetic for a prompt's logits as for a step's
 (as llama.cpp, q8_0 and q4_0 quantize the activations of both), at about the speed of MAX's
-matmul on unpacked weights (docs/performance.md), but for long bfloat16 prompts on a CPU without
-bfloat16 instructions, which run the plain graph on W unpacked (`prompt_for`).
+matmul on unpacked weights (docs/performance.md).
 
 Every model variant takes the same inputs (`max_gpt2.inference.lm_trace`, which traces them), the KV
 cache in the compute dtype or float16 (`kv_cache="float16"` with float32 compute, and by default
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from max_gpt2.inference.artifacts import ArtifactCache
 from max_gpt2.inference.compiled import GraphVariants
-from max_gpt2.inference.devices import bfloat16_pairs, gpu_of
+from max_gpt2.inference.devices import gpu_of
 from max_gpt2.inference.lm_options import LMOptions
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.gpu_limits import check_compiles
@@ -68,24 +67,11 @@ class LMGraphs(GraphVariants):
         self.config, self.options = config, options
         self.step_variant = DECODE if options.kernels else PLAIN
         self.prompt_variant = self.step_variant if options.weight_format.kernels_only else PLAIN
-        self.pairs = options.kernels and bfloat16_pairs()  # the CPU's, for `prompt_for`
 
-    def prompt_for(self, rows: int) -> Variant:
-        """The variant a prompt of `rows` rows (batch x tokens) runs: `prompt_variant`, or where its format
-        says MAX's matmul on unpacked weights is the faster at that many rows on this CPU
-        (`WeightFormat.unpacks_prompt`), the plain one."""
-        if self.prompt_variant.kernels and self.options.weight_format.unpacks_prompt(rows, self.pairs):
-            return PLAIN
-        return self.prompt_variant
-
-    def prompt_variants(self) -> list[Variant]:
-        """Every variant prompts may run here: the kernels' and, where long ones are unpacked, the plain."""
-        return list(dict.fromkeys([self.prompt_variant, self.prompt_for(self.config.n_positions)]))
-
-    def scoring(self, ranked: bool = False, rows: int = 1) -> Variant:
-        """The prompt variant for `rows` rows (`prompt_for`) returning the next tokens' log-probabilities,
-        and with `ranked` the likeliest tokens' too."""
-        return Variant(Head.RANKED if ranked else Head.SCORES, self.prompt_for(rows).kernels)
+    def scoring(self, ranked: bool = False) -> Variant:
+        """The prompt variant returning the next tokens' log-probabilities, and with `ranked` the likeliest
+        tokens' too."""
+        return Variant(Head.RANKED if ranked else Head.SCORES, self.prompt_variant.kernels)
 
     def _trace(self, variant: Variant | CacheReorder) -> Graph:
         # MAX's graph-building modules take about a second to import: only a process that traces imports

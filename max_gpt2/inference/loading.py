@@ -157,7 +157,7 @@ def compiled_with(
     """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
     weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
     what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    variants = [ATTENTIONS] if output_attentions else [*graph.prompt_variants(), graph.step_variant]
+    variants = [ATTENTIONS] if output_attentions else [graph.prompt_variant, graph.step_variant]
     kept = graph.kept(*variants)
     if progress is not None and not kept:
         progress.note(

@@ -21,10 +21,6 @@ from max_gpt2.model.formats.dtypes import bfloat16_bits_to_float32, float32_to_b
 from max_gpt2.model.formats.kernel_layout import CHUNK, GROUP, deinterleave_bfloat16, interleave_bfloat16
 from max_gpt2.model.parameters import is_packed
 
-UNPACKED_PROMPT_ROWS = (
-    64  # bfloat16 prompt rows from which MAX's matmul may beat the kernels: `unpacks_prompt`
-)
-
 
 class Stored(NamedTuple):
     """One array a linear layer binds in a format: its shape, NumPy dtype and the dtype MAX reads it as."""
@@ -65,11 +61,6 @@ class WeightFormat(ABC):
         """Whether the array bound as `name` is in this format's own dtypes (a packed weight or its
         scales) rather than float32."""
         return self.kernels_only and (is_packed(name) or name.endswith(".scales"))
-
-    def unpacks_prompt(self, rows: int, bfloat16_pairs: bool) -> bool:
-        """Whether a prompt of `rows` rows (batch x tokens) runs faster on MAX's matmul over the weights
-        unpacked to float32 than through the kernels, on a CPU with or without `bfloat16_pairs`."""
-        return False
 
     @property
     def half_cache(self) -> bool:
@@ -194,8 +185,3 @@ class BFloat16Format(TensorFormat):
 
     def unpack(self, arrays: dict[str, np.ndarray], out_dim: int, in_dim: int) -> np.ndarray:
         return bfloat16_bits_to_float32(deinterleave_bfloat16(arrays["weight"], out_dim, in_dim))
-
-    def unpacks_prompt(self, rows: int, bfloat16_pairs: bool) -> bool:
-        # Without the CPU's bfloat16 pairs the kernels widen W at every multiply-add: from 64 rows
-        # MAX's float32 matmul on W widened once is the faster (docs/performance.md).
-        return not bfloat16_pairs and rows >= UNPACKED_PROMPT_ROWS

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from max_gpt2 import Constraint, Sampler, load_tokenizer
 from max_gpt2.inference import utf8
+from max_gpt2.inference.constraints import GrammarEngine, GrammarEngines
 from max_gpt2.inference.tokenizer import token_bytes
 from tests.support import LM
 
@@ -148,11 +149,29 @@ def test_drafted_tokens_are_kept_only_where_the_constraint_allows_them(lm_and_to
     assert steps.drafts.accepted > 0
 
 
+def test_a_models_grammar_engines_are_made_once_each_and_the_last_few_kept(lm_and_tokenizer):
+    """`lm.grammars`: the engine for a tokenizer and stop ids is made once and used by every constrained
+    call; a new tokenizer or stop ids make another, and past `KEPT` the least recently used goes."""
+    lm, tokenizer = lm_and_tokenizer
+    ids = np.array([tokenizer.encode("The cat").ids])
+    options = {"constraint": Constraint.regex("[a-c]{2}"), "eos_token_id": EOS, "tokenizer": tokenizer}
+    lm.generate(ids, 4, **options)
+    engine = lm.grammars.engine(tokenizer, [EOS])
+    out = lm.generate(ids, 4, **options)
+    assert lm.grammars.engine(tokenizer, [EOS]) is engine
+    assert re.fullmatch("[a-c]{2}", texts(tokenizer, out, ids.shape[1])[0][0])
+    grammars = GrammarEngines(LM.vocab_size)
+    first = grammars.engine(tokenizer, [EOS])
+    assert grammars.engine(tokenizer, [EOS]) is first and grammars.engine(tokenizer, [EOS, 5]) is not first
+    for stop in range(6, 6 + GrammarEngines.KEPT - 1):
+        grammars.engine(tokenizer, [stop])
+    assert grammars.engine(tokenizer, [EOS, 5]) is not None and len(grammars.made) == GrammarEngines.KEPT
+    assert grammars.engine(tokenizer, [EOS]) is not first  # the least recently used went
+
+
 def test_looking_ahead_fills_each_drafted_position_and_leaves_the_matcher_as_it_was(lm_and_tokenizer):
     """`RowGuide.ahead`: the allowed prefix of a draft, each position's mask as after accepting the tokens
     before it, the matcher rolled back (its next mask unchanged)."""
-    from max_gpt2.inference.constraints import GrammarEngine
-
     _, tokenizer = lm_and_tokenizer
     engine = GrammarEngine(tokenizer, LM.vocab_size, [EOS])
     guide = engine.row(Constraint.choice(["ab", "ba"]))

@@ -27,7 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from max_gpt2.inference.beam_search import beam_search
-from max_gpt2.inference.constraints import Constraint, GrammarEngine, Guide
+from max_gpt2.inference.constraints import Constraint, Guide
 from max_gpt2.inference.context_shift import kept_tail
 from max_gpt2.inference.drafting import DraftCounts, Speculation
 from max_gpt2.inference.generation_options import Options, check_options
@@ -149,7 +149,7 @@ def _guide(lm: Steps, options: Options, rows: int) -> Guide | None:
     if len(per_prompt) * repeats != rows:
         raise ValueError(f"constraint: one a prompt, for {rows // repeats} prompts; got {len(per_prompt)}")
     assert options.tokenizer is not None  # `check_options` refuses a constraint without one
-    engine = GrammarEngine(options.tokenizer, lm.config.vocab_size, options.eos)
+    engine = lm.grammars.engine(options.tokenizer, options.eos)
     return engine.guide([c for c in per_prompt for _ in range(repeats)])
 
 

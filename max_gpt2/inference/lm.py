@@ -35,6 +35,7 @@ come from a variant of the graph that also outputs them, compiled the first time
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference import generation, scoring
 from max_gpt2.inference.compiled import CompiledModel
+from max_gpt2.inference.constraints import GrammarEngines
 from max_gpt2.inference.devices import gpu_of, weight_buffers
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.inference.lm_graphs import LMGraphs
@@ -62,7 +64,8 @@ class CompiledLM(CompiledModel):
     """GPT-2 compiled for one device and dtype, with one checkpoint's weights bound.
 
     `tokenizer` is the checkpoint's where `load_lm` found one (None otherwise,
-    and after `with_weights`); `perplexity` reads text with it. `weight_format`
+    and after `with_weights`); `perplexity` reads text with it. `grammars` makes the
+    engines constraints need, each once (`max_gpt2.inference.constraints`). `weight_format`
     is how the projections and the LM head are stored (`max_gpt2.model.formats`):
     the float32 weights bound are packed into it here. `kv_dtype` is the KV cache's
     dtype: the compute dtype, or float16 (`kv_cache="float16"`).
@@ -70,6 +73,10 @@ class CompiledLM(CompiledModel):
 
     graph: LMGraphs
     tokenizer: Tokenizer | None = None
+
+    @cached_property
+    def grammars(self) -> GrammarEngines:
+        return GrammarEngines(self.config.vocab_size)
 
     @property
     def weight_format(self) -> WeightFormat:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from max_gpt2.inference.constraints import GrammarEngines
 from max_gpt2.inference.kv_cache import KVCache
 from max_gpt2.model.config import GPT2Config
 
@@ -27,6 +28,7 @@ class Steps(Protocol):
 
     config: GPT2Config
     tokenizer: Tokenizer | None
+    grammars: GrammarEngines  # constraints' engines, each made once (`max_gpt2.inference.constraints`)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache: ...
 

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from max_gpt2 import Constraint, Sampler, load_tokenizer
@@ -215,16 +215,31 @@ def test_a_choice_list_is_checked():
         Constraint.choice("yes")
 
 
+def decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=12))
+@example(b"\xed\xa0")  # a surrogate's start: Python's decoder waits, no byte can finish it
 def test_the_utf8_states_agree_with_pythons_decoder(data):
     """`utf8.after` against Python's own decoder: a boundary where the bytes decode, inside a character
-    where they are a valid start of more, -1 where no continuation could make them valid."""
+    where they are a valid start of more, -1 where no continuation could make them valid. Python's
+    incremental decoder waits on some starts no byte can finish (a surrogate's `ED A0`): those count
+    as inside only where a continuation (a first byte of 80-BF, then 80s) decodes."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         decoder.decode(data, final=False)
         state = "inside" if decoder.getstate()[0] else "boundary"
     except UnicodeDecodeError:
+        state = "broken"
+    if state == "inside" and not any(
+        decodes(data + bytes([first]) + b"\x80" * more) for first in range(0x80, 0xC0) for more in range(3)
+    ):
         state = "broken"
     got = utf8.after(0, data)
     assert {"boundary": got == 0, "inside": got > 0, "broken": got == -1}[state], (data, got)

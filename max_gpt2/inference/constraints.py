@@ -179,9 +179,22 @@ class RowGuide:
 
     def accept(self, token: int) -> None:
         """Advances the matcher by `token`; a RuntimeError where the constraint forbids it."""
-        self.utf8 = int(self.engine.utf8.following[self.utf8, token])
-        if self.utf8 < 0 or (not self.matcher.is_terminated() and not self.matcher.accept_token(int(token))):
+        if self._take(int(token)) is None:
             raise RuntimeError(f"token {int(token)} breaks the constraint")
+
+    def _take(self, token: int) -> int | None:
+        """Advances by `token` where the constraint allows it: the tokens the matcher took (1, or 0 once
+        the text is complete); None, nothing advanced, where it forbids it."""
+        following = int(self.engine.utf8.following[self.utf8, token])
+        if following < 0:
+            return None
+        took = 0
+        if not self.matcher.is_terminated():
+            if not self.matcher.accept_token(token):
+                return None
+            took = 1
+        self.utf8 = following
+        return took
 
     def ahead(self, tokens: Sequence[int], bitmask: np.ndarray | None = None) -> int:
         """How many of `tokens` (a draft), one after another, the constraint allows from here; with
@@ -192,14 +205,10 @@ class RowGuide:
             for token in tokens:
                 if bitmask is not None:
                     self.fill(bitmask, allowed)
-                following = int(self.engine.utf8.following[self.utf8, token])
-                if following < 0:
+                took = self._take(int(token))
+                if took is None:
                     break
-                if not self.matcher.is_terminated():
-                    if not self.matcher.accept_token(int(token)):
-                        break
-                    accepted += 1
-                self.utf8, allowed = following, allowed + 1
+                accepted, allowed = accepted + took, allowed + 1
             else:
                 if bitmask is not None and allowed < len(bitmask):
                     self.fill(bitmask, allowed)

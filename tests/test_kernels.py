@@ -85,15 +85,16 @@ def packed_inputs(
     ]
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 11])
+@pytest.mark.parametrize("rows", [1, 7, 8, 11, 37])
 @pytest.mark.parametrize(
     ("k", "n"), [(32, 8), (17, 5), (33, 9), (60, 180), (100, 1001), (768, 2304), (3072, 97), (64, 50257)]
 )
 def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n):
     """Each format against float64 on the weights it stores and x as it rounds it (bfloat16, or int8
     blocks): K with a block tail or none, N with every remainder of a group of 8 rows, x's rows in
-    blocks of every height (7 = 4 + 2 + 1, 11 = 8 + 2 + 1); with a bias added as y is written, or
-    none (an empty one) on every other case."""
+    blocks of every height (7 = 4 + 2 + 1, 11 = 8 + 2 + 1), and enough rows (37) for bfloat16 W to be
+    widened a pass at a time where the CPU has no bfloat16 multiply-adds; with a bias added as y is
+    written, or none (an empty one) on every other case."""
     rng = np.random.default_rng(rows * k + n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
@@ -112,6 +113,21 @@ def test_packed_matmuls_match_numpy_on_the_weights_they_store(packed, rows, k, n
     for got, activations, weight in cases:
         expected = activations @ weight.astype(np.float64).T + (bias if bias.size else 0)
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.sqrt(k) * np.abs(expected).max())
+
+
+@pytest.mark.parametrize(("k", "n"), [(100, 1001), (768, 2304)])
+def test_a_bfloat16_row_gets_the_same_sums_however_many_rows_share_the_product(packed, k, n):
+    """Each of 40 rows' bfloat16 product, to the bit, as that row's alone: a drafted token checked
+    beside others (or a prompt's last token) gets the logits of a step of its own, whichever way the
+    CPU multiplies bfloat16 and whether W is widened a pass at a time (`kernels/dense_rows.mojo`)."""
+    rng = np.random.default_rng(k + n)
+    x = rng.standard_normal((40, k), dtype=np.float32)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    together = packed.execute(*packed_inputs(x, w, bias))[0].to_numpy()
+    for row in (0, 17, 39):
+        alone = packed.execute(*packed_inputs(x[row : row + 1], w, bias))[0].to_numpy()
+        np.testing.assert_array_equal(together[row], alone[0], err_msg=f"row {row}")
 
 
 def check_block_matmuls(outputs, formats, x, w, bias, x_steps) -> None:

@@ -10,9 +10,10 @@
 # Against bfloat16 W, x is rounded to bfloat16 and the sums are
 # float32 (bfloat16_products.mojo). float32 W is row-major [N, K] (any Linear's weight), bfloat16 W
 # is stored in interleaved groups of 8 rows (packed_layout.mojo), so that the rows a block reads
-# together are one stream.
+# together are one stream. Where the CPU has no bfloat16 multiply-adds, bfloat16 W against many
+# rows of x is widened to float32 a pass at a time and multiplied as float32 W is (`_passes`).
 from std.collections import Array
-from std.memory import UnsafePointer
+from std.memory import UnsafePointer, alloc
 from std.sys.info import CompilationTarget, size_of
 from std.sys.intrinsics import prefetch
 
@@ -31,6 +32,8 @@ comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, whi
 # two blocks (of 3 rows at X_ROWS), so that a block of W is still in L1, not L2, when the next group
 # reads it (3 and 12 rows gained less: docs/performance.md).
 comptime SHARED_PASS_ROWS = 6
+# Rows of x from which bfloat16 W multiplied lane by lane is widened a pass at a time (docs/performance.md).
+comptime WIDEN_FROM = 32
 
 
 def w_rows[WT: DType, MB: Int]() -> Int:
@@ -58,7 +61,7 @@ def _start[WT: DType](n: Int, K: Int) -> Int:
 
 @always_inline
 def _block[
-    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int, REQUESTS: Bool = True
 ](
     x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
@@ -98,7 +101,7 @@ def _block[
         comptime for r in range(RB):
             var row = w + starts[r] + at
             rows[r] = load_operand[WT, PAIRS, STEP](row)
-            if request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
+            if REQUESTS and request and (not WITHIN_CHUNK or starts[r] + at + AHEAD < chunk_end):
                 prefetch[requests_ahead[WT == F32 and MB == 1]()](row + AHEAD)
         comptime for m in range(MB):
             var xv = load_operand[x_dtype[WT](), PAIRS, STEP](x + m * stride + k)
@@ -120,7 +123,7 @@ def _block[
 
 @always_inline
 def _rows[
-    WT: DType, MB: Int, RB: Int, EPILOGUE: Int
+    WT: DType, MB: Int, RB: Int, EPILOGUE: Int, REQUESTS: Bool = True
 ](
     x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
@@ -137,10 +140,10 @@ def _rows[
     W end (element of w), which `_block`'s prefetches stay before."""
     var n = first
     while n + RB <= end:
-        _block[WT, MB, RB, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
+        _block[WT, MB, RB, EPILOGUE, REQUESTS](x, w, bias, has_bias, y, K, N, n, chunk_end)
         n += RB
     while n < end:
-        _block[WT, MB, 1, EPILOGUE](x, w, bias, has_bias, y, K, N, n, chunk_end)
+        _block[WT, MB, 1, EPILOGUE, REQUESTS](x, w, bias, has_bias, y, K, N, n, chunk_end)
         n += 1
 
 
@@ -170,6 +173,58 @@ def _runs[
     _rows[F32, 1, 1, EPILOGUE](xs, w, bias, has_bias, y, K, N, first + run * RB, last, chunk_end)
 
 
+@always_inline
+def _pass[
+    WT: DType, EPILOGUE: Int, SHARED_ROWS: Int = SHARED_PASS_ROWS, REQUESTS: Bool = True
+](
+    x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
+    w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
+    bias: UnsafePointer[Float32, ImmutAnyOrigin],
+    has_bias: Bool,
+    y: UnsafePointer[Float32, MutAnyOrigin],
+    M: Int,
+    K: Int,
+    N: Int,
+    start: Int,
+    end: Int,
+    chunk_end: Int,
+):
+    """Rows start..end-1 of W (a pass) against every row of x: whole groups of X_ROWS rows of x,
+    when there are two groups or more, SHARED_ROWS rows of W at a time, and the rest of x the whole
+    pass; W requested ahead where REQUESTS (W in memory, not a widened pass in cache)."""
+    var stride = x_stride[WT](K)
+    var shared = 0 if M <= X_ROWS else M // X_ROWS * X_ROWS
+    comptime RB = w_rows[WT, X_ROWS]()
+    var part = start
+    while part < end and shared > 0:
+        var part_end = min(part + SHARED_ROWS, end)
+        for m in range(0, shared, X_ROWS):
+            _rows[WT, X_ROWS, RB, EPILOGUE, REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
+        part = part_end
+    var m = shared
+    while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
+        var left = min(M - m, X_ROWS)
+        comptime for MB in range(1, X_ROWS + 1):
+            if left == MB:
+                _rows[WT, MB, w_rows[WT, MB](), EPILOGUE, REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
+        m += left
+
+
+def _widen[WT: DType](w: UnsafePointer[Scalar[WT], ImmutAnyOrigin], panel: UnsafePointer[Float32, MutAnyOrigin], K: Int, start: Int, end: Int):
+    """Rows start..end-1 of bfloat16 W (interleaved groups) widened into `panel` as float32 rows,
+    `x_stride(K)` values apart (padded with zeros as W's rows are)."""
+    var stride = x_stride[WT](K)
+    for n in range(start, end):
+        var row = w + _start[WT](n, K)
+        var widened = panel + (n - start) * stride
+        var k = 0
+        while k < stride:  # a chunk of the row, then past the group's other rows to its next
+            comptime for lane in range(0, CHUNK, LANES):
+                widened.store(k + lane, rebind[SIMD[F32, LANES]](load_operand[WT, False, LANES](row + lane)))
+            k += CHUNK
+            row += GROUP * CHUNK
+
+
 def _passes[
     WT: DType, EPILOGUE: Int
 ](
@@ -184,29 +239,29 @@ def _passes[
     first: Int,
     last: Int,
 ):
-    """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart)."""
-    var chunk_end = _start[WT](last, K)
-    var stride = x_stride[WT](K)
-    # Rows of x in whole groups of X_ROWS, when there are two groups or more: they take the pass
-    # `SHARED_PASS_ROWS` rows of W at a time, and the rest of x the whole pass.
-    var shared = 0 if M <= X_ROWS else M // X_ROWS * X_ROWS
-    comptime RB = w_rows[WT, X_ROWS]()
+    """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart), a pass of
+    `PASS_ROWS` rows of W at a time. bfloat16 W that is multiplied lane by lane (no `BF16_PAIRS`)
+    against `WIDEN_FROM` rows of x or more is widened to float32 a pass at a time, once, and the
+    pass runs as float32's: the same products and sums in the same order, so the same outputs."""
+    comptime WIDENS = WT != F32 and not BF16_PAIRS
     var start = first
+    comptime if WIDENS:
+        if M >= WIDEN_FROM:
+            var stride = x_stride[WT](K)
+            var panel = alloc[Float32](PASS_ROWS * stride)
+            var reads = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(panel))
+            var xs = rebind[UnsafePointer[Scalar[x_dtype[F32]()], ImmutAnyOrigin]](x)
+            while start < last:
+                var end = min(start + PASS_ROWS, last)
+                _widen[WT](w, UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(panel)), K, start, end)
+                _pass[F32, EPILOGUE, PASS_ROWS, False](xs, reads, bias + start, has_bias, y + start, M, stride, N, 0, end - start, (end - start) * stride)
+                start = end
+            panel.free()
+            return
+    var chunk_end = _start[WT](last, K)
     while start < last:
         var end = min(start + PASS_ROWS, last)
-        var part = start
-        while part < end and shared > 0:
-            var part_end = min(part + SHARED_PASS_ROWS, end)
-            for m in range(0, shared, X_ROWS):
-                _rows[WT, X_ROWS, RB, EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
-            part = part_end
-        var m = shared
-        while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
-            var left = min(M - m, X_ROWS)
-            comptime for MB in range(1, X_ROWS + 1):
-                if left == MB:
-                    _rows[WT, MB, w_rows[WT, MB](), EPILOGUE](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
-            m += left
+        _pass[WT, EPILOGUE](x, w, bias, has_bias, y, M, K, N, start, end, chunk_end)
         start = end
 
 

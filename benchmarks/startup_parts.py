@@ -42,7 +42,7 @@ from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
 from pathlib import Path
 from max_gpt2.model.formats import format_named
 checkpoint, weight_format = open_checkpoint(sys.argv[1]), format_named(sys.argv[2])
-options = LMOptions.check("cpu", "float32", None, weight_format)
+options = LMOptions.check("cpu", "float32", weight_format=weight_format)
 def variants(graphs):
     return graphs.prompt_variant, graphs.step_variant
 """

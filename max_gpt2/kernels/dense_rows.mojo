@@ -210,7 +210,7 @@ def _pass[
         m += left
 
 
-def _widen[WT: DType](w: UnsafePointer[Scalar[WT], ImmutAnyOrigin], panel: UnsafePointer[Float32, MutAnyOrigin], K: Int, start: Int, end: Int):
+def _widen[WT: DType](w: UnsafePointer[Scalar[WT], ImmutAnyOrigin], panel: UnsafePointer[Float32, MutUntrackedOrigin], K: Int, start: Int, end: Int):
     """Rows start..end-1 of bfloat16 W (interleaved groups) widened into `panel` as float32 rows,
     `x_stride(K)` values apart (padded with zeros as W's rows are)."""
     var stride = x_stride[WT](K)
@@ -253,7 +253,7 @@ def _passes[
             var xs = rebind[UnsafePointer[Scalar[x_dtype[F32]()], ImmutAnyOrigin]](x)
             while start < last:
                 var end = min(start + PASS_ROWS, last)
-                _widen[WT](w, UnsafePointer[Float32, MutAnyOrigin](unsafe_from_address=Int(panel)), K, start, end)
+                _widen[WT](w, panel, K, start, end)
                 _pass[F32, EPILOGUE, PASS_ROWS, False](xs, reads, bias + start, has_bias, y + start, M, stride, N, 0, end - start, (end - start) * stride)
                 start = end
             panel.free()

@@ -25,7 +25,7 @@ import numpy as np
 import openai
 
 from max_gpt2 import load_lm
-from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.harness import in_turn, machine_description
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.inference.devices import resolve_device
 
@@ -70,15 +70,13 @@ def main() -> None:
 
         server.wait_until_ready(timeout=1800)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-        served(client, 8), in_process()  # each side's first call pays extra
+        served(client, 8)  # each side's first call pays extra
+        in_process()
+        sides = {"here": in_process, "there": lambda: served(client, args.tokens)}
         pairs = []
         for pair in range(args.pairs):
-            if pair % 2:
-                there = served(client, args.tokens)
-                here = in_process()
-            else:
-                here = in_process()
-                there = served(client, args.tokens)
+            times = {side: sides[side]() for side in in_turn(list(sides), pair)}
+            here, there = times["here"], times["there"]
             pairs.append((here, there))
             print(f"pair {pair + 1}: in process {here:.2f} ms a token, served {there:.2f}", flush=True)
     finally:

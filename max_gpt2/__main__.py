@@ -1,5 +1,5 @@
 """`python -m max_gpt2 demo|verify ...`; see `max_gpt2.cli`."""
 
-from max_gpt2.cli import main
+from max_gpt2.cli import run
 
-raise SystemExit(main())
+run()

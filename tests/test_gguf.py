@@ -9,16 +9,20 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from max_gpt2 import CheckpointError, GPT2Config, load_lm
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
 from max_gpt2.model.checkpoints.gguf_checkpoint import GGUFCheckpoint, gguf_name
 from max_gpt2.model.checkpoints.gguf_file import GGUFFile
+from max_gpt2.model.checkpoints.gguf_writer import write_gguf
 from max_gpt2.model.checkpoints.weights_cache import bound_weights
 from max_gpt2.model.formats import FLOAT32
 from max_gpt2.model.parameters import model_parameter_shapes
@@ -270,3 +274,28 @@ def test_a_file_that_is_not_gpt2_as_read_here_is_refused_naming_it(tmp_path, opt
     path = _tiny(tmp_path / "wrong.gguf", **options)
     with pytest.raises(CheckpointError, match=f"{path}.*{message}"):
         GGUFCheckpoint(path)
+
+
+def _strings_file(path: Path, strings: list[str]) -> Path:
+    """A GGUF file of no tensors whose metadata holds `strings` as the array test.strings."""
+    return write_gguf(path, {"general.architecture": "gpt2", "test.strings": strings}, [], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=40))
+def test_an_array_of_strings_reads_back_as_written(strings):
+    """Any text, empty strings and characters of every width among them, reads back element by element:
+    the reader decodes the whole array in one call, each length made a separator byte."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = _strings_file(Path(folder) / "strings.gguf", strings)
+        assert GGUFFile(path).metadata["test.strings"] == strings
+
+
+@pytest.mark.parametrize("bad", [b"\xffYZ", b"\xc3(Z", b"\xed\xb3\xbf"], ids=["ff", "cut", "surrogate"])
+def test_a_string_of_an_array_that_is_not_utf8_is_refused_naming_its_element(tmp_path, bad):
+    """Three bytes of the fourth string (index 3) replaced: 0xFF (the separator the reader decodes with),
+    a cut two-byte character, an encoded surrogate."""
+    path = _strings_file(tmp_path / "bad.gguf", ["a", "", "bc", "XYZ", "d"])
+    path.write_bytes(path.read_bytes().replace(b"XYZ", bad))
+    with pytest.raises(CheckpointError, match=f"{path}.*element 3 of test.strings is not UTF-8 text"):
+        GGUFFile(path)

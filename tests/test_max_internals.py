@@ -159,6 +159,10 @@ def private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+PUBLIC = {"_exit"}
+"""Names with a leading underscore that their library documents: `os._exit`."""
+
+
 def private_uses(node: ast.AST, ours: set[str]) -> list[str]:
     """What in `node` is someone else's private API: a private MAX module or name imported, or a private
     attribute not in `ours`."""
@@ -175,6 +179,6 @@ def private_uses(node: ast.AST, ours: set[str]) -> list[str]:
             for alias in node.names
             if alias.name.split(".")[0] == "max" and any(map(private, alias.name.split(".")))
         ]
-    if isinstance(node, ast.Attribute) and private(node.attr) and node.attr not in ours:
+    if isinstance(node, ast.Attribute) and private(node.attr) and node.attr not in ours | PUBLIC:
         return [f".{node.attr}"]
     return []

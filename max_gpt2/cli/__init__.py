@@ -11,7 +11,9 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,3 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BAD_INPUT as error:
         print(f"max-gpt2 {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def run() -> None:
+    """The `max-gpt2` program: `main`, then, its output flushed, the process ends at once where it runs
+    no thread or child process of ours: tearing down the interpreter and MAX's runtime would add
+    0.05-0.1 s to every command and frees nothing (docs/performance.md, start-up)."""
+    status = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: the interpreter's own exit reports it
+        raise SystemExit(status) from None
+    multiprocessing = sys.modules.get("multiprocessing")
+    if threading.active_count() == 1 and not (multiprocessing and multiprocessing.active_children()):
+        os._exit(status)
+    raise SystemExit(status)

@@ -17,7 +17,6 @@ artifact MAX cannot read is compiled again and replaced. Files are renamed into 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import platform
 from functools import cache
@@ -44,7 +43,7 @@ GRAPH_SOURCES = (
 def environment_digest() -> str:
     """What every artifact depends on besides its graphs: the sources they are made from, MAX's version,
     the CPU."""
-    digest = hashlib.sha256(importlib.metadata.version("max").encode())
+    digest = hashlib.sha256(engine.__version__.encode())
     for file in sorted(file for pattern in GRAPH_SOURCES for file in PACKAGE.glob(pattern)):
         digest.update(str(file.relative_to(PACKAGE)).encode() + b"\0" + file.read_bytes())
     digest.update(_cpu().encode())

@@ -100,17 +100,18 @@ def gguf_tokenizer(metadata: Mapping[str, Any], source: str) -> Tokenizer | None
     types = metadata.get("tokenizer.ggml.token_type", np.full(len(tokens), NORMAL))
     if not isinstance(tokens, list) or not isinstance(merges, list) or len(types) != len(tokens):
         raise ValueError(f"{source}: tokenizer.ggml.tokens, .merges and .token_type do not fit together")
+    kinds = np.asarray(types).tolist()  # Python ints: a NumPy scalar's comparison costs ten times more
     vocab = {
-        token: id_ for id_, (token, kind) in enumerate(zip(tokens, types, strict=True)) if kind != UNUSED
+        token: id_ for id_, (token, kind) in enumerate(zip(tokens, kinds, strict=True)) if kind != UNUSED
     }
     pairs = [tuple(merge.split(" ")) for merge in merges]
-    if len(vocab) != sum(1 for kind in types if kind != UNUSED) or any(len(pair) != 2 for pair in pairs):
+    if len(vocab) != len(kinds) - kinds.count(UNUSED) or set(map(len, pairs)) - {2}:
         raise ValueError(f"{source}: tokenizer.ggml.tokens repeats a token, or a merge is not two tokens")
     try:
         model = models.BPE(vocab=vocab, merges=pairs)
     except Exception as error:  # the library reports a merge of unknown tokens as a bare Exception
         raise ValueError(f"{source}: cannot build its tokenizer: {error}") from None
-    special = [token for token, kind in zip(tokens, types, strict=True) if kind == CONTROL]
+    special = [token for token, kind in zip(tokens, kinds, strict=True) if kind == CONTROL]
     return _byte_level(Tokenizer(model), special)
 
 

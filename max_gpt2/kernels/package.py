@@ -12,13 +12,13 @@ writes its own staging copy and renames it into place).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from max import engine
 from mojo.run import subprocess_run_mojo
 
 from max_gpt2.outputs import default_cache_dir
@@ -26,7 +26,7 @@ from max_gpt2.outputs import default_cache_dir
 
 def source_digest(sources: Path) -> str:
     """A hash of every `.mojo` file under `sources` (names and bytes) and of MAX's version."""
-    digest = hashlib.sha256(importlib.metadata.version("max").encode())
+    digest = hashlib.sha256(engine.__version__.encode())
     for file in sorted(sources.rglob("*.mojo")):
         digest.update(str(file.relative_to(sources)).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]

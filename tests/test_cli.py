@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -202,6 +203,25 @@ def test_generate_streams_the_text_that_generate_gives(compiled_lm, lm_checkpoin
     assert done.stdout == tokenizer.decode(expected.tolist()) + "\n"
     assert re.search(rf"prefill: {len(prompt)} prompt tokens in [\d.]+ ms", done.stderr), done.stderr
     assert re.search(r"decode: 11 tokens in [\d.]+ s, [\d.]+ tokens/s", done.stderr), done.stderr
+
+
+def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkpoint):
+    """`max-gpt2 generate ... | head -c 7`: the reader closes its end after the prompt's text; the next
+    token's write ends the command with status 1 and no error line or traceback."""
+    compiled_lm(LM)  # its graphs kept: the command starts at once
+    args = ["--checkpoint", str(lm_checkpoint(LM)), "--prompt", "The cat", "--max-new-tokens", "5000"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "max_gpt2", "generate", *args, "--context-overflow", "shift"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(7) == b"The cat"
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=600) == 1, stderr
+    assert "error" not in stderr and "Traceback" not in stderr and "Exception" not in stderr, stderr
 
 
 def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):

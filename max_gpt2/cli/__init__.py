@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")
     try:
         return command.main(args, Progress(sys.stderr))
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left unwritten goes
+        return 1
     except BAD_INPUT as error:
         print(f"max-gpt2 {args.command}: error: {error}", file=sys.stderr)
         return 2

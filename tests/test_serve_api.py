@@ -61,13 +61,24 @@ def greedy(
     lm, tokenizer, prompt_ids: list[int], new_tokens: int, **options: Any
 ) -> tuple[list[int], list[str]]:
     """`lm.generate`'s greedy ids after `prompt_ids` (to end-of-text, with it, as MAX lists them) and
-    each one's text as a stream decoder writes it after the prompt."""
+    each one's text as a client streaming them reads it (`stream_pieces`)."""
     eos = tokenizer.token_to_id(END_OF_TEXT)
     ids = lm.generate(np.array([prompt_ids]), new_tokens, eos_token_id=eos, **options)[0, len(prompt_ids) :]
     ids = ids.tolist()
     ids = ids[: ids.index(eos) + 1] if eos in ids else ids
-    stream = DecodeStream(ids=prompt_ids, skip_special_tokens=True)
-    return ids, [stream.step(tokenizer, token) or "" for token in ids]
+    return ids, stream_pieces(tokenizer, ids)
+
+
+def stream_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each id's text as streamed: what it completes (the `tokenizers` library's `DecodeStream`, with no
+    prompt before it), the last one also bringing what never became a whole character, so that the
+    pieces join to Hugging Face's `decode` of the ids (special tokens left out)."""
+    stream = DecodeStream(skip_special_tokens=True)
+    pieces = [stream.step(tokenizer, token) or "" for token in ids]
+    whole, shown = tokenizer.decode(ids, skip_special_tokens=True), "".join(pieces)
+    assert whole.startswith(shown)
+    pieces[-1] += whole[len(shown) :]
+    return pieces
 
 
 def post(server, route: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -148,16 +159,20 @@ def test_a_stop_token_id_ends_the_text_without_its_own(server, lm, tokenizer):
         )
         choice = answer.choices[0]
         assert choice.model_extra["token_ids"] == ids[: end + 1]
-        assert choice.text == "".join(pieces[: end + (1 if keep else 0)])
+        assert choice.text == tokenizer.decode(ids[: end + (1 if keep else 0)], skip_special_tokens=True)
         assert (choice.finish_reason, choice.model_extra["stop_reason"]) == ("stop", stop)
 
 
-def render(messages: list[dict[str, str]], template: str = CHAT_TEMPLATE) -> str:
+def render(
+    messages: list[dict[str, str]], template: str = CHAT_TEMPLATE, add_generation_prompt: bool = True
+) -> str:
     """A chat template rendered as Hugging Face renders one (a sandboxed Jinja, blocks trimmed)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return environment.from_string(template).render(messages=messages, add_generation_prompt=True)
+    return environment.from_string(template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt
+    )
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The cat sat on"}]
@@ -290,6 +305,12 @@ def test_logit_bias_gives_lm_generates_tokens_with_the_same_bias(server, lm, tok
         )  # fmt: skip
         chunks = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
         assert [token for chunk in chunks for token in served(chunk).ids] == biased
+    answer = client(server).completions.create(
+        model="gpt2", prompt=PROMPTS[2], max_tokens=8, temperature=0, logprobs=1,
+        logit_bias={str(token): value for token, value in bias.items()},
+    )  # fmt: skip
+    scores = lm.score(np.array([prompt_ids + biased])).logprobs[0, len(prompt_ids) :]  # the model's own
+    np.testing.assert_allclose(answer.choices[0].logprobs.token_logprobs, scores, atol=1e-4)
 
 
 def listening_ports(group: int) -> set[int]:

@@ -47,6 +47,11 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"extra_body": {"cache_salt": ""}}, 400, "cache_salt: String should have at least 1 character"),
     ({"extra_body": {"cache_prompt": "maybe"}}, 400, "cache_prompt: Input should be a valid boolean"),
     ({"model": "gpt-4"}, 404, "model: 'gpt-4' is not served here"),
+    ({"logit_bias": {"\u00b2": 1}}, 400, "logit_bias: '\u00b2' is not a token id"),  # digits, not ASCII ones
+    ({"extra_body": {"stop_token_ids": [7, 320]}}, 400, "stop_token_ids[1]: 320 is not a token id"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options: only with stream: true"),
+    ({"extra_body": {"modalities": ["text", "audio"]}}, 400, "modalities: GPT-2 reads and writes text"),
+    ({"prompt": ["hi", "word " * LM.n_positions]}, 400, "prompt[1]: "),
 ]
 
 
@@ -224,6 +229,18 @@ def test_n_gives_each_prompt_n_choices_and_counts_its_tokens_once(server, expect
     assert answer.usage.prompt_tokens == sum(len(tokenizer.encode(p).ids) for p in PROMPTS[:2])
     sampled = ask(server, PROMPTS[0], n=4, temperature=1.0)  # no seed: four draws of their own
     assert len({tuple(served(choice).ids) for choice in sampled.choices}) > 1
+
+
+def test_a_top_k_past_the_vocabulary_is_every_token_and_text_modalities_are_what_is_done(server, expected):
+    """vLLM's: a `top_k` of more tokens than the vocabulary holds (320) is the whole vocabulary (2**31 once
+    took the worker's memory until the kernel killed it); OpenAI's default `modalities: ["text"]` is
+    accepted."""
+    seeded = {"temperature": 1.0, "seed": 11, "max_tokens": 12}
+    every = served(ask(server, PROMPTS[0], **seeded, extra_body={"top_k": 320}).choices[0])
+    for top_k in (2**31, 2**70):
+        assert served(ask(server, PROMPTS[0], **seeded, extra_body={"top_k": top_k}).choices[0]) == every
+    text = ask(server, PROMPTS[2], max_tokens=NEW_TOKENS, extra_body={"modalities": ["text"]}).choices[0]
+    assert served(text) == expected[PROMPTS[2]]
 
 
 def test_seed_zero_is_a_seed(server):

@@ -11,6 +11,8 @@ import shutil
 import tarfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from max_gpt2.inference.tokenizer import TextStream, load_tokenizer, token_bytes
 from max_gpt2.testing import END_OF_TEXT, write_tokenizer
@@ -65,6 +67,19 @@ def test_text_stream_hands_out_invalid_bytes_at_the_end(directory):
     stream = TextStream(tokenizer)
     shown = "".join(stream(token) for token in ids)
     assert shown == "ok " and shown + stream.flush() == tokenizer.decode(ids) == "ok \ufffd"
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(0, 399), max_size=24), skip=st.booleans())
+def test_a_stream_of_any_ids_hands_out_the_decode_of_them_all(directory, ids, skip):
+    """Whatever the ids (lone bytes of a character, end-of-text among them), the pieces and the flush
+    join to `decode` of them all, special tokens left out or not; no piece but the flush ends in half a
+    character."""
+    tokenizer = load_tokenizer(directory)
+    stream = TextStream(tokenizer, skip_special_tokens=skip)
+    pieces = [stream(token) for token in ids]
+    assert "".join(pieces) + stream.flush() == tokenizer.decode(ids, skip_special_tokens=skip)
+    assert not any(piece.endswith("\ufffd") for piece in pieces)
 
 
 def test_no_tokenizer_and_a_broken_one(tmp_path):

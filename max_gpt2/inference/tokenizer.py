@@ -176,13 +176,16 @@ class TextStream:
     """Decodes ids one at a time; what it has emitted, plus `flush()`, is the decode of them all.
 
     Byte-level BPE can split one character over several tokens: text ending in an
-    incomplete character (decoded as U+FFFD) waits for the next token. Decoding
-    the whole sequence each time costs little next to a model step.
+    incomplete character (decoded as U+FFFD) waits for the next token. Its decode is
+    piecewise (ids after a whole character read the same alone as after the rest), so
+    each step decodes only the ids since the last whole character. `skip_special_tokens`
+    leaves out end-of-text and the other special tokens, as `decode` does with it.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._ids: list[int] = []
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
+        self._whole = ""  # the decode of the ids up to the last whole character
+        self._pending: list[int] = []  # the ids after it
         self._emitted = 0  # characters of the decoded text already handed out
 
     def __call__(self, token_id: int) -> str:
@@ -193,17 +196,21 @@ class TextStream:
         """
         if self.tokenizer.id_to_token(int(token_id)) is None:
             shown = f"{self.flush()}[{int(token_id)}]"
-            self._ids, self._emitted = [], 0
+            self._whole, self._pending, self._emitted = "", [], 0
             return shown
-        self._ids.append(int(token_id))
-        text = self.tokenizer.decode(self._ids, skip_special_tokens=False)
-        if text.endswith("\ufffd"):
+        self._pending.append(int(token_id))
+        tail = self._decode()
+        if tail.endswith("\ufffd"):
             return ""
-        return self._take(text)
+        self._whole, self._pending = self._whole + tail, []
+        return self._take(self._whole)
 
     def flush(self) -> str:
         """Whatever is held back, invalid bytes included (as U+FFFD)."""
-        return self._take(self.tokenizer.decode(self._ids, skip_special_tokens=False), final=True)
+        return self._take(self._whole + self._decode(), final=True)
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self._pending, skip_special_tokens=self.skip_special_tokens)
 
     def _take(self, text: str, final: bool = False) -> str:
         """What of `text`, the decode of every id so far, is new; `final` on the last call."""

@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from max.pipelines.context.exceptions import InputError
+from max.pipelines.context.exceptions import InputError, PromptTooLongError
 from max.pipelines.lib import PipelineConfig, TextTokenizer
 from max.pipelines.modeling.types import TextGenerationRequest
 
@@ -61,6 +61,8 @@ class GPT2TextTokenizer(TextTokenizer):
             self.check_ids(request.prompt)  # before MAX builds anything from them
         try:
             context = await super().new_context(request)
+        except PromptTooLongError as error:  # MAX's words name no field: said as `check_ids` says it
+            raise InputError(self._too_long(error.num_tokens)) from None
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
@@ -81,10 +83,13 @@ class GPT2TextTokenizer(TextTokenizer):
                 f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
             )
         if ids.size >= self.n_positions:
-            raise InputError(
-                f"prompt: {ids.size} tokens leave no room for a new one in the model's maximum context "
-                f"length of {self.n_positions}"
-            )
+            raise InputError(self._too_long(ids.size))
+
+    def _too_long(self, tokens: int) -> str:
+        return (
+            f"prompt: {tokens} tokens leave no room for a new one in the model's maximum context length "
+            f"of {self.n_positions}"
+        )
 
 
 def reads_cached_prompt(request: TextGenerationRequest) -> bool:

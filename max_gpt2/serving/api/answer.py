@@ -80,8 +80,9 @@ async def respond(
         body = parse(kind, await request.body())
         model = served.model_name(body.model)
         asked = check(body, served.vocab_size)
-        served.check_constraint(asked)
-        prompts = prompts_of(served, body)
+        # A grammar's first compile and a chat template's rendering take a while: off the event loop.
+        await asyncio.to_thread(served.check_constraint, asked)
+        prompts = await asyncio.to_thread(prompts_of, served, body)
         return await answer(request, served, shape(asked, TokenNames(served.engine)), asked, model, prompts)
     except Refusal as refusal:
         return refusal_response(refusal)
@@ -166,15 +167,16 @@ async def events(
     """The server-sent events of a streamed answer: each choice's chunks as they come, then `usage`
     where asked, then `[DONE]`; a choice that fails ends the stream with OpenAI's error object."""
     started, first = time.perf_counter(), set(range(len(choices)))
+    usage_none = {"usage": None} if asked.include_usage else {}  # OpenAI's: null on every other chunk
     try:
         async for index, chunk in side_by_side([choice.chunks() for choice in choices]):
             if not (chunk.text or chunk.tokens or chunk.finish or index in first):
                 continue
             delta = shape.delta(index, choices[index], chunk, index in first)
             first.discard(index)
-            yield compact({**head, "object": shape.chunk_object, "choices": [delta]})
+            yield compact({**head, "object": shape.chunk_object, "choices": [delta], **usage_none})
         if asked.include_usage:
-            yield json.dumps(
+            yield compact(
                 {**head, "object": shape.chunk_object, "choices": [], "usage": usage(choices, asked)}
             )
         yield "[DONE]"

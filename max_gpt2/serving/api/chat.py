@@ -13,6 +13,7 @@ refusal naming the message and field. Log-probabilities come in the chat shape
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from starlette.responses import Response
 
 from max_gpt2.serving.api.answer import Gathered, Shape, respond, token_ids
 from max_gpt2.serving.api.choices import Choice, Chunk, Token
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal
+from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
 from max_gpt2.serving.api.served import Served
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -54,6 +55,8 @@ def checked_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise Refusal("messages", f"{where}: must be an object with a role and content; got {message!r}")
         for field in message.keys() - MESSAGE_FIELDS:
+            if unset(message[field]):
+                continue  # OpenAI's message objects carry `refusal: null`, `tool_calls: []` and the like
             why = (
                 "GPT-2 calls no tools"
                 if field.startswith(("tool", "function"))
@@ -68,7 +71,9 @@ def checked_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
             why = "GPT-2 calls no tools" if role in ("tool", "function") else f"must be one of {known}"
             raise Refusal("messages", f"{where}.role: {why}; got {role!r}")
         checked.append({"role": role, "content": content(message.get("content"), where)})
-        if isinstance(name := message.get("name"), str):
+        if (name := message.get("name")) is not None:
+            if not isinstance(name, str):
+                raise Refusal("messages", f"{where}.name: must be a string; got {name!r}")
             checked[-1]["name"] = name
     return checked
 
@@ -103,7 +108,9 @@ def render(
     continue_final_message: bool,
     options: dict[str, Any] | None,
 ) -> str:
-    """`messages` rendered by the served chat template: the prompt's text."""
+    """`messages` rendered by the served chat template: the prompt's text. `options` are the template's
+    variables (`chat_template_kwargs`), where `add_generation_prompt` and `continue_final_message` given
+    override the request's own, as vLLM lets them."""
     tokenizer = served.tokenizer.delegate  # Hugging Face's, holding the template
     if tokenizer.chat_template is None:
         raise Refusal(
@@ -112,25 +119,31 @@ def render(
             "server with --chat-template FILE, or a built-in one (--chat-template chatml), or use "
             "/v1/completions",
         )
-    if add_generation_prompt and continue_final_message:
+    flags = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+    variables = dict(options or {})
+    rendering = inspect.signature(tokenizer.apply_chat_template).parameters.keys() - {"kwargs"}
+    for key in variables.keys() & rendering:
+        value = variables.pop(key)
+        if key not in flags:
+            raise Refusal(
+                "chat_template_kwargs", f"chat_template_kwargs.{key}: the rendering's own, not a template's"
+            )
+        if not isinstance(value, bool):
+            raise Refusal("chat_template_kwargs", f"chat_template_kwargs.{key}: must be true or false")
+        flags[key] = value
+    if flags["add_generation_prompt"] and flags["continue_final_message"]:
         raise Refusal(
             "continue_final_message",
             "continue_final_message: cannot be true with add_generation_prompt (the default): set "
             "add_generation_prompt to false to continue the last message",
         )
-    if continue_final_message and messages[-1]["role"] != "assistant":
+    if flags["continue_final_message"] and messages[-1]["role"] != "assistant":
         raise Refusal(
             "continue_final_message", "continue_final_message: the last message is not the assistant's"
         )
     try:
-        return tokenizer.apply_chat_template(
-            messages,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **(options or {}),
-        )
-    except (TemplateError, TypeError, ValueError) as error:  # the template's raise_exception, or its options
+        return tokenizer.apply_chat_template(messages, tokenize=False, **flags, **variables)
+    except (TemplateError, TypeError, ValueError) as error:  # the template's raise_exception
         raise Refusal("messages", f"messages: the chat template could not render them: {error}") from None
 
 

@@ -4,8 +4,10 @@ MAX's `TokenGeneratorPipeline` (the HTTP process's engine, `app.state.pipeline`)
 request, hands it to the model worker and yields its tokens as the worker makes them, a few at
 a time. `Choice` turns those into what both routes answer with:
 
-- each token's text, decoded as a stream from the prompt on with the `tokenizers` library,
-  as MAX decodes (bytes that are not yet a whole character wait for the next token);
+- each token's text: the new ids decoded as a stream (`TextStream`; special tokens left out),
+  so the choice's text is Hugging Face's `decode` of its tokens: bytes that are not yet a whole
+  character wait for the next token, and those that never become one (a character the prompt
+  began, or the length cut) come out as U+FFFD, as `decode` writes them;
 - its log-probability and likeliest alternatives, where the request asked for them (with
   `echo`, the prompt's too, the first token's None);
 - the text cut at the first stop string (`StopCut`), the worker told to stop there, and the
@@ -17,7 +19,7 @@ a time. `Choice` turns those into what both routes answer with:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +27,8 @@ from max.pipelines.context import GenerationStatus
 from max.pipelines.modeling.types import TextGenerationRequest
 from max.serve.pipelines.llm import TokenGeneratorOutput, TokenGeneratorPipeline
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
-from max_gpt2.inference.tokenizer import token_bytes
+from max_gpt2.inference.tokenizer import TextStream, token_bytes
 from max_gpt2.serving.api.stops import StopCut
 
 
@@ -94,14 +95,14 @@ class Choice:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """The choice's chunks; the worker is told to stop at a stop string, or if the reader leaves."""
-        decoder: Decoder | None = None
+        decoder: TextStream | None = None
         try:
             async for output in self._stream:
                 self._ended = output.status.is_done
                 if decoder is None:
                     given = output.prompt_token_ids
                     prompt = [] if given is None else [int(token) for token in given]
-                    decoder = Decoder(tokenizer_of(self.engine), prompt)
+                    decoder = TextStream(tokenizer_of(self.engine), skip_special_tokens=True)
                     self.prompt = self._prompt_tokens(prompt, output)
                     self.cached = output.cached_token_count or 0  # the first output alone carries it
                 chunk = self._chunk(output, decoder)
@@ -120,7 +121,7 @@ class Choice:
             self.engine.model_worker.cancel(self.request.request_id)
         await self._stream.aclose()
 
-    def _chunk(self, output: TokenGeneratorOutput, decoder: Decoder) -> Chunk:
+    def _chunk(self, output: TokenGeneratorOutput, decoder: TextStream) -> Chunk:
         """One output of the engine as the tokens it keeps and the text they show."""
         ids = list(output.token_ids or ())
         values, tops = log_probabilities(output)
@@ -128,11 +129,12 @@ class Choice:
         done = output.status.is_done
         shown, tokens = [], []
         for index, token in enumerate(ids):
-            piece = decoder.step(token)
             last = done and index == len(ids) - 1
             stopped_by_id = last and output.status == GenerationStatus.END_OF_SEQUENCE
             if stopped_by_id and token in self.rules.stop_token_ids and not self.rules.keep:
-                piece = ""  # vLLM leaves a stop token's text out
+                piece = decoder.flush()  # vLLM leaves a stop token's text out: only what waited before it
+            else:  # the last token brings whatever still waits for a whole character
+                piece = decoder(token) + (decoder.flush() if last else "")
             tokens.append(Token(token, piece, values[index] if values else None, tops[index] if tops else {}))
             shown.append(self.cut.add(piece))
             if self.cut.matched is not None:
@@ -151,7 +153,10 @@ class Choice:
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
         """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""
-        pieces = Decoder(tokenizer_of(self.engine), []).pieces(prompt)
+        decoder = TextStream(tokenizer_of(self.engine), skip_special_tokens=True)
+        pieces = [decoder(token) for token in prompt]
+        if pieces:
+            pieces[-1] += decoder.flush()  # the prompt's text whole: `decode` of its ids
         values, tops = log_probabilities(output) if self.request.echo else ([], [])
         if len(values) < len(prompt):
             return tuple(Token(token, piece) for token, piece in zip(prompt, pieces, strict=True))
@@ -175,20 +180,6 @@ def log_probabilities(output: TokenGeneratorOutput) -> tuple[list[float], list[d
 def tokenizer_of(engine: TokenGeneratorPipeline) -> Tokenizer:
     """The `tokenizers` tokenizer behind MAX's (a Hugging Face fast tokenizer)."""
     return engine.tokenizer.delegate.backend_tokenizer
-
-
-class Decoder:
-    """Token ids to text as a stream after `prompt`, as MAX decodes a completion (special tokens
-    skipped; bytes of an unfinished character wait for the next token)."""
-
-    def __init__(self, tokenizer: Tokenizer, prompt: Sequence[int]) -> None:
-        self.tokenizer, self.stream = tokenizer, DecodeStream(ids=list(prompt), skip_special_tokens=True)
-
-    def step(self, token: int) -> str:
-        return self.stream.step(self.tokenizer, token) or ""
-
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        return [self.step(token) for token in ids]
 
 
 class TokenNames:

@@ -26,7 +26,7 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "parallel_tool_calls": (bool, "no tools are called here"),
 }
 CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
-# Fields refused unless left unset (null, false, or the empty value given): why, per field.
+# Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.
 REFUSED = {
     "suffix": "GPT-2 writes left to right and cannot insert text before a suffix",
     "thinking_temperature": "GPT-2 has no reasoning block to give a temperature of its own",
@@ -43,6 +43,7 @@ REFUSED = {
     "store": "completions are not stored here",
     "web_search_options": "this server searches nothing",
 }
+HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
 
 
 class StreamOptions(BaseModel):

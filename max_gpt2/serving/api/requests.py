@@ -23,7 +23,15 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.choices import Rules
-from max_gpt2.serving.api.protocol import REFUSED, ChatRequest, CompletionRequest, Refusal, Sampling, unset
+from max_gpt2.serving.api.protocol import (
+    HARMLESS,
+    REFUSED,
+    ChatRequest,
+    CompletionRequest,
+    Refusal,
+    Sampling,
+    unset,
+)
 from max_gpt2.serving.context import GPT2Request
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
@@ -99,8 +107,11 @@ class Asked:
 def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
     """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring)."""
     for field, why in REFUSED.items():
-        if not unset(getattr(body, field)):
+        value = getattr(body, field)
+        if not (unset(value) or value in HARMLESS.get(field, ())):
             raise Refusal(field, f"{field}: {why}; leave it out")
+    if body.stream_options is not None and not body.stream:
+        raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     _check_ranges(body)
     length_field = "max_tokens"
     if isinstance(body, ChatRequest):
@@ -126,8 +137,10 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
     for index, stop in enumerate(stops):
         if not stop:
             raise Refusal("stop", f"stop[{index}]: empty; a stop string needs at least one character")
+    for index, token in enumerate(body.stop_token_ids or ()):
+        _token_id("stop_token_ids", f"stop_token_ids[{index}]", token, vocab_size)
     sampling = SamplingParamsInput(
-        top_k=body.top_k,
+        top_k=None if body.top_k is None else min(body.top_k, vocab_size),  # more: every token, as vLLM
         top_p=body.top_p,
         min_p=body.min_p,
         temperature=body.temperature,
@@ -267,15 +280,18 @@ def _logit_bias(bias: dict[str, Any] | None, vocab_size: int) -> dict[int, float
     """`logit_bias` by token id, each id in the vocabulary and each bias within OpenAI's bound."""
     biases = {}
     for key, value in (bias or {}).items():
-        if not (key.lstrip("-").isdigit() and 0 <= int(key) < vocab_size):
-            raise Refusal(
-                "logit_bias",
-                f"logit_bias: {key!r} is not a token id of the vocabulary (0 to {vocab_size - 1})",
-            )
+        token = _token_id("logit_bias", "logit_bias", key, vocab_size)
         if not (math.isfinite(value) and -LOGIT_BIAS <= value <= LOGIT_BIAS):
             raise Refusal(
                 "logit_bias",
                 f"logit_bias[{key}]: must be between -{LOGIT_BIAS:g} and {LOGIT_BIAS:g}; got {value}",
             )
-        biases[int(key)] = float(value)
+        biases[token] = float(value)
     return biases
+
+
+def _token_id(field: str, where: str, token: int | str, vocab_size: int) -> int:
+    """`token` (an id, or its ASCII digits) as an id of the vocabulary; a `Refusal` naming `where` else."""
+    if (isinstance(token, int) or (token.isascii() and token.isdigit())) and 0 <= int(token) < vocab_size:
+        return int(token)
+    raise Refusal(field, f"{where}: {token!r} is not a token id of the vocabulary (0 to {vocab_size - 1})")

@@ -15,6 +15,7 @@ out when decoding, as both servers do.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -32,9 +33,15 @@ async def tokenize(request: Request) -> Response:
     try:
         body = parse(TokenizeRequest, await request.body())
         served.model_name(body.model)
-        ids = tokenized(served, body)
+        # A long text's ids and their JSON: off the event loop, which other requests share.
+        return await asyncio.to_thread(lambda: JSONResponse(tokenize_answer(served, body)))
     except Refusal as refusal:
         return refusal_response(refusal)
+
+
+def tokenize_answer(served: Served, body: TokenizeRequest) -> dict[str, Any]:
+    """The answer to a tokenize request: its ids, with their pieces and vocabulary entries where asked."""
+    ids = tokenized(served, body)
     tokenizer = tokenizer_of(served.engine)
     tokens: list[Any] = ids
     if body.with_pieces:
@@ -42,7 +49,7 @@ async def tokenize(request: Request) -> Response:
     answer: dict[str, Any] = {"tokens": tokens, "count": len(ids), "max_model_len": served.context_length}
     if body.return_token_strs:
         answer["token_strs"] = [tokenizer.id_to_token(token) for token in ids]
-    return JSONResponse(answer)
+    return answer
 
 
 async def detokenize(request: Request) -> Response:

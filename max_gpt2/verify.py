@@ -73,6 +73,8 @@ def compare(result: np.ndarray, expected: np.ndarray, dtype: str, largest_score:
 
     `largest_score` is the largest |attention score| behind `expected`; see the module docstring.
     """
+    if dtype not in TOLERANCES:
+        raise ValueError(f"dtype must be one of {', '.join(TOLERANCES)}, got {dtype!r}")
     result = np.asarray(result, dtype=np.float64)
     if result.shape != expected.shape:
         raise ValueError(f"result shape {result.shape} differs from reference shape {expected.shape}")

@@ -112,10 +112,15 @@ def test_bad_arguments_are_refused(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_cases_are_parsed():
+def test_cases_are_parsed(capsys):
     assert parse_cases("1x32+128, 8x4+2") == [(1, 32, 128), (8, 4, 2)]
     with pytest.raises(ValueError, match=r"--cases wants a list such as"):
         parse_cases("1x0+5")
+    with pytest.raises(SystemExit):
+        main(["bench-generate", "--cases", "1x"])
+    assert "argument --cases: a list such as '1x32+128,8x32+128' (batch x prompt + new); got '1x'" in (
+        capsys.readouterr().err
+    )
 
 
 def stand_in(name: str, tokens: np.ndarray) -> Generator:

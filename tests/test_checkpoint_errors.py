@@ -33,6 +33,13 @@ def test_file_that_is_not_safetensors(tmp_path):
         load_attention_weights(path, 0)
 
 
+def test_a_gguf_file_is_named_as_one(tmp_path):
+    """The attention's loader reads safetensors: a GGUF file is refused as what it is, not as a bad header."""
+    (tmp_path / "gpt2.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ValueError, match=r"gpt2.gguf is a GGUF file, and this reads safetensors checkpoints"):
+        load_attention_weights(tmp_path / "gpt2.gguf", 0)
+
+
 def test_truncated_file(tmp_path):
     path = write_checkpoint(tmp_path, ODD)
     file = path / "model.safetensors"

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,13 @@ def test_generate_prints_each_beam(compiled_lm, lm_checkpoint, tmp_path):
         (["--layers", "0,7"], r"--layers '0,7': the checkpoint has 3 layers \(0 to 2\)"),
         (["--layers", "first"], "--layers must be 'all' or a list"),
         (["--device", "tpu"], "device must be"),
+        (["--layers", "2-1"], r"--layers '2-1': the range 2-1 runs backwards"),
+        (["--seed", "-1"], "argument --seed: must be an integer of 0 or more, got -1"),
+        (
+            ["--seq-len", "10000000"],
+            r"--batch 2 --seq-len 10000000: the float64 reference's attention scores \[2, 5, 10000000, "
+            r"10000000\] alone take 8000000.0 GB, and this machine has",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(checkpoint, args, message):
@@ -158,8 +166,25 @@ def test_bad_input_exits_2_with_a_message(checkpoint, args, message):
         args = ["--checkpoint", str(checkpoint), *args]
     done = run_cli("verify", *args)
     assert done.returncode == 2
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and "compiling" not in done.stderr
     assert re.search(message, done.stderr), done.stderr
+
+
+def test_cache_dir_holds_what_generate_keeps(compiled_lm, lm_checkpoint, tmp_path):
+    """`--cache-dir` is `load_lm(cache_dir=...)`: the converted weights and kept graphs go there."""
+    compiled_lm(LM, weights="q4_0")  # MAX's cache holds the graphs: the load compiles in seconds
+    args = ["--tokens", "5,6", "--max-new-tokens", "2", "--weight-format", "q4_0"]
+    done = run_cli("generate", "--checkpoint", str(lm_checkpoint(LM)), *args, "--cache-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["digests", "graphs", "weights"]
+
+
+@pytest.mark.parametrize("command", sorted(cli.HOST_ONLY))
+def test_commands_that_compute_on_no_device_take_no_device_option(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser(command).parse_args([command, "--help"])
+    shown = capsys.readouterr().out
+    assert "--checkpoint" in shown and "--device" not in shown and "--dtype" not in shown
 
 
 def test_parse_layers():
@@ -224,6 +249,60 @@ def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkp
     assert "error" not in stderr and "Traceback" not in stderr and "Exception" not in stderr, stderr
 
 
+@pytest.mark.parametrize(("signal_sent", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_a_sigterm_ends_generate_with_one_line(compiled_lm, lm_checkpoint, signal_sent, status):
+    """Interrupted while it generates: Ctrl-C says so in one line, a SIGTERM ends it as quietly; the
+    status is the one a shell reports for the signal, and no traceback is printed."""
+    compiled_lm(LM)  # its graphs kept: the command starts at once
+    args = ["--checkpoint", str(lm_checkpoint(LM)), "--prompt", "The cat", "--max-new-tokens", "5000"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "max_gpt2", "generate", *args, "--context-overflow", "shift"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(7) == b"The cat"  # generating now
+    process.send_signal(signal_sent)
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=600) == status, stderr
+    assert "Traceback" not in stderr and ("interrupted" in stderr) == (signal_sent == signal.SIGINT), stderr
+
+
+def test_a_sigterm_while_a_file_is_written_leaves_no_partial_file(tmp_path):
+    """The program's SIGTERM handler unwinds as an exception, so `write_atomically` removes what it wrote
+    so far (the weights cache, `convert --out`) before the process ends with status 143."""
+    code = f"""
+import os, signal, time
+from pathlib import Path
+from max_gpt2.cli import _terminated
+from max_gpt2.outputs import write_atomically
+signal.signal(signal.SIGTERM, _terminated)
+def write(partial):
+    partial.write_text("half")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+write_atomically(Path({str(tmp_path / "out.gguf")!r}), write)
+"""
+    done = run_python("-c", code)
+    assert done.returncode == 143, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+STDIN = ("--prompt-file", "-")
+
+
+def test_a_prompt_on_standard_input_that_is_not_utf8_is_refused_naming_it(lm_checkpoint):
+    done = subprocess.run(
+        [sys.executable, "-m", "max_gpt2", "generate", "--checkpoint", str(lm_checkpoint(LM)), *STDIN],
+        input=b"ok \xff\xfe",
+        capture_output=True,
+        env=dict(os.environ),
+    )
+    assert done.returncode == 2
+    assert "--prompt-file -: 'utf-8' codec can't decode byte 0xff in position 3" in done.stderr.decode()
+
+
 def test_generate_from_token_ids_without_a_tokenizer(compiled_lm, tmp_path):
     lm = compiled_lm(LM)
     path = write_checkpoint(tmp_path, LM, seed=0)  # the same weights as lm's, but no tokenizer files
@@ -273,6 +352,8 @@ def test_generate_with_drafts_prints_what_plain_decoding_prints(compiled_lm, tmp
         (["--prompt", "hi", "--min-p", "2"], r"min_p must be a number in \[0, 1\] or None, got 2.0"),
         (["--prompt", "hi", "--logit-bias", "5"], r"must be ID=VALUE such as 50256=-100; got '5'"),
         (["--prompt", "hi", "--early-stopping", "soon"], "must be true, false or never; got 'soon'"),
+        (["--prompt", "hi", "--seed", "-1"], "seed must be an integer of 0 or more, or None, got -1"),
+        (["--prompt", "hi", "--draft-tokens", "3"], "--draft-tokens sizes the drafts of --draft CHECKPOINT"),
         (["--prompt-file", "/no/such/file"], r"--prompt-file /no/such/file: \[Errno 2\]"),
         (["--prompt", "hi", "--weight-format", "q2_k"], r"--weight-format: invalid choice: 'q2_k' \(choose"),
         (

@@ -328,6 +328,13 @@ def test_the_kernels_compile_once_and_again_after_an_edit(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == sorted([package.name, edited.name])  # no staging left
 
 
+def test_an_unwritable_cache_leaves_the_sources_to_max_with_a_warning(tmp_path):
+    sources = write_package(tmp_path / "kernels", "def answer() -> Int:\n    return 42\n")
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.warns(UserWarning, match=r"cannot keep the compiled kernels in .*a-file/cache \(\[Errno"):
+        assert compiled_package(sources, tmp_path / "a-file" / "cache") == sources
+
+
 def test_a_kernel_that_does_not_compile_gives_the_compilers_message(tmp_path):
     sources = write_package(tmp_path / "broken", "def answer() -> Int:\n    return undefined_name\n")
     with pytest.raises(RuntimeError, match=r"(?s)mojo precompile .*broken failed:.*undefined_name"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pytest
 
 from max_gpt2 import load_lm
 from max_gpt2.inference.artifacts import ArtifactCache
@@ -73,6 +74,26 @@ def test_the_second_load_neither_converts_nor_compiles(compiled_lm, lm_checkpoin
     assert "reading compiled GPT-2 for cpu float32, weights in q4_0, KV cache in float16" in second
     ids = prompts(LM, 1, 6)
     np.testing.assert_array_equal(lms[1].logits(ids), compiled_lm(LM, weights="q4_0").logits(ids))
+
+
+def test_a_graph_first_needed_after_loading_compiles_as_a_step_of_the_loads_progress(
+    compiled_lm, lm_checkpoint, tmp_path, monkeypatch
+):
+    """Scoring's graph, compiled when `logprobs` first asks for it (a minute or two), is reported as the
+    load's own compile is: named, before it is traced."""
+    compiled_lm(LM, weights="q4_0")  # MAX's cache holds the load's graphs
+    notes = Notes()
+    lm = load_lm(lm_checkpoint(LM), "cpu", weight_format="q4_0", progress=notes, cache_dir=tmp_path)
+    heard = []
+
+    def stage(variant):
+        heard.append(notes.lines[-1])
+        raise RuntimeError(f"{variant} not traced here")
+
+    monkeypatch.setattr(lm.graph, "_stage", stage)
+    with pytest.raises(RuntimeError, match="scores not traced here"):
+        lm.logprobs(prompts(LM, 1, 6))
+    assert heard == ["compiling the scores graph (a minute or two; kept compiled after)"]
 
 
 def test_the_caches_live_under_cache_dir(lm_checkpoint, tmp_path):

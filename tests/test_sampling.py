@@ -83,8 +83,11 @@ def test_temperature_sharpens_and_flattens():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"temperature": 0.0}, "temperature must be a positive number, got 0.0"),
-        ({"temperature": True}, "temperature must be a positive number, got True"),
+        ({"temperature": 0.0}, "temperature must be a positive finite number, got 0.0"),
+        ({"temperature": True}, "temperature must be a positive finite number, got True"),
+        ({"temperature": float("inf")}, "temperature must be a positive finite number, got inf"),
+        ({"seed": -1}, r"seed must be an integer of 0 or more, or None, got -1"),
+        ({"seed": 1.5}, r"seed must be an integer of 0 or more, or None, got 1.5"),
         ({"top_k": 2.5}, "top_k must be a positive integer or None, got 2.5"),
         ({"top_p": 0.0}, r"top_p must be a number in \(0, 1\] or None, got 0.0"),
         ({"min_p": 1.5}, r"min_p must be a number in \[0, 1\] or None, got 1.5"),

@@ -136,8 +136,10 @@ def test_scoring_refuses_what_it_cannot_score(compiled_lm):
         lm.perplexity("some text")
     with pytest.raises(ValueError, match=r"perplexity needs at least 2 tokens .* got 1"):
         lm.perplexity([5])
-    with pytest.raises(ValueError, match=r"stride must be an integer in 1..n_positions=48, got 49"):
-        lm.perplexity([5, 6, 7], stride=49)
+    for stride in (49, 0):  # 0 is no stride, not the default
+        refused = rf"stride must be an integer in 1..n_positions=48, got {stride}$"
+        with pytest.raises(ValueError, match=refused):
+            lm.perplexity([5, 6, 7], stride=stride)
     with pytest.raises(ValueError, match=r"token ids must have shape \[seq\], got \[1, 3\]"):
         lm.perplexity([[5, 6, 7]])
     for top_k in (-1, 21):
@@ -157,6 +159,8 @@ def test_score_command_prints_each_token(compiled_lm, lm_checkpoint):
     )
     rows = json.loads(done.stdout)["tokens"]
     assert [row["id"] for row in rows] == ids and rows[0]["logprob"] is None
+    tokenizer = load_tokenizer(path)
+    assert [row["token"] for row in rows] == [tokenizer.decode([token]) for token in ids]  # text, unquoted
     expected = lm.logprobs(np.array([ids]))[0]
     np.testing.assert_allclose([row["logprob"] for row in rows[1:]], expected[1:], atol=1e-5)
 

@@ -33,6 +33,11 @@ def test_nan_and_shape_mismatch_fail():
         compare(np.ones((1, 3, 2)), expected, "float32")
 
 
+def test_an_unknown_dtype_is_named():
+    with pytest.raises(ValueError, match=r"dtype must be one of .*float32.*, got 'float99'"):
+        compare(np.zeros(3), np.zeros(3), "float99")
+
+
 def test_float32_on_a_gpu_is_held_to_the_tf32_tolerance():
     """An error of 1e-3, what TF32 matmuls leave, passes float32 on a GPU and fails it on the CPU."""
     expected = np.linspace(-1.0, 1.0, 11)

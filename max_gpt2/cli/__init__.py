@@ -12,8 +12,10 @@ import ast
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +38,8 @@ COMMANDS = {
 }
 """Each command's module in this package. Only the command run is imported (the benchmarks' modules,
 say, take a second): the others' help lines are read from their sources."""
+HOST_ONLY = frozenset({"convert", "bench-startup"})
+"""Commands that compute on no device of their own: they take no `--device` or `--dtype`."""
 
 
 def _help_line(module: str) -> str:
@@ -54,7 +58,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     target.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N (default: auto)")
     target.add_argument("--dtype", default="float32", choices=list(DTYPES))
     for name, module in COMMANDS.items():
-        subparser = commands.add_parser(name, parents=[target], help=_help_line(module))
+        parents = [] if name in HOST_ONLY else [target]
+        subparser = commands.add_parser(name, parents=parents, help=_help_line(module))
         if command in (None, name):
             importlib.import_module(f"{__name__}.{module}").add_arguments(subparser)
     return parser
@@ -73,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (`| head`): end quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left unwritten goes
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: files being written are removed on the way (`write_atomically`)
+        print(f"\nmax-gpt2 {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT  # as a shell reports a process ended by it
     except BAD_INPUT as error:
         print(f"max-gpt2 {args.command}: error: {error}", file=sys.stderr)
         return 2
@@ -81,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     """The `max-gpt2` program: `main`, then, its output flushed, the process ends at once where it runs
     no thread or child process of ours: tearing down the interpreter and MAX's runtime would add
-    0.05-0.1 s to every command and frees nothing (docs/performance.md, start-up)."""
+    0.05-0.1 s to every command and frees nothing (docs/performance.md, start-up). A SIGTERM (`kill`,
+    `timeout`, a service manager) ends it as Ctrl-C does, no partial file left behind."""
+    signal.signal(signal.SIGTERM, _terminated)
+    warnings.showwarning = _warned
     status = main()
     try:
         sys.stdout.flush()
@@ -92,3 +103,15 @@ def run() -> None:
     if threading.active_count() == 1 and not (multiprocessing and multiprocessing.active_children()):
         os._exit(status)
     raise SystemExit(status)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM's handler: unwinds as an exception (what is being written is removed on the way), then
+    the process ends with the status a shell reports for the signal."""
+    raise SystemExit(128 + signum)
+
+
+def _warned(message: Warning | str, category: type[Warning], *where: object) -> None:
+    """A warning as one line (a cache that cannot be written, say), not Python's two with a line of our
+    source."""
+    print(f"max-gpt2: warning: {message}", file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 from max_gpt2.bench.attention import CPU_SHAPES, GPU_SHAPES, MODELS, parse_models, run_benchmark
 from max_gpt2.bench.attention_report import format_table, plot
 from max_gpt2.bench.report import publish
-from max_gpt2.cli.console import positive_int
+from max_gpt2.cli.console import positive_int, seed_value
 from max_gpt2.outputs import Progress
 
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--impls", default=None, help="which contenders (default: all; on GPU all but numpy, a CPU baseline)"
     )
     parser.add_argument("--repeat", type=positive_int, default=10, help="timed rounds (default: 10)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--output", type=Path, default=Path("bench-results"), help="folder for JSON and PNG")
     parser.add_argument(
         "--no-cold-compile",

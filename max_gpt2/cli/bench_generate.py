@@ -19,7 +19,7 @@ from max_gpt2.bench.generation_contenders import CONTENDERS
 from max_gpt2.bench.generation_report import format_table, plot
 from max_gpt2.bench.llama_cpp import check_binary, parse_gguf
 from max_gpt2.bench.report import publish
-from max_gpt2.cli.console import positive_int
+from max_gpt2.cli.console import positive_int, seed_value
 from max_gpt2.model.formats import FORMATS, format_named
 from max_gpt2.outputs import Progress
 
@@ -38,6 +38,14 @@ def parse_cases(spec: str) -> list[tuple[int, int, int]]:
     return cases
 
 
+def cases_option(spec: str) -> list[tuple[int, int, int]]:
+    """argparse type: `parse_cases`, its message shown as it is."""
+    try:
+        return parse_cases(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--cases wants ")) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument(
@@ -45,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint", type=Path, help="also time this checkpoint directory")
     parser.add_argument(
-        "--cases", type=parse_cases, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
+        "--cases", type=cases_option, default="1x32+128,8x32+128", help="(default: 1x32+128,8x32+128)"
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="max and any of hf-eager, hf-sdpa")
     formats = ", ".join(FORMATS)
@@ -77,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-curve", dest="curve", action="store_false", help="skip tokens/s against context"
     )
     parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (default: 3)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="where the generated checkpoints are kept"
     )

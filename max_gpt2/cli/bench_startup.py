@@ -30,7 +30,7 @@ from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's own options (`--device` and `--dtype`, from the CLI's shared parent, go unused)."""
+    """The command's options (it takes no `--device` or `--dtype`: `max_gpt2.cli.HOST_ONLY`)."""
     parser.add_argument(
         "--checkpoint", type=Path, help="a GPT-2 checkpoint directory (default: the demo one)"
     )

@@ -35,6 +35,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_value(text: str) -> int:
+    """argparse type: a seed, an integer of 0 or more (NumPy's generators take no negative one)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer of 0 or more, got {text}")
+    return value
+
+
 def token_list(text: str) -> list[int]:
     """argparse type: comma-separated token ids such as `464,3290`."""
     try:
@@ -53,13 +61,23 @@ def parse_layers(spec: str, n_layer: int) -> list[int]:
     try:
         for part in spec.split(","):
             first, _, last = part.strip().partition("-")
+            if int(last or first) < int(first):
+                raise ValueError(f"--layers {spec!r}: the range {part.strip()} runs backwards")
             layers += range(int(first), int(last or first) + 1)
-    except ValueError:
+    except ValueError as error:
+        if "backwards" in str(error):
+            raise
         raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
     outside = [layer for layer in layers if not 0 <= layer < n_layer]
     if outside or not layers:
         raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")
     return list(dict.fromkeys(layers))
+
+
+CACHE_DIR_HELP = (
+    "where the demo checkpoint, converted weights and compiled graphs are kept (default: "
+    "$MAX_GPT2_CACHE, else ~/.cache/max-gpt2)"
+)
 
 
 def demo_checkpoint(cache_dir: Path, seed: int, progress: Progress) -> Path:
@@ -98,7 +116,7 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
     given.add_argument(
         "--prompt-file", type=Path, help=f"a UTF-8 file of text {purpose}; - reads standard input"
     )
-    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+    parser.add_argument("--cache-dir", type=Path, default=None, help=CACHE_DIR_HELP)
 
 
 def open_with_tokenizer(path: str | Path) -> tuple[OpenedCheckpoint, Tokenizer | None]:
@@ -130,9 +148,9 @@ def open_prompt(
 
 def read_prompt_file(path: Path) -> str:
     """The text of `--prompt-file` (`-`: standard input), as UTF-8; a ValueError names an unreadable file."""
-    if str(path) == "-":
-        return sys.stdin.read()
     try:
+        if str(path) == "-":  # as bytes: the locale's decoding would let invalid bytes through as surrogates
+            return sys.stdin.buffer.read().decode("utf-8")
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ValueError(f"--prompt-file {path}: {error}") from None
@@ -161,8 +179,8 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What `add_storage_arguments` parsed, as `load_lm`'s keywords."""
-    return {"weight_format": args.weight_format, "kv_cache": args.kv_cache}
+    """What `add_storage_arguments` parsed, and `--cache-dir`, as `load_lm`'s keywords."""
+    return {"weight_format": args.weight_format, "kv_cache": args.kv_cache, "cache_dir": args.cache_dir}
 
 
 def is_loopback(host: str) -> bool:

@@ -31,7 +31,7 @@ from max_gpt2.outputs import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's own options (`--device` and `--dtype`, from the CLI's shared parent, do nothing here)."""
+    """The command's options (it takes no `--device` or `--dtype`: `max_gpt2.cli.HOST_ONLY`)."""
     parser.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP.split(" (")[0])
     parser.add_argument(
         "--weight-format",

@@ -99,9 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt-lookup", type=positive_int, metavar="K", help="draft up to K tokens from the text so far"
     )
     option("--draft", metavar="CHECKPOINT", help="draft with this smaller model (the same tokenizer)")
-    option(
-        "--draft-tokens", type=positive_int, default=8, metavar="K", help="its tokens a draft (default: 8)"
-    )
+    option("--draft-tokens", type=positive_int, metavar="K", help="with --draft: tokens a draft (default: 8)")
 
 
 def sampler_of(args: argparse.Namespace) -> Sampler:
@@ -140,12 +138,16 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         }
     if args.prompt_lookup is not None and args.draft is not None:
         raise ValueError("give --prompt-lookup or --draft, not both")
+    if args.draft_tokens is not None and args.draft is None:
+        raise ValueError("--draft-tokens sizes the drafts of --draft CHECKPOINT: give that too")
     if args.prompt_lookup is not None:
         options["prompt_lookup_num_tokens"] = args.prompt_lookup
     check_options(config, args.max_new_tokens, **options)
     if args.draft is not None:  # checked with the model it drafts for, once loaded
         draft = load_lm(args.draft, args.device, args.dtype, progress=progress, **storage_options(args))
-        options |= {"assistant_model": draft, "num_assistant_tokens": args.draft_tokens}
+        options |= {"assistant_model": draft}
+        if args.draft_tokens is not None:  # else the library's default
+            options["num_assistant_tokens"] = args.draft_tokens
     lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     if several:
         start = time.perf_counter()

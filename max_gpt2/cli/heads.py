@@ -63,7 +63,14 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         if not args.out.parent.is_dir():
             raise ValueError(f"--out {args.out}: the directory {args.out.parent} does not exist")
 
-    lm = load_lm(checkpoint.path, args.device, args.dtype, output_attentions=True, progress=progress)
+    lm = load_lm(
+        checkpoint.path,
+        args.device,
+        args.dtype,
+        output_attentions=True,
+        progress=progress,
+        cache_dir=args.cache_dir,
+    )
     if args.html is not None:
         exploration = explore(lm, ids[0], tokenizer)  # every position's logits too, for the page
         html = page(data=exploration.summary(with_maps=True))

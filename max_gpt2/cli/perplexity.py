@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from max_gpt2.cli.console import (
+    CACHE_DIR_HELP,
     CHECKPOINT_HELP,
     add_storage_arguments,
     checkpoint_path,
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(llama-perplexity's way)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
+    parser.add_argument("--cache-dir", type=Path, default=None, help=CACHE_DIR_HELP)
 
 
 def read_texts(files: list[Path]) -> dict[Path, str]:

@@ -5,7 +5,8 @@
 
 A token's log-probability is that of the model choosing it after the tokens
 before it (`CompiledLM.score`); the first token has none. The table goes to
-stdout (`--json`: the same as JSON, the first token's values null).
+stdout (`--json`: the same as JSON, each token's text as it is, null without a tokenizer, and
+the first token's values null).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import Any
 
 import numpy as np
 
@@ -42,14 +44,14 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     lm = load_lm(checkpoint, args.device, args.dtype, progress=progress, **storage_options(args))
     scores = lm.score(ids, top_k=args.top)
 
-    def shown(token: int) -> str:
-        return repr(tokenizer.decode([token])) if tokenizer is not None else str(token)
+    def text(token: int) -> str | None:  # None: no tokenizer to spell it
+        return tokenizer.decode([token]) if tokenizer is not None else None
 
     rows = []
     for position, token in enumerate(prompt):
         logprob = float(scores.logprobs[0, position])
         top = [
-            {"id": int(alternative), "token": shown(int(alternative)), "logprob": float(value)}
+            {"id": int(alternative), "token": text(int(alternative)), "logprob": float(value)}
             for alternative, value in zip(
                 scores.top_ids[0, position], scores.top_logprobs[0, position], strict=True
             )
@@ -58,7 +60,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         rows.append(
             {
                 "id": token,
-                "token": shown(token),
+                "token": text(token),
                 "logprob": None if math.isnan(logprob) else logprob,
                 "top": top,
             }
@@ -72,6 +74,11 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     )
     for position, row in enumerate(rows):
         logprob = "-" if row["logprob"] is None else f"{row['logprob']:.4f}"
-        others = ", ".join(f"{choice['token']} {choice['logprob']:.2f}" for choice in row["top"])
-        print(f"{position:>8}  {row['id']:>6}  {row['token']:<20}  {logprob:>9}  {others}".rstrip())
+        others = ", ".join(f"{shown(choice)} {choice['logprob']:.2f}" for choice in row["top"])
+        print(f"{position:>8}  {row['id']:>6}  {shown(row):<20}  {logprob:>9}  {others}".rstrip())
     return 0
+
+
+def shown(row: dict[str, Any]) -> str:
+    """A token as the table shows it: its text quoted (spaces seen), or its id without a tokenizer."""
+    return str(row["id"]) if row["token"] is None else repr(row["token"])

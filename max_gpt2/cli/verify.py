@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from max_gpt2.cli.console import demo_checkpoint, parse_layers, positive_int
+from max_gpt2.cli.console import demo_checkpoint, parse_layers, positive_int, seed_value
 from max_gpt2.inference.attention import IMPLEMENTATIONS, compile_attention
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
@@ -37,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive_int, default=2)
     parser.add_argument("--seq-len", type=positive_int, default=128)
     parser.add_argument("--layers", default="all", help="'all' or a list such as '0,3-5' (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the input and the demo checkpoint")
+    parser.add_argument(
+        "--seed", type=seed_value, default=0, help="seed for the input and the demo checkpoint"
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -48,6 +51,19 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     report = run_verification(args, progress)
     print(json.dumps(report, indent=2) if getattr(args, "json", False) else format_report(report))
     return 0 if report["passed"] else 1
+
+
+def check_memory(batch: int, n_head: int, seq_len: int) -> None:
+    """Refuses, before compiling, a shape whose float64 reference scores [batch, n_head, seq, seq] alone
+    are more than the machine's memory."""
+    needed = batch * n_head * seq_len**2 * 8
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory:
+        raise ValueError(
+            f"--batch {batch} --seq-len {seq_len}: the float64 reference's attention scores "
+            f"[{batch}, {n_head}, {seq_len}, {seq_len}] alone take {needed / 1e9:.1f} GB, and this machine "
+            f"has {memory / 1e9:.1f} GB"
+        )
 
 
 def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -61,6 +77,7 @@ def run_verification(args: argparse.Namespace, progress: Progress) -> dict[str, 
         checkpoint = Checkpoint(path)
     config = checkpoint.config
     layers = parse_layers(args.layers, config.n_layer)
+    check_memory(args.batch, config.n_head, args.seq_len)
     progress.note(
         f"GPT-2 with n_embd={config.n_embd}, n_head={config.n_head}, n_layer={config.n_layer}; "
         f"checking {len(layers)} of its {config.n_layer} layers"

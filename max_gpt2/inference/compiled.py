@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,6 +62,9 @@ class GraphVariants:
         self._stage = stage
         self._artifacts = artifacts
         self._compiled: dict[Hashable, tuple[engine.CompiledModel, str]] = {}  # variant -> (artifact, graph)
+        self.announce: Callable[[str], AbstractContextManager[Any]] | None = None
+        """Around each compile from now on, a step of progress (a load's `Progress.step`): a variant first
+        needed after loading (scores, beam search's reorder) takes a minute or two to compile."""
 
     def compile(self, *variants: Hashable) -> None:
         """Compiles those of `variants` not compiled yet, together (`compile_together`), or reads them
@@ -71,8 +75,10 @@ class GraphVariants:
         keys = [str(variant) for variant in wanted]  # the artifact cache knows variants by name
         found = None if self._artifacts is None else self._artifacts.load(keys)
         if found is None:
-            graphs = [self._stage(variant) for variant in wanted]
-            artifact = compile_together(self.session, graphs)
+            label = f"compiling the {' and '.join(keys)} graph (a minute or two; kept compiled after)"
+            with nullcontext() if self.announce is None else self.announce(label):
+                graphs = [self._stage(variant) for variant in wanted]
+                artifact = compile_together(self.session, graphs)
             names = {key: graph.name for key, graph in zip(keys, graphs, strict=True)}
             if self._artifacts is not None:
                 self._artifacts.save(keys, artifact, names)

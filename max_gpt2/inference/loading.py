@@ -166,6 +166,8 @@ def compiled_with(
     doing = "reading compiled" if kept else "compiling"
     with step(progress, f"{doing} {what} for {graph.options.describe()}"):
         graph.compile(*variants)
+    if progress is not None:
+        graph.announce = progress.step  # the variants asked for later: scores, beam search's reorder
     return CompiledLM(graph.config, graph.options.device, graph.options.dtype, graph, weights)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +39,8 @@ def _integer(value: Any) -> bool:
 
 
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (lambda v: _number(v) and v > 0, "a positive number"),
+    "temperature": (lambda v: _number(v) and 0 < v < math.inf, "a positive finite number"),
+    "seed": (lambda v: v is None or (_integer(v) and v >= 0), "an integer of 0 or more, or None"),
     "top_k": (lambda v: v is None or (_integer(v) and v >= 1), "a positive integer or None"),
     "top_p": (lambda v: v is None or (_number(v) and 0 < v <= 1), "a number in (0, 1] or None"),
     "min_p": (lambda v: v is None or (_number(v) and 0 <= v <= 1), "a number in [0, 1] or None"),

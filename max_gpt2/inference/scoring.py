@@ -139,7 +139,7 @@ def perplexity(
         half = window // 2 + 1  # llama-perplexity's: the logits from position n_ctx / 2 on
         plan = [(begin, begin + window, begin + half) for begin in range(0, ids.size - window + 1, window)]
     else:
-        stride = stride or max(1, window // 2)
+        stride = max(1, window // 2) if stride is None else stride
         if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 0 < stride <= window:
             raise ValueError(f"stride must be an integer in 1..n_positions={window}, got {stride!r}")
         plan = sliding_windows(ids.size, window, int(stride))

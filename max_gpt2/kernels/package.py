@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from max import engine
@@ -36,7 +37,8 @@ def compiled_package(sources: Path, cache: Path | None = None) -> Path:
     """`sources` (a directory with `__init__.mojo`) as a compiled `.mojoc`, built on first use.
 
     Raises `FileNotFoundError` naming `sources` if it is not a Mojo package, and
-    `RuntimeError` with the compiler's message if it does not compile.
+    `RuntimeError` with the compiler's message if it does not compile. Where the cache cannot be
+    written, warns and returns `sources`, which MAX builds itself.
     """
     if not (sources / "__init__.mojo").is_file():
         raise FileNotFoundError(f"{sources} is not a Mojo package: it has no __init__.mojo")
@@ -45,8 +47,16 @@ def compiled_package(sources: Path, cache: Path | None = None) -> Path:
     if package.is_file():
         return package
     # The compiler names the module after the output file, so the staged copy carries the final name.
-    package.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=package.parent))
+    try:
+        package.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=package.parent))
+    except OSError as error:  # MAX builds the sources itself then, for every op a graph stages
+        warnings.warn(
+            f"cannot keep the compiled kernels in {package.parent} ({error}); building them from source "
+            "as each graph compiles, minutes longer",
+            stacklevel=2,
+        )
+        return sources
     try:
         subprocess_run_mojo(
             ["precompile", str(sources), "-o", str(staging / package.name)], capture_output=True, check=True

@@ -156,6 +156,11 @@ class Checkpoint:
 
     def __init__(self, path: str | Path, config: GPT2Config | None = None) -> None:
         self.path = hub.resolve(path)
+        if self.path.suffix == ".gguf" and self.path.is_file():
+            raise ValueError(
+                f"{self.path} is a GGUF file, and this reads safetensors checkpoints only (`load_lm` and "
+                "max-gpt2 generate, score, perplexity and serve read GGUF files too)"
+            )
         self.files = checkpoint_files(self.path)
         self.tensors = StoredTensors(self.files)
         self.config = config if config is not None else GPT2Config.from_pretrained(self.path)

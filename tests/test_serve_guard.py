@@ -65,6 +65,10 @@ REFUSED = [
     ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema: required"),
     ({"stream_options": {"include_usage": "often"}}, "stream_options.include_usage", "valid boolean"),
     ({"best_answer": True}, "best_answer", "not a field this route takes"),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias", "'\u00b2' is not a token id"),  # a digit, not an ASCII one
+    ({"stop_token_ids": [5, 320]}, "stop_token_ids", "stop_token_ids[1]: 320 is not a token id"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only with stream: true"),
+    ({"modalities": ["text", "audio"]}, "modalities", "text only"),
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -85,7 +89,7 @@ CHAT_REFUSED = [
         "messages[0].content[0]: GPT-2 reads text parts only",
     ),
     (
-        {"messages": [{"role": "user", "content": "a", "tool_calls": []}]},
+        {"messages": [{"role": "assistant", "content": "a", "tool_calls": [{"id": "1"}]}]},
         "messages",
         "tool_calls: GPT-2 calls",
     ),
@@ -99,6 +103,7 @@ CHAT_REFUSED = [
     ({"store": True}, "store", "not stored"),
     ({"audio": {"voice": "x"}}, "audio", "text only"),
     ({"echo": True}, "echo", "not a field this route takes"),
+    ({"messages": [{"role": "user", "content": "a", "name": 7}]}, "messages", "messages[0].name: must be"),
 ]
 
 
@@ -133,6 +138,14 @@ def test_each_refusal_names_the_field_and_what_it_may_be(change, param, says, ch
     assert refused.value.param == param
     assert refused.value.message.startswith(param) or refused.value.message.startswith("messages[")
     assert says in refused.value.message
+
+
+def test_what_clients_send_as_defaults_and_empty_fields_is_taken():
+    """OpenAI's default `modalities`, a `top_k` past the vocabulary (all of it, as vLLM), and a message as
+    the `openai` client dumps it, its empty fields included: taken, not refused."""
+    assert checked({"modalities": ["text"], "top_k": 2**31}).sampling.top_k == VOCAB
+    dumped = {"role": "assistant", "content": "a", "refusal": None, "tool_calls": [], "annotations": []}
+    checked({"messages": [dumped, {"role": "user", "content": "b"}]}, chat=True)
 
 
 def test_what_is_honoured_goes_on_to_max_meaning_the_same():

@@ -81,7 +81,8 @@ async def respond(
         model = served.model_name(body.model)
         asked = check(body, served.vocab_size)
         # A grammar's first compile and a chat template's rendering take a while: off the event loop.
-        await asyncio.to_thread(served.check_constraint, asked)
+        if asked.constraint is not None:
+            await asyncio.to_thread(served.check_constraint, asked)
         prompts = await asyncio.to_thread(prompts_of, served, body)
         return await answer(request, served, shape(asked, TokenNames(served.engine)), asked, model, prompts)
     except Refusal as refusal:

@@ -230,9 +230,8 @@ def test_generate_streams_the_text_that_generate_gives(compiled_lm, lm_checkpoin
     assert re.search(r"decode: 11 tokens in [\d.]+ s, [\d.]+ tokens/s", done.stderr), done.stderr
 
 
-def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkpoint):
-    """`max-gpt2 generate ... | head -c 7`: the reader closes its end after the prompt's text; the next
-    token's write ends the command with status 1 and no error line or traceback."""
+def generating(compiled_lm, lm_checkpoint) -> subprocess.Popen[bytes]:
+    """A `max-gpt2 generate` of 5,000 tokens after "The cat", its prompt's text read back: generating now."""
     compiled_lm(LM)  # its graphs kept: the command starts at once
     args = ["--checkpoint", str(lm_checkpoint(LM)), "--prompt", "The cat", "--max-new-tokens", "5000"]
     process = subprocess.Popen(
@@ -243,6 +242,13 @@ def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkp
     )
     assert process.stdout is not None and process.stderr is not None
     assert process.stdout.read(7) == b"The cat"
+    return process
+
+
+def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkpoint):
+    """`max-gpt2 generate ... | head -c 7`: the reader closes its end after the prompt's text; the next
+    token's write ends the command with status 1 and no error line or traceback."""
+    process = generating(compiled_lm, lm_checkpoint)
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=600) == 1, stderr
@@ -253,16 +259,7 @@ def test_a_reader_that_leaves_early_ends_generate_quietly(compiled_lm, lm_checkp
 def test_ctrl_c_or_a_sigterm_ends_generate_with_one_line(compiled_lm, lm_checkpoint, signal_sent, status):
     """Interrupted while it generates: Ctrl-C says so in one line, a SIGTERM ends it as quietly; the
     status is the one a shell reports for the signal, and no traceback is printed."""
-    compiled_lm(LM)  # its graphs kept: the command starts at once
-    args = ["--checkpoint", str(lm_checkpoint(LM)), "--prompt", "The cat", "--max-new-tokens", "5000"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "max_gpt2", "generate", *args, "--context-overflow", "shift"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(os.environ),
-    )
-    assert process.stdout is not None and process.stderr is not None
-    assert process.stdout.read(7) == b"The cat"  # generating now
+    process = generating(compiled_lm, lm_checkpoint)
     process.send_signal(signal_sent)
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=600) == status, stderr
@@ -271,18 +268,21 @@ def test_ctrl_c_or_a_sigterm_ends_generate_with_one_line(compiled_lm, lm_checkpo
 
 def test_a_sigterm_while_a_file_is_written_leaves_no_partial_file(tmp_path):
     """The program's SIGTERM handler unwinds as an exception, so `write_atomically` removes what it wrote
-    so far (the weights cache, `convert --out`) before the process ends with status 143."""
+    so far (the weights cache, `convert --out`), and `main` ends with status 143."""
     code = f"""
-import os, signal, time
+import os, signal, sys, time
 from pathlib import Path
-from max_gpt2.cli import _terminated
+from max_gpt2.cli import Terminated, _terminated
 from max_gpt2.outputs import write_atomically
 signal.signal(signal.SIGTERM, _terminated)
 def write(partial):
     partial.write_text("half")
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(60)
-write_atomically(Path({str(tmp_path / "out.gguf")!r}), write)
+try:
+    write_atomically(Path({str(tmp_path / "out.gguf")!r}), write)
+except Terminated as ended:
+    sys.exit(ended.status)
 """
     done = run_python("-c", code)
     assert done.returncode == 143, done.stderr

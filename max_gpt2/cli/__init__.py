@@ -81,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: files being written are removed on the way (`write_atomically`)
         print(f"\nmax-gpt2 {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT  # as a shell reports a process ended by it
+    except Terminated as ended:  # a SIGTERM (`run`): the same, quietly
+        return ended.status
     except BAD_INPUT as error:
         print(f"max-gpt2 {args.command}: error: {error}", file=sys.stderr)
         return 2
@@ -105,10 +107,17 @@ def run() -> None:
     raise SystemExit(status)
 
 
+class Terminated(BaseException):
+    """What SIGTERM's handler raises (`run`): it unwinds as Ctrl-C's `KeyboardInterrupt` does (what is
+    being written is removed on the way), then `main` returns the status a shell reports for it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.status = 128 + signum
+
+
 def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM's handler: unwinds as an exception (what is being written is removed on the way), then
-    the process ends with the status a shell reports for the signal."""
-    raise SystemExit(128 + signum)
+    raise Terminated(signum)
 
 
 def _warned(message: Warning | str, category: type[Warning], *where: object) -> None:

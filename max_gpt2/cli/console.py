@@ -58,16 +58,15 @@ def parse_layers(spec: str, n_layer: int) -> list[int]:
     if spec == "all":
         return list(range(n_layer))
     layers: list[int] = []
-    try:
-        for part in spec.split(","):
-            first, _, last = part.strip().partition("-")
-            if int(last or first) < int(first):
-                raise ValueError(f"--layers {spec!r}: the range {part.strip()} runs backwards")
-            layers += range(int(first), int(last or first) + 1)
-    except ValueError as error:
-        if "backwards" in str(error):
-            raise
-        raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"--layers must be 'all' or a list such as '0,3-5'; got {spec!r}") from None
+        if high < low:
+            raise ValueError(f"--layers {spec!r}: the range {part.strip()} runs backwards")
+        layers += range(low, high + 1)
     outside = [layer for layer in layers if not 0 <= layer < n_layer]
     if outside or not layers:
         raise ValueError(f"--layers {spec!r}: the checkpoint has {n_layer} layers (0 to {n_layer - 1})")

@@ -51,9 +51,9 @@ class Served:
         return self.tokenizer.n_positions
 
     def check_constraint(self, asked: Asked) -> None:
-        """Refuses, naming its field, a constraint the grammar engine cannot compile (its message)."""
-        if asked.constraint is None:
-            return
+        """Refuses, naming its field, the request's constraint where the grammar engine cannot compile it
+        (its message). The first compile of a kind takes seconds: the route calls this off its loop."""
+        assert asked.constraint is not None, "a request with a constraint"
         try:
             self.tokenizer.grammars.compiled(asked.constraint)
         except ValueError as error:

@@ -289,6 +289,28 @@ except Terminated as ended:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_program_collects_nothing_while_it_imports_then_collects_again():
+    """`run` pauses Python's collector while the command's modules (NumPy, MAX, ours) are imported and
+    freezes what they made (start-up time, docs/performance.md); the command itself runs collected."""
+    code = """
+import gc, sys
+from max_gpt2 import cli
+collections = lambda: sum(generation["collections"] for generation in gc.get_stats())
+before = collections()
+def report(args, command):
+    print(collections() - before, gc.isenabled(), gc.get_freeze_count(), "max.engine" in sys.modules)
+    return 0
+cli.execute = report
+sys.argv = ["max-gpt2", "generate", "--tokens", "1"]
+cli.run()
+"""
+    done = run_python("-c", code)
+    assert done.returncode == 0, done.stderr
+    during, enabled, frozen, imported = done.stdout.split()
+    assert (during, enabled, imported) == ("0", "True", "True")
+    assert int(frozen) > 10_000  # NumPy's, MAX's and our modules' objects
+
+
 STDIN = ("--prompt-file", "-")
 
 

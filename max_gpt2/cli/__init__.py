@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gc
 import importlib
 import importlib.util
 import os
@@ -18,8 +19,8 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from max_gpt2.inference.devices import DTYPES
 from max_gpt2.outputs import Progress
 
 COMMANDS = {
@@ -52,6 +53,8 @@ def _help_line(module: str) -> str:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command's options, or with `command` only that one's (the rest by name)."""
+    from max_gpt2.inference.devices import DTYPES  # NumPy's and MAX's import: after `run` pauses collection
+
     parser = argparse.ArgumentParser(prog="max-gpt2", description="GPT-2 on MAX, checked against NumPy")
     commands = parser.add_subparsers(dest="command", required=True)
     target = argparse.ArgumentParser(add_help=False)  # every command's device and dtype
@@ -69,10 +72,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 BAD_INPUT = (OSError, ValueError, TypeError, ImportError)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, ModuleType]:
+    """`argv`'s options and its command's module, imported (with it NumPy, MAX and our library)."""
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
-    command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")
+    return args, importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, command = parse(sys.argv[1:] if argv is None else list(argv))
+    return execute(args, command)
+
+
+def execute(args: argparse.Namespace, command: ModuleType) -> int:
+    """Runs `command` with `args`; the exit status, bad input and interruptions reported in one line."""
     try:
         return command.main(args, Progress(sys.stderr))
     except BrokenPipeError:  # the reader left (`| head`): end quietly, as Python's docs advise
@@ -95,7 +107,11 @@ def run() -> None:
     `timeout`, a service manager) ends it as Ctrl-C does, no partial file left behind."""
     signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _warned
-    status = main()
+    gc.disable()  # importing makes some 90,000 objects that live to the end: collecting took ~60 ms
+    args, command = parse(sys.argv[1:])
+    gc.freeze()  # ... and later collections need not walk them again (docs/performance.md, start-up)
+    gc.enable()
+    status = execute(args, command)
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -68,6 +68,13 @@ CALLS = (
         "read the same (`error_body`)",
     ),
     PrivateName(
+        "max.serve.router._disconnect",
+        "ClientDisconnected",
+        "what a route raises when its client hangs up before the answer: MAX's request middleware then "
+        "answers 499, logs it in one line and counts it as such; a 499 the route returns itself reaches "
+        "that middleware as no response, an ERROR traceback and a 500 in its metrics (`client_left`)",
+    ),
+    PrivateName(
         "max.pipelines.lib.config.model_config",
         "_select_quantization_encoding",
         "the encoding MAX serves with (--quantization-encoding, else the checkpoint's, else ours): 26.7's "
@@ -119,6 +126,14 @@ def error_body(status: int, message: str, param: str | None) -> dict[str, Any]:
     body = openai_error_body(status, message)
     body["error"]["param"] = param
     return body
+
+
+def client_left() -> Exception:
+    """What a route raises when its client hangs up before the answer starts: MAX's request middleware
+    answers 499 for it, as for MAX's own routes."""
+    from max.serve.router._disconnect import ClientDisconnected  # CALLS: the middleware's own signal
+
+    return ClientDisconnected()
 
 
 def served_encoding(model_config: MAXModelConfig, default: SupportedEncoding) -> SupportedEncoding:

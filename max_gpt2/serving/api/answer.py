@@ -25,7 +25,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.max_internals import error_body
+from max_gpt2.max_internals import client_left, error_body
 from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
@@ -33,7 +33,6 @@ from max_gpt2.serving.api.served import Served
 
 logger = logging.getLogger("max.serve")
 T = TypeVar("T")
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left: nobody reads it, logs do
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,6 @@ async def answer(
     started = time.perf_counter()
     try:
         gathered = await unless_client_leaves(request, asyncio.gather(*map(gather, choices)))
-    except ClientLeft:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
         await withdraw(choices)  # where one failed, the others stop too
         record_request_end(request.url.path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
@@ -223,24 +220,21 @@ async def side_by_side(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tup
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class ClientLeft(Exception):
-    """The client hung up before its answer was ready."""
-
-
 async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; `ClientLeft` if the client hangs up first, `work` then cancelled (which stops
-    its choices). Reads the request's messages: only once its body has been read."""
+    """`work`'s result; if the client hangs up first, `work` is cancelled (which stops its choices) and
+    MAX's middleware answers 499 (`client_left`). Reads the request's messages: only once its body has
+    been read."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(disconnected(request))
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for each in (task, watch):
             if not each.done():
                 each.cancel()
         await asyncio.gather(task, watch, return_exceptions=True)
-    if task.cancelled():
-        raise ClientLeft
+    if task not in done:  # not `task.cancelled()`: a cancelled `gather` holds a CancelledError instead
+        raise client_left()
     return task.result()
 
 

@@ -89,9 +89,8 @@ class Guard:
         headers = dict(scope["headers"])
         scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), self.api_key):
-            raise Refusal(
-                None, "a valid API key is needed: send the header 'Authorization: Bearer KEY'", status=401
-            )
+            needed = "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+            raise Refusal(None, needed, status=401, headers={"WWW-Authenticate": "Bearer"})
 
     def check_route(self, scope: Scope) -> None:
         """A `Refusal` (404, or 405 for another method) for a request no route of ours answers."""
@@ -107,7 +106,10 @@ class Guard:
                 for verb in sorted(getattr(route, "methods", ()) or ())
                 if verb != "HEAD"
             ]
-            raise Refusal(None, f"{path} answers {', '.join(allowed)}, not {method}", status=405)
+            answers = ", ".join(allowed)
+            raise Refusal(
+                None, f"{path} answers {answers}, not {method}", status=405, headers={"Allow": answers}
+            )
         served = ", ".join(getattr(route, "path", "?") for route in self.routes)
         raise Refusal(None, f"{path}: not served here; this server answers {served}", status=404)
 

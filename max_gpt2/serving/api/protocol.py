@@ -178,17 +178,20 @@ class DetokenizeRequest(BaseModel):
 
 
 class Refusal(Exception):
-    """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why."""
+    """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why, and
+    the headers HTTP asks of that status (a 401's `WWW-Authenticate`, a 405's `Allow`)."""
 
-    def __init__(self, param: str | None, message: str, status: int = 400) -> None:
+    def __init__(
+        self, param: str | None, message: str, status: int = 400, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
-        self.param, self.message, self.status = param, message, status
+        self.param, self.message, self.status, self.headers = param, message, status, headers
 
 
 def refusal_response(refusal: Refusal) -> JSONResponse:
     """OpenAI's error body for `refusal` (as MAX's own errors carry it), its `param` the field it names."""
-    headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
-    return JSONResponse(error_body(refusal.status, refusal.message, refusal.param), refusal.status, headers)
+    body = error_body(refusal.status, refusal.message, refusal.param)
+    return JSONResponse(body, refusal.status, refusal.headers)
 
 
 Model = TypeVar("Model", bound=BaseModel)

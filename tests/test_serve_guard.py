@@ -278,6 +278,7 @@ def test_every_served_name_is_listed_and_answers_and_others_are_404s():
     assert [model["id"] for model in listed["data"]] == ["gpt2", "other"]
     assert all(model["max_model_len"] == 48 for model in listed["data"])
     assert client.get("/v1/models/other").json()["id"] == "other"
+    assert client.get("/v1/models/").status_code == 404  # names no model: not the first one's card
     missing = client.get("/v1/models/gpt-4")
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
     wrong_model = client.post("/v1/completions", json={**GOOD, "model": "gpt-4"})

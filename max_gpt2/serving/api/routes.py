@@ -45,9 +45,11 @@ async def list_models(request: Request) -> Response:
 
 
 async def get_model(request: Request) -> Response:
-    served = Served.of(request)
+    served, name = Served.of(request), request.path_params["name"]
     try:
-        return JSONResponse(model(served, served.model_name(request.path_params["name"])))
+        if not name:  # `/v1/models/`: a request naming no model means the first, a model's path does not
+            raise Refusal(None, "/v1/models/NAME: give a model's name (GET /v1/models lists them)", 404)
+        return JSONResponse(model(served, served.model_name(name)))
     except Refusal as refusal:
         return refusal_response(refusal)
 

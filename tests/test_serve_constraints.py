@@ -173,8 +173,10 @@ def test_a_constraint_that_cannot_finish_ends_at_the_length(served_lm):
 
 
 BAD_SCHEMA = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": 3}}}
+FIVES = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}}  # not held: refused
 REFUSED = [
     ({"response_format": BAD_SCHEMA}, "response_format", "response_format: json_schema: "),
+    ({"json_schema": FIVES}, "json_schema", "json_schema: #/properties/n/multipleOf: the grammar engine"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema: required"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "response_format.type"),
     ({"structured_outputs": {"regex": "(a"}}, "structured_outputs", "structured_outputs: regex: "),

@@ -13,7 +13,8 @@ that was allowed. The chosen token advances the row's matcher. Once the text is 
 end-of-text ids may follow, and the row ends on one as with `eos_token_id`; a row that runs out of
 `max_new_tokens` first ends incomplete (the server's `finish_reason: "length"`). JSON is written
 without free whitespace (`, ` and `: ` between items), so a small model cannot wander in blank space.
-A schema, pattern or grammar the engine cannot compile is refused with its message, before any step.
+A schema, pattern or grammar the engine cannot compile is refused with its message, before any step,
+as is a schema keyword it would not hold the text to (`max_gpt2.inference.schema_keywords`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from max_gpt2.inference.logit_controls import LOWEST
+from max_gpt2.inference.schema_keywords import unheld
 from max_gpt2.inference.tokenizer import piece_bytes
 from max_gpt2.inference.utf8 import Utf8Tokens
 from max_gpt2.max_internals import bitmask_words, grammar_compiler, grammar_matcher
@@ -115,7 +117,10 @@ class GrammarEngine:
         self.stop_words = np.packbits(stops, bitorder="little").view(np.int32)  # a complete text's next
 
     def compiled(self, constraint: Constraint) -> Any:
-        """`constraint` compiled; a ValueError names its kind and gives the engine's message."""
+        """`constraint` compiled; a ValueError names its kind and gives the engine's message, or where a
+        schema asks for what the engine would not hold a text to (`schema_keywords`)."""
+        if constraint.kind == "json_schema" and (problem := unheld(constraint.source)) is not None:
+            raise ValueError(f"json_schema: {problem}")
         try:
             return COMPILE[constraint.kind](self.compiler, constraint.source)
         except RuntimeError as error:

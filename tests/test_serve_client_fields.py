@@ -100,19 +100,54 @@ def test_a_character_split_by_the_prompt_or_the_length_is_written_as_decode_writ
         assert text == front + wanted, (bias, echo, stream)
 
 
-def test_every_streamed_chunk_carries_usage_null_before_the_last(server):
-    """OpenAI's `include_usage`: `usage` is null on every chunk but the last, which has no choices."""
+def streamed_events(server, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON events of a streamed greedy completion of 5 tokens after "The cat", read raw."""
     body = {"model": "gpt2", "prompt": "The cat", "max_tokens": 5, "temperature": 0, "stream": True}
-    body["stream_options"] = {"include_usage": True}
     key = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
     request = urllib.request.Request(
-        f"{server.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key}
+        f"{server.url}/v1/completions",
+        json.dumps({**body, **options}).encode(),
+        {"Content-Type": "application/json", **key},
     )
     with urllib.request.urlopen(request, timeout=120) as answer:
         lines = [line.decode().strip() for line in answer]
-    events = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
+    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
+
+
+def test_every_streamed_chunk_carries_usage_null_before_the_last(server):
+    """OpenAI's `include_usage`: `usage` is null on every chunk but the last, which has no choices."""
+    events = streamed_events(server, {"stream_options": {"include_usage": True}})
     assert len(events) >= 2 and all(event["usage"] is None and event["choices"] for event in events[:-1])
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_continuous_usage_counts_the_tokens_of_every_chunk_so_far(server):
+    """vLLM's `continuous_usage_stats`: each chunk's `usage` counts the tokens sent so far, to the
+    last's totals; asked without `include_usage` (which vLLM would ignore) it is refused by name."""
+    events = streamed_events(
+        server, {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    )
+    sent, prompt = 0, events[-1]["usage"]["prompt_tokens"]
+    for event in events[:-1]:
+        sent += len(event["choices"][0]["token_ids"]) if "token_ids" in event["choices"][0] else 0
+        assert event["usage"]["prompt_tokens"] == prompt
+    counts = [event["usage"]["completion_tokens"] for event in events]
+    assert counts == sorted(counts) and counts[-1] == 5 and events[-1]["choices"] == []
+    status, answer = post(
+        server,
+        "/v1/completions",
+        {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+    )
+    assert status == 400 and answer["error"]["param"] == "stream_options.continuous_usage_stats", answer
+
+
+def test_openais_newer_client_fields_are_taken_or_refused_by_name(server):
+    """`safety_identifier` (`user`'s successor) and `prompt_cache_key` change nothing here and are
+    taken; `verbosity` asks for what GPT-2 cannot do and is refused naming it."""
+    taken = {"safety_identifier": "u-1", "prompt_cache_key": "k"}
+    assert chat(server, [{"role": "user", "content": "hi"}], max_tokens=2, extra_body=taken).choices
+    status, answer = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "verbosity": "low"})
+    assert status == 400 and answer["error"]["param"] == "verbosity", answer
 
 
 def test_a_long_tokenization_leaves_other_requests_answered_meanwhile(server):

@@ -172,7 +172,8 @@ async def events(
                 continue
             delta = shape.delta(index, choices[index], chunk, index in first)
             first.discard(index)
-            yield compact({**head, "object": shape.chunk_object, "choices": [delta], **usage_none})
+            so_far = {"usage": usage(choices, asked)} if asked.usage_every_chunk else usage_none
+            yield compact({**head, "object": shape.chunk_object, "choices": [delta], **so_far})
         if asked.include_usage:
             yield compact(
                 {**head, "object": shape.chunk_object, "choices": [], "usage": usage(choices, asked)}

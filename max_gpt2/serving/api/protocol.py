@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 from starlette.responses import JSONResponse
 
 from max_gpt2.max_internals import error_body
@@ -24,6 +33,11 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "metadata": (dict[str, Any], "tags OpenAI keeps with stored completions; nothing is stored here"),
     "service_tier": (str, "there is one tier here"),
     "parallel_tool_calls": (bool, "no tools are called here"),
+    "safety_identifier": (str, "`user`'s successor at OpenAI, for abuse monitoring; nothing here reads it"),
+    "prompt_cache_key": (
+        str,
+        "OpenAI routes prompt caching by it; here a prompt's pages are reused by tokens",
+    ),
 }
 CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
 # Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.
@@ -42,13 +56,25 @@ REFUSED = {
     "prediction": "predicted outputs are not used here",
     "store": "completions are not stored here",
     "web_search_options": "this server searches nothing",
+    "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
 }
 HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
 
 
 class StreamOptions(BaseModel):
+    """OpenAI's `include_usage` (a last chunk with `usage`) and vLLM's `continuous_usage_stats` (the
+    usage so far on every chunk too, which vLLM reads only with `include_usage`)."""
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _with_usage(cls, every: bool, info: ValidationInfo) -> bool:
+        if every and not info.data.get("include_usage"):
+            raise PydanticCustomError("usage", "only with include_usage: true (vLLM reads it only then)")
+        return every
 
 
 class JsonSchemaFormat(BaseModel):

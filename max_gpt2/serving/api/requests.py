@@ -64,6 +64,7 @@ class Asked:
     logit_bias: dict[int, float]
     stream: bool
     include_usage: bool
+    usage_every_chunk: bool  # vLLM's `continuous_usage_stats`
     return_token_ids: bool
     constraint: Constraint | None = None
     constraint_field: str | None = None  # the request field it came from
@@ -165,6 +166,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         logit_bias=_logit_bias(body.logit_bias, vocab_size),
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        usage_every_chunk=bool(body.stream_options and body.stream_options.continuous_usage_stats),
         return_token_ids=bool(body.return_token_ids),
         constraint=constraint,
         constraint_field=constraint_field,

@@ -72,6 +72,13 @@ REFUSED = [
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
+def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_and_llama_server_join_them():
+    from max_gpt2.serving.api.chat import content
+
+    parts = [{"type": "text", "text": "How"}, {"type": "text", "text": "are you?"}]
+    assert content(parts, "messages[0]") == "How\nare you?" and content("hi", "messages[0]") == "hi"
+
+
 CHAT_REFUSED = [
     ({"messages": []}, "messages", "messages: empty"),
     ({"messages": [{"content": "hi"}]}, "messages", "messages[0].role: required"),

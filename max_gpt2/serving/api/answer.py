@@ -59,8 +59,12 @@ class Shape:
         raise NotImplementedError
 
     def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
-        """A streamed event's choice: what `chunk` adds (`first`: the choice's first event)."""
+        """A streamed event's choice: what `chunk` adds (`first`: the choice's first chunk)."""
         raise NotImplementedError
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """A streamed choice's event before any of its chunks, if the route sends one."""
+        return None
 
 
 Body = TypeVar("Body", CompletionRequest, ChatRequest)
@@ -166,14 +170,20 @@ async def events(
     where asked, then `[DONE]`; a choice that fails ends the stream with OpenAI's error object."""
     started, first = time.perf_counter(), set(range(len(choices)))
     usage_none = {"usage": None} if asked.include_usage else {}  # OpenAI's: null on every other chunk
+
+    def event(delta: dict[str, Any]) -> str:
+        so_far = {"usage": usage(choices, asked)} if asked.usage_every_chunk else usage_none
+        return compact({**head, "object": shape.chunk_object, "choices": [delta], **so_far})
+
     try:
+        for index in range(len(choices)):
+            if (opening := shape.opening(index)) is not None:
+                yield event(opening)
         async for index, chunk in side_by_side([choice.chunks() for choice in choices]):
             if not (chunk.text or chunk.tokens or chunk.finish or index in first):
                 continue
-            delta = shape.delta(index, choices[index], chunk, index in first)
+            yield event(shape.delta(index, choices[index], chunk, index in first))
             first.discard(index)
-            so_far = {"usage": usage(choices, asked)} if asked.usage_every_chunk else usage_none
-            yield compact({**head, "object": shape.chunk_object, "choices": [delta], **so_far})
         if asked.include_usage:
             yield compact(
                 {**head, "object": shape.chunk_object, "choices": [], "usage": usage(choices, asked)}

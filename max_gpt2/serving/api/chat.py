@@ -97,7 +97,7 @@ def content(value: Any, where: str) -> str:
                     f'({{"type": "text", "text": ...}}); got {kind!r}',
                 )
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)  # as vLLM and llama-server join a message's text parts
     raise Refusal("messages", f"{where}.content: must be a string or a list of text parts; got {value!r}")
 
 
@@ -164,13 +164,19 @@ class ChatShape(Shape):
             **token_ids(self.asked, choice, gathered.tokens, True),
         }
 
-    def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
-        said = {"role": "assistant", "content": chunk.text} if first else {}
-        if chunk.text and not first:
-            said = {"content": chunk.text}
+    def opening(self, index: int) -> dict[str, Any]:
+        """The role alone, before any text, as OpenAI and vLLM send it."""
         return {
             "index": index,
-            "delta": said,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
+        return {
+            "index": index,
+            "delta": {"content": chunk.text} if chunk.text else {},
             "logprobs": self._logprobs(chunk.tokens),
             "finish_reason": chunk.finish.reason if chunk.finish else None,
             "stop_reason": chunk.finish.stop_reason if chunk.finish else None,

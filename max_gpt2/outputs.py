@@ -11,6 +11,7 @@ it (an optional dependency: `pip install 'max-gpt2[plot]'`).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import threading
 import time
@@ -65,14 +66,29 @@ def default_cache_dir() -> Path:
 def write_atomically(file: Path, write: Callable[[Path], Any]) -> None:
     """Calls `write` on a temporary name beside `file`, then renames it into place; a failed or
     interrupted write leaves no partial file. The name is this process's own, so processes writing
-    the same file at once do not mix their bytes: the last rename wins, whole."""
+    the same file at once do not mix their bytes: the last rename wins, whole. What a process killed
+    outright (SIGKILL, a power cut) left of the same file is removed first."""
     partial = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    for left in file.parent.glob(f"{glob.escape(file.name)}.*.*.partial"):
+        if not _running(left.name[len(file.name) + 1 :].split(".")[0]):
+            left.unlink(missing_ok=True)
     try:
         write(partial)
         os.replace(partial, file)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def _running(pid: str) -> bool:
+    """Whether the process `pid` (a partial file's writer) may still be running: True unless it is gone."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):  # not a pid of ours to judge, or another user's process
+        return True
+    return True
 
 
 def require_matplotlib() -> Any:

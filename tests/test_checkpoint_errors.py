@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import struct
 
 import numpy as np
@@ -145,6 +146,12 @@ def test_broken_index(tmp_path):
     index.write_text("[]")
     with pytest.raises(CheckpointError, match="not a safetensors index"):
         load_attention_weights(path, 0)
+    for stray in (None, "../../../../etc/passwd", "/etc/passwd"):  # each entry a shard's name beside it
+        index.write_text(json.dumps({"weight_map": {"wte.weight": stray}}))
+        with pytest.raises(
+            CheckpointError, match=rf"weight_map\['wte.weight'\] is {re.escape(repr(stray))}, not a"
+        ):
+            load_attention_weights(path, 0)
     index.write_text(original)
     (path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"names shards that do not exist: .*model-00002-of-00002"):

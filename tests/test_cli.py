@@ -132,6 +132,16 @@ def test_generate_reads_standard_input_and_ends_before_a_stop_string(compiled_lm
     assert done.stdout == "The cat" + cut(text, [stop]) + "\n" and stop not in done.stdout[len("The cat") :]
 
 
+def test_temperature_zero_is_greedy_as_llama_cpps_and_the_servers():
+    from max_gpt2.cli.generate import sampler_of
+
+    def sampler(*options: str) -> Sampler:
+        return sampler_of(cli.build_parser("generate").parse_args(["generate", "--tokens", "1", *options]))
+
+    assert sampler("--temperature", "0") == sampler() and not sampler().do_sample
+    assert sampler("--temperature", "0.5").do_sample
+
+
 def test_generate_prints_each_beam(compiled_lm, lm_checkpoint, tmp_path):
     lm, path = compiled_lm(LM), lm_checkpoint(LM)
     tokenizer, eos = load_tokenizer(path), Checkpoint(path).config.stop_token_ids
@@ -368,13 +378,16 @@ def test_generate_with_drafts_prints_what_plain_decoding_prints(compiled_lm, tmp
         (["--tokens", "1,320"], r"input_ids\[0, 1\] = 320 is outside the vocabulary \(0..319\)"),
         (["--tokens", "1", "--max-new-tokens", "48"], r"1 prompt tokens \+ 48 new tokens = 49 positions"),
         (["--prompt", "hi", "--top-p", "2"], r"top_p must be a number in \(0, 1\]"),
-        (["--prompt", ""], r"input_ids is empty"),
+        (["--prompt", ""], r"--prompt: the prompt is empty; GPT-2 needs at least one token"),
+        (["--tokens", "99999999999999999999999"], r"99999999999999999999999 is not a token id"),
         ([], "one of the arguments --prompt --tokens --prompt-file is required"),
         (["--prompt", "hi", "--num-return-sequences", "2"], "num_return_sequences=2 of greedy decoding"),
         (["--prompt", "hi", "--min-p", "2"], r"min_p must be a number in \[0, 1\] or None, got 2.0"),
         (["--prompt", "hi", "--logit-bias", "5"], r"must be ID=VALUE such as 50256=-100; got '5'"),
         (["--prompt", "hi", "--early-stopping", "soon"], "must be true, false or never; got 'soon'"),
         (["--prompt", "hi", "--seed", "-1"], "seed must be an integer of 0 or more, or None, got -1"),
+        (["--prompt", "hi", "--temperature", "0", "--top-k", "3"], "--temperature 0 is greedy decoding"),
+        (["--prompt", "hi", "--num-beams", "2", "--seed", "1"], "--num-beams searches .*: leave out --seed"),
         (["--prompt", "hi", "--draft-tokens", "3"], "--draft-tokens sizes the drafts of --draft CHECKPOINT"),
         (["--prompt-file", "/no/such/file"], r"--prompt-file /no/such/file: \[Errno 2\]"),
         (["--prompt", "hi", "--weight-format", "q2_k"], r"--weight-format: invalid choice: 'q2_k' \(choose"),

@@ -3,6 +3,8 @@ by `generate`."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from max_gpt2 import GPT2Config
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.model.formats import BY_GGML_TYPE, FORMATS
+from max_gpt2.outputs import write_atomically
 from max_gpt2.testing import write_checkpoint
 from tests.gguf_files import gguf
 from tests.support import LM, LM_ONE_LAYER, run_python
@@ -94,7 +97,22 @@ def test_convert_refuses_what_gguf_cannot_hold_before_writing(lm_checkpoint, tmp
     )
     name = run_cli("convert", "--checkpoint", str(exact_gelu), "--out", str(tmp_path / "x.bin"))
     assert name.returncode == 2 and "name it NAME.gguf" in name.stderr
+    (tmp_path / "dir.gguf").mkdir()
+    folder = run_cli("convert", "--checkpoint", str(exact_gelu), "--out", str(tmp_path / "dir.gguf"))
+    assert folder.returncode == 2 and "dir.gguf: a directory; name the file to write in it" in folder.stderr
     assert not out.exists()
+
+
+def test_a_partial_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """A SIGKILL leaves the writer's partial file (no handler runs); the next write of the same file
+    removes it, and leaves a live writer's alone."""
+    out = tmp_path / "x.gguf"
+    dead = tmp_path / f"x.gguf.{2**22 + 1}.1.partial"  # no process has it: Linux's pids stay under 2**22
+    live = tmp_path / f"x.gguf.{os.getpid()}.2.partial"
+    dead.write_text("half")
+    live.write_text("half")
+    write_atomically(out, lambda partial: partial.write_text("whole"))
+    assert out.read_text() == "whole" and not dead.exists() and live.exists()
 
 
 def test_generate_reads_a_converted_file_as_the_checkpoint(compiled_lm, lm_checkpoint, tmp_path):

@@ -251,3 +251,10 @@ def test_bad_options_are_refused_naming_the_argument(compiled_lm, options, messa
     lm = compiled_lm(LM)
     with pytest.raises(ValueError, match=message):
         lm.generate([[1, 2, 3]], 4, **options)
+
+
+def test_an_option_generation_does_not_take_is_named_with_those_it_takes(compiled_lm):
+    with pytest.raises(
+        TypeError, match=r"no option max_length \(max_new_tokens, the second argument.*num_beams"
+    ):
+        compiled_lm(LM).generate([[1, 2, 3]], 4, max_length=9)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -210,13 +211,23 @@ def test_a_key_that_is_not_text_is_refused(good_file, tmp_path):
 TINY = GPT2Config(n_embd=256, n_head=4, n_layer=1, n_positions=8, vocab_size=16, n_inner=256)
 
 
-def _tiny(path: Path, architecture: str = "gpt2", context: int = 8, types=None, drop=(), add=()) -> Path:
+def _tiny(
+    path: Path, architecture: str = "gpt2", context: Any = 8, types=None, drop=(), add=(), alignment=None
+) -> Path:
     """A GGUF of TINY's shapes (random values) by `gguf`'s writer: `types` {GGUF name: ggml type} (else
-    F32), tensors in `drop` left out, (name, shape) in `add` added, `context` as gpt2.context_length."""
+    F32), tensors in `drop` left out, (name, shape) in `add` added, `context` as gpt2.context_length (a
+    string written as one), `alignment` as general.alignment where given (a bool written as one)."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_block_count(TINY.n_layer)
-    writer.add_context_length(context)
+    if isinstance(context, str):
+        writer.add_string("gpt2.context_length", context)
+    else:
+        writer.add_context_length(context)
+    if isinstance(alignment, bool):
+        writer.add_bool("general.alignment", alignment)
+    elif alignment is not None:
+        writer.add_float32("general.alignment", alignment)
     writer.add_embedding_length(TINY.n_embd)
     writer.add_feed_forward_length(TINY.mlp_width)
     writer.add_head_count(TINY.n_head)
@@ -267,8 +278,20 @@ def test_the_tiny_file_opens(tmp_path):
             r": tensor position_embd\.weight has shape \[8, 256\], but the file's gpt2\.\* metadata "
             r"needs \[16, 256\]",
         ),
+        ({"context": "8"}, r": gpt2\.context_length is '8'; it must be an integer$"),
+        ({"alignment": True}, "general.alignment is True: it must be an integer power of two"),
+        ({"alignment": 32.0}, "general.alignment is 32.0: it must be an integer power of two"),
     ],
-    ids=["architecture", "missing", "type", "extra", "shape"],
+    ids=[
+        "architecture",
+        "missing",
+        "type",
+        "extra",
+        "shape",
+        "context-text",
+        "alignment-bool",
+        "alignment-float",
+    ],
 )
 def test_a_file_that_is_not_gpt2_as_read_here_is_refused_naming_it(tmp_path, options, message):
     path = _tiny(tmp_path / "wrong.gguf", **options)

@@ -170,6 +170,9 @@ BAD_CALLS = [
     ({"input_ids": [[-1, 2]]}, ValueError, r"input_ids\[0, 0\] = -1 is outside"),
     ({"input_ids": [1, 2, 3]}, ValueError, r"input_ids must have shape \[batch, seq\], got \[3\]"),
     ({"input_ids": [[1.0, 2.0]]}, TypeError, r"input_ids must hold integers, got dtype float64"),
+    ({"input_ids": [[1, 2], [3]]}, ValueError, r"input_ids must be a \[batch, seq\] array, its rows of one"),
+    ({"input_ids": [[2**64]]}, ValueError, r"input_ids holds an integer past int64"),
+    ({"input_ids": np.array([[2**64 - 1]], np.uint64)}, ValueError, r"input_ids holds 18446744073709551615"),
     ({"attention_mask": [[1, 1]]}, ValueError, r"attention_mask has shape \[1, 2\], input_ids \[2, 3\]"),
     ({"attention_mask": [[1, 2, 1], [1, 1, 1]]}, ValueError, r"only 0 \(padding\) and 1 \(token\)"),
     ({"attention_mask": [[0, 0, 0], [1, 1, 1]]}, ValueError, r"rows \[0\] are all padding"),
@@ -184,6 +187,21 @@ def test_bad_prompts_are_refused(compiled_lm, call, error, message):
         lm.logits(**arguments)
     with pytest.raises(error, match=message):
         lm.generate(max_new_tokens=2, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "message"),
+    [
+        ([1.5, 2.5], TypeError, r"token ids must hold integers, got dtype float64"),
+        ([True, False], TypeError, r"token ids must hold integers, got dtype bool"),
+        ([1, -1], ValueError, r"token ids\[1\] = -1 is outside the vocabulary \(0..319\)"),
+        ([1, 320], ValueError, r"token ids\[1\] = 320 is outside the vocabulary \(0..319\)"),
+        ([[1, 2]], ValueError, r"token ids must have shape \[seq\], got \[1, 2\]"),
+    ],
+)
+def test_perplexity_checks_its_ids_as_the_other_calls_do(compiled_lm, ids, error, message):
+    with pytest.raises(error, match=message):
+        compiled_lm(LM).perplexity(ids)
 
 
 def test_too_long_for_the_context(compiled_lm):

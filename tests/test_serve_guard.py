@@ -72,6 +72,8 @@ REFUSED = [
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
+
+
 def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_and_llama_server_join_them():
     from max_gpt2.serving.api.chat import content
 

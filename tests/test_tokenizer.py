@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from max_gpt2.inference.tokenizer import TextStream, load_tokenizer, token_bytes
+from max_gpt2.inference.tokenizer import TextStream, gguf_tokenizer, load_tokenizer, token_bytes
 from max_gpt2.testing import END_OF_TEXT, write_tokenizer
 from tests.support import run_command
 
@@ -50,6 +50,19 @@ def test_both_formats_encode_alike_and_round_trip(tmp_path, directory, text):
 
 def test_merges_make_common_words_single_tokens(directory):
     assert len(load_tokenizer(directory).encode(" the").ids) == 1
+
+
+@pytest.mark.parametrize("merges", ["", "#version: 0.2\n", "#version: 0.2\n\n"])
+def test_merges_that_hold_no_merge_are_refused_not_read_as_bytes(tmp_path, directory, merges):
+    """Without merges BPE splits every text into single bytes: refused, naming the file, as llama.cpp
+    refuses a GGUF tokenizer without its merges (refused too)."""
+    (tmp_path / "vocab.json").write_bytes((directory / "vocab.json").read_bytes())
+    (tmp_path / "merges.txt").write_text(merges)
+    with pytest.raises(ValueError, match=f"{tmp_path / 'merges.txt'} holds no merge"):
+        load_tokenizer(tmp_path)
+    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"]}
+    with pytest.raises(ValueError, match=r"f\.gguf: tokenizer\.ggml\.merges is missing or empty"):
+        gguf_tokenizer(metadata, "f.gguf")
 
 
 @pytest.mark.parametrize("text", TEXTS)

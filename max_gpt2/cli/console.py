@@ -44,13 +44,19 @@ def seed_value(text: str) -> int:
 
 
 def token_list(text: str) -> list[int]:
-    """argparse type: comma-separated token ids such as `464,3290`."""
+    """argparse type: comma-separated token ids such as `464,3290` (each then checked against the
+    vocabulary; here only that it is an id at all, 0 to 2**63 - 1)."""
     try:
-        return [int(part) for part in text.split(",")]
+        ids = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be comma-separated ids such as 464,3290; got {text!r}"
         ) from None
+    if past := [id_ for id_ in ids if not 0 <= id_ < 2**63]:
+        raise argparse.ArgumentTypeError(
+            f"{past[0]} is not a token id (ids count from 0 within the vocabulary)"
+        )
+    return ids
 
 
 def parse_layers(spec: str, n_layer: int) -> list[int]:
@@ -139,10 +145,14 @@ def open_prompt(
     text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if tokenizer is None:
         raise ValueError(
-            f"{tokenizer_directory(checkpoint.path)} has no tokenizer (tokenizer.json, or vocab.json "
-            f"and merges.txt, or a GGUF file's own); give the prompt as --tokens instead"
+            f"{checkpoint.path} has no tokenizer (tokenizer.json, or vocab.json and merges.txt, in "
+            f"{tokenizer_directory(checkpoint.path).resolve()}, or a GGUF file's own); give the prompt as "
+            "--tokens instead"
         )
-    return checkpoint, tokenizer, tokenizer.encode(text).ids
+    if not (ids := tokenizer.encode(text).ids):
+        given = "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}"
+        raise ValueError(f"{given}: the prompt is empty; GPT-2 needs at least one token to continue")
+    return checkpoint, tokenizer, ids
 
 
 def read_prompt_file(path: Path) -> str:

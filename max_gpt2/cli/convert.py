@@ -18,6 +18,7 @@ where the checkpoint has one, its tokenizer as llama.cpp's converter writes GPT-
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from max_gpt2.cli.console import CHECKPOINT_HELP, open_with_tokenizer
@@ -48,6 +49,13 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         raise ValueError(f"--out {args.out}: the file written is GGUF; name it NAME.gguf")
     if not args.out.parent.is_dir():
         raise FileNotFoundError(f"--out {args.out}: no such directory {args.out.parent}")
+    if args.out.is_dir():
+        raise IsADirectoryError(f"--out {args.out}: a directory; name the file to write in it")
+    try:  # before any work: a directory that takes no file fails here, not after the conversion
+        with tempfile.TemporaryFile(dir=args.out.parent):
+            pass
+    except OSError as error:
+        raise OSError(f"--out {args.out}: cannot write in {args.out.parent} ({error.strerror})") from None
     checkpoint, tokenizer = open_with_tokenizer(args.checkpoint)
     config, tied = checkpoint.config, checkpoint.tied
     mix = MIXES.get(args.weight_format)

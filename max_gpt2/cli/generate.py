@@ -103,8 +103,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sampler_of(args: argparse.Namespace) -> Sampler:
-    """The `Sampler` the options ask for: sampling where any sampling option is given."""
+    """The `Sampler` the options ask for: sampling where any sampling option is given; `--temperature 0`
+    is greedy, as llama.cpp's and the server's."""
     sampling = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
+    flags = ", ".join("--" + name.replace("_", "-") for name in sampling if name != "temperature")
+    if sampling.get("temperature") == 0:
+        if flags:
+            raise ValueError(f"--temperature 0 is greedy decoding, which takes no {flags}")
+        sampling = {}
+    if sampling and args.num_beams > 1:
+        given = ", ".join("--" + name.replace("_", "-") for name in sampling)
+        raise ValueError(f"--num-beams searches the likeliest sequences without sampling: leave out {given}")
     controls = {name: getattr(args, name) for name in CONTROLS}
     bias = dict(args.logit_bias) if args.logit_bias else None
     return Sampler(do_sample=bool(sampling), **sampling, **controls, logit_bias=bias)

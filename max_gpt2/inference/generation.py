@@ -20,6 +20,7 @@ a pattern, choices or a grammar (`max_gpt2.inference.constraints`). The options 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
@@ -111,6 +112,18 @@ def stream(
 
 
 def _checked(lm: Steps, max_new_tokens: int, options: dict[str, Any]) -> Options:
+    taken = [
+        name
+        for name in inspect.signature(check_options).parameters
+        if name not in ("config", "max_new_tokens")
+    ]
+    if unknown := sorted(options.keys() - set(taken)):
+        hint = (
+            " (max_new_tokens, the second argument, is how many tokens to add)"
+            if "max_length" in unknown
+            else ""
+        )
+        raise TypeError(f"generation takes no option {', '.join(unknown)}{hint}; it takes {', '.join(taken)}")
     tokenizer = options.pop("tokenizer", None) or lm.tokenizer
     return check_options(lm.config, max_new_tokens, tokenizer=tokenizer, **options)
 

@@ -18,14 +18,34 @@ def position_ids(attention_mask: np.ndarray) -> np.ndarray:
     return np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)
 
 
-def int_array(values: Any, name: str) -> np.ndarray:
-    """`values` as a 2-D int64 array, or a TypeError/ValueError naming `name`."""
-    array = np.asarray(values)
+def int_array(values: Any, name: str, dims: tuple[str, ...] = ("batch", "seq")) -> np.ndarray:
+    """`values` as an int64 array of `dims`, or a TypeError/ValueError naming `name`."""
+    shape = f"[{', '.join(dims)}]"
+    try:
+        array = np.asarray(values)
+    except ValueError:  # NumPy's "inhomogeneous shape"
+        raise ValueError(
+            f"{name} must be a {shape} array, its rows of one length; pad them (attention_mask)"
+        ) from None
+    if array.dtype == object and all(isinstance(value, int) for value in array.flat):
+        raise ValueError(f"{name} holds an integer past int64: ids are within the vocabulary")
     if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    if array.ndim != 2:
-        raise ValueError(f"{name} must have shape [batch, seq], got {list(array.shape)}")
+    if array.ndim != len(dims):
+        raise ValueError(f"{name} must have shape {shape}, got {list(array.shape)}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {array.max()}, past int64: ids are within the vocabulary")
     return array.astype(np.int64, copy=False)
+
+
+def check_vocabulary(ids: np.ndarray, vocab: int, name: str) -> None:
+    """A ValueError naming the first id in `ids` outside `0..vocab - 1`, and where it is."""
+    outside = (ids < 0) | (ids >= vocab)
+    if outside.any():
+        where = tuple(np.argwhere(outside)[0].tolist())
+        raise ValueError(
+            f"{name}[{', '.join(map(str, where))}] = {ids[where]} is outside the vocabulary (0..{vocab - 1})"
+        )
 
 
 def check_prompt(
@@ -47,13 +67,7 @@ def check_prompt(
         raise ValueError(
             f"{wanted} = {seq_len + new_tokens} positions, but the model has n_positions={limit}"
         )
-    vocab = config.vocab_size
-    outside = (ids < 0) | (ids >= vocab)
-    if outside.any():
-        row, column = np.argwhere(outside)[0]
-        raise ValueError(
-            f"input_ids[{row}, {column}] = {ids[row, column]} is outside the vocabulary (0..{vocab - 1})"
-        )
+    check_vocabulary(ids, config.vocab_size, "input_ids")
     if attention_mask is None:
         return ids, np.ones_like(ids)
     mask = int_array(attention_mask, "attention_mask")

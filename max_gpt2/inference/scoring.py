@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.prompts import check_prompt
+from max_gpt2.inference.prompts import check_prompt, check_vocabulary, int_array
 from max_gpt2.inference.steps import Steps
 from max_gpt2.inference.tokenizer import token_bytes
 from max_gpt2.model.layers.variants import RANKED
@@ -123,9 +123,8 @@ def perplexity(
             raise ValueError("scoring text needs a tokenizer: pass tokenizer=, or give token ids")
         ids = np.array(tokenizer.encode(text_or_ids).ids, dtype=np.int64)
     else:
-        ids = np.asarray(text_or_ids)
-        if ids.ndim != 1:
-            raise ValueError(f"token ids must have shape [seq], got {list(ids.shape)}")
+        ids = int_array(text_or_ids, "token ids", ("seq",))
+        check_vocabulary(ids, lm.config.vocab_size, "token ids")
     if ids.size < 2:
         raise ValueError(f"perplexity needs at least 2 tokens (the first is never scored), got {ids.size}")
     window = lm.config.n_positions

@@ -69,8 +69,13 @@ def gpt2_tokenizer(vocab: Path, merges: Path) -> Tokenizer:
 
     As Hugging Face's `GPT2Tokenizer` reads the same files: the end-of-text
     token is matched whole in the text, keeping its id in `vocab.json` (50256 in
-    GPT-2's), or taking the next free id where the vocabulary lacks it.
+    GPT-2's), or taking the next free id where the vocabulary lacks it. A `merges.txt` with no merge
+    is refused: BPE without merges would split every text into single bytes, silently.
     """
+    with merges.open("rb") as stream:
+        head = [stream.readline() for _ in range(2)]  # an optional "#version" line, then the first merge
+    if not any(line.strip() and not line.startswith(b"#version") for line in head):
+        raise ValueError(f"{merges} holds no merge: without them GPT-2's BPE splits every text into bytes")
     return _byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))), [END_OF_TEXT])
 
 
@@ -97,6 +102,8 @@ def gguf_tokenizer(metadata: Mapping[str, Any], source: str) -> Tokenizer | None
             f"GPT-2's byte-level BPE ('gpt2', 'gpt-2') is read here"
         )
     tokens, merges = metadata["tokenizer.ggml.tokens"], metadata.get("tokenizer.ggml.merges", [])
+    if not merges:  # as llama.cpp refuses it
+        raise ValueError(f"{source}: tokenizer.ggml.merges is missing or empty: GPT-2's BPE needs its merges")
     types = metadata.get("tokenizer.ggml.token_type", np.full(len(tokens), NORMAL))
     if not isinstance(tokens, list) or not isinstance(merges, list) or len(types) != len(tokens):
         raise ValueError(f"{source}: tokenizer.ggml.tokens, .merges and .token_type do not fit together")

@@ -75,12 +75,15 @@ def checkpoint_files(path: Path) -> list[Path]:
         raise CheckpointError(_conversion_hint(path))
     if path.name.endswith(".index.json"):
         try:
-            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
-            shard_names = sorted(set(weight_map.values()))
+            entries = list(json.loads(path.read_text(encoding="utf-8"))["weight_map"].items())
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
             raise CheckpointError(
                 f"{path} is not a safetensors index (no valid weight_map): {error!r}"
             ) from None
+        for key, name in entries:  # each a shard's plain file name, beside the index
+            if not isinstance(name, str) or Path(name).name != name:
+                raise CheckpointError(f"{path}: weight_map[{key!r}] is {name!r}, not a file beside the index")
+        shard_names = sorted({name for _, name in entries})
         shards = [path.parent / name for name in shard_names]
         missing = [str(shard) for shard in shards if not shard.is_file()]
         if missing:

@@ -73,6 +73,9 @@ def gguf_name(name: str) -> str:
     return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
 
 
+KINDS = {int: "an integer", float: "a number"}  # a metadata value's kind, as an error names it
+
+
 def config_from_gguf(file: GGUFFile) -> GPT2Config:
     """GPT-2's shapes from a GGUF file's `gpt2.*` metadata and `token_embd`; refuses other models."""
     meta, where = file.metadata, str(file.path)
@@ -89,7 +92,7 @@ def config_from_gguf(file: GGUFFile) -> GPT2Config:
         if kind is float and isinstance(found, (int, float)) and not isinstance(found, bool):
             return float(str(np.float32(found)))  # a float32's shortest decimal: 1e-05, as config.json has it
         if not isinstance(found, kind) or isinstance(found, bool):
-            raise CheckpointError(f"{where}: gpt2.{key} is {found!r}, not a {kind.__name__}")
+            raise CheckpointError(f"{where}: gpt2.{key} is {found!r}; it must be {KINDS[kind]}")
         return found
 
     if "token_embd.weight" not in file.tensors:
@@ -101,14 +104,16 @@ def config_from_gguf(file: GGUFFile) -> GPT2Config:
             f"{where}: gpt2.attention.head_count_kv differs from head_count; GPT-2 has none"
         )
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    try:
+    n_layer, n_positions = value("block_count", int), value("context_length", int)
+    epsilon = value("attention.layer_norm_epsilon", float)
+    try:  # GPT2Config's own checks of the values read (its message is given the file's name)
         return GPT2Config(
             n_embd=n_embd,
             n_head=n_head,
-            n_layer=value("block_count", int),
-            n_positions=value("context_length", int),
+            n_layer=n_layer,
+            n_positions=n_positions,
             vocab_size=file.tensors["token_embd.weight"].shape[0],
-            layer_norm_epsilon=value("attention.layer_norm_epsilon", float),
+            layer_norm_epsilon=epsilon,
             n_inner=None if n_inner == 4 * n_embd else n_inner,  # as config.json leaves GPT-2's own
             tie_word_embeddings="output.weight" not in file.tensors,
             eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) else None,

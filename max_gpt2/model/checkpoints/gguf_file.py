@@ -173,8 +173,9 @@ class GGUFFile:
                 raise cursor.fail(f"metadata key {key} appears twice")
             self.metadata[key] = cursor.value(cursor.scalar("I", f"the value type of {key}"), key)
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-            raise cursor.fail(f"general.alignment is {alignment!r}, not a power of two")
+        whole = isinstance(alignment, int) and not isinstance(alignment, bool)
+        if not whole or alignment < 1 or alignment & (alignment - 1):
+            raise cursor.fail(f"general.alignment is {alignment!r}: it must be an integer power of two")
         infos = [self._tensor_info(cursor) for _ in range(tensor_count)]
         data_start = -(-cursor.at // alignment) * alignment
         self.tensors: dict[str, TensorInfo] = {}

@@ -142,6 +142,13 @@ def test_temperature_zero_is_greedy_as_llama_cpps_and_the_servers():
     assert sampler("--temperature", "0.5").do_sample
 
 
+def test_a_warning_is_one_line_once_though_the_options_are_checked_twice(lm_checkpoint):
+    args = ["--tokens", "1,2", "--max-new-tokens", "2", "--length-penalty", "2"]
+    done = run_cli("generate", "--checkpoint", str(lm_checkpoint(LM)), *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("max-gpt2: warning: num_beams is 1: length_penalty") == 1, done.stderr
+
+
 def test_generate_prints_each_beam(compiled_lm, lm_checkpoint, tmp_path):
     lm, path = compiled_lm(LM), lm_checkpoint(LM)
     tokenizer, eos = load_tokenizer(path), Checkpoint(path).config.stop_token_ids

@@ -253,6 +253,16 @@ def test_bad_options_are_refused_naming_the_argument(compiled_lm, options, messa
         lm.generate([[1, 2, 3]], 4, **options)
 
 
+def test_settings_that_change_nothing_warn_as_hugging_face_warns(compiled_lm):
+    with pytest.warns(UserWarning, match="do_sample is False: greedy decoding leaves top_p=0.9 unused"):
+        Sampler(top_p=0.9)
+    lm = compiled_lm(LM)
+    with pytest.warns(UserWarning, match="num_beams is 1: length_penalty and early_stopping change nothing"):
+        lm.generate([[1, 2, 3]], 2, length_penalty=2.0)
+    with pytest.warns(UserWarning, match="min_new_tokens=5 > max_new_tokens=2: it stops at the latter"):
+        assert lm.generate([[1, 2, 3]], 2, min_new_tokens=5).shape == (1, 5)
+
+
 def test_an_option_generation_does_not_take_is_named_with_those_it_takes(compiled_lm):
     with pytest.raises(
         TypeError, match=r"no option max_length \(max_new_tokens, the second argument.*num_beams"

@@ -106,7 +106,7 @@ def run() -> None:
     0.05-0.1 s to every command and frees nothing (docs/performance.md, start-up). A SIGTERM (`kill`,
     `timeout`, a service manager) ends it as Ctrl-C does, no partial file left behind."""
     signal.signal(signal.SIGTERM, _terminated)
-    warnings.showwarning = _warned
+    warnings.showwarning = OneLineWarnings()
     gc.disable()  # importing makes some 90,000 objects that live to the end: collecting took ~60 ms
     args, command = parse(sys.argv[1:])
     gc.freeze()  # ... and later collections need not walk them again (docs/performance.md, start-up)
@@ -136,7 +136,15 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
-def _warned(message: Warning | str, category: type[Warning], *where: object) -> None:
-    """A warning as one line (a cache that cannot be written, say), not Python's two with a line of our
-    source."""
-    print(f"max-gpt2: warning: {message}", file=sys.stderr)
+class OneLineWarnings:
+    """`warnings.showwarning` for the program: a warning as one line (a cache that cannot be written, say),
+    not Python's two with a line of our source, and each text once (options are checked before the work
+    and again by it)."""
+
+    def __init__(self) -> None:
+        self.shown: set[str] = set()
+
+    def __call__(self, message: Warning | str, category: type[Warning], *where: object) -> None:
+        if str(message) not in self.shown:
+            self.shown.add(str(message))
+            print(f"max-gpt2: warning: {message}", file=sys.stderr)

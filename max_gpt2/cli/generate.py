@@ -137,14 +137,11 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         "pad_token_id": None if config.stop_token_ids else 0,  # fills a sequence that stops first
         "num_return_sequences": args.num_return_sequences,
         "context_overflow": args.context_overflow,
+        "num_beams": args.num_beams,
+        "length_penalty": args.length_penalty,  # without beams, a warning that it changes nothing
+        "early_stopping": args.early_stopping,
     }
     several = args.num_beams > 1 or args.num_return_sequences > 1
-    if several:
-        options |= {
-            "num_beams": args.num_beams,
-            "length_penalty": args.length_penalty,
-            "early_stopping": args.early_stopping,
-        }
     if args.prompt_lookup is not None and args.draft is not None:
         raise ValueError("give --prompt-lookup or --draft, not both")
     if args.draft_tokens is not None and args.draft is None:

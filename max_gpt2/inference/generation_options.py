@@ -12,6 +12,7 @@ made into a `Drafter` (`max_gpt2.inference.drafting`); ours: `context_overflow`,
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,6 +106,13 @@ def check_options(
         )
     if beams > 1:
         _check_beams(sampler, beams, returned, stops, context_overflow, length_penalty, early_stopping)
+    elif length_penalty != 1.0 or early_stopping is not False:  # Hugging Face warns the same
+        warnings.warn("num_beams is 1: length_penalty and early_stopping change nothing", stacklevel=4)
+    if min_new > int(max_new_tokens):
+        warnings.warn(
+            f"min_new_tokens={min_new} > max_new_tokens={max_new_tokens}: it stops at the latter",
+            stacklevel=4,
+        )
     drafter = _drafter(
         config, prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
     )

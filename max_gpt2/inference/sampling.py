@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +53,10 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 """Each numeric setting's test, and what it must be (OpenAI's range for its two penalties)."""
 
 
+SAMPLING_ONLY = {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": None, "seed": None}
+"""The settings only sampling reads, at the values that change nothing."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampler:
     """How to pick each next token; checked when made, so bad settings fail before any work.
@@ -77,6 +82,13 @@ class Sampler:
         for name, (valid, wanted) in RANGES.items():
             if not valid(getattr(self, name)):
                 raise ValueError(f"{name} must be {wanted}, got {getattr(self, name)!r}")
+        unused = [name for name, default in SAMPLING_ONLY.items() if getattr(self, name) != default]
+        if unused and not self.do_sample:  # Hugging Face's generation config warns the same
+            given = ", ".join(f"{name}={getattr(self, name)!r}" for name in unused)
+            warnings.warn(
+                f"do_sample is False: greedy decoding leaves {given} unused; do_sample=True samples",
+                stacklevel=3,
+            )
         if self.logit_bias is not None:
             bias = self.logit_bias
             valid = isinstance(bias, Mapping) and all(

@@ -63,15 +63,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "max-gpt2"
 
 
+ABANDONED_S = 600  # a partial file untouched this long, its writer gone, is left over (`write_atomically`)
+
+
 def write_atomically(file: Path, write: Callable[[Path], Any]) -> None:
     """Calls `write` on a temporary name beside `file`, then renames it into place; a failed or
     interrupted write leaves no partial file. The name is this process's own, so processes writing
     the same file at once do not mix their bytes: the last rename wins, whole. What a process killed
-    outright (SIGKILL, a power cut) left of the same file is removed first."""
+    outright (SIGKILL, a power cut) left of the same file is removed first: a partial file whose
+    writer is gone and which no one has written to for `ABANDONED_S` (the pid alone could be another
+    container's)."""
     partial = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.partial")
     for left in file.parent.glob(f"{glob.escape(file.name)}.*.*.partial"):
-        if not _running(left.name[len(file.name) + 1 :].split(".")[0]):
-            left.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another writer may remove it first
+            idle = time.time() - left.stat().st_mtime
+            if idle > ABANDONED_S and not _running(left.name[len(file.name) + 1 :].split(".")[0]):
+                left.unlink()
     try:
         write(partial)
         os.replace(partial, file)

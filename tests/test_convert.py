@@ -4,6 +4,7 @@ by `generate`."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -105,14 +106,18 @@ def test_convert_refuses_what_gguf_cannot_hold_before_writing(lm_checkpoint, tmp
 
 def test_a_partial_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     """A SIGKILL leaves the writer's partial file (no handler runs); the next write of the same file
-    removes it, and leaves a live writer's alone."""
+    removes it once it has lain untouched a while, and leaves a live writer's and a fresh one alone."""
     out = tmp_path / "x.gguf"
     dead = tmp_path / f"x.gguf.{2**22 + 1}.1.partial"  # no process has it: Linux's pids stay under 2**22
     live = tmp_path / f"x.gguf.{os.getpid()}.2.partial"
-    dead.write_text("half")
-    live.write_text("half")
+    fresh = tmp_path / f"x.gguf.{2**22 + 2}.3.partial"  # written just now: another container's, maybe
+    for each in (dead, live, fresh):
+        each.write_text("half")
+    hour_ago = time.time() - 3600
+    os.utime(dead, (hour_ago, hour_ago))
+    os.utime(live, (hour_ago, hour_ago))
     write_atomically(out, lambda partial: partial.write_text("whole"))
-    assert out.read_text() == "whole" and not dead.exists() and live.exists()
+    assert out.read_text() == "whole" and not dead.exists() and live.exists() and fresh.exists()
 
 
 def test_generate_reads_a_converted_file_as_the_checkpoint(compiled_lm, lm_checkpoint, tmp_path):

@@ -277,9 +277,14 @@ def test_ctrl_c_or_a_sigterm_ends_generate_with_one_line(compiled_lm, lm_checkpo
     """Interrupted while it generates: Ctrl-C says so in one line, a SIGTERM ends it as quietly; the
     status is the one a shell reports for the signal, and no traceback is printed."""
     process = generating(compiled_lm, lm_checkpoint)
+    dispositions = [  # which signals it blocks, ignores and catches, should it not end
+        line
+        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        if line.startswith("Sig")
+    ]
     process.send_signal(signal_sent)
     stderr = process.stderr.read().decode()
-    assert process.wait(timeout=600) == status, stderr
+    assert process.wait(timeout=600) == status, (stderr, dispositions)
     assert "Traceback" not in stderr and ("interrupted" in stderr) == (signal_sent == signal.SIGINT), stderr
 
 

@@ -105,12 +105,15 @@ def run() -> None:
     no thread or child process of ours: tearing down the interpreter and MAX's runtime would add
     0.05-0.1 s to every command and frees nothing (docs/performance.md, start-up). A SIGTERM (`kill`,
     `timeout`, a service manager) ends it as Ctrl-C does, no partial file left behind."""
-    signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = OneLineWarnings()
     gc.disable()  # importing makes some 90,000 objects that live to the end: collecting took ~60 ms
     args, command = parse(sys.argv[1:])
     gc.freeze()  # ... and later collections need not walk them again (docs/performance.md, start-up)
     gc.enable()
+    # Once MAX is imported (its runtime's set-up comes first), and unblocked should the parent have
+    # left them blocked: signals a process inherits masked would stay pending for good.
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     status = execute(args, command)
     try:
         sys.stdout.flush()

@@ -106,14 +106,13 @@ def sampler_of(args: argparse.Namespace) -> Sampler:
     """The `Sampler` the options ask for: sampling where any sampling option is given; `--temperature 0`
     is greedy, as llama.cpp's and the server's."""
     sampling = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
-    flags = ", ".join("--" + name.replace("_", "-") for name in sampling if name != "temperature")
+    flags = ", ".join("--" + name.replace("_", "-") for name in sampling)
     if sampling.get("temperature") == 0:
-        if flags:
-            raise ValueError(f"--temperature 0 is greedy decoding, which takes no {flags}")
+        if len(sampling) > 1:
+            raise ValueError(f"--temperature 0 is greedy decoding: leave out the sampling flags ({flags})")
         sampling = {}
     if sampling and args.num_beams > 1:
-        given = ", ".join("--" + name.replace("_", "-") for name in sampling)
-        raise ValueError(f"--num-beams searches the likeliest sequences without sampling: leave out {given}")
+        raise ValueError(f"--num-beams searches the likeliest sequences without sampling: leave out {flags}")
     controls = {name: getattr(args, name) for name in CONTROLS}
     bias = dict(args.logit_bias) if args.logit_bias else None
     return Sampler(do_sample=bool(sampling), **sampling, **controls, logit_bias=bias)

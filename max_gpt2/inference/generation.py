@@ -20,7 +20,6 @@ a pattern, choices or a grammar (`max_gpt2.inference.constraints`). The options 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
@@ -31,7 +30,7 @@ from max_gpt2.inference.beam_search import beam_search
 from max_gpt2.inference.constraints import Constraint, Guide
 from max_gpt2.inference.context_shift import kept_tail
 from max_gpt2.inference.drafting import DraftCounts, Speculation
-from max_gpt2.inference.generation_options import Options, check_options
+from max_gpt2.inference.generation_options import OPTIONS, Options, check_options
 from max_gpt2.inference.logit_controls import ban
 from max_gpt2.inference.prompts import check_left_padding, check_prompt
 from max_gpt2.inference.sampling import Sampler
@@ -112,18 +111,15 @@ def stream(
 
 
 def _checked(lm: Steps, max_new_tokens: int, options: dict[str, Any]) -> Options:
-    taken = [
-        name
-        for name in inspect.signature(check_options).parameters
-        if name not in ("config", "max_new_tokens")
-    ]
-    if unknown := sorted(options.keys() - set(taken)):
+    if unknown := sorted(options.keys() - set(OPTIONS)):
         hint = (
-            " (max_new_tokens, the second argument, is how many tokens to add)"
+            " (max_new_tokens, the second argument, counts the tokens added)"
             if "max_length" in unknown
             else ""
         )
-        raise TypeError(f"generation takes no option {', '.join(unknown)}{hint}; it takes {', '.join(taken)}")
+        raise TypeError(
+            f"generation takes no option {', '.join(unknown)}{hint}; it takes {', '.join(OPTIONS)}"
+        )
     tokenizer = options.pop("tokenizer", None) or lm.tokenizer
     return check_options(lm.config, max_new_tokens, tokenizer=tokenizer, **options)
 

@@ -12,6 +12,7 @@ made into a `Drafter` (`max_gpt2.inference.drafting`); ours: `context_overflow`,
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -129,6 +130,10 @@ def check_options(
         sampler, int(max_new_tokens), eos, min_new, stops, tokenizer, pad, returned,
         context_overflow == "shift", beams, float(length_penalty), early_stopping, drafter, constraint,
     )  # fmt: skip
+
+
+OPTIONS = tuple(inspect.signature(check_options).parameters)[2:]
+"""The options `generate` and `stream` take, by name (`check_options`'s after the config and length)."""
 
 
 def _constraint(

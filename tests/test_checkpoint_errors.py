@@ -6,6 +6,7 @@ import json
 import pickle
 import re
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -175,3 +176,40 @@ def test_writer_rejects_bad_options(tmp_path):
         write_checkpoint(tmp_path, ODD, dtype="int8")
     with pytest.raises(ValueError, match="shards must be a positive integer"):
         write_checkpoint(tmp_path, ODD, shards=0)
+
+
+def test_a_tensor_stored_in_two_shards_is_refused(tmp_path):
+    """Which copy would be read depended on the order of the files; both are named instead."""
+    path = write_checkpoint(tmp_path, ODD, shards=2)
+    first, second = sorted(path.glob("model-*.safetensors"))
+    stored = load_file(first)
+    key = next(iter(stored))
+    save_file({**load_file(second), key: stored[key]}, second)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"tensor {re.escape(key)} is stored twice, in .*{first.name} "
+        rf"and in .*{second.name}",
+    ):
+        load_attention_weights(path, 0)
+
+
+def test_tensors_no_parameter_reads_are_named_in_a_warning(tmp_path):
+    """As Hugging Face warns of a checkpoint's unused weights: a layer past the config's and another
+    model's head are named; the causal-mask buffers older files keep are not."""
+    path = write_checkpoint(tmp_path, ODD)
+    tensors = load_file(path / "model.safetensors")
+    mask = np.tril(np.ones((1, 1, 8, 8), dtype=np.float32))
+    extra = {"h.3.attn.c_attn.weight": tensors["h.0.attn.c_attn.weight"], "score.weight": np.ones((2, 60))}
+    save_file(
+        {**tensors, "h.0.attn.bias": mask, "h.1.attn.masked_bias": mask[0, 0, 0]}, path / "model.safetensors"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_attention_weights(path, 0)  # the mask buffers alone: no warning
+    save_file({**tensors, **extra}, path / "model.safetensors")
+    with pytest.warns(
+        UserWarning,
+        match=r"2 tensors in .*model.safetensors are not GPT-2's parameters and "
+        r"are not used: h\.3\.attn\.c_attn\.weight, score\.weight$",
+    ):
+        assert load_attention_weights(path, 0)

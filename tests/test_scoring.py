@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from max_gpt2 import GPT2Config, load_tokenizer, reference
 from max_gpt2.testing import CORPUS
@@ -163,6 +165,21 @@ def test_score_command_prints_each_token(compiled_lm, lm_checkpoint):
     assert [row["token"] for row in rows] == [tokenizer.decode([token]) for token in ids]  # text, unquoted
     expected = lm.logprobs(np.array([ids]))[0]
     np.testing.assert_allclose([row["logprob"] for row in rows[1:]], expected[1:], atol=1e-5)
+
+
+def test_score_command_tells_nan_from_the_first_token(lm_checkpoint, tmp_path):
+    """Weights that are not finite give NaN log-probabilities: shown as `nan`, not as the first token's `-`,
+    with a warning naming the checkpoint."""
+    broken = tmp_path / "broken"
+    shutil.copytree(lm_checkpoint(LM), broken)
+    tensors = load_file(broken / "model.safetensors")
+    tensors["ln_f.weight"][0] = np.nan
+    save_file(tensors, broken / "model.safetensors")
+    done = run_python("-m", "max_gpt2", "score", "--checkpoint", broken, "--tokens", "3,5,7")
+    assert done.returncode == 0, done.stderr
+    shown = [line.split()[3] for line in done.stdout.splitlines()[1:]]  # position, id, token, logprob
+    assert shown == ["-", "nan", "nan"], done.stdout
+    assert f"NaN at 2 of 2 positions: its outputs are not finite (check {broken}'s weights)" in done.stderr
 
 
 def test_perplexity_command_reports_each_file(compiled_lm, lm_checkpoint, tmp_path):

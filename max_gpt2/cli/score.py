@@ -6,7 +6,8 @@
 A token's log-probability is that of the model choosing it after the tokens
 before it (`CompiledLM.score`); the first token has none. The table goes to
 stdout (`--json`: the same as JSON, each token's text as it is, null without a tokenizer, and
-the first token's values null).
+the first token's values null). A NaN log-probability past the first (weights that are not finite)
+shows as `nan` (null in JSON), with a warning.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,12 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     def text(token: int) -> str | None:  # None: no tokenizer to spell it
         return tokenizer.decode([token]) if tokenizer is not None else None
 
+    if not_finite := int(np.isnan(scores.logprobs[0, 1:]).sum()):
+        warnings.warn(
+            f"the model's log-probabilities are NaN at {not_finite} of {len(prompt) - 1} positions: its "
+            f"outputs are not finite (check {checkpoint.path}'s weights)",
+            stacklevel=1,
+        )
     rows = []
     for position, token in enumerate(prompt):
         logprob = float(scores.logprobs[0, position])
@@ -73,7 +81,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
         + ("  likeliest instead" if args.top else "")
     )
     for position, row in enumerate(rows):
-        logprob = "-" if row["logprob"] is None else f"{row['logprob']:.4f}"
+        logprob = ("nan" if position else "-") if row["logprob"] is None else f"{row['logprob']:.4f}"
         others = ", ".join(f"{shown(choice)} {choice['logprob']:.2f}" for choice in row["top"])
         print(f"{position:>8}  {row['id']:>6}  {shown(row):<20}  {logprob:>9}  {others}".rstrip())
     return 0

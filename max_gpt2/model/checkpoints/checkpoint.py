@@ -20,6 +20,7 @@ are read only when asked for, one at a time, as float32.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -107,7 +108,11 @@ class StoredTensors(Mapping[str, np.ndarray]):
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files
-        self.file_of = {key: file for file in files for key in _keys_of(file)}
+        self.file_of: dict[str, Path] = {}
+        for file in files:
+            for key in _keys_of(file):
+                if (first := self.file_of.setdefault(key, file)) != file:
+                    raise CheckpointError(f"tensor {key} is stored twice, in {first} and in {file}")
         self._reader: Any = None  # MAX's reader, made when a tensor is first read
 
     def _read(self, key: str) -> Any:
@@ -169,6 +174,12 @@ class Checkpoint:
         self.config = config if config is not None else GPT2Config.from_pretrained(self.path)
         source = ", ".join(str(file) for file in self.files)
         self.adapter = WeightAdapter(self.tensors, self.config, source)
+        if unused := self.adapter.unused():
+            warnings.warn(
+                f"{len(unused)} tensors in {source} are not GPT-2's parameters and are not used: "
+                f"{', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}",
+                stacklevel=2,
+            )
 
     @property
     def layers_found(self) -> int:

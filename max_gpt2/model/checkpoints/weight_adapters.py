@@ -35,6 +35,7 @@ from max_gpt2.model.parameters import (
 )
 
 _LAYER_KEY = re.compile(r"(?:transformer\.)?h\.(\d+)\.")
+_MASK_BUFFER = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)$")  # older files keep them
 
 
 class CheckpointError(ValueError):
@@ -68,6 +69,12 @@ class WeightAdapter:
     def tied(self) -> bool:
         """Whether the LM head is `wte` itself: the config ties them and no head is stored."""
         return self.config.tie_word_embeddings and "lm_head.weight" not in self.tensors
+
+    def unused(self) -> list[str]:
+        """The stored tensors no parameter is read from, causal-mask buffers aside: Hugging Face warns of
+        them (a layer past the config's `n_layer`, another model's head)."""
+        read = {self.key_of(name) for name in model_parameter_shapes(self.config)}
+        return sorted(key for key in self.tensors if key not in read and not _MASK_BUFFER.match(key))
 
     def model_weights(self) -> dict[str, np.ndarray]:
         """Every parameter of `GPT2LMHeadModel`, keyed by module name.

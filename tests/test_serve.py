@@ -231,8 +231,18 @@ def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expe
 
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         complete(server, PROMPTS[0], logprobs=21)  # vLLM's most is 20
-    with pytest.raises(openai.BadRequestError, match=f"maximum context length of {LM.n_positions}"):
+    with pytest.raises(
+        openai.BadRequestError, match=f"maximum context length is {LM.n_positions} tokens"
+    ) as e:
         complete(server, "word " * LM.n_positions, echo=True, logprobs=1, max_tokens=1)
+    assert (e.value.code, e.value.param) == ("context_length_exceeded", "prompt")  # OpenAI's code
+    with pytest.raises(
+        openai.BadRequestError, match="messages: This model's maximum context length is"
+    ) as e:
+        client(server).chat.completions.create(
+            model="gpt2", messages=[{"role": "user", "content": "word " * LM.n_positions}], max_tokens=1
+        )
+    assert (e.value.code, e.value.param) == ("context_length_exceeded", "messages")
     assert served(complete(server, PROMPTS[2]).choices[0]) == expected[PROMPTS[2]]
 
 

@@ -222,6 +222,17 @@ def test_chat_renders_the_checkpoints_template_and_answers_as_our_model(server, 
         stopped.choices[0].message.content == text
         and stopped.choices[0].model_extra["stop_reason"] == matched
     )
+    held = client(server).chat.completions.create(  # each token's text held back: it may begin the stop
+        model="gpt2",
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=10,
+        stream=True,
+        stop=["".join(pieces) + "\x07"],
+    )
+    deltas = [chunk.choices[0].delta for chunk in held if chunk.choices]
+    assert deltas[1:-1] and all(delta.content == "" for delta in deltas[1:-1])  # as OpenAI's, not `{}`
+    assert deltas[-1].content == "".join(pieces)  # released at the end
 
 
 def test_chat_refuses_bad_messages_naming_them_and_a_server_without_a_template(server, served_q4_0_lm):
@@ -307,6 +318,15 @@ def test_logit_bias_gives_lm_generates_tokens_with_the_same_bias(server, lm, tok
         )  # fmt: skip
         chunks = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
         assert [token for chunk in chunks for token in served(chunk).ids] == biased
+    pairs = [[plain[1], False], [65, 7.5]]  # llama-server's form, `false` a ban
+    answer = client(server).completions.create(
+        model="gpt2",
+        prompt=PROMPTS[2],
+        max_tokens=8,
+        temperature=0,
+        extra_body={**extra, "logit_bias": pairs},
+    )
+    assert served(answer.choices[0]).ids == biased
     answer = client(server).completions.create(
         model="gpt2", prompt=PROMPTS[2], max_tokens=8, temperature=0, logprobs=1,
         logit_bias={str(token): value for token, value in bias.items()},

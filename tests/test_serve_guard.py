@@ -56,7 +56,10 @@ REFUSED = [
     ({"stop": [1]}, "stop", "a string or a list of strings"),
     ({"logit_bias": {"x": 1}}, "logit_bias", "'x' is not a token id of the vocabulary (0 to 319)"),
     ({"logit_bias": {"320": 1}}, "logit_bias", "'320' is not a token id"),
-    ({"logit_bias": {"5": 101}}, "logit_bias", "logit_bias[5]: must be between -100 and 100"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "logit_bias[5]: must be from -100 to 100, or false"),
+    ({"logit_bias": {"5": True}}, "logit_bias", "logit_bias[5]: true biases nothing"),
+    ({"logit_bias": [[5]]}, "logit_bias", "or a list of [id, bias] pairs"),
+    ({"logit_bias": [["Hello", 1]]}, "logit_bias", "'Hello' is not a token id"),  # llama-server tokenizes it
     ({"suffix": "the end"}, "suffix", "cannot insert"),
     ({"thinking_temperature": 0.5}, "thinking_temperature", "no reasoning"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "no reasoning"),
@@ -189,6 +192,12 @@ def test_what_is_honoured_goes_on_to_max_meaning_the_same():
     last = checked({"seed": 2**64 - 1, "n": 2}).request("r", "gpt2", "x", 1, defaults, 0, "/")
     assert last.sampling_params.seed == FIXED_SEED_ZERO  # wraps to 0, which is a seed too
     assert checked({"suffix": "", "logit_bias": {}, "n": None}).n == 1  # empty values ask nothing
+    # llama-server's forms: `[id, bias]` pairs, `false` a ban (as `ban` bans), and `seed: -1` no seed.
+    banned = checked({"logit_bias": [[7, -5], ["9", False]]}).logit_bias
+    assert banned == {7: -5.0, 9: LOWEST} and checked({"logit_bias": {"9": False}}).logit_bias == {9: LOWEST}
+    random = checked({"seed": -1})
+    seeds = {random.request("r", "gpt2", "x", 0, defaults, 0, "/").sampling_params.seed for _ in range(4)}
+    assert random.sampling.seed is None and len(seeds) == 4  # MAX draws 32 random bits a request
     chat = checked({"logprobs": True, "max_completion_tokens": 3, "max_tokens": 9}, chat=True)
     assert chat.logprobs == 0 and chat.sampling.max_new_tokens == 3
 

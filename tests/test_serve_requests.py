@@ -29,7 +29,7 @@ pytestmark = requires_serving()
 # What the client sent, and more: each bad request, the status it gets, and what its message names.
 BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"prompt": [1, 2, 10_000_000]}, 400, "token id 10000000 at position 2 is outside"),
-    ({"prompt": "word " * LM.n_positions}, 400, f"maximum context length of {LM.n_positions}"),
+    ({"prompt": "word " * LM.n_positions}, 400, f"maximum context length is {LM.n_positions} tokens"),
     ({"prompt": []}, 400, "prompt: the list holds no prompt"),
     ({"prompt": ""}, 400, "prompt: empty"),
     ({"max_tokens": -1}, 400, "max_tokens: must be at least 1"),

@@ -34,6 +34,10 @@ from max_gpt2.model.config import GPT2Config
 from max_gpt2.serving.context import GPT2Context, GPT2Request
 
 
+class ContextExceeded(InputError):
+    """A prompt that leaves no room in the context for a new token: OpenAI's `context_length_exceeded`."""
+
+
 class GPT2TextTokenizer(TextTokenizer):
     """`TextTokenizer` that refuses, with a 400 naming the field, prompts the model cannot run."""
 
@@ -62,7 +66,7 @@ class GPT2TextTokenizer(TextTokenizer):
         try:
             context = await super().new_context(request)
         except PromptTooLongError as error:  # MAX's words name no field: said as `check_ids` says it
-            raise InputError(self._too_long(error.num_tokens)) from None
+            raise ContextExceeded(self._too_long(error.num_tokens)) from None
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
@@ -83,12 +87,13 @@ class GPT2TextTokenizer(TextTokenizer):
                 f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
             )
         if ids.size >= self.n_positions:
-            raise InputError(self._too_long(ids.size))
+            raise ContextExceeded(self._too_long(ids.size))
 
     def _too_long(self, tokens: int) -> str:
+        """In OpenAI's and vLLM's words, which clients read the context's length from."""
         return (
-            f"prompt: {tokens} tokens leave no room for a new one in the model's maximum context length "
-            f"of {self.n_positions}"
+            f"prompt: This model's maximum context length is {self.n_positions} tokens. However, the prompt "
+            f"has {tokens} tokens, which leave no room for a new one. Please reduce the length of the prompt."
         )
 
 

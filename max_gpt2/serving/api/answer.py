@@ -30,6 +30,7 @@ from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenName
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.tokenizer import ContextExceeded
 
 logger = logging.getLogger("max.serve")
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class Shape:
     object: ClassVar[str]  # the response's `object`
     chunk_object: ClassVar[str]  # a streamed event's `object`
     id_prefix: ClassVar[str]
+    prompt_field: ClassVar[str] = "prompt"  # the request field a refused prompt came from
 
     def __init__(self, asked: Asked, names: TokenNames) -> None:
         self.asked, self.names = asked, names
@@ -96,7 +98,7 @@ async def answer(
     request: Request, served: Served, shape: Shape, asked: Asked, model: str, prompts: Sequence[Any]
 ) -> Response:
     """Starts every choice of `prompts` (`asked.n` each), then streams or gathers them."""
-    choices = await start(request, served, asked, model, prompts)
+    choices = await start(request, served, asked, model, prompts, shape.prompt_field)
     ident = f"{shape.id_prefix}-{request.state.request_id}"
     created = int(time.time())
     head = {"id": ident, "created": created, "model": model}
@@ -123,10 +125,10 @@ async def answer(
 
 
 async def start(
-    request: Request, served: Served, asked: Asked, model: str, prompts: Sequence[Any]
+    request: Request, served: Served, asked: Asked, model: str, prompts: Sequence[Any], prompt_field: str
 ) -> list[Choice]:
-    """Every choice submitted, in OpenAI's order (each prompt's `n` together); a `Refusal` for a prompt
-    the tokenizer refuses, with those already submitted withdrawn."""
+    """Every choice submitted, in OpenAI's order (each prompt's `n` together); a `Refusal` naming
+    `prompt_field` for a prompt the tokenizer refuses, with those already submitted withdrawn."""
     defaults = served.config.model.sampling_params_defaults
     timestamp, path, ident = request.state.request_timer.start_ns, request.url.path, request.state.request_id
     choices: list[Choice] = []
@@ -139,8 +141,9 @@ async def start(
                 choices.append(await Choice.start(served.engine, made, asked.rules))
     except InputError as error:
         await withdraw(choices)
-        where = "prompt" if len(prompts) == 1 else f"prompt[{len(choices) // asked.n}]"
-        raise Refusal("prompt", str(error).replace("prompt:", f"{where}:", 1)) from None
+        where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{len(choices) // asked.n}]"
+        code = "context_length_exceeded" if isinstance(error, ContextExceeded) else None  # OpenAI's
+        raise Refusal(prompt_field, str(error).replace("prompt:", f"{where}:", 1), code=code) from None
     except BaseException:
         await withdraw(choices)
         raise

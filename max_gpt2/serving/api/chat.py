@@ -153,6 +153,7 @@ class ChatShape(Shape):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl"
+    prompt_field = "messages"
 
     def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
         return {
@@ -176,7 +177,7 @@ class ChatShape(Shape):
     def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
         return {
             "index": index,
-            "delta": {"content": chunk.text} if chunk.text else {},
+            "delta": {} if chunk.finish and not chunk.text else {"content": chunk.text},  # as OpenAI's
             "logprobs": self._logprobs(chunk.tokens),
             "finish_reason": chunk.finish.reason if chunk.finish else None,
             "stop_reason": chunk.finish.stop_reason if chunk.finish else None,

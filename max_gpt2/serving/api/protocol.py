@@ -139,7 +139,7 @@ class Sampling(Ignored, Constrained):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float | bool] | list[tuple[int | str, float | bool]] | None = None
     seed: int | None = None
     n: int | None = None
     best_of: int | None = None
@@ -204,19 +204,28 @@ class DetokenizeRequest(BaseModel):
 
 
 class Refusal(Exception):
-    """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why, and
-    the headers HTTP asks of that status (a 401's `WWW-Authenticate`, a 405's `Allow`)."""
+    """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why, the
+    headers HTTP asks of that status (a 401's `WWW-Authenticate`, a 405's `Allow`), and OpenAI's `code`
+    where it has one (`context_length_exceeded`)."""
 
     def __init__(
-        self, param: str | None, message: str, status: int = 400, headers: dict[str, str] | None = None
+        self,
+        param: str | None,
+        message: str,
+        status: int = 400,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.param, self.message, self.status, self.headers = param, message, status, headers
+        self.param, self.message, self.status, self.headers, self.code = param, message, status, headers, code
 
 
 def refusal_response(refusal: Refusal) -> JSONResponse:
-    """OpenAI's error body for `refusal` (as MAX's own errors carry it), its `param` the field it names."""
+    """OpenAI's error body for `refusal` (as MAX's own errors carry it), its `param` the field it names
+    and its `code` OpenAI's where one is given (else MAX's, the status)."""
     body = error_body(refusal.status, refusal.message, refusal.param)
+    if refusal.code is not None:
+        body["error"]["code"] = refusal.code
     return JSONResponse(body, refusal.status, refusal.headers)
 
 
@@ -246,7 +255,11 @@ def parse(model: type[Model], body: bytes) -> Model:
 
 
 # What a field of several JSON types may be, said once for all its types' errors.
-UNIONS = {"prompt": "a string, token ids, or a list of either", "stop": "a string or a list of strings"}
+UNIONS = {
+    "prompt": "a string, token ids, or a list of either",
+    "stop": "a string or a list of strings",
+    "logit_bias": "an object of token ids to biases, or a list of [id, bias] pairs (a bias false: banned)",
+}
 
 
 def unset(value: Any) -> bool:

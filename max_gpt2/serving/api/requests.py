@@ -32,12 +32,13 @@ from max_gpt2.serving.api.protocol import (
     Sampling,
     unset,
 )
+from max_gpt2.serving.api.token_fields import logit_bias, token_id
 from max_gpt2.serving.context import GPT2Request
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
 MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.model`'s graph gives up to 31)
-LOGIT_BIAS = 100.0  # OpenAI's bound on a bias, either way
 FIXED_SEED_ZERO = 0x5EED  # what `seed: 0` runs with: MAX takes 0 as "no seed" and picks a random one
+RANDOM_SEED = -1  # llama-server's "a random seed", which its clients send by default
 SEED_RANGE = (-(2**63), 2**64 - 1)  # MAX keys its sampler with the seed as 64 bits
 # Numeric fields and their closed ranges.
 RANGES: dict[str, tuple[float, float]] = {
@@ -139,7 +140,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         if not stop:
             raise Refusal("stop", f"stop[{index}]: empty; a stop string needs at least one character")
     for index, token in enumerate(body.stop_token_ids or ()):
-        _token_id("stop_token_ids", f"stop_token_ids[{index}]", token, vocab_size)
+        token_id("stop_token_ids", f"stop_token_ids[{index}]", token, vocab_size)
     sampling = SamplingParamsInput(
         top_k=None if body.top_k is None else min(body.top_k, vocab_size),  # more: every token, as vLLM
         top_p=body.top_p,
@@ -151,7 +152,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         max_new_tokens=max_tokens,
         min_new_tokens=body.min_tokens,
         ignore_eos=body.ignore_eos,
-        seed=body.seed,
+        seed=None if body.seed == RANDOM_SEED else body.seed,
         stop_token_ids=body.stop_token_ids,
     )
     rules = Rules(
@@ -163,7 +164,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         rules=rules,
         logprobs=logprobs,
         echo=echo,
-        logit_bias=_logit_bias(body.logit_bias, vocab_size),
+        logit_bias=logit_bias(body.logit_bias, vocab_size),
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         usage_every_chunk=bool(body.stream_options and body.stream_options.continuous_usage_stats),
@@ -276,24 +277,3 @@ def _check_choices(body: Sampling) -> int:
             f"best_of: this server does not rank candidates; leave it out or make it equal to n ({n})",
         )
     return n
-
-
-def _logit_bias(bias: dict[str, Any] | None, vocab_size: int) -> dict[int, float]:
-    """`logit_bias` by token id, each id in the vocabulary and each bias within OpenAI's bound."""
-    biases = {}
-    for key, value in (bias or {}).items():
-        token = _token_id("logit_bias", "logit_bias", key, vocab_size)
-        if not (math.isfinite(value) and -LOGIT_BIAS <= value <= LOGIT_BIAS):
-            raise Refusal(
-                "logit_bias",
-                f"logit_bias[{key}]: must be between -{LOGIT_BIAS:g} and {LOGIT_BIAS:g}; got {value}",
-            )
-        biases[token] = float(value)
-    return biases
-
-
-def _token_id(field: str, where: str, token: int | str, vocab_size: int) -> int:
-    """`token` (an id, or its ASCII digits) as an id of the vocabulary; a `Refusal` naming `where` else."""
-    if (isinstance(token, int) or (token.isascii() and token.isdigit())) and 0 <= int(token) < vocab_size:
-        return int(token)
-    raise Refusal(field, f"{where}: {token!r} is not a token id of the vocabulary (0 to {vocab_size - 1})")

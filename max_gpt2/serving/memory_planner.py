@@ -25,3 +25,12 @@ class GPT2MemoryPlanner(PagedMemoryPlanner):
         self, pipeline_config: Any, devices: list[Device], weights_size: int
     ) -> int | None:
         return CPU_BATCH_SIZE if all(device.is_host for device in devices) else None
+
+
+def planned_batch_size(pipeline_config: Any) -> int | None:
+    """The requests decoded together as the API process can tell them (`/props`' `total_slots`): the
+    batch asked for (`--max-batch-size`), else `CPU_BATCH_SIZE` on a CPU; None where MAX plans it."""
+    if (asked := pipeline_config.runtime.max_batch_size) is not None:
+        return asked
+    on_host = all(spec.device_type == "cpu" for spec in pipeline_config.model.device_specs)
+    return CPU_BATCH_SIZE if on_host else None

@@ -3,8 +3,8 @@
 An ASGI middleware placed inside MAX's own (after its request-size limit), so it
 sees each request before a route does:
 
-- With an API key set, every request but `GET /health` needs `Authorization:
-  Bearer KEY`, else 401, as llama-server and vLLM do with `--api-key`. A browser's
+- With an API key set, every request but `GET /health` (and llama-server's `/v1/health`) needs
+  `Authorization: Bearer KEY`, else 401, as llama-server and vLLM do with `--api-key`. A browser's
   CORS preflight never reaches it: with `--allowed-origins`, Starlette's CORS
   middleware, outside this one, answers it (`max_gpt2.serving.api.routes.mount`).
 - Only our routes are answered (`routes.ROUTES`); embeddings, speech and the rest,
@@ -83,8 +83,8 @@ class Guard:
         )
 
     def check_key(self, scope: Scope) -> None:
-        """A `Refusal` (401) where a key is set and the request does not bear it (`/health` is open)."""
-        if self.api_key is None or scope["path"] == "/health":
+        """A `Refusal` (401) where a key is set and the request does not bear it (health is open)."""
+        if self.api_key is None or scope["path"] in ("/health", "/v1/health"):
             return
         headers = dict(scope["headers"])
         scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")

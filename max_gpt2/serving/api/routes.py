@@ -3,11 +3,12 @@
 | route | module |
 |---|---|
 | `POST /v1/completions` | `completions` |
-| `POST /v1/chat/completions` | `chat` |
+| `POST /v1/chat/completions` (and llama-server's `/chat/completions`) | `chat` |
+| `POST /completion`, `POST /completions` (llama-server's own) | `native` |
 | `POST /tokenize`, `POST /detokenize` | `tokens` |
-| `GET /v1/models`, `GET /v1/models/{name}` | here: every served name, with its context length |
+| `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
-| `GET /health`, `GET /version` | here |
+| `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts these routes
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -31,9 +32,11 @@ from max_gpt2.serving.api.chat import create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
 from max_gpt2.serving.api.guard import Explorer, Guard
 from max_gpt2.serving.api.metrics import metrics
+from max_gpt2.serving.api.native import create_native_completion, defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tokens import detokenize, tokenize
+from max_gpt2.serving.memory_planner import planned_batch_size
 from max_gpt2.serving.settings import ServingSettings
 
 
@@ -66,7 +69,27 @@ def model(served: Served, name: str) -> dict[str, Any]:
 
 
 async def health(request: Request) -> Response:
-    return Response(status_code=200)  # MAX serves once the model is loaded
+    return JSONResponse({"status": "ok"})  # llama-server's body; MAX serves once the model is loaded
+
+
+async def props(request: Request) -> Response:
+    """llama-server's server properties, those its clients read: the context's length, the defaults of
+    `/completion`, the chat template, the model and the build."""
+    served = Served.of(request)
+    tokenizer = served.tokenizer.delegate
+    return JSONResponse(
+        {
+            "default_generation_settings": {"n_ctx": served.context_length, "params": defaults()},
+            "total_slots": planned_batch_size(served.config),
+            "model_alias": served.settings.served_names[0],
+            "model_path": str(served.config.model.model_path),
+            "chat_template": tokenizer.chat_template or "",
+            "bos_token": tokenizer.bos_token or "",
+            "eos_token": tokenizer.eos_token or "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"max-gpt2 {installed('max-gpt2')}, MAX {installed('max')}",
+        }
+    )
 
 
 async def version(request: Request) -> Response:
@@ -76,13 +99,19 @@ async def version(request: Request) -> Response:
 ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/completion", create_native_completion, methods=["POST"]),
+    Route("/completions", create_native_completion, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),
     Route("/v1/models/{name:path}", get_model, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),
     Route("/version", version, methods=["GET"]),
+    Route("/props", props, methods=["GET"]),
 ]
 
 

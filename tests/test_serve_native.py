@@ -1,0 +1,159 @@
+"""llama-server's own routes, through the real server, as its clients call them: `POST /completion`
+(whole, streamed, stop words, `n_probs`, what it refuses), `GET /props`, and the aliases of the
+OpenAI routes llama-server also answers. What each answer must be comes from `lm.generate` and
+`lm.score` on the served weights and the `tokenizers` library's decode; the shapes from llama-server's
+own (`tools/server/server-task.cpp`: `to_json_non_oaicompat`)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from tests.conftest import CHAT_TEMPLATE
+from tests.support import LM, requires_serving
+from tests.test_serve import PROMPTS
+from tests.test_serve_api import stream_pieces
+
+pytestmark = requires_serving()
+
+
+@pytest.fixture(scope="module")
+def server(served_lm):
+    return served_lm
+
+
+@pytest.fixture(scope="module")
+def lm(compiled_lm, server):
+    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return load_tokenizer(server.checkpoint)
+
+
+def post(server, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """The status and JSON answer of `POST path` (for a stream: the list of its events' JSON)."""
+    request = urllib.request.Request(
+        f"{server.url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            if not body.get("stream"):
+                return response.status, json.loads(text)
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert all(line.startswith("data: ") for line in lines), lines
+            return response.status, [json.loads(line.removeprefix("data: ")) for line in lines]
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def greedy(lm, tokenizer, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], list[str]]:
+    """`lm.generate`'s greedy ids after `prompt_ids`, end-of-text ignored, and each one's streamed text."""
+    ids = lm.generate(np.array([prompt_ids]), new_tokens, eos_token_id=None)[0, len(prompt_ids) :].tolist()
+    return ids, stream_pieces(tokenizer, ids)
+
+
+def test_completion_answers_as_llama_server_with_the_models_tokens(server, lm, tokenizer):
+    prompt_ids = tokenizer.encode(PROMPTS[1]).ids
+    ids, pieces = greedy(lm, tokenizer, prompt_ids, 9)
+    body = {"prompt": PROMPTS[1], "n_predict": 9, "temperature": 0, "return_tokens": True, "ignore_eos": True}
+    for path in ("/completion", "/completions"):
+        status, answer = post(server, path, body)
+        assert status == 200, answer
+        assert (answer["content"], answer["tokens"]) == ("".join(pieces), ids)
+        assert (answer["stop"], answer["stop_type"], answer["stopping_word"]) == (True, "limit", "")
+        assert (answer["tokens_predicted"], answer["tokens_evaluated"]) == (9, len(prompt_ids))
+        assert answer["prompt"] == PROMPTS[1] and answer["timings"]["predicted_n"] == 9
+    status, events = post(server, "/completion", {**body, "stream": True})  # no `[DONE]`: every line JSON
+    assert status == 200 and [event["stop"] for event in events] == [False] * (len(events) - 1) + [True]
+    assert "".join(event["content"] for event in events) == "".join(pieces)
+    assert [token for event in events for token in event["tokens"]] == ids
+    assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] == 9
+    word = pieces[5].strip() or pieces[5]  # a stop word: the text ends before it, llama-server's "word"
+    status, stopped = post(server, "/completion", {**body, "stop": [word]})
+    cut = "".join(pieces).index(word)
+    assert (stopped["content"], stopped["stop_type"], stopped["stopping_word"]) == (
+        "".join(pieces)[:cut],
+        "word",
+        word,
+    )
+
+
+def test_n_probs_are_the_models_log_probabilities(server, lm, tokenizer):
+    prompt_ids = tokenizer.encode(PROMPTS[0]).ids
+    ids, _ = greedy(lm, tokenizer, prompt_ids, 4)
+    status, answer = post(
+        server,
+        "/completion",
+        {"prompt": prompt_ids, "n_predict": 4, "temperature": 0, "n_probs": 3, "ignore_eos": True},
+    )
+    assert status == 200, answer
+    probabilities = answer["completion_probabilities"]
+    scores = lm.score(np.array([prompt_ids + ids]), top_k=3)
+    for position, entry in enumerate(probabilities):
+        at = len(prompt_ids) + position
+        assert entry["id"] == ids[position] and entry["token"] == tokenizer.decode([ids[position]])
+        assert entry["logprob"] == pytest.approx(float(scores.logprobs[0, at]), abs=1e-4)
+        assert [top["id"] for top in entry["top_logprobs"]] == scores.top_ids[0, at].tolist()
+        assert [top["logprob"] for top in entry["top_logprobs"]] == pytest.approx(
+            scores.top_logprobs[0, at].tolist(), abs=1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"mirostat": 2}, "mirostat", "no such sampler"),
+        ({"typical_p": "x"}, "typical_p", "no such sampler"),
+        ({"repeat_penalty": 1.1, "repeat_last_n": 8}, "repeat_last_n", "give -1"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty", "counts the prompt's tokens too"),
+        ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
+        ({"n_probs": 50}, "n_probs", "n_probs: must be 0 to 20"),
+        ({"samplers": ["top_k"]}, "samplers", "the order is fixed"),
+        ({"speculative": True}, "speculative", "not a field this route takes"),
+        ({"prompt": "word " * LM.n_positions}, "prompt", "maximum context length is"),
+    ],
+)
+def test_completion_refuses_what_it_cannot_honour_naming_llama_servers_field(server, change, field, says):
+    status, answer = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 2, **change})
+    assert (status, answer["error"]["param"]) == (400, field) and says in answer["error"]["message"]
+
+
+def test_samplers_left_off_and_their_parameters_are_taken(server):
+    off = {"mirostat": 0, "mirostat_tau": 5, "typical_p": 1, "dry_multiplier": 0, "dry_base": 1.75}
+    off |= {"repeat_penalty": 1.1, "repeat_last_n": -1, "id_slot": 0, "n_keep": 4, "seed": 7}
+    status, answer = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})
+    assert status == 200 and answer["tokens_predicted"] == 3
+    again = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})[1]
+    assert again["content"] == answer["content"]  # seeded: the same sample
+
+
+def test_props_health_and_the_routes_llama_server_also_answers(server):
+    with urllib.request.urlopen(f"{server.url}/props") as response:
+        props = json.loads(response.read())
+    assert props["default_generation_settings"]["n_ctx"] == LM.n_positions
+    settings = props["default_generation_settings"]["params"]
+    assert (settings["temperature"], settings["top_k"], settings["n_predict"]) == (0.8, 40, -1)
+    assert props["chat_template"] == CHAT_TEMPLATE and props["model_alias"] == "gpt2", props
+    assert props["total_slots"] == 16  # the batch a CPU decodes (`memory_planner.CPU_BATCH_SIZE`)
+    for path in ("/health", "/v1/health"):
+        with urllib.request.urlopen(f"{server.url}{path}") as response:
+            assert json.loads(response.read()) == {"status": "ok"}
+    with urllib.request.urlopen(f"{server.url}/models") as response:
+        assert [model["id"] for model in json.loads(response.read())["data"]] == ["gpt2"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    status, answer = post(server, "/chat/completions", chat)
+    assert status == 200 and answer["object"] == "chat.completion"
+    assert (
+        answer["choices"][0]["message"]
+        == post(server, "/v1/chat/completions", chat)[1]["choices"][0]["message"]
+    )

@@ -19,7 +19,7 @@ from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from tests.conftest import CHAT_TEMPLATE
 from tests.support import LM, requires_serving
 from tests.test_serve import PROMPTS
-from tests.test_serve_api import stream_pieces
+from tests.test_serve_api import render, stream_pieces
 
 pytestmark = requires_serving()
 
@@ -157,3 +157,4 @@ def test_props_health_and_the_routes_llama_server_also_answers(server):
         answer["choices"][0]["message"]
         == post(server, "/v1/chat/completions", chat)[1]["choices"][0]["message"]
     )
+    assert post(server, "/apply-template", chat)[1] == {"prompt": render(chat["messages"])}  # Jinja, here

@@ -8,22 +8,24 @@ sandbox, with its helpers), and the rendered text's ids are the prompt: every co
 option applies from there (`max_gpt2.serving.api.answer`). Messages are checked first: a role
 of `system`, `developer`, `user` or `assistant`, and content as a string or text parts, each
 refusal naming the message and field. Log-probabilities come in the chat shape
-(`logprobs.content[]`, with `bytes` and `top_logprobs`).
+(`logprobs.content[]`, with `bytes` and `top_logprobs`). llama-server's `POST /apply-template`
+answers the rendered text alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from jinja2 import TemplateError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from max_gpt2.serving.api.answer import Gathered, Shape, respond, token_ids
 from max_gpt2.serving.api.choices import Choice, Chunk, Token
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
+from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
 from max_gpt2.serving.api.served import Served
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -34,14 +36,27 @@ async def create_chat_completion(request: Request) -> Response:
     return await respond(request, ChatRequest, ChatShape, lambda served, body: [prompt_ids(served, body)])
 
 
-def prompt_ids(served: Served, body: ChatRequest) -> list[int]:
-    """A chat request's prompt: its messages, checked and rendered by the chat template, as token ids
-    (the template writes any special tokens itself)."""
+async def apply_template(request: Request) -> Response:
+    """llama-server's `POST /apply-template`: a chat request's messages as the template renders them."""
+    served = Served.of(request)
+    try:
+        body = parse(ChatRequest, await request.body())
+        return JSONResponse({"prompt": await asyncio.to_thread(rendered, served, body)})
+    except Refusal as refusal:
+        return refusal_response(refusal)
+
+
+def rendered(served: Served, body: ChatRequest) -> str:
+    """A chat request's messages, checked and rendered by the chat template, as text."""
     messages = checked_messages(body.messages)
-    text = render(
+    return render(
         served, messages, body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
     )
-    return served.tokenizer.delegate.encode(text, add_special_tokens=False)
+
+
+def prompt_ids(served: Served, body: ChatRequest) -> list[int]:
+    """A chat request's prompt, `rendered`, as token ids (the template writes any special tokens itself)."""
+    return served.tokenizer.delegate.encode(rendered(served, body), add_special_tokens=False)
 
 
 def checked_messages(messages: Sequence[Any]) -> list[dict[str, str]]:

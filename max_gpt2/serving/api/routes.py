@@ -9,6 +9,7 @@
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
+| `POST /apply-template` (llama-server's) | `chat` |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts these routes
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -28,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from max_gpt2.serving.api.chat import create_chat_completion
+from max_gpt2.serving.api.chat import apply_template, create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
 from max_gpt2.serving.api.guard import Explorer, Guard
 from max_gpt2.serving.api.metrics import metrics
@@ -112,6 +113,7 @@ ROUTES = [
     Route("/v1/health", health, methods=["GET"]),
     Route("/version", version, methods=["GET"]),
     Route("/props", props, methods=["GET"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
 ]
 
 

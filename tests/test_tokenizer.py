@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tarfile
+import warnings
 
 import pytest
 from hypothesis import given, settings
@@ -165,3 +166,18 @@ def test_gpt2s_own_files_encode_as_hugging_face_does(gpt2_vocabulary):
     hugging_face = transformers.GPT2Tokenizer.from_pretrained(gpt2_vocabulary)
     for text in (GPT2_TEXT, *TEXTS):
         assert load_tokenizer(gpt2_vocabulary).encode(text).ids == hugging_face(text)["input_ids"]
+
+
+def test_tokenizer_files_beside_a_gguf_file_replace_its_own_with_a_warning_where_they_differ(tmp_path):
+    """Files beside a GGUF file win (as documented); one whose vocabulary is not the file's size says so,
+    naming both, where a stray tokenizer in a shared directory would otherwise retokenize silently."""
+    beside = write_tokenizer(tmp_path, vocab_size=300)
+    own = {"tokenizer.ggml.tokens": [f"t{i}" for i in range(beside.get_vocab_size())]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same size: nothing to say
+        assert load_tokenizer(tmp_path / "model.gguf", own).get_vocab_size() == 300
+    other = {"tokenizer.ggml.tokens": [f"t{i}" for i in range(50257)]}
+    with pytest.warns(
+        UserWarning, match=rf"tokenizer files in {tmp_path} \(300 tokens\) replace model.gguf's \(50257"
+    ):
+        assert load_tokenizer(tmp_path / "model.gguf", other).get_vocab_size() == 300

@@ -13,6 +13,7 @@ that a later token may complete. `token_bytes` gives the bytes a token stands fo
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,22 +41,32 @@ def tokenizer_directory(path: Path) -> Path:
 def load_tokenizer(path: str | Path, metadata: Mapping[str, Any] | None = None) -> Tokenizer | None:
     """The tokenizer of the checkpoint at `path` (a directory or a file in it), or None if it has none.
 
-    Files beside a GGUF file win; without them its own metadata is read (`metadata`, if the
-    caller has parsed the file already).
+    Files beside a GGUF file win, with a warning where their vocabulary's size is not its own; without
+    them its own metadata is read (`metadata`, if the caller has parsed the file already).
     """
     path = Path(path)
     directory = tokenizer_directory(path)
     tokenizer_json = directory / "tokenizer.json"
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    beside: Tokenizer | None = None
     try:
         if tokenizer_json.is_file():
-            return Tokenizer.from_file(str(tokenizer_json))
-        if vocab.is_file() and merges.is_file():
-            return gpt2_tokenizer(vocab, merges)
+            beside = Tokenizer.from_file(str(tokenizer_json))
+        elif vocab.is_file() and merges.is_file():
+            beside = gpt2_tokenizer(vocab, merges)
     except Exception as error:  # the library reports every malformed file as a bare Exception
         raise ValueError(f"cannot read the tokenizer in {directory}: {error}") from None
     if metadata is None and path.suffix == ".gguf" and path.is_file():
         metadata = GGUFFile(path).metadata
+    if beside is not None:
+        own = len(metadata.get("tokenizer.ggml.tokens", ())) if metadata is not None else 0
+        if own and own != beside.get_vocab_size():
+            size = beside.get_vocab_size()
+            warnings.warn(
+                f"the tokenizer files in {directory} ({size} tokens) replace {path.name}'s ({own} tokens)",
+                stacklevel=2,
+            )
+        return beside
     return None if metadata is None else gguf_tokenizer(metadata, str(path))
 
 

@@ -236,6 +236,7 @@ def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expe
     ) as e:
         complete(server, "word " * LM.n_positions, echo=True, logprobs=1, max_tokens=1)
     assert (e.value.code, e.value.param) == ("context_length_exceeded", "prompt")  # OpenAI's code
+    assert e.value.body["n_ctx"] == LM.n_positions  # and llama-server's numbers
     with pytest.raises(openai.BadRequestError, match="messages: This model's maximum context length is") as e:
         client(server).chat.completions.create(
             model="gpt2", messages=[{"role": "user", "content": "word " * LM.n_positions}], max_tokens=1

@@ -73,13 +73,17 @@ def test_completion_answers_as_llama_server_with_the_models_tokens(server, lm, t
         assert (answer["stop"], answer["stop_type"], answer["stopping_word"]) == (True, "limit", "")
         assert (answer["tokens_predicted"], answer["tokens_evaluated"]) == (9, len(prompt_ids))
         assert answer["prompt"] == PROMPTS[1] and answer["timings"]["predicted_n"] == 9
-    status, events = post(server, "/completion", {**body, "stream": True})  # no `[DONE]`: every line JSON
+        settings = answer["generation_settings"]
+        assert (settings["n_predict"], settings["temperature"], settings["n_ctx"]) == (9, 0, LM.n_positions)
+        assert set(answer["timings"]) >= {"cache_n", "prompt_n", "prompt_ms", "predicted_per_second"}
+    streamed = {**body, "stream": True, "return_tokens": False}  # streamed events carry their ids anyway
+    status, events = post(server, "/completion", streamed)  # no `[DONE]`: every line JSON
     assert status == 200 and [event["stop"] for event in events] == [False] * (len(events) - 1) + [True]
     assert "".join(event["content"] for event in events) == "".join(pieces)
     assert [token for event in events for token in event["tokens"]] == ids
     assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] == 9
     word = pieces[5].strip() or pieces[5]  # a stop word: the text ends before it, llama-server's "word"
-    status, stopped = post(server, "/completion", {**body, "stop": [word]})
+    status, stopped = post(server, "/completion", {**body, "stop": word})  # a string: one stop word
     cut = "".join(pieces).index(word)
     assert (stopped["content"], stopped["stop_type"], stopped["stopping_word"]) == (
         "".join(pieces)[:cut],
@@ -118,14 +122,33 @@ def test_n_probs_are_the_models_log_probabilities(server, lm, tokenizer):
         ({"frequency_penalty": 0.5}, "frequency_penalty", "counts the prompt's tokens too"),
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
         ({"n_probs": 50}, "n_probs", "n_probs: must be 0 to 20"),
-        ({"samplers": ["top_k"]}, "samplers", "the order is fixed"),
-        ({"speculative": True}, "speculative", "not a field this route takes"),
+        ({"max_tokens": "many"}, "max_tokens", "max_tokens: Input should be a valid integer"),
         ({"prompt": "word " * LM.n_positions}, "prompt", "maximum context length is"),
     ],
 )
 def test_completion_refuses_what_it_cannot_honour_naming_llama_servers_field(server, change, field, says):
     status, answer = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 2, **change})
     assert (status, answer["error"]["param"]) == (400, field) and says in answer["error"]["message"]
+    if field == "prompt":  # llama-server's numbers beside OpenAI's code, which its web page reads
+        assert answer["error"]["code"] == "context_length_exceeded"
+        assert answer["error"]["n_ctx"] == LM.n_positions < answer["error"]["n_prompt_tokens"]
+
+
+def test_a_payload_written_for_several_backends_runs_as_llama_server_reads_it(server, lm, tokenizer):
+    """Fields llama-server does not read are ignored, as there; `samplers` leaving a sampler out turns it
+    off (here every cut: temperature 0 alone is greedy); an empty grammar is none; `n` is `n_cmpl`."""
+    prompt_ids = tokenizer.encode(PROMPTS[2]).ids
+    ids, _ = greedy(lm, tokenizer, prompt_ids, 6)
+    payload = {
+        "prompt": PROMPTS[2], "n_predict": 6, "max_new_tokens": 6, "max_length": 1024, "ban_eos_token": False,
+        "temperature": 0, "top_k": 3, "samplers": ["temperature"], "grammar": "", "rep_pen": 1, "tfs": 1,
+        "typical_p": 1, "api_type": "llamacpp", "ignore_eos": True, "return_tokens": True, "n": 2,
+    }  # fmt: skip
+    status, answers = post(server, "/completion", payload)
+    assert status == 200, answers
+    assert [(answer["index"], answer["tokens"]) for answer in answers] == [(0, ids), (1, ids)]
+    assert answers[0]["generation_settings"]["samplers"] == ["temperature"]
+    assert answers[0]["generation_settings"]["top_k"] == 0  # left out: off
 
 
 def test_samplers_left_off_and_their_parameters_are_taken(server):

@@ -35,7 +35,15 @@ from max_gpt2.serving.context import GPT2Context, GPT2Request
 
 
 class ContextExceeded(InputError):
-    """A prompt that leaves no room in the context for a new token: OpenAI's `context_length_exceeded`."""
+    """A prompt that leaves no room in the context for a new token; `fields` for its error object: OpenAI's
+    `code` and llama-server's numbers (which its web page reads)."""
+
+    def __init__(self, tokens: int, context: int) -> None:
+        super().__init__(
+            f"prompt: This model's maximum context length is {context} tokens. However, the prompt has "
+            f"{tokens} tokens, which leave no room for a new one. Please reduce the length of the prompt."
+        )  # in OpenAI's and vLLM's words, which clients read the context's length from
+        self.fields = {"code": "context_length_exceeded", "n_prompt_tokens": tokens, "n_ctx": context}
 
 
 class GPT2TextTokenizer(TextTokenizer):
@@ -66,7 +74,7 @@ class GPT2TextTokenizer(TextTokenizer):
         try:
             context = await super().new_context(request)
         except PromptTooLongError as error:  # MAX's words name no field: said as `check_ids` says it
-            raise ContextExceeded(self._too_long(error.num_tokens)) from None
+            raise ContextExceeded(error.num_tokens, self.n_positions) from None
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
@@ -87,14 +95,7 @@ class GPT2TextTokenizer(TextTokenizer):
                 f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
             )
         if ids.size >= self.n_positions:
-            raise ContextExceeded(self._too_long(ids.size))
-
-    def _too_long(self, tokens: int) -> str:
-        """In OpenAI's and vLLM's words, which clients read the context's length from."""
-        return (
-            f"prompt: This model's maximum context length is {self.n_positions} tokens. However, the prompt "
-            f"has {tokens} tokens, which leave no room for a new one. Please reduce the length of the prompt."
-        )
+            raise ContextExceeded(int(ids.size), self.n_positions)
 
 
 def reads_cached_prompt(request: TextGenerationRequest) -> bool:

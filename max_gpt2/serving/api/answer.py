@@ -142,8 +142,8 @@ async def start(
     except InputError as error:
         await withdraw(choices)
         where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{len(choices) // asked.n}]"
-        code = "context_length_exceeded" if isinstance(error, ContextExceeded) else None  # OpenAI's
-        raise Refusal(prompt_field, str(error).replace("prompt:", f"{where}:", 1), code=code) from None
+        extra = error.fields if isinstance(error, ContextExceeded) else None
+        raise Refusal(prompt_field, str(error).replace("prompt:", f"{where}:", 1), extra=extra) from None
     except BaseException:
         await withdraw(choices)
         raise

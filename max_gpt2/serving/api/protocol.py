@@ -205,8 +205,8 @@ class DetokenizeRequest(BaseModel):
 
 class Refusal(Exception):
     """A request this server will not run: the HTTP status, the field (OpenAI's `param`) and why, the
-    headers HTTP asks of that status (a 401's `WWW-Authenticate`, a 405's `Allow`), and OpenAI's `code`
-    where it has one (`context_length_exceeded`)."""
+    headers HTTP asks of that status (a 401's `WWW-Authenticate`, a 405's `Allow`), and what the error
+    object carries besides (`extra`: OpenAI's `code` where it has one, llama-server's numbers)."""
 
     def __init__(
         self,
@@ -214,18 +214,18 @@ class Refusal(Exception):
         message: str,
         status: int = 400,
         headers: dict[str, str] | None = None,
-        code: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        self.param, self.message, self.status, self.headers, self.code = param, message, status, headers, code
+        self.param, self.message, self.status, self.headers = param, message, status, headers
+        self.extra = extra or {}
 
 
 def refusal_response(refusal: Refusal) -> JSONResponse:
     """OpenAI's error body for `refusal` (as MAX's own errors carry it), its `param` the field it names
-    and its `code` OpenAI's where one is given (else MAX's, the status)."""
+    and its `extra` fields (a `code` in place of MAX's, the status)."""
     body = error_body(refusal.status, refusal.message, refusal.param)
-    if refusal.code is not None:
-        body["error"]["code"] = refusal.code
+    body["error"].update(refusal.extra)
     return JSONResponse(body, refusal.status, refusal.headers)
 
 

@@ -33,7 +33,8 @@ from max_gpt2.serving.api.chat import apply_template, create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
 from max_gpt2.serving.api.guard import Explorer, Guard
 from max_gpt2.serving.api.metrics import metrics
-from max_gpt2.serving.api.native import create_native_completion, defaults
+from max_gpt2.serving.api.native import create_native_completion
+from max_gpt2.serving.api.native_fields import defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tokens import detokenize, tokenize

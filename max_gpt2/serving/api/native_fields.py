@@ -1,0 +1,201 @@
+"""The fields of llama-server's `POST /completion`, read as llama-server reads them, and turned into the
+request `/v1/completions` takes (`as_completion`).
+
+`NativeCompletion` holds every field llama-server's completion schema reads (its
+`tools/server/server-schema.cpp`) with its defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
+`n_predict` -1 (to the context's end), `seed` -1 (a random one). A field llama-server does not read
+is ignored, as llama-server ignores it: its clients send payloads written for several backends.
+Those it reads are honoured, or refused, naming them, where set to what this server cannot do:
+
+- the samplers this server does not have (mirostat, DRY, XTC, typical-p, top-n-sigma, adaptive-p,
+  dynamic temperature) and settings it has not (`OFF`), taken while they leave them off; their
+  own parameters (`mirostat_tau`, `dry_base`, ...) are then inert and taken with any value;
+- the penalties: llama-server's count the last `repeat_last_n` tokens, prompt and text alike.
+  `repeat_penalty` is Hugging Face's over the whole context here, so it needs `repeat_last_n: -1`
+  (or at least the context); the frequency and presence penalties (OpenAI's here, over the text
+  alone) only 0;
+- `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused); the
+  order is fixed here (penalties, then temperature, then the cuts: `docs/llama-server.md`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
+
+# What llama-server reads and this server has not: each field, whether a value leaves it off, and
+# what leaves it off.
+OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "mirostat": (lambda value: value == 0, "0"),
+    "typical_p": (lambda value: value >= 1, "1"),
+    "dynatemp_range": (lambda value: value <= 0, "0"),
+    "xtc_probability": (lambda value: value <= 0, "0"),
+    "dry_multiplier": (lambda value: value <= 0, "0"),
+    "top_n_sigma": (lambda value: value < 0, "-1"),
+    "adaptive_target": (lambda value: value < 0, "-1"),
+    "n_indent": (lambda value: value == 0, "0"),
+    "t_max_predict_ms": (lambda value: value <= 0, "0"),
+    "post_sampling_probs": (lambda value: not value, "false"),
+    "response_fields": (lambda value: not value, "[]"),
+    "lora": (lambda value: not value, "[]"),
+    "echo": (lambda value: not value, "false (/v1/completions echoes)"),
+    "grammar_lazy": (lambda value: not value, "false"),
+    "grammar_triggers": (lambda value: not value, "[]"),
+    "preserved_tokens": (lambda value: not value, "[]"),
+    "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
+}
+# The samplers this server has, by llama-server's name and letter in `samplers`, and the values of the
+# fields that leave each off where `samplers` leaves it out.
+SAMPLERS = {
+    "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
+    "top_k": ("k", {"top_k": 0}),
+    "top_p": ("p", {"top_p": 1.0}),
+    "min_p": ("m", {"min_p": 0.0}),
+    "temperature": ("t", {"temperature": 1.0}),
+}
+RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
+
+_Checked: Any = create_model(  # every field of `OFF`, of any JSON type: checked by value
+    "_Checked", __base__=BaseModel, **dict.fromkeys(OFF, (Any, None))
+)
+
+
+class NativeCompletion(_Checked):
+    """`POST /completion`'s body: the fields llama-server reads, with its defaults; others ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str | list[int] | list[str | list[int]]
+    n_predict: int | None = None  # llama-server's; `max_tokens` and `max_completion_tokens` its aliases
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    stop: str | list[str] = Field(default_factory=list)
+    stream: bool = False
+    cache_prompt: bool = True
+    return_tokens: bool = False
+    n_probs: int | None = None  # `logprobs` its alias
+    logprobs: int | None = None
+    n_cmpl: int | None = None  # `n` its alias
+    n: int | None = None
+    logit_bias: dict[str, float | bool] | list[tuple[int | str, float | bool]] | None = None
+    ignore_eos: bool = False
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    samplers: list[str] | str | None = None
+    timings_per_token: bool = False
+    sse_ping_interval: float = -1
+    model: str | None = None
+
+    @property
+    def length(self) -> int:
+        """`n_predict`, or the first of its aliases given (-1: to the context's end)."""
+        given = [self.n_predict, self.max_tokens, self.max_completion_tokens]
+        return next((value for value in given if value is not None), -1)
+
+
+def defaults() -> dict[str, Any]:
+    """The fields `/completion` honours, with their defaults: `/props` shows them, as llama-server shows its
+    `default_generation_settings.params`."""
+    shown = {"n_predict": -1, "n_probs": 0, "n_cmpl": 1}
+    unset = {"prompt", "model", "samplers", *OFF, "max_tokens", "max_completion_tokens", "logprobs", "n"}
+    return shown | NativeCompletion(prompt="").model_dump(exclude=unset, exclude_none=True)
+
+
+def as_completion(native: NativeCompletion, context_length: int) -> CompletionRequest:
+    """The `/v1/completions` request that asks what `native` asks; a `Refusal` naming the native field
+    for what this server cannot honour."""
+    for field, (off, value) in OFF.items():
+        given = getattr(native, field)
+        try:
+            acts = given is not None and not off(given)
+        except TypeError:  # not a number
+            acts = True
+        if acts:
+            raise Refusal(
+                field, f"{field}: this server has no such sampler or setting; leave it out or {value}"
+            )
+    native = native.model_copy(update=left_out(native.samplers))
+    for field in ("frequency_penalty", "presence_penalty"):
+        if getattr(native, field) != 0:
+            raise Refusal(
+                field,
+                f"{field}: llama-server's counts the prompt's tokens too, this server's (OpenAI's, at "
+                "/v1/completions) only the generated ones; leave it out or 0",
+            )
+    if native.length == 0 or native.length < -1:
+        raise Refusal("n_predict", f"n_predict: -1 (to the context's end) or at least 1; got {native.length}")
+    if native.repeat_penalty != 1 and not (
+        native.repeat_last_n == -1 or native.repeat_last_n >= context_length
+    ):
+        raise Refusal(
+            "repeat_last_n",
+            f"repeat_last_n: the penalty counts the whole context here; give -1 (or {context_length})",
+        )
+    probabilities = next((value for value in (native.n_probs, native.logprobs) if value is not None), 0)
+    if probabilities < 0:
+        raise Refusal("n_probs", f"n_probs: 0 or more; got {probabilities}")
+    return CompletionRequest(
+        prompt=native.prompt,
+        model=native.model,
+        max_tokens=None if native.length == -1 else native.length,
+        temperature=native.temperature,
+        top_k=native.top_k,
+        top_p=native.top_p,
+        min_p=native.min_p,
+        seed=native.seed,
+        stop=native.stop or None,
+        stream=native.stream,
+        cache_prompt=native.cache_prompt,
+        return_token_ids=native.return_tokens,
+        logprobs=probabilities or None,
+        n=native.n_cmpl if native.n_cmpl is not None else native.n,
+        logit_bias=native.logit_bias,
+        ignore_eos=native.ignore_eos,
+        grammar=native.grammar or None,  # an empty one is none, as llama-server reads it
+        json_schema=native.json_schema or None,
+        repetition_penalty=native.repeat_penalty,
+    )
+
+
+def generation_settings(
+    native: NativeCompletion, body: CompletionRequest, context_length: int
+) -> dict[str, Any]:
+    """What a result ran with, as llama-server's `generation_settings` shows it (samplers left out: off)."""
+    off = left_out(native.samplers)
+    return {
+        "n_ctx": context_length,
+        "n_predict": native.length,
+        **{name: getattr(body, name) for name in ("temperature", "top_k", "top_p", "min_p", "ignore_eos")},
+        "seed": native.seed,
+        "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
+        "n_probs": body.logprobs or 0,
+        "repeat_penalty": body.repetition_penalty,
+        "repeat_last_n": native.repeat_last_n,
+        "stream": native.stream,
+        "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],
+    }
+
+
+def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
+    """The fields that leave off each sampler `samplers` (names, or a string of their letters) leaves out,
+    as llama-server leaves them off; nothing where `samplers` is not given."""
+    if samplers is None:
+        return {}
+    off: dict[str, Any] = {}
+    for name, (letter, neutral) in SAMPLERS.items():
+        if (letter not in samplers) if isinstance(samplers, str) else (name not in samplers):
+            off |= neutral
+    return off

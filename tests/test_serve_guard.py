@@ -33,7 +33,10 @@ REFUSED = [
     ({"prompt": ["a", "b", ""]}, "prompt", "prompt[2]: empty"),
     ({"prompt": ["a", [1]]}, "prompt", "a string, token ids, or a list of either"),
     ({"prompt": None}, "prompt", "a string, token ids"),
-    ({"max_tokens": -1}, "max_tokens", "at least 1"),
+    ({"max_tokens": -2}, "max_tokens", "at least 1"),
+    ({"mirostat": 2}, "mirostat", "mirostat: this server has no such sampler or setting; leave it out or 0"),
+    ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
+    ({"repeat_penalty": 1.2}, "repeat_last_n", "give -1 (or vLLM's repetition_penalty)"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"temperature": -1}, "temperature", "between 0 and 2"),
     ({"temperature": float("nan")}, "temperature", "between 0 and 2"),
@@ -158,6 +161,26 @@ def test_what_clients_send_as_defaults_and_empty_fields_is_taken():
     assert checked({"modalities": ["text"], "top_k": 2**31}).sampling.top_k == VOCAB
     dumped = {"role": "assistant", "content": "a", "refusal": None, "tool_calls": [], "annotations": []}
     checked({"messages": [dumped, {"role": "user", "content": "b"}]}, chat=True)
+
+
+def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
+    """What llama-server's clients send on the OpenAI routes: its samplers left off (and their
+    parameters), `samplers` turning off what it leaves out, `repeat_penalty` over the whole context,
+    `max_tokens: -1` for no limit, an empty grammar for none, `sse_ping_interval`."""
+    web_page = {
+        "mirostat": 0, "mirostat_tau": 5, "typical_p": 1, "dry_multiplier": 0, "dry_base": 1.75,
+        "xtc_probability": 0, "xtc_threshold": 0.1, "return_progress": True, "timings_per_token": False,
+        "reasoning_format": "auto", "backend_sampling": False, "id_slot": -1, "max_tokens": -1,
+    }  # fmt: skip
+    asked = checked(web_page, chat=True)
+    assert asked.sampling.max_new_tokens is None and asked.constraint is None
+    cut = checked(
+        {"samplers": "kt", "top_k": 5, "top_p": 0.5, "min_p": 0.2, "grammar": "", "json_schema": {}}
+    )
+    assert (cut.sampling.top_k, cut.sampling.top_p, cut.sampling.min_p) == (5, 1.0, 0.0)  # "p", "m" out
+    assert cut.constraint is None
+    penalty = checked({"repeat_penalty": 1.2, "repeat_last_n": -1, "sse_ping_interval": 2})
+    assert penalty.sampling.repetition_penalty == 1.2 and penalty.ping_s == 2
 
 
 def test_what_is_honoured_goes_on_to_max_meaning_the_same():

@@ -32,7 +32,7 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"prompt": "word " * LM.n_positions}, 400, f"maximum context length is {LM.n_positions} tokens"),
     ({"prompt": []}, 400, "prompt: the list holds no prompt"),
     ({"prompt": ""}, 400, "prompt: empty"),
-    ({"max_tokens": -1}, 400, "max_tokens: must be at least 1"),
+    ({"max_tokens": -2}, 400, "max_tokens: must be at least 1"),
     ({"temperature": -1}, 400, "temperature: must be between 0 and 2"),
     ({"top_p": 2}, 400, "top_p: must be between 0 and 1"),
     ({"n": 0}, 400, "n: must be 1 to 16"),

@@ -105,7 +105,10 @@ async def answer(
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
         stream = events(choices, shape, asked, head, request.url.path)
-        return EventSourceResponse(stream, ping=100000, sep="\n")  # no pings: some clients misread them
+        ping = (
+            asked.ping_s or 100000
+        )  # none unless asked (llama-server's `sse_ping_interval`): some clients misread them
+        return EventSourceResponse(stream, ping=ping, sep="\n")
     started = time.perf_counter()
     try:
         gathered = await unless_client_leaves(request, asyncio.gather(*map(gather, choices)))

@@ -45,8 +45,7 @@ async def create_native_completion(request: Request) -> Response:
     results = Results(asked, TokenNames(served.engine), model, choices, settings, native.timings_per_token)
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
-        ping = native.sse_ping_interval if native.sse_ping_interval > 0 else 100000  # none: llama-server's -1
-        return EventSourceResponse(results.events(request.url.path), ping=ping, sep="\n")
+        return EventSourceResponse(results.events(request.url.path), ping=asked.ping_s or 100000, sep="\n")
     try:
         whole = await unless_client_leaves(request, asyncio.gather(*map(results.whole, range(len(choices)))))
     finally:

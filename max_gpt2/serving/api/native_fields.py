@@ -7,64 +7,30 @@ request `/v1/completions` takes (`as_completion`).
 is ignored, as llama-server ignores it: its clients send payloads written for several backends.
 Those it reads are honoured, or refused, naming them, where set to what this server cannot do:
 
-- the samplers this server does not have (mirostat, DRY, XTC, typical-p, top-n-sigma, adaptive-p,
-  dynamic temperature) and settings it has not (`OFF`), taken while they leave them off; their
-  own parameters (`mirostat_tau`, `dry_base`, ...) are then inert and taken with any value;
+- the samplers and settings this server has not (`max_gpt2.serving.api.llama_samplers`), taken
+  while they leave them off, their own parameters then with any value;
 - the penalties: llama-server's count the last `repeat_last_n` tokens, prompt and text alike.
   `repeat_penalty` is Hugging Face's over the whole context here, so it needs `repeat_last_n: -1`
   (or at least the context); the frequency and presence penalties (OpenAI's here, over the text
   alone) only 0;
 - `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused); the
-  order is fixed here (penalties, then temperature, then the cuts: `docs/llama-server.md`).
+  order is fixed here (penalties, then temperature, then the cuts: docs/llama-server.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field
 
+from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, LlamaServerFields, left_out
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
+from max_gpt2.serving.api.requests import refuse_acting
 
-# What llama-server reads and this server has not: each field, whether a value leaves it off, and
-# what leaves it off.
-OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "mirostat": (lambda value: value == 0, "0"),
-    "typical_p": (lambda value: value >= 1, "1"),
-    "dynatemp_range": (lambda value: value <= 0, "0"),
-    "xtc_probability": (lambda value: value <= 0, "0"),
-    "dry_multiplier": (lambda value: value <= 0, "0"),
-    "top_n_sigma": (lambda value: value < 0, "-1"),
-    "adaptive_target": (lambda value: value < 0, "-1"),
-    "n_indent": (lambda value: value == 0, "0"),
-    "t_max_predict_ms": (lambda value: value <= 0, "0"),
-    "post_sampling_probs": (lambda value: not value, "false"),
-    "response_fields": (lambda value: not value, "[]"),
-    "lora": (lambda value: not value, "[]"),
-    "echo": (lambda value: not value, "false (/v1/completions echoes)"),
-    "grammar_lazy": (lambda value: not value, "false"),
-    "grammar_triggers": (lambda value: not value, "[]"),
-    "preserved_tokens": (lambda value: not value, "[]"),
-    "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
-}
-# The samplers this server has, by llama-server's name and letter in `samplers`, and the values of the
-# fields that leave each off where `samplers` leaves it out.
-SAMPLERS = {
-    "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
-    "top_k": ("k", {"top_k": 0}),
-    "top_p": ("p", {"top_p": 1.0}),
-    "min_p": ("m", {"min_p": 0.0}),
-    "temperature": ("t", {"temperature": 1.0}),
-}
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
-_Checked: Any = create_model(  # every field of `OFF`, of any JSON type: checked by value
-    "_Checked", __base__=BaseModel, **dict.fromkeys(OFF, (Any, None))
-)
 
-
-class NativeCompletion(_Checked):
+class NativeCompletion(LlamaServerFields):
     """`POST /completion`'s body: the fields llama-server reads, with its defaults; others ignored."""
 
     model_config = ConfigDict(extra="ignore")
@@ -94,9 +60,7 @@ class NativeCompletion(_Checked):
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    samplers: list[str] | str | None = None
     timings_per_token: bool = False
-    sse_ping_interval: float = -1
     model: str | None = None
 
     @property
@@ -110,23 +74,24 @@ def defaults() -> dict[str, Any]:
     """The fields `/completion` honours, with their defaults: `/props` shows them, as llama-server shows its
     `default_generation_settings.params`."""
     shown = {"n_predict": -1, "n_probs": 0, "n_cmpl": 1}
-    unset = {"prompt", "model", "samplers", *OFF, "max_tokens", "max_completion_tokens", "logprobs", "n"}
+    unset = {
+        "prompt",
+        "model",
+        "samplers",
+        *OFF,
+        *INERT,
+        "max_tokens",
+        "max_completion_tokens",
+        "logprobs",
+        "n",
+    }
     return shown | NativeCompletion(prompt="").model_dump(exclude=unset, exclude_none=True)
 
 
 def as_completion(native: NativeCompletion, context_length: int) -> CompletionRequest:
     """The `/v1/completions` request that asks what `native` asks; a `Refusal` naming the native field
     for what this server cannot honour."""
-    for field, (off, value) in OFF.items():
-        given = getattr(native, field)
-        try:
-            acts = given is not None and not off(given)
-        except TypeError:  # not a number
-            acts = True
-        if acts:
-            raise Refusal(
-                field, f"{field}: this server has no such sampler or setting; leave it out or {value}"
-            )
+    refuse_acting(native)
     native = native.model_copy(update=left_out(native.samplers))
     for field in ("frequency_penalty", "presence_penalty"):
         if getattr(native, field) != 0:
@@ -167,6 +132,7 @@ def as_completion(native: NativeCompletion, context_length: int) -> CompletionRe
         grammar=native.grammar or None,  # an empty one is none, as llama-server reads it
         json_schema=native.json_schema or None,
         repetition_penalty=native.repeat_penalty,
+        sse_ping_interval=native.sse_ping_interval,
     )
 
 
@@ -187,15 +153,3 @@ def generation_settings(
         "stream": native.stream,
         "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],
     }
-
-
-def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
-    """The fields that leave off each sampler `samplers` (names, or a string of their letters) leaves out,
-    as llama-server leaves them off; nothing where `samplers` is not given."""
-    if samplers is None:
-        return {}
-    off: dict[str, Any] = {}
-    for name, (letter, neutral) in SAMPLERS.items():
-        if (letter not in samplers) if isinstance(samplers, str) else (name not in samplers):
-            off |= neutral
-    return off

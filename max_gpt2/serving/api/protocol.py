@@ -1,7 +1,9 @@
 """The request bodies the server reads, as typed models: OpenAI's fields, vLLM's and MAX's extensions.
 
 Each route validates its body here first (`parse`): a field of the wrong type, or one no
-model here knows, is a `Refusal` naming it, as vLLM answers with `extra="forbid"` models.
+model here knows, is a `Refusal` naming it, as OpenAI answers (vLLM and llama-server log it and go
+on, which a misspelt field would pass unseen). llama-server's own sampler fields are known
+(`max_gpt2.serving.api.llama_samplers`).
 What the values may be, and what each means, is decided after (`max_gpt2.serving.api.requests`).
 Some fields are accepted with no effect (`NO_EFFECT`), some refused whenever set (`REFUSED`):
 each with why, which the refusal and docs/serving.md repeat.
@@ -24,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from starlette.responses import JSONResponse
 
 from max_gpt2.max_internals import error_body
+from max_gpt2.serving.api.llama_samplers import LlamaServerFields
 
 # Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them:
 # the JSON type each takes, and why it changes nothing.
@@ -125,7 +128,7 @@ class Constrained(BaseModel):
     grammar: str | None = None
 
 
-class Sampling(Ignored, Constrained):
+class Sampling(Ignored, Constrained, LlamaServerFields):
     """The fields completions and chat completions share: how tokens are picked, how a choice ends,
     how many there are, how they come back and what they must be."""
 

@@ -3,9 +3,8 @@
 `check` takes a parsed request (`max_gpt2.serving.api.protocol`) and returns an `Asked`:
 the sampling values, the stop rules, the log-probabilities and how many choices, each in
 its range, or a `Refusal` for the first field this server cannot honour, naming it and
-what it may be. `Asked.request` then makes MAX's request for one choice. Token ids are
-checked against the vocabulary by the tokenizer (`max_gpt2.serving.tokenizer`), which sees
-every prompt as ids; `logit_bias`'s ids here. docs/serving.md lists every field.
+what it may be. `Asked.request` then makes MAX's request for one choice. A prompt's ids are the
+tokenizer's to check (`max_gpt2.serving.tokenizer`); docs/serving.md lists every field.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.choices import Rules
+from max_gpt2.serving.api.llama_samplers import first_acting, left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
     REFUSED,
@@ -40,8 +40,7 @@ MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.mod
 FIXED_SEED_ZERO = 0x5EED  # what `seed: 0` runs with: MAX takes 0 as "no seed" and picks a random one
 RANDOM_SEED = -1  # llama-server's "a random seed", which its clients send by default
 SEED_RANGE = (-(2**63), 2**64 - 1)  # MAX keys its sampler with the seed as 64 bits
-# Numeric fields and their closed ranges.
-RANGES: dict[str, tuple[float, float]] = {
+RANGES: dict[str, tuple[float, float]] = {  # numeric fields and their closed ranges
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
@@ -71,6 +70,7 @@ class Asked:
     constraint_field: str | None = None  # the request field it came from
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached pages
     cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
+    ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
 
     def request(
         self,
@@ -114,6 +114,16 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
             raise Refusal(field, f"{field}: {why}; leave it out")
     if body.stream_options is not None and not body.stream:
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
+    refuse_acting(body)
+    body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
+    if body.repeat_penalty not in (None, 1):  # llama-server's name, counting its last `repeat_last_n`
+        if body.repeat_last_n != -1:
+            raise Refusal(
+                "repeat_last_n",
+                "repeat_last_n: llama-server's penalty counts its last 64 tokens, this server's the whole "
+                "context: give -1 (or vLLM's repetition_penalty)",
+            )
+        body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
     length_field = "max_tokens"
     if isinstance(body, ChatRequest):
@@ -130,6 +140,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
                 "logprobs",
                 f"logprobs: must be 0 to {MAX_LOGPROBS} alternatives, or null for none; got {logprobs}",
             )
+    max_tokens = None if max_tokens == -1 else max_tokens  # llama-server's "to the context's end"
     _check_lengths(max_tokens, body.min_tokens, length_field)
     constraint_field, constraint = _constraint(body) or (None, None)
     if constraint is not None and body.min_tokens:
@@ -173,7 +184,16 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         constraint_field=constraint_field,
         cache_salt=body.cache_salt,
         cache_prompt=body.cache_prompt,
+        ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
     )
+
+
+def refuse_acting(body: Any) -> None:
+    """A `Refusal` for the first of llama-server's samplers and settings this server has not that `body`
+    sets to act (`max_gpt2.serving.api.llama_samplers.OFF`)."""
+    if found := first_acting(body):
+        field, off = found
+        raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")
 
 
 def _constraint(body: Sampling) -> tuple[str, Constraint] | None:
@@ -197,9 +217,9 @@ def _constraint(body: Sampling) -> tuple[str, Constraint] | None:
             Constraint.grammar(outputs.grammar) if outputs.grammar is not None else None,
         ]
         given += [("structured_outputs", each) for each in asked if each is not None]
-    if body.json_schema is not None:
+    if body.json_schema:  # llama-server's: empty, none
         given.append(("json_schema", Constraint.json_schema(body.json_schema)))
-    if body.grammar is not None:
+    if body.grammar:
         given.append(("grammar", Constraint.grammar(body.grammar)))
     if len(given) > 1:
         raise Refusal(given[1][0], f"{given[1][0]}: one constraint a request; {given[0][0]} sets one already")

@@ -1,0 +1,92 @@
+"""llama-server's sampler and setting fields, which its clients send on every route: which this server
+has, which it has not, and what leaves each off.
+
+- `OFF`: what llama-server reads and this server has not (mirostat, DRY, XTC, typical-p,
+  top-n-sigma, adaptive-p, dynamic temperature, ...): taken while set to what leaves it off,
+  refused by the routes, naming the field, otherwise (`first_acting`).
+- `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
+  a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
+  what shapes only llama-server's logs, progress events and timings.
+- `SAMPLERS`: the samplers this server has, by llama-server's name and letter; `samplers` leaving
+  one out turns it off (`left_out`), as in llama-server.
+
+`LlamaServerFields` declares them all, of any JSON type, for the routes' request models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, create_model
+
+# Each field, whether a value leaves it off, and what leaves it off.
+OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "mirostat": (lambda value: value == 0, "0"),
+    "typical_p": (lambda value: value >= 1, "1"),
+    "dynatemp_range": (lambda value: value <= 0, "0"),
+    "xtc_probability": (lambda value: value <= 0, "0"),
+    "dry_multiplier": (lambda value: value <= 0, "0"),
+    "top_n_sigma": (lambda value: value < 0, "-1"),
+    "adaptive_target": (lambda value: value < 0, "-1"),
+    "n_indent": (lambda value: value == 0, "0"),
+    "t_max_predict_ms": (lambda value: value <= 0, "0"),
+    "post_sampling_probs": (lambda value: not value, "false"),
+    "response_fields": (lambda value: not value, "[]"),
+    "lora": (lambda value: not value, "[]"),
+    "grammar_lazy": (lambda value: not value, "false"),
+    "grammar_triggers": (lambda value: not value, "[]"),
+    "preserved_tokens": (lambda value: not value, "[]"),
+    "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
+}
+INERT = (
+    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "dry_sequence_breakers", "adaptive_decay", "min_keep", "n_keep", "n_discard",
+    "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
+    "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
+    "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
+    "generation_prompt", "parse_tool_calls",
+)  # fmt: skip
+# Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
+SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
+    "top_k": ("k", {"top_k": 0}),
+    "top_p": ("p", {"top_p": 1.0}),
+    "min_p": ("m", {"min_p": 0.0}),
+    "temperature": ("t", {"temperature": 1.0}),
+}
+
+LlamaServerFields: Any = create_model(
+    "LlamaServerFields",
+    __base__=BaseModel,
+    samplers=(list[str] | str | None, None),
+    sse_ping_interval=(float | None, None),
+    repeat_penalty=(float | None, None),
+    repeat_last_n=(int | None, None),
+    **dict.fromkeys((*OFF, *INERT), (Any, None)),
+)
+
+
+def first_acting(body: Any) -> tuple[str, str] | None:
+    """The first of `OFF`'s fields `body` sets to act, and what would leave it off; None if none does."""
+    for field, (off, value) in OFF.items():
+        given = getattr(body, field)
+        try:
+            acts = given is not None and not off(given)
+        except TypeError:  # not a number
+            acts = True
+        if acts:
+            return field, value
+    return None
+
+
+def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
+    """The fields that leave off each sampler `samplers` (names, or a string of their letters) leaves out,
+    as llama-server leaves them off; nothing where `samplers` is not given."""
+    if samplers is None:
+        return {}
+    off: dict[str, Any] = {}
+    for name, (letter, neutral) in SAMPLERS.items():
+        if (letter not in samplers) if isinstance(samplers, str) else (name not in samplers):
+            off |= neutral
+    return off

@@ -123,6 +123,7 @@ def test_n_probs_are_the_models_log_probabilities(server, lm, tokenizer):
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
         ({"n_probs": 50}, "n_probs", "n_probs: must be 0 to 20"),
         ({"max_tokens": "many"}, "max_tokens", "max_tokens: Input should be a valid integer"),
+        ({"echo": True}, "echo", "/v1/completions echoes the prompt"),
         ({"prompt": "word " * LM.n_positions}, "prompt", "maximum context length is"),
     ],
 )

@@ -61,6 +61,7 @@ class NativeCompletion(LlamaServerFields):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False
+    echo: bool = False
     model: str | None = None
 
     @property
@@ -78,6 +79,7 @@ def defaults() -> dict[str, Any]:
         "prompt",
         "model",
         "samplers",
+        "echo",
         *OFF,
         *INERT,
         "max_tokens",
@@ -92,6 +94,10 @@ def as_completion(native: NativeCompletion, context_length: int) -> CompletionRe
     """The `/v1/completions` request that asks what `native` asks; a `Refusal` naming the native field
     for what this server cannot honour."""
     refuse_acting(native)
+    if native.echo:
+        raise Refusal(
+            "echo", "echo: /v1/completions echoes the prompt (with its log-probabilities); not here"
+        )
     native = native.model_copy(update=left_out(native.samplers))
     for field in ("frequency_penalty", "presence_penalty"):
         if getattr(native, field) != 0:

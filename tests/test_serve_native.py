@@ -1,23 +1,28 @@
 """llama-server's own routes, through the real server, as its clients call them: `POST /completion`
-(whole, streamed, stop words, `n_probs`, what it refuses), `GET /props`, and the aliases of the
-OpenAI routes llama-server also answers. What each answer must be comes from `lm.generate` and
-`lm.score` on the served weights and the `tokenizers` library's decode; the shapes from llama-server's
-own (`tools/server/server-task.cpp`: `to_json_non_oaicompat`)."""
+(whole, streamed, stop words, `n_probs`, what it refuses, payloads written for several backends),
+`GET /props`, and the aliases of the OpenAI routes llama-server also answers. What each answer must be
+comes from `lm.generate` and `lm.score` on the served weights and the `tokenizers` library's decode;
+the shapes from llama-server's own (`tools/server/server-task.cpp`), and where llama.cpp is built
+(`LLAMA_CPP`), from llama-server itself answering the same requests on the same weights."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
+from max_gpt2.bench.server import free_port, stop_group, wait_for_health
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from tests.conftest import CHAT_TEMPLATE
-from tests.support import LM, requires_serving
+from tests.llama_cpp import llama_tool
+from tests.support import LM, requires_serving, run_python
 from tests.test_serve import PROMPTS
 from tests.test_serve_api import render, stream_pieces
 
@@ -182,3 +187,95 @@ def test_props_health_and_the_routes_llama_server_also_answers(server):
         == post(server, "/v1/chat/completions", chat)[1]["choices"][0]["message"]
     )
     assert post(server, "/apply-template", chat)[1] == {"prompt": render(chat["messages"])}  # Jinja, here
+
+
+def whole_characters(text: bytes) -> bool:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def llama_server(server, tmp_path_factory):
+    """llama.cpp's llama-server on the served weights, as the GGUF file `max-gpt2 convert` writes."""
+    binary = llama_tool("llama-server")
+    if binary is None:
+        pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
+    directory = tmp_path_factory.mktemp("llama-server")
+    gguf = directory / "lm.gguf"
+    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", server.checkpoint, "--out", gguf)
+    assert converted.returncode == 0, converted.stderr
+    port, log = free_port(), (directory / "log").open("w")
+    command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions), "-np", "1"]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}", process, 120)
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
+    finally:
+        stop_group(process.pid, process.poll)
+
+
+def test_completion_and_props_answer_as_llama_server_itself_answers(server, llama_server):
+    """The same request to both on the same weights: the same greedy tokens, text, stop type and counts,
+    every key of llama-server's answer that its README documents, and its /props keys clients read."""
+    body = {"prompt": PROMPTS[1], "n_predict": 8, "temperature": 0, "return_tokens": True, "ignore_eos": True}
+    for request in (body, {**body, "stop": [" "]}):
+        ours, theirs = post(server, "/completion", request)[1], post(llama_server, "/completion", request)[1]
+        same = (
+            "content",
+            "tokens",
+            "stop",
+            "stop_type",
+            "stopping_word",
+            "tokens_predicted",
+            "tokens_evaluated",
+        )
+        assert {key: ours[key] for key in same} == {key: theirs[key] for key in same}, (ours, theirs)
+        documented = {
+            "has_new_line",
+            "truncated",
+            "prompt",
+            "tokens_cached",
+            "generation_settings",
+            "timings",
+        }
+        assert documented <= ours.keys() & theirs.keys()
+        assert set(theirs["timings"]) <= set(ours["timings"])
+    compared = (
+        0  # llama-server gives a token that is part of a character no entry of its own: the tokens before
+    )
+    for prompt in PROMPTS:
+        request = {**body, "prompt": prompt, "n_probs": 2}
+        ours, theirs = post(server, "/completion", request)[1], post(llama_server, "/completion", request)[1]
+        assert ours["tokens"] == theirs["tokens"]
+        theirs_entries = theirs.get("completion_probabilities", [])  # none where no text was whole
+        for mine, other in zip(ours["completion_probabilities"], theirs_entries, strict=False):
+            if not whole_characters(bytes(mine["bytes"])):
+                break
+            assert (mine["id"], mine["bytes"], mine["token"]) == (other["id"], other["bytes"], other["token"])
+            assert [top["id"] for top in mine["top_logprobs"]] == [top["id"] for top in other["top_logprobs"]]
+            assert mine["logprob"] == pytest.approx(other["logprob"], abs=2e-3)
+            compared += 1
+    assert compared >= 3
+    events = {
+        name: post(side, "/completion", {**body, "stream": True})[1]
+        for name, side in (("ours", server), ("theirs", llama_server))
+    }
+    assert "".join(e["content"] for e in events["ours"]) == "".join(e["content"] for e in events["theirs"])
+    assert events["ours"][-1]["stop"] and events["theirs"][-1]["stop"]
+    with urllib.request.urlopen(f"{llama_server.url}/props") as response:
+        theirs = json.loads(response.read())
+    with urllib.request.urlopen(f"{server.url}/props") as response:
+        ours = json.loads(response.read())
+    read = {
+        "default_generation_settings",
+        "total_slots",
+        "model_path",
+        "chat_template",
+        "bos_token",
+        "build_info",
+    }
+    assert read <= ours.keys() & theirs.keys()
+    assert ours["default_generation_settings"]["n_ctx"] == theirs["default_generation_settings"]["n_ctx"]

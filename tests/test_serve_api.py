@@ -372,6 +372,7 @@ def test_metrics_are_on_the_api_port_in_prometheus_text_and_no_other_port_is_ope
         answered = 'maxserve_request_count_total{code="200",path="/v1/completions"}'
         return metric(text, "maxserve_num_output_tokens_total"), metric(text, answered)
 
+    complete(server, PROMPTS[0], max_tokens=1)  # MAX sets its gauges at a first request: run alone too
     before, settle = scrape(), time.monotonic() + 15
     while time.monotonic() < settle:
         time.sleep(1)
@@ -403,6 +404,18 @@ def test_metrics_are_on_the_api_port_in_prometheus_text_and_no_other_port_is_ope
             break
         time.sleep(0.5)
     assert grown == counted
+    ours = {
+        name: metric(after, name)
+        for name in ("maxserve_num_output_tokens_total", "maxserve_num_requests_running")
+    }
+    assert {  # the same series under vLLM's and llama-server's names, which their dashboards read
+        "maxserve_num_output_tokens_total": metric(after, 'vllm:generation_tokens_total{model_name="gpt2"}'),
+        "maxserve_num_requests_running": metric(after, "llamacpp:requests_processing"),
+    } == ours and metric(after, "llamacpp:tokens_predicted_total") == ours["maxserve_num_output_tokens_total"]
+    first_token_s = metric(after, 'vllm:time_to_first_token_seconds_sum{model_name="gpt2"}')
+    assert first_token_s == pytest.approx(
+        metric(after, "maxserve_time_to_first_token_milliseconds_sum") / 1000
+    )
     assert listening_ports(server.process.pid) == {server.port}
 
 

@@ -6,7 +6,10 @@ output token, running and queued requests, KV cache blocks in use) and would ser
 second TCP port (8001 unless told otherwise), which a second server on the host cannot bind.
 `max-gpt2 serve` has that process serve them on a Unix socket in the server's own directory
 instead (`metrics_process`), and this route reads the socket: the metrics come from the API's
-port, behind its key, and no second port is opened. docs/serving.md lists the metrics.
+port, behind its key, and no second port is opened. The main series come twice more, under the
+names vLLM's and llama-server's dashboards and alerts read (`PEER_NAMES`: `vllm:num_requests_running`,
+`llamacpp:tokens_predicted_total`, ...; vLLM's with its `model_name` label, its latencies in
+seconds). docs/serving.md lists the metrics.
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.settings import ServingSettings
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# MAX's family: its names in vLLM's and llama-server's metrics (vLLM's latencies in seconds, MAX's in ms).
+PEER_NAMES: dict[str, tuple[str, ...]] = {
+    "maxserve_num_requests_running": ("vllm:num_requests_running", "llamacpp:requests_processing"),
+    "maxserve_num_requests_queued": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+    "maxserve_num_input_tokens": ("vllm:prompt_tokens", "llamacpp:prompt_tokens"),
+    "maxserve_num_output_tokens": ("vllm:generation_tokens", "llamacpp:tokens_predicted"),
+    "maxserve_input_tokens_per_request_tokens": ("vllm:request_prompt_tokens",),
+    "maxserve_output_tokens_per_request_tokens": ("vllm:request_generation_tokens",),
+    "maxserve_time_to_first_token_milliseconds": ("vllm:time_to_first_token_seconds",),
+    "maxserve_itl_milliseconds": ("vllm:inter_token_latency_seconds",),
+    "maxserve_time_per_output_token_milliseconds": ("vllm:request_time_per_output_token_seconds",),
+    "maxserve_request_time_milliseconds": ("vllm:e2e_request_latency_seconds",),
+}
 
 
 async def metrics(request: Request) -> Response:
@@ -59,14 +75,42 @@ def metrics_process(settings: Any, metrics_queue: Any, alive: Any, commit: Any) 
 def serve_registry(path: str) -> None:
     """Answers every connection to the Unix socket `path` with the Prometheus text of this process's
     registry, from a daemon thread."""
-    from prometheus_client import REGISTRY, disable_created_metrics, generate_latest
+    from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
 
     disable_created_metrics()  # as MAX's own endpoint: no `_created` series
 
+    peers = CollectorRegistry(auto_describe=False)
+    peers.register(PeerNames(REGISTRY, ServingSettings.from_environment().served_names[0]))
+
     class Answer(socketserver.BaseRequestHandler):
         def handle(self) -> None:
-            self.request.sendall(generate_latest(REGISTRY))
+            self.request.sendall(generate_latest(REGISTRY) + generate_latest(peers))
 
     server = socketserver.ThreadingUnixStreamServer(path, Answer)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-socket", daemon=True).start()
+
+
+class PeerNames:
+    """A Prometheus collector: `PEER_NAMES`' families of `registry` under vLLM's and llama-server's names,
+    vLLM's labelled with the model's name (`model_name`, as vLLM labels them) and in seconds."""
+
+    def __init__(self, registry: Any, model_name: str) -> None:
+        self.registry, self.model_name = registry, model_name
+
+    def collect(self) -> Any:
+        from prometheus_client.metrics_core import Metric
+
+        for family in self.registry.collect():
+            for name in PEER_NAMES.get(family.name, ()):
+                vllm, unit = name.startswith("vllm:"), 1e-3 if family.name.endswith("_milliseconds") else 1
+                renamed = Metric(name, family.documentation, family.type)
+                for sample in family.samples:
+                    labels = {**sample.labels, "model_name": self.model_name} if vllm else dict(sample.labels)
+                    value, suffix = sample.value, sample.name[len(family.name) :]
+                    if suffix == "_sum":  # a histogram's, in its unit; its buckets' bounds too
+                        value *= unit
+                    if "le" in labels and labels["le"] != "+Inf":
+                        labels["le"] = repr(float(labels["le"]) * unit)
+                    renamed.add_sample(name + suffix, labels, value)
+                yield renamed

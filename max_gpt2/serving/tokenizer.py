@@ -45,6 +45,9 @@ class ContextExceeded(InputError):
         )  # in OpenAI's and vLLM's words, which clients read the context's length from
         self.fields = {"code": "context_length_exceeded", "n_prompt_tokens": tokens, "n_ctx": context}
 
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # pickled as made, should it cross processes
+        return ContextExceeded, (self.fields["n_prompt_tokens"], self.fields["n_ctx"])
+
 
 class GPT2TextTokenizer(TextTokenizer):
     """`TextTokenizer` that refuses, with a 400 naming the field, prompts the model cannot run."""

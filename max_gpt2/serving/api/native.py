@@ -12,6 +12,7 @@ carrying its tokens' ids, the last with `stop: true`, and no `[DONE]`, as llama-
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -21,12 +22,15 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from max_gpt2.max_internals import error_body
 from max_gpt2.serving.api.answer import compact, counts, side_by_side, start, unless_client_leaves, withdraw
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
 from max_gpt2.serving.api.native_fields import RENAMED, NativeCompletion, as_completion, generation_settings
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check, prompts
 from max_gpt2.serving.api.served import Served
+
+logger = logging.getLogger("max.serve")
 
 
 async def create_native_completion(request: Request) -> Response:
@@ -95,7 +99,8 @@ class Results:
         return self._final(index, text, self.tokens[index], finish)
 
     async def events(self, path: str) -> AsyncIterator[str]:
-        """Each result's partial objects as its chunks come, then its final one; no `[DONE]`."""
+        """Each result's partial objects as its chunks come, then its final one; no `[DONE]`. A result that
+        fails ends the stream with an error object, as llama-server's do."""
         try:
             async for index, chunk in side_by_side([choice.chunks() for choice in self.choices]):
                 self._add(index, chunk.text, chunk.tokens)
@@ -103,6 +108,9 @@ class Results:
                     yield compact(self._partial(index, chunk.text, chunk.tokens))
                 if chunk.finish is not None:
                     yield compact(self._final(index, "", (), chunk.finish))
+        except Exception as error:  # the stream has begun: the error goes in it
+            logger.exception("a streamed answer failed")
+            yield compact(error_body(500, f"the answer failed while streaming: {error}", None))
         finally:
             self.record(path)
 

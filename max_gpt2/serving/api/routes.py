@@ -10,6 +10,7 @@
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
 | `POST /apply-template` (llama-server's) | `chat` |
+| `POST /v1/responses` (and `/responses`) | `responses` |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts these routes
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -36,6 +37,7 @@ from max_gpt2.serving.api.metrics import metrics
 from max_gpt2.serving.api.native import create_native_completion
 from max_gpt2.serving.api.native_fields import defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
+from max_gpt2.serving.api.responses import create_response
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tokens import detokenize, tokenize
 from max_gpt2.serving.memory_planner import planned_batch_size
@@ -115,6 +117,8 @@ ROUTES = [
     Route("/version", version, methods=["GET"]),
     Route("/props", props, methods=["GET"]),
     Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/responses", create_response, methods=["POST"]),
 ]
 
 

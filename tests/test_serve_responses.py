@@ -1,0 +1,123 @@
+"""`POST /v1/responses` through the real server and the `openai` client's own Responses API: each answer
+is the chat completion of the same messages (greedy, on the same server), in OpenAI's response shape
+and its stream of events, and what the route cannot honour is a 400 naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support import requires_serving
+from tests.test_serve import client
+
+pytestmark = requires_serving()
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The cat"}]
+PET = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}
+
+
+@pytest.fixture(scope="module")
+def server(served_lm):
+    return served_lm
+
+
+def chat(server, **options: Any) -> Any:
+    return client(server).chat.completions.create(model="gpt2", messages=MESSAGES, temperature=0, **options)
+
+
+@pytest.mark.parametrize("length", [3, 40])
+def test_a_response_is_the_chat_completion_of_its_messages(server, length):
+    expected = chat(server, max_completion_tokens=length)
+    parts = [{"type": "input_text", "text": "The cat"}]
+    for given in (
+        "The cat",
+        [{"role": "user", "content": parts}],
+        [{"type": "message", "role": "user", "content": "The cat"}],
+    ):
+        answer = client(server).responses.create(
+            model="gpt2", instructions="Be brief.", input=given, max_output_tokens=length, temperature=0
+        )
+        assert answer.output_text == expected.choices[0].message.content
+        cut = expected.choices[0].finish_reason == "length"
+        assert answer.status == ("incomplete" if cut else "completed")
+        assert (answer.incomplete_details.reason if cut else answer.incomplete_details) == (
+            "max_output_tokens" if cut else None
+        )
+        usage = expected.usage
+        assert (answer.usage.input_tokens, answer.usage.output_tokens) == (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        )
+        assert answer.output[0].role == "assistant" and answer.object == "response"
+
+
+def test_a_streamed_response_comes_as_openais_events_in_order(server):
+    expected = chat(server, max_completion_tokens=8).choices[0].message.content
+    events = list(
+        client(server).responses.create(
+            model="gpt2",
+            instructions="Be brief.",
+            input="The cat",
+            max_output_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
+    kinds = [event.type for event in events]
+    opening = [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    closing = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert kinds[:4] == opening and kinds[-4:-1] == closing
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert "".join(event.delta for event in events[4:-4]) == expected == events[-1].response.output_text
+
+
+def test_a_text_format_holds_the_response_as_the_chat_holds_it(server):
+    form = {"type": "json_schema", "name": "pet", "schema": PET}
+    answer = client(server).responses.create(
+        model="gpt2",
+        instructions="Be brief.",
+        input="The cat",
+        max_output_tokens=24,
+        temperature=0,
+        text={"format": form},
+    )
+    schema = {"type": "json_schema", "json_schema": {"name": "pet", "schema": PET}}
+    assert (
+        answer.output_text
+        == chat(server, max_completion_tokens=24, response_format=schema).choices[0].message.content
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"store": True}, "store", "not stored here"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "send the conversation as input"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "tools", "GPT-2 calls no tools"),
+        ({"reasoning": {"effort": "low"}}, "reasoning", "does not reason"),
+        ({"truncation": "auto"}, "truncation", "only 'disabled'"),
+        ({"text": {"verbosity": "low"}}, "text", "text.verbosity"),
+        (
+            {"input": [{"type": "function_call_output", "output": "x"}]},
+            "input",
+            "input[0]: GPT-2 reads messages only",
+        ),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
+        ({"temperature": 3}, "temperature", "between 0 and 2"),
+    ],
+)
+def test_what_a_response_cannot_honour_is_refused_naming_the_field(server, change, field, says):
+    import openai
+
+    request = {"model": "gpt2", "input": "The cat", "max_output_tokens": 2, **change}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(server).responses.create(**request)
+    assert refused.value.param == field and says in refused.value.message

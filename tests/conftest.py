@@ -234,6 +234,20 @@ def served_lm(request) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def served_model(compiled_lm, served_lm) -> CompiledLM:
+    """LM compiled here with `served_lm`'s own weights: what the server's answers must be."""
+    return compiled_lm(LM).with_weights(Checkpoint(served_lm.checkpoint).model_weights())
+
+
+@pytest.fixture(scope="session")
+def served_tokenizer(served_lm):
+    """`served_lm`'s tokenizer, read here from its checkpoint."""
+    from max_gpt2.inference.tokenizer import load_tokenizer
+
+    return load_tokenizer(served_lm.checkpoint)
+
+
+@pytest.fixture(scope="session")
 def telemetry_listener(request) -> Listener:
     """The listener `served_lm`'s proxy and telemetry endpoint point at."""
     return request.config.stash[TELEMETRY]

@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 from tokenizers.decoders import DecodeStream
 
 from max_gpt2.inference.sampling import Sampler
-from max_gpt2.inference.tokenizer import load_tokenizer, token_bytes
-from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from max_gpt2.inference.tokenizer import token_bytes
 from max_gpt2.testing import END_OF_TEXT
 from tests.conftest import CHAT_TEMPLATE
 from tests.support import LM, requires_serving
@@ -48,13 +47,13 @@ def server(served_lm):
 
 
 @pytest.fixture(scope="module")
-def lm(compiled_lm, server):
-    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+def lm(served_model):
+    return served_model
 
 
 @pytest.fixture(scope="module")
-def tokenizer(server):
-    return load_tokenizer(server.checkpoint)
+def tokenizer(served_tokenizer):
+    return served_tokenizer
 
 
 def greedy(

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 
 from max_gpt2.bench.server import free_port, stop_group, wait_for_health
-from max_gpt2.inference.tokenizer import load_tokenizer
-from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from tests.conftest import CHAT_TEMPLATE
 from tests.llama_cpp import llama_tool
 from tests.support import LM, requires_serving, run_python
@@ -27,21 +25,6 @@ from tests.test_serve import PROMPTS
 from tests.test_serve_api import render, stream_pieces
 
 pytestmark = requires_serving()
-
-
-@pytest.fixture(scope="module")
-def server(served_lm):
-    return served_lm
-
-
-@pytest.fixture(scope="module")
-def lm(compiled_lm, server):
-    return compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
-
-
-@pytest.fixture(scope="module")
-def tokenizer(server):
-    return load_tokenizer(server.checkpoint)
 
 
 def post(server, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -67,12 +50,12 @@ def greedy(lm, tokenizer, prompt_ids: list[int], new_tokens: int) -> tuple[list[
     return ids, stream_pieces(tokenizer, ids)
 
 
-def test_completion_answers_as_llama_server_with_the_models_tokens(server, lm, tokenizer):
-    prompt_ids = tokenizer.encode(PROMPTS[1]).ids
-    ids, pieces = greedy(lm, tokenizer, prompt_ids, 9)
+def test_completion_answers_as_llama_server_with_the_models_tokens(served_lm, served_model, served_tokenizer):
+    prompt_ids = served_tokenizer.encode(PROMPTS[1]).ids
+    ids, pieces = greedy(served_model, served_tokenizer, prompt_ids, 9)
     body = {"prompt": PROMPTS[1], "n_predict": 9, "temperature": 0, "return_tokens": True, "ignore_eos": True}
     for path in ("/completion", "/completions"):
-        status, answer = post(server, path, body)
+        status, answer = post(served_lm, path, body)
         assert status == 200, answer
         assert (answer["content"], answer["tokens"]) == ("".join(pieces), ids)
         assert (answer["stop"], answer["stop_type"], answer["stopping_word"]) == (True, "limit", "")
@@ -82,13 +65,13 @@ def test_completion_answers_as_llama_server_with_the_models_tokens(server, lm, t
         assert (settings["n_predict"], settings["temperature"], settings["n_ctx"]) == (9, 0, LM.n_positions)
         assert set(answer["timings"]) >= {"cache_n", "prompt_n", "prompt_ms", "predicted_per_second"}
     streamed = {**body, "stream": True, "return_tokens": False}  # streamed events carry their ids anyway
-    status, events = post(server, "/completion", streamed)  # no `[DONE]`: every line JSON
+    status, events = post(served_lm, "/completion", streamed)  # no `[DONE]`: every line JSON
     assert status == 200 and [event["stop"] for event in events] == [False] * (len(events) - 1) + [True]
     assert "".join(event["content"] for event in events) == "".join(pieces)
     assert [token for event in events for token in event["tokens"]] == ids
     assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] == 9
     word = pieces[5].strip() or pieces[5]  # a stop word: the text ends before it, llama-server's "word"
-    status, stopped = post(server, "/completion", {**body, "stop": word})  # a string: one stop word
+    status, stopped = post(served_lm, "/completion", {**body, "stop": word})  # a string: one stop word
     cut = "".join(pieces).index(word)
     assert (stopped["content"], stopped["stop_type"], stopped["stopping_word"]) == (
         "".join(pieces)[:cut],
@@ -97,20 +80,20 @@ def test_completion_answers_as_llama_server_with_the_models_tokens(server, lm, t
     )
 
 
-def test_n_probs_are_the_models_log_probabilities(server, lm, tokenizer):
-    prompt_ids = tokenizer.encode(PROMPTS[0]).ids
-    ids, _ = greedy(lm, tokenizer, prompt_ids, 4)
+def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, served_tokenizer):
+    prompt_ids = served_tokenizer.encode(PROMPTS[0]).ids
+    ids, _ = greedy(served_model, served_tokenizer, prompt_ids, 4)
     status, answer = post(
-        server,
+        served_lm,
         "/completion",
         {"prompt": prompt_ids, "n_predict": 4, "temperature": 0, "n_probs": 3, "ignore_eos": True},
     )
     assert status == 200, answer
     probabilities = answer["completion_probabilities"]
-    scores = lm.score(np.array([prompt_ids + ids]), top_k=3)
+    scores = served_model.score(np.array([prompt_ids + ids]), top_k=3)
     for position, entry in enumerate(probabilities):
         at = len(prompt_ids) + position
-        assert entry["id"] == ids[position] and entry["token"] == tokenizer.decode([ids[position]])
+        assert entry["id"] == ids[position] and entry["token"] == served_tokenizer.decode([ids[position]])
         assert entry["logprob"] == pytest.approx(float(scores.logprobs[0, at]), abs=1e-4)
         assert [top["id"] for top in entry["top_logprobs"]] == scores.top_ids[0, at].tolist()
         assert [top["logprob"] for top in entry["top_logprobs"]] == pytest.approx(
@@ -132,42 +115,44 @@ def test_n_probs_are_the_models_log_probabilities(server, lm, tokenizer):
         ({"prompt": "word " * LM.n_positions}, "prompt", "maximum context length is"),
     ],
 )
-def test_completion_refuses_what_it_cannot_honour_naming_llama_servers_field(server, change, field, says):
-    status, answer = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 2, **change})
+def test_completion_refuses_what_it_cannot_honour_naming_llama_servers_field(served_lm, change, field, says):
+    status, answer = post(served_lm, "/completion", {"prompt": PROMPTS[0], "n_predict": 2, **change})
     assert (status, answer["error"]["param"]) == (400, field) and says in answer["error"]["message"]
     if field == "prompt":  # llama-server's numbers beside OpenAI's code, which its web page reads
         assert answer["error"]["code"] == "context_length_exceeded"
         assert answer["error"]["n_ctx"] == LM.n_positions < answer["error"]["n_prompt_tokens"]
 
 
-def test_a_payload_written_for_several_backends_runs_as_llama_server_reads_it(server, lm, tokenizer):
+def test_a_payload_written_for_several_backends_runs_as_llama_server_reads_it(
+    served_lm, served_model, served_tokenizer
+):
     """Fields llama-server does not read are ignored, as there; `samplers` leaving a sampler out turns it
     off (here every cut: temperature 0 alone is greedy); an empty grammar is none; `n` is `n_cmpl`."""
-    prompt_ids = tokenizer.encode(PROMPTS[2]).ids
-    ids, _ = greedy(lm, tokenizer, prompt_ids, 6)
+    prompt_ids = served_tokenizer.encode(PROMPTS[2]).ids
+    ids, _ = greedy(served_model, served_tokenizer, prompt_ids, 6)
     payload = {
         "prompt": PROMPTS[2], "n_predict": 6, "max_new_tokens": 6, "max_length": 1024, "ban_eos_token": False,
         "temperature": 0, "top_k": 3, "samplers": ["temperature"], "grammar": "", "rep_pen": 1, "tfs": 1,
         "typical_p": 1, "api_type": "llamacpp", "ignore_eos": True, "return_tokens": True, "n": 2,
     }  # fmt: skip
-    status, answers = post(server, "/completion", payload)
+    status, answers = post(served_lm, "/completion", payload)
     assert status == 200, answers
     assert [(answer["index"], answer["tokens"]) for answer in answers] == [(0, ids), (1, ids)]
     assert answers[0]["generation_settings"]["samplers"] == ["temperature"]
     assert answers[0]["generation_settings"]["top_k"] == 0  # left out: off
 
 
-def test_samplers_left_off_and_their_parameters_are_taken(server):
+def test_samplers_left_off_and_their_parameters_are_taken(served_lm):
     off = {"mirostat": 0, "mirostat_tau": 5, "typical_p": 1, "dry_multiplier": 0, "dry_base": 1.75}
     off |= {"repeat_penalty": 1.1, "repeat_last_n": -1, "id_slot": 0, "n_keep": 4, "seed": 7}
-    status, answer = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})
+    status, answer = post(served_lm, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})
     assert status == 200 and answer["tokens_predicted"] == 3
-    again = post(server, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})[1]
+    again = post(served_lm, "/completion", {"prompt": PROMPTS[0], "n_predict": 3, **off})[1]
     assert again["content"] == answer["content"]  # seeded: the same sample
 
 
-def test_props_health_and_the_routes_llama_server_also_answers(server):
-    with urllib.request.urlopen(f"{server.url}/props") as response:
+def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
+    with urllib.request.urlopen(f"{served_lm.url}/props") as response:
         props = json.loads(response.read())
     assert props["default_generation_settings"]["n_ctx"] == LM.n_positions
     settings = props["default_generation_settings"]["params"]
@@ -175,18 +160,18 @@ def test_props_health_and_the_routes_llama_server_also_answers(server):
     assert props["chat_template"] == CHAT_TEMPLATE and props["model_alias"] == "gpt2", props
     assert props["total_slots"] == 16  # the batch a CPU decodes (`memory_planner.CPU_BATCH_SIZE`)
     for path in ("/health", "/v1/health"):
-        with urllib.request.urlopen(f"{server.url}{path}") as response:
+        with urllib.request.urlopen(f"{served_lm.url}{path}") as response:
             assert json.loads(response.read()) == {"status": "ok"}
-    with urllib.request.urlopen(f"{server.url}/models") as response:
+    with urllib.request.urlopen(f"{served_lm.url}/models") as response:
         assert [model["id"] for model in json.loads(response.read())["data"]] == ["gpt2"]
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
-    status, answer = post(server, "/chat/completions", chat)
+    status, answer = post(served_lm, "/chat/completions", chat)
     assert status == 200 and answer["object"] == "chat.completion"
     assert (
         answer["choices"][0]["message"]
-        == post(server, "/v1/chat/completions", chat)[1]["choices"][0]["message"]
+        == post(served_lm, "/v1/chat/completions", chat)[1]["choices"][0]["message"]
     )
-    assert post(server, "/apply-template", chat)[1] == {"prompt": render(chat["messages"])}  # Jinja, here
+    assert post(served_lm, "/apply-template", chat)[1] == {"prompt": render(chat["messages"])}  # Jinja, here
 
 
 def whole_characters(text: bytes) -> bool:
@@ -198,14 +183,14 @@ def whole_characters(text: bytes) -> bool:
 
 
 @pytest.fixture(scope="module")
-def llama_server(server, tmp_path_factory):
+def llama_server(served_lm, tmp_path_factory):
     """llama.cpp's llama-server on the served weights, as the GGUF file `max-gpt2 convert` writes."""
     binary = llama_tool("llama-server")
     if binary is None:
         pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
     directory = tmp_path_factory.mktemp("llama-server")
     gguf = directory / "lm.gguf"
-    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", server.checkpoint, "--out", gguf)
+    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", served_lm.checkpoint, "--out", gguf)
     assert converted.returncode == 0, converted.stderr
     port, log = free_port(), (directory / "log").open("w")
     command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions), "-np", "1"]
@@ -217,12 +202,15 @@ def llama_server(server, tmp_path_factory):
         stop_group(process.pid, process.poll)
 
 
-def test_completion_and_props_answer_as_llama_server_itself_answers(server, llama_server):
+def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, llama_server):
     """The same request to both on the same weights: the same greedy tokens, text, stop type and counts,
     every key of llama-server's answer that its README documents, and its /props keys clients read."""
     body = {"prompt": PROMPTS[1], "n_predict": 8, "temperature": 0, "return_tokens": True, "ignore_eos": True}
     for request in (body, {**body, "stop": [" "]}):
-        ours, theirs = post(server, "/completion", request)[1], post(llama_server, "/completion", request)[1]
+        ours, theirs = (
+            post(served_lm, "/completion", request)[1],
+            post(llama_server, "/completion", request)[1],
+        )
         same = (
             "content",
             "tokens",
@@ -248,7 +236,10 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(server, llam
     )
     for prompt in PROMPTS:
         request = {**body, "prompt": prompt, "n_probs": 2}
-        ours, theirs = post(server, "/completion", request)[1], post(llama_server, "/completion", request)[1]
+        ours, theirs = (
+            post(served_lm, "/completion", request)[1],
+            post(llama_server, "/completion", request)[1],
+        )
         assert ours["tokens"] == theirs["tokens"]
         theirs_entries = theirs.get("completion_probabilities", [])  # none where no text was whole
         for mine, other in zip(ours["completion_probabilities"], theirs_entries, strict=False):
@@ -261,13 +252,13 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(server, llam
     assert compared >= 3
     events = {
         name: post(side, "/completion", {**body, "stream": True})[1]
-        for name, side in (("ours", server), ("theirs", llama_server))
+        for name, side in (("ours", served_lm), ("theirs", llama_server))
     }
     assert "".join(e["content"] for e in events["ours"]) == "".join(e["content"] for e in events["theirs"])
     assert events["ours"][-1]["stop"] and events["theirs"][-1]["stop"]
     with urllib.request.urlopen(f"{llama_server.url}/props") as response:
         theirs = json.loads(response.read())
-    with urllib.request.urlopen(f"{server.url}/props") as response:
+    with urllib.request.urlopen(f"{served_lm.url}/props") as response:
         ours = json.loads(response.read())
     read = {
         "default_generation_settings",

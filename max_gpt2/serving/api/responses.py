@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from max.serve.router.openai_routes import record_request_end, record_request_start
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -51,10 +51,14 @@ REFUSED = {
 TAKEN = {"tool_choice": ("none", "auto"), "truncation": ("disabled",), "parallel_tool_calls": (True, False)}
 
 
-class ResponsesRequest(BaseModel):
-    """`POST /v1/responses`' body; `REFUSED` and `TAKEN` fields of any JSON type, checked by `as_chat`."""
+# Every field of `REFUSED` and `TAKEN`, of any JSON type: checked by `as_chat`.
+_Checked: Any = create_model(
+    "_Checked", __config__=ConfigDict(extra="forbid"), **dict.fromkeys((*REFUSED, *TAKEN), (Any, None))
+)
 
-    model_config = ConfigDict(extra="forbid")
+
+class ResponsesRequest(_Checked):
+    """`POST /v1/responses`' body."""
 
     model: str | None = None
     input: str | list[Any]
@@ -70,19 +74,6 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
-    store: Any = None
-    previous_response_id: Any = None
-    conversation: Any = None
-    background: Any = None
-    tools: Any = None
-    reasoning: Any = None
-    include: Any = None
-    prompt: Any = None
-    max_tool_calls: Any = None
-    top_logprobs: Any = None
-    tool_choice: Any = None
-    truncation: Any = None
-    parallel_tool_calls: Any = None
 
 
 async def create_response(request: Request) -> Response:

@@ -25,6 +25,7 @@ pytestmark = requires_serving()
 
 GOOD = {"model": "gpt2", "prompt": "The cat", "max_tokens": 4}
 VOCAB = 320
+CONTEXT = 48  # LM's positions
 
 # A bad value of each field this server refuses, and what the refusal must say.
 REFUSED = [
@@ -36,7 +37,7 @@ REFUSED = [
     ({"max_tokens": -2}, "max_tokens", "at least 1"),
     ({"mirostat": 2}, "mirostat", "mirostat: this server has no such sampler or setting; leave it out or 0"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
-    ({"repeat_penalty": 1.2}, "repeat_last_n", "give -1 (or vLLM's repetition_penalty)"),
+    ({"repeat_penalty": 1.2, "repeat_last_n": 8}, "repeat_last_n", "not the last 8 tokens: give -1 (or 48)"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"temperature": -1}, "temperature", "between 0 and 2"),
     ({"temperature": float("nan")}, "temperature", "between 0 and 2"),
@@ -136,7 +137,7 @@ def checked(change: dict[str, Any], chat: bool = False) -> Any:
         checked_messages(body.messages)
     else:
         prompts(body.prompt)
-    return check(body, VOCAB)
+    return check(body, VOCAB, CONTEXT)
 
 
 @pytest.mark.parametrize(
@@ -281,7 +282,7 @@ def guarded_client(api_key: str | None, explorer: Any = None, origins: tuple[str
     from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
     tokenizer = GPT2TextTokenizer.__new__(GPT2TextTokenizer)  # only its shapes, no files read
-    tokenizer.model_vocab_size, tokenizer.n_positions = VOCAB, 48
+    tokenizer.model_vocab_size, tokenizer.n_positions = VOCAB, CONTEXT
     app = Starlette()
     app.state.pipeline = type("Engine", (), {"tokenizer": tokenizer})()
     app.state.pipeline_config = None

@@ -84,7 +84,7 @@ async def respond(
     try:
         body = parse(kind, await request.body())
         model = served.model_name(body.model)
-        asked = check(body, served.vocab_size)
+        asked = check(body, served.vocab_size, served.context_length)
         # A grammar's first compile and a chat template's rendering take a while: off the event loop.
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
@@ -99,22 +99,17 @@ async def answer(
 ) -> Response:
     """Starts every choice of `prompts` (`asked.n` each), then streams or gathers them."""
     choices = await start(request, served, asked, model, prompts, shape.prompt_field)
-    ident = f"{shape.id_prefix}-{request.state.request_id}"
-    created = int(time.time())
+    ident, created = f"{shape.id_prefix}-{request.state.request_id}", int(time.time())
     head = {"id": ident, "created": created, "model": model}
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
-        stream = events(choices, shape, asked, head, request.url.path)
-        ping = (
-            asked.ping_s or 100000
-        )  # none unless asked (llama-server's `sse_ping_interval`): some clients misread them
-        return EventSourceResponse(stream, ping=ping, sep="\n")
+        return streamed(events(choices, shape, asked, head, request.url.path), asked)
     started = time.perf_counter()
     try:
         gathered = await unless_client_leaves(request, asyncio.gather(*map(gather, choices)))
     finally:
         await withdraw(choices)  # where one failed, the others stop too
-        record_request_end(request.url.path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
+        record_end(request.url.path, started, choices, asked)
     body = {
         **head,
         "object": shape.object,
@@ -199,7 +194,17 @@ async def events(
         logger.exception("a streamed answer failed")
         yield compact(error_body(500, f"the answer failed while streaming: {error}", None))
     finally:
-        record_request_end(path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
+        record_end(path, started, choices, asked)
+
+
+def streamed(stream: AsyncIterator[Any], asked: Asked) -> EventSourceResponse:
+    """A route's stream as server-sent events, pinged only as asked (`sse_ping_interval`)."""
+    return EventSourceResponse(stream, ping=asked.ping_s or 100000, sep="\n")
+
+
+def record_end(path: str, started: float, choices: Sequence[Choice], asked: Asked) -> None:
+    """MAX's metrics of a request's end (`started` by `time.perf_counter`), as its own routes record them."""
+    record_request_end(path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
 
 
 async def side_by_side(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

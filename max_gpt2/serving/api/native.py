@@ -17,13 +17,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from max.serve.router.openai_routes import record_request_end, record_request_start
-from sse_starlette.sse import EventSourceResponse
+from max.serve.router.openai_routes import record_request_start
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.max_internals import error_body
-from max_gpt2.serving.api.answer import compact, counts, side_by_side, start, unless_client_leaves, withdraw
+from max_gpt2.serving.api.answer import (
+    compact,
+    record_end,
+    side_by_side,
+    start,
+    streamed,
+    unless_client_leaves,
+    withdraw,
+)
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
 from max_gpt2.serving.api.native_fields import RENAMED, NativeCompletion, as_completion, generation_settings
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
@@ -37,10 +44,10 @@ async def create_native_completion(request: Request) -> Response:
     served = Served.of(request)
     try:
         native = parse(NativeCompletion, await request.body())
-        body = as_completion(native, served.context_length)
+        body = as_completion(native)
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
-        asked = named_natively(lambda: check(body, served.vocab_size))
+        asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")
@@ -49,7 +56,7 @@ async def create_native_completion(request: Request) -> Response:
     results = Results(asked, TokenNames(served.engine), model, choices, settings, native.timings_per_token)
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
-        return EventSourceResponse(results.events(request.url.path), ping=asked.ping_s or 100000, sep="\n")
+        return streamed(results.events(request.url.path), asked)
     try:
         whole = await unless_client_leaves(request, asyncio.gather(*map(results.whole, range(len(choices)))))
     finally:
@@ -115,9 +122,7 @@ class Results:
             self.record(path)
 
     def record(self, path: str) -> None:
-        """MAX's metrics of the request's end, as its own routes record them."""
-        elapsed = (time.perf_counter() - self.started) * 1000
-        record_request_end(path, elapsed, *counts(self.choices, self.asked))
+        record_end(path, self.started, self.choices, self.asked)
 
     def _add(self, index: int, text: str, tokens: Sequence[Token]) -> None:
         if tokens:

@@ -90,7 +90,7 @@ def defaults() -> dict[str, Any]:
     return shown | NativeCompletion(prompt="").model_dump(exclude=unset, exclude_none=True)
 
 
-def as_completion(native: NativeCompletion, context_length: int) -> CompletionRequest:
+def as_completion(native: NativeCompletion) -> CompletionRequest:
     """The `/v1/completions` request that asks what `native` asks; a `Refusal` naming the native field
     for what this server cannot honour."""
     refuse_acting(native)
@@ -108,16 +108,7 @@ def as_completion(native: NativeCompletion, context_length: int) -> CompletionRe
             )
     if native.length == 0 or native.length < -1:
         raise Refusal("n_predict", f"n_predict: -1 (to the context's end) or at least 1; got {native.length}")
-    if native.repeat_penalty != 1 and not (
-        native.repeat_last_n == -1 or native.repeat_last_n >= context_length
-    ):
-        raise Refusal(
-            "repeat_last_n",
-            f"repeat_last_n: the penalty counts the whole context here; give -1 (or {context_length})",
-        )
     probabilities = next((value for value in (native.n_probs, native.logprobs) if value is not None), 0)
-    if probabilities < 0:
-        raise Refusal("n_probs", f"n_probs: 0 or more; got {probabilities}")
     return CompletionRequest(
         prompt=native.prompt,
         model=native.model,
@@ -137,7 +128,8 @@ def as_completion(native: NativeCompletion, context_length: int) -> CompletionRe
         ignore_eos=native.ignore_eos,
         grammar=native.grammar or None,  # an empty one is none, as llama-server reads it
         json_schema=native.json_schema or None,
-        repetition_penalty=native.repeat_penalty,
+        repeat_penalty=native.repeat_penalty,
+        repeat_last_n=native.repeat_last_n,
         sse_ping_interval=native.sse_ping_interval,
     )
 
@@ -154,7 +146,7 @@ def generation_settings(
         "seed": native.seed,
         "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
         "n_probs": body.logprobs or 0,
-        "repeat_penalty": body.repetition_penalty,
+        "repeat_penalty": native.repeat_penalty,
         "repeat_last_n": native.repeat_last_n,
         "stream": native.stream,
         "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],

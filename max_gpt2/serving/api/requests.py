@@ -106,7 +106,7 @@ class Asked:
         )
 
 
-def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
+def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length: int) -> Asked:
     """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring)."""
     for field, why in REFUSED.items():
         value = getattr(body, field)
@@ -116,12 +116,13 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
-    if body.repeat_penalty not in (None, 1):  # llama-server's name, counting its last `repeat_last_n`
-        if body.repeat_last_n != -1:
+    if body.repeat_penalty not in (None, 1):  # llama-server's, over its last `repeat_last_n` (64 unset)
+        last = 64 if body.repeat_last_n is None else body.repeat_last_n
+        if not (last == -1 or last >= context_length):
             raise Refusal(
                 "repeat_last_n",
-                "repeat_last_n: llama-server's penalty counts its last 64 tokens, this server's the whole "
-                "context: give -1 (or vLLM's repetition_penalty)",
+                f"repeat_last_n: the penalty counts the whole context here, not the last {last} tokens: "
+                f"give -1 (or {context_length})",
             )
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
@@ -189,8 +190,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int) -> Asked:
 
 
 def refuse_acting(body: Any) -> None:
-    """A `Refusal` for the first of llama-server's samplers and settings this server has not that `body`
-    sets to act (`max_gpt2.serving.api.llama_samplers.OFF`)."""
+    """A `Refusal` for the first sampler or setting this server lacks that `body` sets (`llama_samplers`)."""
     if found := first_acting(body):
         field, off = found
         raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")

@@ -21,13 +21,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from max.serve.router.openai_routes import record_request_end, record_request_start
+from max.serve.router.openai_routes import record_request_start
 from pydantic import ConfigDict, ValidationError, create_model
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import compact, counts, gather, start, unless_client_leaves, withdraw
+from max_gpt2.serving.api.answer import (
+    compact,
+    gather,
+    record_end,
+    start,
+    streamed,
+    unless_client_leaves,
+    withdraw,
+)
 from max_gpt2.serving.api.chat import checked_messages, prompt_ids
 from max_gpt2.serving.api.choices import Choice, Finish
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
@@ -82,7 +89,7 @@ async def create_response(request: Request) -> Response:
         body = parse(ResponsesRequest, await request.body())
         chat = as_chat(body)
         model = served.model_name(body.model)
-        asked = check(chat, served.vocab_size)
+        asked = check(chat, served.vocab_size, served.context_length)
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         prompt = await asyncio.to_thread(prompt_ids, served, chat)
@@ -92,7 +99,7 @@ async def create_response(request: Request) -> Response:
     answer = Answer(body, asked, model, choices[0], request.state.request_id)
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
-        return EventSourceResponse(answer.events(request.url.path), ping=asked.ping_s or 100000, sep="\n")
+        return streamed(answer.events(request.url.path), asked)
     try:
         whole = await unless_client_leaves(request, gather(choices[0]))
     finally:
@@ -250,6 +257,4 @@ class Answer:
         }
 
     def record(self, path: str) -> None:
-        """MAX's metrics of the request's end, as its own routes record them."""
-        elapsed = (time.perf_counter() - self.started) * 1000
-        record_request_end(path, elapsed, *counts([self.choice], self.asked))
+        record_end(path, self.started, [self.choice], self.asked)

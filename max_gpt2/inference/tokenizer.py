@@ -60,8 +60,7 @@ def load_tokenizer(path: str | Path, metadata: Mapping[str, Any] | None = None) 
         metadata = GGUFFile(path).metadata
     if beside is not None:
         own = len(metadata.get("tokenizer.ggml.tokens", ())) if metadata is not None else 0
-        if own and own != beside.get_vocab_size():
-            size = beside.get_vocab_size()
+        if own and own != (size := beside.get_vocab_size()):
             warnings.warn(
                 f"the tokenizer files in {directory} ({size} tokens) replace {path.name}'s ({own} tokens)",
                 stacklevel=2,

@@ -112,6 +112,7 @@ def test_a_text_format_holds_the_response_as_the_chat_holds_it(server):
         ),
         ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
         ({"temperature": 3}, "temperature", "between 0 and 2"),
+        ({"max_output_tokens": -1}, "max_output_tokens", "at least 1"),
     ],
 )
 def test_what_a_response_cannot_honour_is_refused_naming_the_field(server, change, field, says):

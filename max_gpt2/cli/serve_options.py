@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the demo checkpoint is kept")
     parser.add_argument(
         "--api-key",
-        help="answer only requests bearing 'Authorization: Bearer KEY' (/health stays open; "
-        "default: the environment's MAX_GPT2_API_KEY)",
+        help="answer only requests bearing 'Authorization: Bearer KEY' or 'x-api-key: KEY' (/health "
+        "stays open; default: the environment's MAX_GPT2_API_KEY)",
     )
     add_weight_format_argument(parser)  # the paged KV cache stays float32: no --kv-cache
     parser.add_argument(

@@ -9,7 +9,9 @@ option applies from there (`max_gpt2.serving.api.answer`). Messages are checked 
 of `system`, `developer`, `user` or `assistant`, and content as a string or text parts, each
 refusal naming the message and field. Log-probabilities come in the chat shape
 (`logprobs.content[]`, with `bytes` and `top_logprobs`). llama-server's `POST /apply-template`
-answers the rendered text alone.
+answers the rendered text alone, and its `POST /v1/chat/completions/input_tokens` the prompt's
+size. Routes of other APIs that run as one chat completion (the Responses and Messages APIs)
+start it with `start_chat`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,18 @@ from jinja2 import TemplateError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import Gathered, Shape, respond, token_ids
+from max_gpt2.serving.api.answer import (
+    Gathered,
+    Shape,
+    gather,
+    respond,
+    start,
+    token_ids,
+    unless_client_leaves,
+)
 from max_gpt2.serving.api.choices import Choice, Chunk, Token
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
+from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -44,6 +55,44 @@ async def apply_template(request: Request) -> Response:
         return JSONResponse({"prompt": await asyncio.to_thread(rendered, served, body)})
     except Refusal as refusal:
         return refusal_response(refusal)
+
+
+async def count_chat_tokens(request: Request) -> Response:
+    """llama-server's `POST /v1/chat/completions/input_tokens`: the size of a chat request's prompt."""
+    served = Served.of(request)
+    try:
+        body = parse(ChatRequest, await request.body())
+        served.model_name(body.model)
+        return input_tokens(len(await asyncio.to_thread(prompt_ids, served, body)))
+    except Refusal as refusal:
+        return refusal_response(refusal)
+
+
+def input_tokens(count: int) -> JSONResponse:
+    """OpenAI's answer to `POST /v1/responses/input_tokens`, which llama-server gives for chats too."""
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+
+
+async def start_chat(
+    request: Request, served: Served, chat: ChatRequest, prompt_field: str
+) -> tuple[str, Asked, Choice]:
+    """`chat` checked and its one choice started, for a route that runs as a chat completion: the model's
+    served name, what the request asks, the choice; a `Refusal` naming `prompt_field` for a prompt
+    past the context."""
+    model = served.model_name(chat.model)
+    asked = check(chat, served.vocab_size, served.context_length)
+    if asked.constraint is not None:  # a grammar's first compile takes a while: off the event loop
+        await asyncio.to_thread(served.check_constraint, asked)
+    prompt = await asyncio.to_thread(prompt_ids, served, chat)
+    return model, asked, (await start(request, served, asked, model, [prompt], prompt_field))[0]
+
+
+async def whole(request: Request, choice: Choice) -> Gathered:
+    """`choice` read to its end, stopped if the client leaves first."""
+    try:
+        return await unless_client_leaves(request, gather(choice))
+    finally:
+        await choice.close()
 
 
 def rendered(served: Served, body: ChatRequest) -> str:

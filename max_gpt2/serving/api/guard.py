@@ -4,12 +4,14 @@ An ASGI middleware placed inside MAX's own (after its request-size limit), so it
 sees each request before a route does:
 
 - With an API key set, every request but `GET /health` (and llama-server's `/v1/health`) needs
-  `Authorization: Bearer KEY`, else 401, as llama-server and vLLM do with `--api-key`. A browser's
+  `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (as llama-server takes it), else 401,
+  as llama-server and vLLM do with `--api-key`. A browser's
   CORS preflight never reaches it: with `--allowed-origins`, Starlette's CORS
   middleware, outside this one, answers it (`max_gpt2.serving.api.routes.mount`).
 - Only our routes are answered (`routes.ROUTES`); embeddings, speech and the rest,
   which MAX mounts for every model and which fail inside for this one, get OpenAI's
-  404 naming what is served, and a route asked with another method a 405.
+  404 naming what is served (and for the peers' routes a generating GPT-2 cannot answer,
+  `NOT_SERVED`, why), and a route asked with another method a 405.
 - With the head explorer (`max-gpt2 serve --explorer`), `/explore/` and what lies
   under it are its page and JSON routes, answered from a worker thread by its own
   model (`max_gpt2.explorer.loading`, which `max_gpt2.cli.serve_process` hands in).
@@ -25,6 +27,7 @@ import anyio.to_thread
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 
+from max_gpt2.serving.api.messages import error_response
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 
 Scope = MutableMapping[str, Any]
@@ -34,6 +37,16 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 EXPLORER = "/explore"  # the head explorer's page, and its routes under it
+EMBEDS = "GPT-2 is served here to generate; it serves no embeddings"
+# Routes of llama-server and vLLM that this server does not answer, and why.
+NOT_SERVED = {
+    "/infill": "GPT-2 has no fill-in-the-middle tokens (llama-server refuses such models too)",
+    **dict.fromkeys(("/v1/embeddings", "/embeddings", "/embedding", "/pooling"), EMBEDS),
+    **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/score", "/v1/score"), EMBEDS),
+    "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
+    "/lora-adapters": "GPT-2 is served without adapters",
+    "/v1/audio/transcriptions": "GPT-2 reads text only",
+}
 
 
 class Explorer(Protocol):
@@ -63,7 +76,9 @@ class Guard:
                 return await self.explore(scope, receive, send)
             self.check_route(scope)
         except Refusal as refusal:
-            return await refusal_response(refusal)(scope, receive, send)
+            anthropic = scope["path"].startswith("/v1/messages")  # its clients read Anthropic's errors
+            answer = error_response(refusal) if anthropic else refusal_response(refusal)
+            return await answer(scope, receive, send)
         return await self.app(scope, receive, send)
 
     async def explore(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -88,8 +103,12 @@ class Guard:
             return
         headers = dict(scope["headers"])
         scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), self.api_key):
-            needed = "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+        if scheme.lower() != "bearer":
+            given = headers.get(b"x-api-key", b"").decode("latin-1")  # Anthropic's clients send it
+        if not hmac.compare_digest(given.strip(), self.api_key):
+            needed = (
+                "a valid API key is needed: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+            )
             raise Refusal(None, needed, status=401, headers={"WWW-Authenticate": "Bearer"})
 
     def check_route(self, scope: Scope) -> None:
@@ -111,7 +130,8 @@ class Guard:
                 None, f"{path} answers {answers}, not {method}", status=405, headers={"Allow": answers}
             )
         served = ", ".join(getattr(route, "path", "?") for route in self.routes)
-        raise Refusal(None, f"{path}: not served here; this server answers {served}", status=404)
+        why = f": {NOT_SERVED[path.rstrip('/')]}" if path.rstrip("/") in NOT_SERVED else ""
+        raise Refusal(None, f"{path}: not served here{why}; this server answers {served}", status=404)
 
 
 async def read_body(receive: Receive) -> bytes | None:

@@ -26,19 +26,11 @@ from pydantic import ConfigDict, ValidationError, create_model
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import (
-    compact,
-    gather,
-    record_end,
-    start,
-    streamed,
-    unless_client_leaves,
-    withdraw,
-)
-from max_gpt2.serving.api.chat import checked_messages, prompt_ids
+from max_gpt2.serving.api.answer import compact, record_end, streamed
+from max_gpt2.serving.api.chat import checked_messages, input_tokens, prompt_ids, start_chat, whole
 from max_gpt2.serving.api.choices import Choice, Finish
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
-from max_gpt2.serving.api.requests import Asked, check
+from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served
 
 logger = logging.getLogger("max.serve")
@@ -87,25 +79,29 @@ async def create_response(request: Request) -> Response:
     served = Served.of(request)
     try:
         body = parse(ResponsesRequest, await request.body())
-        chat = as_chat(body)
-        model = served.model_name(body.model)
-        asked = check(chat, served.vocab_size, served.context_length)
-        if asked.constraint is not None:
-            await asyncio.to_thread(served.check_constraint, asked)
-        prompt = await asyncio.to_thread(prompt_ids, served, chat)
-        choices = await start(request, served, asked, model, [prompt], "input")
+        model, asked, choice = await start_chat(request, served, as_chat(body), "input")
     except Refusal as refusal:
         return refusal_response(refusal)
-    answer = Answer(body, asked, model, choices[0], request.state.request_id)
+    answer = Answer(body, asked, model, choice, request.state.request_id)
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
         return streamed(answer.events(request.url.path), asked)
     try:
-        whole = await unless_client_leaves(request, gather(choices[0]))
+        gathered = await whole(request, choice)
     finally:
-        await withdraw(choices)
         answer.record(request.url.path)
-    return JSONResponse(answer.response(whole.text, whole.finish))
+    return JSONResponse(answer.response(gathered.text, gathered.finish))
+
+
+async def count_input_tokens(request: Request) -> Response:
+    """OpenAI's `POST /v1/responses/input_tokens`: the size of the prompt a response's request makes."""
+    served = Served.of(request)
+    try:
+        chat = as_chat(parse(ResponsesRequest, await request.body()))
+        served.model_name(chat.model)
+        return input_tokens(len(await asyncio.to_thread(prompt_ids, served, chat)))
+    except Refusal as refusal:
+        return refusal_response(refusal)
 
 
 def as_chat(body: ResponsesRequest) -> ChatRequest:
@@ -116,6 +112,10 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     for field, values in TAKEN.items():
         if (value := getattr(body, field)) is not None and value not in values:
             raise Refusal(field, f"{field}: only {' or '.join(map(repr, values))} here; got {value!r}")
+    if body.max_output_tokens is not None and body.max_output_tokens < 1:  # not the chat's -1, no limit
+        raise Refusal(
+            "max_output_tokens", f"max_output_tokens: must be at least 1; got {body.max_output_tokens}"
+        )
     if unknown := sorted((body.text or {}).keys() - {"format"}):
         raise Refusal("text", f"text.{unknown[0]}: GPT-2 has no such setting; give text.format alone")
     form = (body.text or {}).get("format")

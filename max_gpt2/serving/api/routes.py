@@ -4,13 +4,15 @@
 |---|---|
 | `POST /v1/completions` | `completions` |
 | `POST /v1/chat/completions` (and llama-server's `/chat/completions`) | `chat` |
+| `POST /v1/chat/completions/input_tokens` (llama-server's) | `chat` |
 | `POST /completion`, `POST /completions` (llama-server's own) | `native` |
 | `POST /tokenize`, `POST /detokenize` | `tokens` |
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
 | `POST /apply-template` (llama-server's) | `chat` |
-| `POST /v1/responses` (and `/responses`) | `responses` |
+| `POST /v1/responses` (and `/responses`), `POST /v1/responses/input_tokens` | `responses` |
+| `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic's) | `messages` |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts these routes
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -30,14 +32,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from max_gpt2.serving.api.chat import apply_template, create_chat_completion
+from max_gpt2.serving.api.chat import apply_template, count_chat_tokens, create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
 from max_gpt2.serving.api.guard import Explorer, Guard
+from max_gpt2.serving.api.messages import count_tokens, create_message
 from max_gpt2.serving.api.metrics import metrics
 from max_gpt2.serving.api.native import create_native_completion
 from max_gpt2.serving.api.native_fields import defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
-from max_gpt2.serving.api.responses import create_response
+from max_gpt2.serving.api.responses import count_input_tokens, create_response
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tokens import detokenize, tokenize
 from max_gpt2.serving.memory_planner import planned_batch_size
@@ -119,6 +122,12 @@ ROUTES = [
     Route("/apply-template", apply_template, methods=["POST"]),
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/responses", create_response, methods=["POST"]),
+    Route("/v1/chat/completions/input_tokens", count_chat_tokens, methods=["POST"]),
+    Route("/chat/completions/input_tokens", count_chat_tokens, methods=["POST"]),
+    Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+    Route("/responses/input_tokens", count_input_tokens, methods=["POST"]),
+    Route("/v1/messages", create_message, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]
 
 

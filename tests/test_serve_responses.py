@@ -96,6 +96,28 @@ def test_a_text_format_holds_the_response_as_the_chat_holds_it(server):
     )
 
 
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def test_included_logprobs_are_the_chats_whole_and_streamed(server):
+    expected = chat(server, max_completion_tokens=6, logprobs=True, top_logprobs=2).choices[0]
+    entries = [entry.model_dump() for entry in expected.logprobs.content]
+    assert len(entries) == 6 and all(len(entry["top_logprobs"]) == 2 for entry in entries)
+    request = {"model": "gpt2", "instructions": "Be brief.", "input": "The cat", "max_output_tokens": 6}
+    asked = {**request, "temperature": 0, "include": LOGPROBS, "top_logprobs": 2}
+    answer = client(server).responses.create(**asked)
+    assert [entry.model_dump() for entry in answer.output[0].content[0].logprobs] == entries
+    events = list(client(server).responses.create(**asked, stream=True))
+    deltas = [
+        entry for event in events if event.type == "response.output_text.delta" for entry in event.logprobs
+    ]
+    assert [entry.model_dump(exclude_none=True) for entry in deltas] == entries
+    (done,) = [event for event in events if event.type == "response.output_text.done"]
+    assert [entry.model_dump(exclude_none=True) for entry in done.logprobs] == entries
+    plain = client(server).responses.create(**request, temperature=0)  # none unless included
+    assert plain.output[0].content[0].logprobs == []
+
+
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
@@ -113,6 +135,9 @@ def test_a_text_format_holds_the_response_as_the_chat_holds_it(server):
         ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
         ({"temperature": 3}, "temperature", "between 0 and 2"),
         ({"max_output_tokens": -1}, "max_output_tokens", "at least 1"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "include[0]: only"),
+        ({"top_logprobs": 2}, "top_logprobs", "needs include"),
+        ({"include": LOGPROBS, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
     ],
 )
 def test_what_a_response_cannot_honour_is_refused_naming_the_field(server, change, field, says):

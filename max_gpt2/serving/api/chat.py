@@ -249,10 +249,14 @@ class ChatShape(Shape):
         }
 
     def _logprobs(self, tokens: Sequence[Token]) -> dict[str, Any] | None:
-        """OpenAI's chat logprobs: each token with its bytes and its `top_logprobs` likeliest alternatives."""
         if self.asked.logprobs is None:
             return None
-        return {"content": [self._entry(token.id, token.logprob, token) for token in tokens]}
+        return {"content": self.entries(tokens)}
+
+    def entries(self, tokens: Sequence[Token]) -> list[dict[str, Any]]:
+        """OpenAI's logprobs of `tokens` (the chat's and the Responses API's): each token with its bytes
+        and its `top_logprobs` likeliest alternatives."""
+        return [self._entry(token.id, token.logprob, token) for token in tokens]
 
     def _entry(self, token: int, value: float | None, of: Token | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {

@@ -7,10 +7,12 @@ and vLLM's `top_k` as there, `text.format` its constraint (`json_schema` or `jso
 answer is a `response` with one `message` output item of one `output_text` part, `status`
 "incomplete" (`max_output_tokens`) where the length cut it; streamed, OpenAI's events in order
 (`response.created`, `.in_progress`, `.output_item.added`, `.content_part.added`, `.output_text.delta`
-as the text comes, the `.done`s, `response.completed`), each with its `sequence_number`. Nothing is
-stored, no tool is called and GPT-2 does not reason: what asks for those (`store: true`,
-`previous_response_id`, `background`, `tools`, `reasoning`, `include`, `truncation: "auto"`, ...) is
-refused by name.
+as the text comes, the `.done`s, `response.completed`), each with its `sequence_number`. With
+`include: ["message.output_text.logprobs"]` the text's tokens come with their log-probabilities and
+`top_logprobs` alternatives, in the chat's entries (the `output_text` part's `logprobs`, and each
+delta's for its tokens). Nothing is stored, no tool is called and GPT-2 does not reason: what asks
+for those (`store: true`, `previous_response_id`, `background`, `tools`, `reasoning`, any other
+`include`, `truncation: "auto"`, ...) is refused by name.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from max.serve.router.openai_routes import record_request_start
@@ -27,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.serving.api.answer import compact, record_end, streamed
-from max_gpt2.serving.api.chat import checked_messages, input_tokens, prompt_ids, start_chat, whole
-from max_gpt2.serving.api.choices import Choice, Finish
+from max_gpt2.serving.api.chat import ChatShape, checked_messages, input_tokens, prompt_ids, start_chat, whole
+from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served
@@ -42,11 +44,10 @@ REFUSED = {
     "background": "responses run while the client waits here",
     "tools": "GPT-2 calls no tools",
     "reasoning": "GPT-2 does not reason",
-    "include": "nothing more is included here",
     "prompt": "stored prompts are not kept here",
     "max_tool_calls": "GPT-2 calls no tools",
-    "top_logprobs": "this route gives no log-probabilities (/v1/chat/completions does)",
 }
+LOGPROBS = "message.output_text.logprobs"  # what `include` may ask: each token's log-probability
 TAKEN = {"tool_choice": ("none", "auto"), "truncation": ("disabled",), "parallel_tool_calls": (True, False)}
 
 
@@ -73,6 +74,8 @@ class ResponsesRequest(_Checked):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
+    include: list[str] | None = None  # LOGPROBS alone
+    top_logprobs: int | None = None
 
 
 async def create_response(request: Request) -> Response:
@@ -82,7 +85,7 @@ async def create_response(request: Request) -> Response:
         model, asked, choice = await start_chat(request, served, as_chat(body), "input")
     except Refusal as refusal:
         return refusal_response(refusal)
-    answer = Answer(body, asked, model, choice, request.state.request_id)
+    answer = Answer(body, asked, model, choice, request.state.request_id, TokenNames(served.engine))
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
         return streamed(answer.events(request.url.path), asked)
@@ -90,6 +93,7 @@ async def create_response(request: Request) -> Response:
         gathered = await whole(request, choice)
     finally:
         answer.record(request.url.path)
+    answer.tokens = gathered.tokens
     return JSONResponse(answer.response(gathered.text, gathered.finish))
 
 
@@ -116,6 +120,13 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         raise Refusal(
             "max_output_tokens", f"max_output_tokens: must be at least 1; got {body.max_output_tokens}"
         )
+    for index, item in enumerate(body.include or ()):
+        if item != LOGPROBS:
+            why = "GPT-2 calls no tools, reads no images and does not reason"
+            raise Refusal("include", f"include[{index}]: only {LOGPROBS!r} here ({why}); got {item!r}")
+    logprobs = LOGPROBS in (body.include or ())
+    if body.top_logprobs and not logprobs:  # OpenAI would answer none: never a setting taken unused
+        raise Refusal("top_logprobs", f"top_logprobs: needs include: [{LOGPROBS!r}]")
     if unknown := sorted((body.text or {}).keys() - {"format"}):
         raise Refusal("text", f"text.{unknown[0]}: GPT-2 has no such setting; give text.format alone")
     form = (body.text or {}).get("format")
@@ -133,6 +144,8 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         "top_k": body.top_k,
         "stream": body.stream,
         "response_format": form,
+        "logprobs": logprobs,
+        "top_logprobs": body.top_logprobs,
     }
     try:
         return ChatRequest.model_validate(fields)
@@ -173,10 +186,13 @@ PARTS = ("input_text", "output_text")
 class Answer:
     """A response object, whole or as OpenAI's stream of events (module docstring)."""
 
-    def __init__(self, body: ResponsesRequest, asked: Asked, model: str, choice: Choice, ident: str) -> None:
+    def __init__(
+        self, body: ResponsesRequest, asked: Asked, model: str, choice: Choice, ident: str, names: TokenNames
+    ) -> None:
         self.body, self.asked, self.model, self.choice = body, asked, model, choice
         self.id, self.item, self.created = f"resp_{ident}", f"msg_{ident}", int(time.time())
         self.started, self.sequence = time.perf_counter(), 0
+        self.shape, self.tokens = ChatShape(asked, names), list[Token]()  # the tokens the text holds so far
 
     def response(self, text: str | None, finish: Finish | None) -> dict[str, Any]:
         """The `response` object: in progress (`text` None), or ended as `finish` says."""
@@ -219,7 +235,16 @@ class Answer:
         return {"type": "message", "id": self.item, "status": status, "role": "assistant", "content": content}
 
     def part(self, text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {
+            "type": "output_text",
+            "text": text,
+            "annotations": [],
+            "logprobs": self.logprobs(self.tokens),
+        }
+
+    def logprobs(self, tokens: Sequence[Token]) -> list[dict[str, Any]]:
+        """The chat's entries of `tokens` where `include` asked for them, else none."""
+        return self.shape.entries(tokens) if self.asked.logprobs is not None else []
 
     async def events(self, path: str) -> AsyncIterator[dict[str, str]]:
         """OpenAI's events of a streamed response, each named and numbered."""
@@ -231,14 +256,21 @@ class Answer:
                 "response.output_item.added", output_index=0, item=self.message("", "in_progress")
             )
             yield self.event("response.content_part.added", **where, part=self.part(""))
-            text, finish = [], None
+            text, finish, waiting = [], None, list[Token]()  # tokens of text not yet sent
             async for chunk in self.choice.chunks():
+                self.tokens.extend(chunk.tokens)
+                waiting.extend(chunk.tokens)
                 if chunk.text:
                     text.append(chunk.text)
-                    yield self.event("response.output_text.delta", **where, delta=chunk.text, logprobs=[])
+                    logprobs = self.logprobs(waiting)
+                    yield self.event(
+                        "response.output_text.delta", **where, delta=chunk.text, logprobs=logprobs
+                    )
+                    waiting = []
                 finish = chunk.finish or finish
             whole, ended = "".join(text), self.response("".join(text), finish)
-            yield self.event("response.output_text.done", **where, text=whole, logprobs=[])
+            every = self.logprobs(self.tokens)
+            yield self.event("response.output_text.done", **where, text=whole, logprobs=every)
             yield self.event("response.content_part.done", **where, part=self.part(whole))
             yield self.event("response.output_item.done", output_index=0, item=ended["output"][0])
             done = "response.incomplete" if ended["status"] == "incomplete" else "response.completed"

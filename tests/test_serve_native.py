@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from max_gpt2.bench.server import free_port, stop_group, wait_for_health
+from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
 from tests.conftest import CHAT_TEMPLATE
 from tests.llama_cpp import llama_tool
 from tests.support import LM, requires_serving, run_python
@@ -151,6 +152,42 @@ def test_samplers_left_off_and_their_parameters_are_taken(served_lm):
     assert again["content"] == answer["content"]  # seeded: the same sample
 
 
+CHAIN = {"top_k": 0, "top_p": 0.5, "min_p": 0.0, "temperature": 0.3}  # orders apart on this model
+
+
+def chain_sets(lm, tokenizer) -> tuple[set[int], set[int]]:
+    """The first tokens llama-server's chain keeps for `CHAIN` after `PROMPTS[1]`, and those cutting after
+    the temperature (MAX's and vLLM's order) keeps; a check that those apart are likely enough to show."""
+    row = lm.logits(np.array([tokenizer.encode(PROMPTS[1]).ids]))[0, -1]
+    llama = np.flatnonzero(chain(row, [(name, CHAIN[name]) for name in STEPS]) > LOWEST)
+    theirs = set(np.flatnonzero(chain(row, [("temperature", 0.3), ("top_p", 0.5)]) > LOWEST).tolist())
+    odds = np.exp(row[llama] / 0.3 - (row[llama] / 0.3).max())
+    beyond = odds[[token not in theirs for token in llama]].sum() / odds.sum()
+    assert beyond > 0.2, "the prompt's logits show the two orders apart"  # 48 draws miss all: < 1e-4
+    return set(llama.tolist()), theirs
+
+
+def test_samples_come_from_llama_servers_chain_cuts_before_the_temperature(
+    served_lm, served_model, served_tokenizer
+):
+    """At temperature 0.3 with top-p, llama-server cuts at the model's own temperature, then tempers:
+    every first token sampled is one its chain keeps (`sampler_chain`, checked against a reference of
+    llama.cpp's definitions in `tests/test_sampler_chain.py`, and against llama-server's own draws
+    below), and tokens come that cutting after the temperature would never give; with `samplers`
+    putting the temperature first, only those."""
+    llama, theirs = chain_sets(served_model, served_tokenizer)
+    for order, allowed, some_beyond in ((None, llama, True), ("tkp", theirs, False)):
+        seen = set()
+        for seed in range(3):
+            body = {"prompt": PROMPTS[1], "n_predict": 1, **CHAIN, "seed": seed, "n_cmpl": 16}
+            status, answers = post(
+                served_lm, "/completion", {**body, "samplers": order, "return_tokens": True}
+            )
+            assert status == 200, answers
+            seen |= {token for answer in answers for token in answer["tokens"][:1]}
+        assert seen <= allowed and bool(seen - theirs) == some_beyond, (order, seen)
+
+
 def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
     with urllib.request.urlopen(f"{served_lm.url}/props") as response:
         props = json.loads(response.read())
@@ -270,3 +307,14 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     }
     assert read <= ours.keys() & theirs.keys()
     assert ours["default_generation_settings"]["n_ctx"] == theirs["default_generation_settings"]["n_ctx"]
+
+
+def test_llama_servers_own_draws_come_from_the_chain_we_run(served_model, served_tokenizer, llama_server):
+    """llama-server itself, sampling with `CHAIN` on the same weights, draws only tokens our chain keeps,
+    and some that cutting after the temperature would not."""
+    llama, theirs = chain_sets(served_model, served_tokenizer)
+    drawn = set()
+    for seed in range(48):
+        body = {"prompt": PROMPTS[1], "n_predict": 1, **CHAIN, "seed": seed, "return_tokens": True}
+        drawn |= set(post(llama_server, "/completion", body)[1]["tokens"][:1])
+    assert drawn <= llama and drawn - theirs, drawn

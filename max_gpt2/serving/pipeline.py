@@ -9,7 +9,9 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
   edited before any token is picked (`controlled`): Hugging Face's repetition penalty
   over the prompt and the tokens so far, OpenAI's frequency and presence penalties over
   the generated ones, OpenAI's biases (`max_gpt2.serving.context`), end-of-text banned
-  until `min_tokens`; then a constraint's mask (`max_gpt2.serving.constraints`). MAX's own
+  until `min_tokens`; then a constraint's mask (`max_gpt2.serving.constraints`); then, for
+  llama-server's route, its sampler chain where its order differs from MAX's sampler's
+  (`max_gpt2.inference.sampler_chain`, MAX then drawing at temperature 1). MAX's own
   support for penalties is left off: in MAX 26.7 it cannot be built beside `--enable-echo`.
 - Greedy steps: when every request of a step is greedy and asks for nothing the
   sampler alone gives (log-probabilities, a grammar, logits processors, label
@@ -52,6 +54,7 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import add_bias, ban, penalize, token_counts
+from max_gpt2.inference.sampler_chain import chain
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
 from max_gpt2.serving.settings import ServingSettings
@@ -81,8 +84,13 @@ def needs_controls(context: TextContext) -> bool:
 
 def edits_logits(context: TextContext) -> bool:
     """Whether the pipeline edits `context`'s next logits: its controls (then its step drafts nothing),
-    or its constraint's mask (`max_gpt2.serving.constraints`)."""
-    return needs_controls(context) or constraint_of(context) is not None
+    its constraint's mask (`max_gpt2.serving.constraints`), or llama-server's sampler chain."""
+    return needs_controls(context) or constraint_of(context) is not None or chain_of(context) is not None
+
+
+def chain_of(context: TextContext) -> tuple[tuple[str, float], ...] | None:
+    """The steps of llama-server's sampler chain `context`'s logits go through on the host, or None."""
+    return getattr(context, "chain", None)  # MAX's own contexts (padding) have none
 
 
 def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
@@ -148,8 +156,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         self, curr_step_inputs: ModelInputs, flat_batch: list[TextContext], step: int
     ) -> ModelOutputs:
         """The model's outputs for a step, each request's next-token logits `controlled` where it asks
-        for penalties or a minimum length, and masked where it has a constraint: MAX's sampler and our
-        argmax both pick from those."""
+        for penalties or a minimum length, masked where it has a constraint, and cut and tempered by its
+        sampler chain where it has one: MAX's sampler and our argmax both pick from those."""
         outputs = super()._launch_forward_pass(curr_step_inputs, flat_batch, step)
         if isinstance(curr_step_inputs, CheckedDrafts) or not any(edits_logits(c) for c in flat_batch):
             return outputs  # a run of drafts is masked where its tokens are chosen (`_check_drafts`)
@@ -161,6 +169,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
                 rows[row] = controlled(rows[row], context)
             if constraint_of(context) is not None:
                 rows[row] = self._constraints.mask(context, rows[row])
+            if (steps := chain_of(context)) is not None:  # over what the mask allows, as llama-server
+                rows[row] = chain(rows[row], steps)
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(

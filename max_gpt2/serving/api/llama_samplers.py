@@ -8,7 +8,7 @@ has, which it has not, and what leaves each off.
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
   what shapes only llama-server's logs, progress events and timings.
 - `SAMPLERS`: the samplers this server has, by llama-server's name and letter; `samplers` leaving
-  one out turns it off (`left_out`), as in llama-server.
+  one out turns it off (`left_out`), as in llama-server, and its order is the chain's (`chain_order`).
 
 `LlamaServerFields` declares them all, of any JSON type, for the routes' request models.
 """
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, create_model
+
+from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -90,3 +92,13 @@ def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
         if (letter not in samplers) if isinstance(samplers, str) else (name not in samplers):
             off |= neutral
     return off
+
+
+def chain_order(samplers: list[str] | str | None) -> tuple[str, ...]:
+    """Top-k, top-p, min-p and temperature in the order `samplers` (names, or a string of their letters)
+    gives them, llama-server's default order where it is not given."""
+    if samplers is None:
+        return STEPS
+    letters = {letter: name for name, (letter, _) in SAMPLERS.items()}
+    names = [letters.get(letter) for letter in samplers] if isinstance(samplers, str) else samplers
+    return tuple(dict.fromkeys(name for name in names if name in STEPS))

@@ -32,7 +32,13 @@ from max_gpt2.serving.api.answer import (
     withdraw,
 )
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
-from max_gpt2.serving.api.native_fields import RENAMED, NativeCompletion, as_completion, generation_settings
+from max_gpt2.serving.api.native_fields import (
+    RENAMED,
+    NativeCompletion,
+    as_completion,
+    generation_settings,
+    in_llama_order,
+)
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check, prompts
 from max_gpt2.serving.api.served import Served
@@ -48,6 +54,7 @@ async def create_native_completion(request: Request) -> Response:
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
         asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
+        asked = in_llama_order(asked, native.samplers)
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")

@@ -13,19 +13,24 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
   `repeat_penalty` is Hugging Face's over the whole context here, so it needs `repeat_last_n: -1`
   (or at least the context); the frequency and presence penalties (OpenAI's here, over the text
   alone) only 0;
-- `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused); the
-  order is fixed here (penalties, then temperature, then the cuts: docs/llama-server.md).
+- `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused), and
+  top-k, top-p, min-p and temperature run in its order (llama-server's default order where not
+  given), on the host where that keeps other tokens than MAX's sampler would (`in_llama_order`);
+  the penalties always come first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from max.pipelines.context.sampling_params import SamplingParamsInput
 from pydantic import ConfigDict, Field
 
-from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, LlamaServerFields, left_out
+from max_gpt2.inference.sampler_chain import STEPS
+from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, LlamaServerFields, chain_order, left_out
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
-from max_gpt2.serving.api.requests import refuse_acting
+from max_gpt2.serving.api.requests import Asked, refuse_acting
 
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
@@ -151,3 +156,18 @@ def generation_settings(
         "stream": native.stream,
         "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],
     }
+
+
+def in_llama_order(asked: Asked, samplers: list[str] | str | None) -> Asked:
+    """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `samplers`' order)
+    run on the host where it keeps other tokens than MAX's sampler, which applies the temperature
+    first: with a cut and a temperature other than 0 and 1. MAX then draws at temperature 1."""
+    values = {name: getattr(asked.sampling, name) for name in STEPS}
+    top_k, top_p, min_p, temperature = values.values()
+    cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
+    if temperature in (None, 0, 1) or not cuts:
+        return asked
+    chain = tuple((name, float(values[name])) for name in chain_order(samplers) if values[name] is not None)
+    neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # MAX's sampler then only draws
+    sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
+    return dataclasses.replace(asked, sampling=sampling, chain=chain)

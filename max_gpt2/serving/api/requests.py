@@ -71,6 +71,7 @@ class Asked:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached pages
     cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
+    chain: tuple[tuple[str, float], ...] | None = None  # llama-server's sampler chain, run on the host
 
     def request(
         self,
@@ -103,6 +104,7 @@ class Asked:
             constraint=None if self.constraint is None else (self.constraint.kind, self.constraint.source),
             cache_salt=self.cache_salt,
             cache_prompt=self.cache_prompt,
+            chain=self.chain,
         )
 
 
@@ -148,9 +150,8 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         raise Refusal("min_tokens", "min_tokens: a constrained text ends once complete; leave it out")
     n = _check_choices(body)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-    for index, stop in enumerate(stops):
-        if not stop:
-            raise Refusal("stop", f"stop[{index}]: empty; a stop string needs at least one character")
+    if "" in stops:
+        raise Refusal("stop", f"stop[{stops.index('')}]: empty; a stop string needs at least one character")
     for index, token in enumerate(body.stop_token_ids or ()):
         token_id("stop_token_ids", f"stop_token_ids[{index}]", token, vocab_size)
     sampling = SamplingParamsInput(
@@ -279,11 +280,9 @@ def _chat_logprobs(body: ChatRequest) -> int | None:
     top = body.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise Refusal("top_logprobs", f"top_logprobs: must be 0 to {MAX_LOGPROBS}; got {top}")
-    if not body.logprobs:
-        if top:
-            raise Refusal("top_logprobs", "top_logprobs: needs logprobs: true")
-        return None
-    return top or 0
+    if top and not body.logprobs:
+        raise Refusal("top_logprobs", "top_logprobs: needs logprobs: true")
+    return (top or 0) if body.logprobs else None
 
 
 def _check_choices(body: Sampling) -> int:

@@ -1,0 +1,70 @@
+"""llama.cpp's sampler chain on one row of logits: top-k, top-p, min-p and temperature, in a given order.
+
+    row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
+
+llama.cpp cuts the distribution in its chain's order, by default the cuts first, at the
+model's own temperature, then the temperature; Hugging Face's, vLLM's and MAX's samplers
+apply the temperature first. Where the two orders keep different tokens (a temperature
+other than 0 or 1 beside a cut), `max-gpt2 serve` runs llama-server's chain here for its
+`/completion` route and lets MAX's sampler draw from the result at temperature 1. Each step
+is llama.cpp's (`src/llama-sampler.cpp`): top-k keeps the `k` highest logits (0: all);
+top-p keeps the likeliest tokens until their probability, over what is still kept, reaches
+`p`; min-p keeps the tokens whose probability is at least `p` times the likeliest one's;
+temperature divides what is kept (0 keeps the likeliest alone). A cut token gets the lowest float32 logit (as
+`max_gpt2.inference.logit_controls.ban`), so no sampler picks it; at least one token stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+STEPS = ("top_k", "top_p", "min_p", "temperature")  # llama.cpp's names, in its default order
+LOWEST = np.finfo(np.float32).min
+NUCLEUS_FIRST = 256  # top-p looks among this many likeliest first, as llama.cpp does
+
+
+def chain(logits: np.ndarray, steps: Sequence[tuple[str, float]]) -> np.ndarray:
+    """`logits` [V] after each step of `steps` (a name of `STEPS` and its value), in their order."""
+    row = np.asarray(logits, dtype=np.float32)
+    kept = np.flatnonzero(row > LOWEST)  # ids still in play: what a ban or a constraint left
+    if kept.size == 0:
+        return row.copy()
+    values = row[kept]
+    for name, value in steps:
+        if name == "top_k" and 0 < value < kept.size:
+            best = np.argpartition(-values, int(value) - 1)[: int(value)]
+            kept, values = kept[best], values[best]
+        elif name == "top_p" and value < 1:
+            kept, values = nucleus(kept, values, value)
+        elif name == "min_p" and value > 0:
+            close = values >= values.max() + np.log(np.float32(value))
+            kept, values = kept[close], values[close]
+        elif name == "temperature" and value > 0:
+            values = values / np.float32(value)
+        elif name == "temperature":  # 0: the likeliest alone, as llama.cpp's greedy temperature
+            best = np.argmax(values)
+            kept, values = kept[best : best + 1], values[best : best + 1]
+        elif name not in STEPS:
+            raise ValueError(f"sampler chain: no step {name!r}; the steps are {', '.join(STEPS)}")
+    out = np.full_like(row, LOWEST)
+    out[kept] = values
+    return out
+
+
+def nucleus(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The likeliest of `kept` (with their `values`) whose probability over all of `kept` reaches `p`."""
+    probabilities = np.exp(values.astype(np.float64) - values.max())
+    probabilities /= probabilities.sum()
+    first = kept.size if kept.size <= NUCLEUS_FIRST else NUCLEUS_FIRST
+    while True:
+        likeliest = (
+            np.argpartition(-probabilities, first - 1)[:first] if first < kept.size else np.arange(first)
+        )
+        order = likeliest[np.argsort(-probabilities[likeliest], kind="stable")]
+        reached = np.flatnonzero(np.cumsum(probabilities[order]) >= p)
+        if reached.size or first == kept.size:
+            last = reached[0] + 1 if reached.size else first
+            return kept[order[:last]], values[order[:last]]
+        first = kept.size

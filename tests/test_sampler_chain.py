@@ -1,0 +1,100 @@
+"""llama.cpp's sampler chain (`max_gpt2.inference.sampler_chain`) against a plain reference written here from
+llama.cpp's definitions (`src/llama-sampler.cpp`): sorted lists in float64, one token at a time, min-p's
+threshold in float32 as llama.cpp computes it. Random rows of logits, every order of the steps."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
+
+DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
+
+
+def reference(logits: np.ndarray, steps: list[tuple[str, float]]) -> dict[int, float]:
+    """The tokens each step keeps, by id, with their logits."""
+    kept = {index: float(value) for index, value in enumerate(logits) if value > LOWEST}
+    for name, value in steps:
+        ranked = sorted(kept, key=lambda index: -kept[index])
+        if name == "top_k" and value > 0:
+            kept = {index: kept[index] for index in ranked[: int(value)]}
+        elif name == "top_p" and value < 1:
+            top = kept[ranked[0]]
+            total = sum(math.exp(kept[index] - top) for index in ranked)
+            chosen, mass = [], 0.0
+            for index in ranked:
+                chosen.append(index)
+                mass += math.exp(kept[index] - top) / total
+                if mass >= value:
+                    break
+            kept = {index: kept[index] for index in chosen}
+        elif name == "min_p" and value > 0:
+            floor = np.float32(kept[ranked[0]]) + np.log(np.float32(value))
+            kept = {index: logit for index, logit in kept.items() if np.float32(logit) >= floor}
+        elif name == "temperature":
+            kept = {index: logit / value for index, logit in kept.items()}
+    return kept
+
+
+def rows(count: int, vocab: int = 3000) -> list[np.ndarray]:
+    generator = np.random.default_rng(7)
+    return [
+        (generator.normal(size=vocab) * generator.uniform(0.5, 4)).astype(np.float32) for _ in range(count)
+    ]
+
+
+def kept_by(out: np.ndarray) -> dict[int, float]:
+    return {int(index): float(out[index]) for index in np.flatnonzero(out > LOWEST)}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(STEPS)))
+def test_every_order_keeps_and_tempers_what_llama_cpps_chain_does(order):
+    for row in rows(6):
+        steps = [(name, DEFAULTS[name]) for name in order]
+        found, expected = kept_by(chain(row, steps)), reference(row, steps)
+        assert found.keys() == expected.keys(), order
+        assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [("top_p", 0.5), ("temperature", 0.3)],  # a nucleus past the first 256 tokens' search
+        [("top_p", 0.999), ("temperature", 1.5)],
+        [("top_k", 5), ("top_k", 2)],
+        [("min_p", 0.9)],
+        [("top_p", 0.0)],  # the likeliest alone
+        [("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("temperature", 1.0)],  # each off
+    ],
+)
+def test_single_steps_and_their_edges(steps):
+    for row in rows(4, vocab=50257):
+        found, expected = kept_by(chain(row, steps)), reference(row, steps)
+        assert found.keys() == expected.keys() and len(found) >= 1
+        assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
+
+
+def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():
+    row = rows(1)[0]
+    row[100:] = LOWEST  # banned or masked: only the first 100 in play
+    out = chain(row, [("top_k", 400), ("top_p", 0.9), ("temperature", 0.5)])
+    assert set(kept_by(out)) <= set(range(100))
+    assert len(kept_by(chain(row, [("min_p", 1.0), ("top_p", 0.0)]))) == 1
+    assert len(kept_by(chain(row, [("temperature", 0.0)]))) == 1
+
+
+def test_the_order_matters_so_the_comparison_can_fail():
+    """Cutting before the temperature (llama.cpp) keeps more tokens than after it (MAX, vLLM) below 1."""
+    row = rows(1)[0]
+    cuts_first = kept_by(chain(row, [("top_p", 0.9), ("temperature", 0.5)]))
+    temperature_first = kept_by(chain(row, [("temperature", 0.5), ("top_p", 0.9)]))
+    assert set(temperature_first) < set(cuts_first)
+
+
+def test_an_unknown_step_is_named():
+    with pytest.raises(ValueError, match="no step 'typical_p'"):
+        chain(rows(1)[0], [("typical_p", 0.5)])

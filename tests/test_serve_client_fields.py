@@ -143,11 +143,18 @@ def test_continuous_usage_counts_the_tokens_of_every_chunk_so_far(server):
 
 def test_openais_newer_client_fields_are_taken_or_refused_by_name(server):
     """`safety_identifier` (`user`'s successor) and `prompt_cache_key` change nothing here and are
-    taken; `verbosity` asks for what GPT-2 cannot do and is refused naming it."""
+    taken, as is a stream without OpenAI's padding (`include_obfuscation: false`); `verbosity` and
+    padding ask for what this server does not do and are refused naming them."""
     taken = {"safety_identifier": "u-1", "prompt_cache_key": "k"}
     assert chat(server, [{"role": "user", "content": "hi"}], max_tokens=2, extra_body=taken).choices
     status, answer = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "verbosity": "low"})
     assert status == 400 and answer["error"]["param"] == "verbosity", answer
+    unpadded = {"stream_options": {"include_usage": True, "include_obfuscation": False}}
+    events = streamed_events(server, unpadded)
+    assert events[-1]["usage"]["completion_tokens"] == 5 and all("obfuscation" not in e for e in events)
+    padded = {"prompt": "x", "stream": True, "stream_options": {"include_obfuscation": True}}
+    status, answer = post(server, "/v1/completions", padded)
+    assert status == 400 and answer["error"]["param"] == "stream_options.include_obfuscation", answer
 
 
 def test_a_long_tokenization_leaves_other_requests_answered_meanwhile(server):

@@ -71,6 +71,16 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    include_obfuscation: bool = False  # OpenAI's random padding of each streamed event: none here
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _unpadded(cls, padded: bool) -> bool:
+        if padded:
+            raise PydanticCustomError(
+                "padding", "this server pads no streamed event (vLLM's neither); give false"
+            )
+        return padded
 
     @field_validator("continuous_usage_stats")
     @classmethod

@@ -70,6 +70,7 @@ def test_completion_answers_as_llama_server_with_the_models_tokens(served_lm, se
     assert status == 200 and [event["stop"] for event in events] == [False] * (len(events) - 1) + [True]
     assert "".join(event["content"] for event in events) == "".join(pieces)
     assert [token for event in events for token in event["tokens"]] == ids
+    assert [len(event["tokens"]) for event in events] == [1] * 9 + [0]  # one an event, as llama-server
     assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] == 9
     word = pieces[5].strip() or pieces[5]  # a stop word: the text ends before it, llama-server's "word"
     status, stopped = post(served_lm, "/completion", {**body, "stop": word})  # a string: one stop word

@@ -14,12 +14,13 @@ a time. `Choice` turns those into what both routes answer with:
   tokens kept up to the one that completed the match, so token ids and `usage` agree with
   the text; a stop token id's own text left out (vLLM's), unless asked for.
 
-`Chunk`s come as the worker sends tokens; the last one carries the `Finish`.
+`Chunk`s come one a token as the worker sends them (several at once where a scheduler step made
+several), as llama-server and vLLM stream; the last one carries the `Finish`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,8 @@ class Choice:
         return cls(engine, request, rules, await engine.next_token_chunk(request, parse_reasoning=False))
 
     async def chunks(self) -> AsyncIterator[Chunk]:
-        """The choice's chunks; the worker is told to stop at a stop string, or if the reader leaves."""
+        """The choice's chunks, one a token as llama-server and vLLM stream them (the worker may send
+        several at once); the worker is told to stop at a stop string, or if the reader leaves."""
         decoder: TextStream | None = None
         try:
             async for output in self._stream:
@@ -105,10 +107,10 @@ class Choice:
                     decoder = TextStream(tokenizer_of(self.engine), skip_special_tokens=True)
                     self.prompt = self._prompt_tokens(prompt, output)
                     self.cached = output.cached_token_count or 0  # the first output alone carries it
-                chunk = self._chunk(output, decoder)
-                yield chunk
-                if chunk.finish is not None:
-                    return
+                for chunk in self._chunks(output, decoder):
+                    yield chunk
+                    if chunk.finish is not None:
+                        return
             yield Chunk(self.cut.flush(), (), Finish("stop"))  # the engine ended it unasked (shutting down)
         finally:
             await self.close()
@@ -121,13 +123,14 @@ class Choice:
             self.engine.model_worker.cancel(self.request.request_id)
         await self._stream.aclose()
 
-    def _chunk(self, output: TokenGeneratorOutput, decoder: TextStream) -> Chunk:
-        """One output of the engine as the tokens it keeps and the text they show."""
+    def _chunks(self, output: TokenGeneratorOutput, decoder: TextStream) -> Iterator[Chunk]:
+        """One output of the engine as a chunk a token it keeps, with the text each lets a client see;
+        the last with the finish where the output ends the choice (and a chunk of no token where it ends
+        with none)."""
         ids = list(output.token_ids or ())
         values, tops = log_probabilities(output)
         values, tops = values[len(values) - len(ids) :], tops[len(tops) - len(ids) :]  # past echo's prompt
         done = output.status.is_done
-        shown, tokens = [], []
         for index, token in enumerate(ids):
             last = done and index == len(ids) - 1
             stopped_by_id = last and output.status == GenerationStatus.END_OF_SEQUENCE
@@ -135,21 +138,26 @@ class Choice:
                 piece = decoder.flush()  # vLLM leaves a stop token's text out: only what waited before it
             else:  # the last token brings whatever still waits for a whole character
                 piece = decoder(token) + (decoder.flush() if last else "")
-            tokens.append(Token(token, piece, values[index] if values else None, tops[index] if tops else {}))
-            shown.append(self.cut.add(piece))
+            made = Token(token, piece, values[index] if values else None, tops[index] if tops else {})
+            shown = self.cut.add(piece)
+            self.made += 1
             if self.cut.matched is not None:
-                self.made += len(tokens)
-                return Chunk("".join(shown), tuple(tokens), Finish("stop", self.cut.matched))
-        self.made += len(tokens)
-        if not done:
-            return Chunk("".join(shown), tuple(tokens))
-        shown.append(self.cut.flush())
+                yield Chunk(shown, (made,), Finish("stop", self.cut.matched))
+                return
+            if last:
+                yield Chunk(shown + self.cut.flush(), (made,), self._finish(output, ids))
+                return
+            yield Chunk(shown, (made,))
+        if done and not ids:
+            yield Chunk(self.cut.flush(), (), self._finish(output, ids))
+
+    def _finish(self, output: TokenGeneratorOutput, ids: list[int]) -> Finish:
         if output.status == GenerationStatus.MAXIMUM_LENGTH:
-            finish = Finish("length")
-        else:  # end-of-text or a stop token id (both "stop"; vLLM names only the latter)
-            stopped = ids[-1] if ids and ids[-1] in self.rules.stop_token_ids else None
-            finish = Finish("stop", stopped)
-        return Chunk("".join(shown), tuple(tokens), finish)
+            return Finish("length")
+        stopped = ids[-1] if ids and ids[-1] in self.rules.stop_token_ids else None
+        return Finish(
+            "stop", stopped
+        )  # end-of-text or a stop token id (both "stop"; vLLM names only the latter)
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
         """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
+from max.serve.router.openai_routes import record_request_start
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -31,6 +32,7 @@ from max_gpt2.serving.api.answer import (
     gather,
     respond,
     start,
+    streamed,
     token_ids,
     unless_client_leaves,
 )
@@ -59,13 +61,16 @@ async def apply_template(request: Request) -> Response:
 
 async def count_chat_tokens(request: Request) -> Response:
     """llama-server's `POST /v1/chat/completions/input_tokens`: the size of a chat request's prompt."""
-    served = Served.of(request)
     try:
-        body = parse(ChatRequest, await request.body())
-        served.model_name(body.model)
-        return input_tokens(len(await asyncio.to_thread(prompt_ids, served, body)))
+        return input_tokens(await prompt_size(Served.of(request), parse(ChatRequest, await request.body())))
     except Refusal as refusal:
         return refusal_response(refusal)
+
+
+async def prompt_size(served: Served, chat: ChatRequest) -> int:
+    """How many tokens `chat`'s prompt is, for the counting routes; a `Refusal` for a model not served."""
+    served.model_name(chat.model)
+    return len(await asyncio.to_thread(prompt_ids, served, chat))
 
 
 def input_tokens(count: int) -> JSONResponse:
@@ -87,12 +92,26 @@ async def start_chat(
     return model, asked, (await start(request, served, asked, model, [prompt], prompt_field))[0]
 
 
-async def whole(request: Request, choice: Choice) -> Gathered:
-    """`choice` read to its end, stopped if the client leaves first."""
+class OneChoice(Protocol):
+    """A route's answer of one chat choice: its events, streamed, or its body (`answered`) once the
+    choice is whole; and MAX's metrics of the request's end (`record`)."""
+
+    def events(self, path: str) -> AsyncIterator[dict[str, str]]: ...
+    def answered(self, gathered: Gathered) -> dict[str, Any]: ...
+    def record(self, path: str) -> None: ...
+
+
+async def answer_one(request: Request, answer: OneChoice, asked: Asked, choice: Choice) -> Response:
+    """`answer`'s stream, or its body once `choice` is read to its end (stopped if the client leaves)."""
+    record_request_start()  # MAX's running-requests gauge, and its request counts at the end
+    if asked.stream:
+        return streamed(answer.events(request.url.path), asked)
     try:
-        return await unless_client_leaves(request, gather(choice))
+        gathered = await unless_client_leaves(request, gather(choice))
     finally:
         await choice.close()
+        answer.record(request.url.path)
+    return JSONResponse(answer.answered(gathered))
 
 
 def rendered(served: Served, body: ChatRequest) -> str:

@@ -18,19 +18,17 @@ those is refused by name. `POST /v1/messages/count_tokens` answers the prompt's 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from max.serve.router.openai_routes import record_request_start
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import compact, record_end, streamed
-from max_gpt2.serving.api.chat import prompt_ids, start_chat, whole
+from max_gpt2.serving.api.answer import Gathered, compact, record_end
+from max_gpt2.serving.api.chat import answer_one, prompt_size, start_chat
 from max_gpt2.serving.api.choices import Choice, Finish
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, unset
 from max_gpt2.serving.api.requests import Asked
@@ -102,24 +100,14 @@ async def create_message(request: Request) -> Response:
         model, asked, choice = await start_chat(request, served, as_chat(body), "messages")
     except Refusal as refusal:
         return error_response(refusal)
-    answer = Answer(model, asked, choice, request.state.request_id)
-    record_request_start()  # MAX's running-requests gauge, and its request counts at the end
-    if body.stream:
-        return streamed(answer.events(request.url.path), asked)
-    try:
-        gathered = await whole(request, choice)
-    finally:
-        answer.record(request.url.path)
-    return JSONResponse(answer.message(gathered.text, gathered.finish))
+    return await answer_one(request, Answer(model, asked, choice, request.state.request_id), asked, choice)
 
 
 async def count_tokens(request: Request) -> Response:
     """`POST /v1/messages/count_tokens`: the size of the prompt a request's conversation makes."""
-    served = Served.of(request)
     try:
         chat = as_chat(parse(CountRequest, await request.body()))
-        served.model_name(chat.model)
-        return JSONResponse({"input_tokens": len(await asyncio.to_thread(prompt_ids, served, chat))})
+        return JSONResponse({"input_tokens": await prompt_size(Served.of(request), chat)})
     except Refusal as refusal:
         return error_response(refusal)
 
@@ -228,6 +216,9 @@ class Answer:
     def __init__(self, model: str, asked: Asked, choice: Choice, ident: str) -> None:
         self.model, self.asked, self.choice, self.id = model, asked, choice, f"msg_{ident}"
         self.started = time.perf_counter()
+
+    def answered(self, gathered: Gathered) -> dict[str, Any]:
+        return self.message(gathered.text, gathered.finish)
 
     def message(self, text: str, finish: Finish | None) -> dict[str, Any]:
         """The `message`: begun (`finish` None: no content, no reason yet) or ended as `finish` says."""

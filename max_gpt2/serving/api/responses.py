@@ -17,19 +17,24 @@ for those (`store: true`, `previous_response_id`, `background`, `tools`, `reason
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from max.serve.router.openai_routes import record_request_start
 from pydantic import ConfigDict, ValidationError, create_model
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from max_gpt2.serving.api.answer import compact, record_end, streamed
-from max_gpt2.serving.api.chat import ChatShape, checked_messages, input_tokens, prompt_ids, start_chat, whole
+from max_gpt2.serving.api.answer import Gathered, compact, record_end
+from max_gpt2.serving.api.chat import (
+    ChatShape,
+    answer_one,
+    checked_messages,
+    input_tokens,
+    prompt_size,
+    start_chat,
+)
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
 from max_gpt2.serving.api.requests import Asked
@@ -86,24 +91,14 @@ async def create_response(request: Request) -> Response:
     except Refusal as refusal:
         return refusal_response(refusal)
     answer = Answer(body, asked, model, choice, request.state.request_id, TokenNames(served.engine))
-    record_request_start()  # MAX's running-requests gauge, and its request counts at the end
-    if asked.stream:
-        return streamed(answer.events(request.url.path), asked)
-    try:
-        gathered = await whole(request, choice)
-    finally:
-        answer.record(request.url.path)
-    answer.tokens = gathered.tokens
-    return JSONResponse(answer.response(gathered.text, gathered.finish))
+    return await answer_one(request, answer, asked, choice)
 
 
 async def count_input_tokens(request: Request) -> Response:
     """OpenAI's `POST /v1/responses/input_tokens`: the size of the prompt a response's request makes."""
-    served = Served.of(request)
     try:
         chat = as_chat(parse(ResponsesRequest, await request.body()))
-        served.model_name(chat.model)
-        return input_tokens(len(await asyncio.to_thread(prompt_ids, served, chat)))
+        return input_tokens(await prompt_size(Served.of(request), chat))
     except Refusal as refusal:
         return refusal_response(refusal)
 
@@ -229,6 +224,10 @@ class Answer:
                 "total_tokens": prompt + made,
             },
         }
+
+    def answered(self, gathered: Gathered) -> dict[str, Any]:
+        self.tokens = gathered.tokens
+        return self.response(gathered.text, gathered.finish)
 
     def message(self, text: str, status: str) -> dict[str, Any]:
         content = [self.part(text)] if status != "in_progress" else []

@@ -83,7 +83,7 @@ SERVED = {
         api_key="test-key",
         from_gguf=True,
     ),
-    "served_pages_lm": Served(("--max-batch-size", "4"), config=LM_PAGES),
+    "served_pages_lm": Served(("--max-batch-size", "4", "--chat-template", "chatml"), config=LM_PAGES),
 }  # fmt: skip
 # The served checkpoint's own chat template (its tokenizer_config.json's `chat_template`).
 CHAT_TEMPLATE = (
@@ -255,8 +255,8 @@ def telemetry_listener(request) -> Listener:
 
 @pytest.fixture(scope="session")
 def served_pages_lm(request) -> ServerProcess:
-    """`max-gpt2 serve --max-batch-size 4` on LM_PAGES's seed-0 checkpoint with its tokenizer: prefix
-    caching on (the default), a cache of 16 pages."""
+    """`max-gpt2 serve --max-batch-size 4 --chat-template chatml` on LM_PAGES's seed-0 checkpoint with its
+    tokenizer: prefix caching on (the default), a cache of 16 pages."""
     return ready_server(request)
 
 

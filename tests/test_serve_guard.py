@@ -82,7 +82,7 @@ CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_and_llama_server_join_them():
-    from max_gpt2.serving.api.chat import content
+    from max_gpt2.serving.api.chat_prompt import content
 
     parts = [{"type": "text", "text": "How"}, {"type": "text", "text": "are you?"}]
     assert content(parts, "messages[0]") == "How\nare you?" and content("hi", "messages[0]") == "hi"
@@ -96,7 +96,13 @@ CHAT_REFUSED = [
         "messages",
         "messages[0].role: must be one of system",
     ),
-    ({"messages": [{"role": "tool", "content": "4"}]}, "messages", "messages[0].role: GPT-2 calls no tools"),
+    ({"messages": [{"role": "tool", "content": "4"}]}, "messages", "messages[0].tool_call_id: required"),
+    ({"messages": [{"role": "function", "content": "4"}]}, "messages", "messages[0].role: the legacy"),
+    (
+        {"messages": [{"role": "user", "content": "a", "tool_calls": [{"id": "1"}]}]},
+        "messages",
+        "messages[0].tool_calls: only an assistant's",
+    ),
     ({"messages": [{"role": "user"}]}, "messages", "messages[0].content: required"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages", "messages[0].content: must be a string"),
     (
@@ -107,11 +113,33 @@ CHAT_REFUSED = [
     (
         {"messages": [{"role": "assistant", "content": "a", "tool_calls": [{"id": "1"}]}]},
         "messages",
-        "tool_calls: GPT-2 calls",
+        "messages[0].tool_calls[0]: must be",
     ),
     ({"messages": "hi"}, "messages", "valid array"),
-    ({"tools": [{"type": "function"}]}, "tools", "GPT-2 calls no tools"),
-    ({"tool_choice": "required"}, "tool_choice", "GPT-2 calls no tools"),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0]: must be"),
+    ({"tools": []}, "tools", "tools: empty"),
+    ({"tool_choice": "required"}, "tool_choice", "give tools to choose from"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "decides no tool call"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
+        "tool_choice",
+        "decides no tool call",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}},
+        "tool_choice",
+        "tool_choice: None is none of the tools (f)",
+    ),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+        "response_format",
+        "one constraint a request; tool_choice sets one already",
+    ),
+    ({"functions": [{"name": "f"}]}, "functions", "give tools and a tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
     ({"max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
@@ -125,7 +153,7 @@ CHAT_REFUSED = [
 
 def checked(change: dict[str, Any], chat: bool = False) -> Any:
     """A request body with `change`, through the route's checks (`parse`, then `check`)."""
-    from max_gpt2.serving.api.chat import checked_messages
+    from max_gpt2.serving.api.chat_prompt import checked_messages
     from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, parse
     from max_gpt2.serving.api.requests import check, prompts
 

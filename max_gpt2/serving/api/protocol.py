@@ -35,7 +35,6 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "reasoning_split": (bool, "GPT-2 writes no reasoning to split off"),
     "metadata": (dict[str, Any], "tags OpenAI keeps with stored completions; nothing is stored here"),
     "service_tier": (str, "there is one tier here"),
-    "parallel_tool_calls": (bool, "no tools are called here"),
     "safety_identifier": (str, "`user`'s successor at OpenAI, for abuse monitoring; nothing here reads it"),
     "prompt_cache_key": (
         str,
@@ -51,9 +50,8 @@ REFUSED = {
     "reasoning_effort": "GPT-2 has no reasoning to configure",
     "target_endpoint": "disaggregated serving is not used here",
     "dkv_cache_hint": "disaggregated serving is not used here",
-    "tools": "GPT-2 calls no tools",
-    "functions": "GPT-2 calls no tools",
-    "function_call": "GPT-2 calls no tools",
+    "functions": "the legacy function calling: give tools and a tool_choice naming the function",
+    "function_call": "the legacy function calling: give tools and a tool_choice naming the function",
     "audio": "GPT-2 reads and writes text only",
     "modalities": "GPT-2 reads and writes text only",
     "prediction": "predicted outputs are not used here",
@@ -185,7 +183,9 @@ class ChatRequest(Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    tool_choice: Any = None  # "none", or "auto" with no tools; else refused (`requests.check`)
+    tools: list[Any] | None = None  # called only as `tool_choice` asks (`max_gpt2.serving.api.tools`)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(BaseModel):

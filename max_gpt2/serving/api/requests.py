@@ -22,6 +22,7 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.choices import Rules
+from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_samplers import first_acting, left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
@@ -33,6 +34,7 @@ from max_gpt2.serving.api.protocol import (
     unset,
 )
 from max_gpt2.serving.api.token_fields import logit_bias, token_id
+from max_gpt2.serving.api.tools import ToolCalls, tool_calls_of
 from max_gpt2.serving.context import GPT2Request
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
@@ -68,6 +70,7 @@ class Asked:
     return_token_ids: bool
     constraint: Constraint | None = None
     constraint_field: str | None = None  # the request field it came from
+    tools: ToolCalls | None = None  # how a chat calls its tools, where it does
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached pages
     cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
@@ -128,14 +131,13 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
             )
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
-    length_field = "max_tokens"
+    length_field, called = "max_tokens", None
     if isinstance(body, ChatRequest):
         if body.max_completion_tokens is not None:
             length_field = "max_completion_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs, echo = _chat_logprobs(body), False
-        if body.tool_choice not in (None, "none", "auto"):
-            raise Refusal("tool_choice", "tool_choice: GPT-2 calls no tools; leave it out, or give none")
+        called = tool_calls_of(body)
     else:
         max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
@@ -145,7 +147,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
             )
     max_tokens = None if max_tokens == -1 else max_tokens  # llama-server's "to the context's end"
     _check_lengths(max_tokens, body.min_tokens, length_field)
-    constraint_field, constraint = _constraint(body) or (None, None)
+    constraint_field, constraint = constraint_of(body, called) or (None, None)
     if constraint is not None and body.min_tokens:
         raise Refusal("min_tokens", "min_tokens: a constrained text ends once complete; leave it out")
     n = _check_choices(body)
@@ -184,6 +186,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         return_token_ids=bool(body.return_token_ids),
         constraint=constraint,
         constraint_field=constraint_field,
+        tools=called[0] if called else None,
         cache_salt=body.cache_salt,
         cache_prompt=body.cache_prompt,
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
@@ -195,43 +198,6 @@ def refuse_acting(body: Any) -> None:
     if found := first_acting(body):
         field, off = found
         raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")
-
-
-def _constraint(body: Sampling) -> tuple[str, Constraint] | None:
-    """What the text must be, from whichever of OpenAI's `response_format`, vLLM's `structured_outputs`
-    and llama-server's `json_schema` and `grammar` the request sets, with that field; a `Refusal` where it
-    sets two. Whether the engine compiles it is the route's to check (`Served.check_constraint`)."""
-    given: list[tuple[str, Constraint]] = []
-    if (form := body.response_format) is not None and form.type != "text":
-        if form.type == "json_object":
-            given.append(("response_format", Constraint.json_object()))
-        elif form.json_schema is None or form.json_schema.json_schema is None:
-            raise Refusal("response_format", "response_format.json_schema.schema: required for json_schema")
-        else:
-            given.append(("response_format", Constraint.json_schema(form.json_schema.json_schema)))
-    if (outputs := body.structured_outputs) is not None:
-        asked = [
-            Constraint.json_schema(outputs.json_) if outputs.json_ is not None else None,
-            Constraint.json_object() if outputs.json_object else None,
-            Constraint.regex(outputs.regex) if outputs.regex is not None else None,
-            _choice(outputs.choice) if outputs.choice is not None else None,
-            Constraint.grammar(outputs.grammar) if outputs.grammar is not None else None,
-        ]
-        given += [("structured_outputs", each) for each in asked if each is not None]
-    if body.json_schema:  # llama-server's: empty, none
-        given.append(("json_schema", Constraint.json_schema(body.json_schema)))
-    if body.grammar:
-        given.append(("grammar", Constraint.grammar(body.grammar)))
-    if len(given) > 1:
-        raise Refusal(given[1][0], f"{given[1][0]}: one constraint a request; {given[0][0]} sets one already")
-    return given[0] if given else None
-
-
-def _choice(choices: list[str]) -> Constraint:
-    try:
-        return Constraint.choice(choices)
-    except ValueError as error:
-        raise Refusal("structured_outputs", f"structured_outputs.{error}") from None
 
 
 def prompts(prompt: str | list[Any]) -> list[str | list[int]]:

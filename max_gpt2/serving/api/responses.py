@@ -27,14 +27,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from max_gpt2.serving.api.answer import Gathered, compact, record_end
-from max_gpt2.serving.api.chat import (
-    ChatShape,
-    answer_one,
-    checked_messages,
-    input_tokens,
-    prompt_size,
-    start_chat,
-)
+from max_gpt2.serving.api.chat import ChatShape, answer_one, input_tokens, prompt_size, start_chat
+from max_gpt2.serving.api.chat_prompt import checked_messages
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response, unset
 from max_gpt2.serving.api.requests import Asked
@@ -159,6 +153,9 @@ def input_messages(given: str | list[Any]) -> list[dict[str, str]]:
         if not isinstance(item, dict) or item.get("type", "message") != "message":
             kind = item.get("type") if isinstance(item, dict) else type(item).__name__
             raise Refusal("input", f"input[{index}]: GPT-2 reads messages only; got {kind!r}")
+        if found := sorted(item.keys() & TOOL_FIELDS) or (["role"] if item.get("role") == "tool" else []):
+            why = "a chat's, not a Responses message's (GPT-2 calls no tools here)"
+            raise Refusal("input", f"input[{index}].{found[0]}: {why}")
         text = item.get("content")
         if isinstance(text, list):  # input_text and output_text parts: the chat's text parts
             text = [
@@ -176,6 +173,7 @@ def input_messages(given: str | list[Any]) -> list[dict[str, str]]:
 
 
 PARTS = ("input_text", "output_text")
+TOOL_FIELDS = {"tool_calls", "tool_call_id"}
 
 
 class Answer:

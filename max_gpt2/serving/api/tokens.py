@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.inference.tokenizer import token_bytes
-from max_gpt2.serving.api.chat import checked_messages, render
+from max_gpt2.serving.api.chat_prompt import checked_messages, render
 from max_gpt2.serving.api.choices import tokenizer_of
 from max_gpt2.serving.api.protocol import DetokenizeRequest, Refusal, TokenizeRequest, parse, refusal_response
 from max_gpt2.serving.api.served import Served

@@ -87,6 +87,63 @@ def test_an_output_format_holds_the_message_as_the_chat_holds_it(server):
     assert message(server, max_tokens=24, output_config=form)["content"][0]["text"] == expected
 
 
+TOOLS = [{"name": "pet", "description": "a pet", "input_schema": PET}]
+PET_CALL = {"type": "function", "function": {"name": "pet"}}
+
+
+def test_a_tool_named_is_used_as_the_chat_calls_it(server):
+    """`tool_choice` naming a tool: a `tool_use` block whose input is the chat's named call's arguments."""
+    openai_tools = [{"type": "function", "function": {"name": "pet", "parameters": PET}}]
+    expected = chat(server, TURNS, tools=openai_tools, tool_choice=PET_CALL, max_completion_tokens=24)[0]
+    arguments = json.loads(expected.message.tool_calls[0].function.arguments)
+    named = {
+        "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "pet"},
+    }  # no system: the room 48 positions leave
+    answer = message(server, system=None, max_tokens=24, **named)
+    (block,) = answer["content"]
+    assert (block["type"], block["name"], block["input"]) == ("tool_use", "pet", arguments)
+    assert block["id"].startswith("toolu_") and answer["stop_reason"] == "tool_use"
+    body = {"model": "gpt2", "messages": TURNS, "temperature": 0, "max_tokens": 24, **named}
+    stream = events(post(server, "/v1/messages", {**body, "stream": True}))
+    kinds = [kind for kind, _ in stream]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert stream[2][1]["content_block"] | {"id": ""} == {
+        "type": "tool_use",
+        "id": "",
+        "name": "pet",
+        "input": {},
+    }
+    partial = "".join(data["delta"]["partial_json"] for kind, data in stream if kind == "content_block_delta")
+    assert json.loads(partial) == arguments and stream[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_a_conversation_with_tool_use_and_results_is_the_chats_with_calls(server):
+    """An assistant's `tool_use` and a user's `tool_result` count as the chat's tool call and result."""
+    used = {"type": "tool_use", "id": "toolu_1", "name": "pet", "input": {"kind": "cat"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "ok"}]}
+    turns = [
+        *TURNS,
+        {"role": "assistant", "content": [used]},
+        {"role": "user", "content": [result, {"type": "text", "text": "more"}]},
+    ]
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "pet", "arguments": '{"kind": "cat"}'}}
+    same = [
+        *CHAT,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "ok"},
+        {"role": "user", "content": "more"},
+    ]
+    counted = post(
+        server, "/v1/messages/count_tokens", {"model": "gpt2", "system": SYSTEM, "messages": turns}
+    )
+    tokens = post(
+        server, "/tokenize", {"model": "gpt2", "messages": same}
+    ).json()  # past the context: counted
+    assert counted.json() == {"input_tokens": tokens["count"]}
+
+
 def events(answer: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
     """Server-sent events as (event, data) pairs, each data's `type` its event's name."""
     found = []
@@ -135,9 +192,16 @@ def test_the_counting_routes_give_the_chats_prompt_size(server):
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools: GPT-2 calls no tools"),
+        (
+            {"tools": [{"name": "f", "input_schema": {"type": "object"}}]},
+            "tool_choice: GPT-2 decides no tool",
+        ),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "tools[0]: must be a client tool",
+        ),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking: GPT-2 does not think"),
-        ({"tool_choice": {"type": "any"}}, "tool_choice: GPT-2 calls no tools"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice: give tools to choose from"),
         ({"output_config": {"effort": "low"}}, "output_config.effort"),
         ({"max_tokens": None}, "max_tokens: required"),
         ({"max_tokens": -1}, "max_tokens: must be at least 1"),
@@ -152,8 +216,8 @@ def test_the_counting_routes_give_the_chats_prompt_size(server):
         ({"messages": [{"role": "user", "content": "x", "id": 1}]}, "messages[0].id"),
         ({"system": [{"type": "image", "source": {}}]}, "system[0]: GPT-2 reads text only"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
-            "messages[0].content[0]: GPT-2 calls no tools",
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "4"}]}]},
+            "messages[0].content[0].tool_use_id: required",
         ),
         ({"speed": "fast"}, "speed"),
         ({"top_logprobs": 2}, "top_logprobs: not a field this route takes"),

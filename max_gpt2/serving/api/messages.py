@@ -1,38 +1,36 @@
 """`POST /v1/messages`: Anthropic's Messages API over the chat template, as llama-server and vLLM answer it.
 
-A request's `system` (a string, or text blocks joined as both peers join them) and `messages`
-(`user` and `assistant` turns, content a string or text blocks joined by newlines, as a chat's
-text parts) become chat messages, rendered by the chat template and run as one chat completion
-(`max_gpt2.serving.api.chat.start_chat`): `max_tokens` (required, as Anthropic's) its length,
-`stop_sequences` its stop strings, `temperature`, `top_p` and `top_k` as there,
-`output_config.format` (a JSON schema) its constraint. A last `assistant` turn is continued, not
-answered (Anthropic's prefill). The answer is a `message` of one `text` block; `stop_reason` says
-why it ended as Anthropic documents it (`end_turn`, `stop_sequence` naming the one matched,
-`max_tokens`), and `usage` counts apart the prompt tokens MAX's prefix cache held
-(`cache_read_input_tokens`), as Anthropic does. Streamed, Anthropic's events in order:
-`message_start`, `content_block_start`, `ping`, a `content_block_delta` as text comes,
-`content_block_stop`, `message_delta` (why, and the usage), `message_stop`. Refusals come in
-Anthropic's error shape. GPT-2 calls no tools, does not think and reads no images: what asks for
-those is refused by name. `POST /v1/messages/count_tokens` answers the prompt's size.
+The request runs as one chat completion (`max_gpt2.serving.api.anthropic_fields` makes it,
+`max_gpt2.serving.api.chat.start_chat` starts it). The answer is a `message` of one `text` block,
+or where the request called its tools (`tool_choice` by name or `any`), a `tool_use` block a call
+whose input came whole; `stop_reason` says why it ended as Anthropic documents it (`end_turn`,
+`stop_sequence` naming the one matched, `max_tokens`, `tool_use`), and `usage` counts apart the
+prompt tokens MAX's prefix cache held (`cache_read_input_tokens`), as Anthropic does. Streamed,
+Anthropic's events in order: `message_start`, `ping`, for each block `content_block_start`, a
+`content_block_delta` as text (`text_delta`) or input (`input_json_delta`) comes and
+`content_block_stop`, then `message_delta` (why, and the usage) and `message_stop`. Refusals
+come in Anthropic's error shape. `POST /v1/messages/count_tokens` answers the prompt's size.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.serving.api.answer import Gathered, compact, record_end
+from max_gpt2.serving.api.anthropic_fields import CountRequest, MessagesRequest, as_chat
 from max_gpt2.serving.api.chat import answer_one, prompt_size, start_chat
 from max_gpt2.serving.api.choices import Choice, Finish
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, unset
+from max_gpt2.serving.api.protocol import Refusal, parse
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.tools import ToolCalls, ToolStream
 
 logger = logging.getLogger("max.serve")
 # Anthropic's error `type` for each status this server answers with.
@@ -43,54 +41,8 @@ ERROR_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
 }
-# Fields taken only unset: what each would ask that this server does not do.
-REFUSED = {
-    "tools": "GPT-2 calls no tools",
-    "mcp_servers": "GPT-2 calls no tools",
-    "container": "GPT-2 runs no code",
-    "context_management": "the conversation is sent whole here; nothing is cleared from it",
-}
 # A chat field a refusal named, as this API calls it.
 NAMES = {"stop": "stop_sequences", "response_format": "output_config.format"}
-BLOCKS = {
-    "image": "GPT-2 reads text only",
-    "document": "GPT-2 reads text only",
-    "tool_use": "GPT-2 calls no tools",
-    "tool_result": "GPT-2 calls no tools",
-    "thinking": "GPT-2 does not think",
-    "redacted_thinking": "GPT-2 does not think",
-}
-
-
-class CountRequest(BaseModel):
-    """`POST /v1/messages/count_tokens`' body: the conversation, and what would shape its prompt."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    messages: list[Any]
-    system: str | list[Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
-    mcp_servers: list[Any] | None = None
-    container: Any = None
-    context_management: Any = None
-    cache_control: dict[str, Any] | None = None  # needs nothing: MAX's prefix cache holds every prompt
-    speed: Literal["standard"] | None = None
-
-
-class MessagesRequest(CountRequest):
-    """`POST /v1/messages`' body."""
-
-    max_tokens: int
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    metadata: dict[str, Any] | None = None  # a `user_id` for the provider's abuse checks: none are made here
-    service_tier: str | None = None  # one tier here
 
 
 async def create_message(request: Request) -> Response:
@@ -121,95 +73,6 @@ def error_response(refusal: Refusal) -> JSONResponse:
     return JSONResponse(body, refusal.status, refusal.headers)
 
 
-def as_chat(body: CountRequest) -> ChatRequest:
-    """The chat completion `body` asks for; a `Refusal` naming the field this server cannot honour."""
-    for field, why in REFUSED.items():
-        if not unset(getattr(body, field)):
-            raise Refusal(field, f"{field}: {why}")
-    if (choice := (body.tool_choice or {}).get("type", "none")) not in ("none", "auto"):
-        raise Refusal("tool_choice", f"tool_choice: GPT-2 calls no tools; give none or auto; got {choice!r}")
-    if (thinking := (body.thinking or {}).get("type", "disabled")) != "disabled":
-        raise Refusal("thinking", f"thinking: GPT-2 does not think; give disabled; got {thinking!r}")
-    if unknown := sorted((body.output_config or {}).keys() - {"format"}):
-        raise Refusal("output_config", f"output_config.{unknown[0]}: GPT-2 has no such setting")
-    if (form := (body.output_config or {}).get("format")) is not None:
-        if (
-            not isinstance(form, dict)
-            or form.get("type") != "json_schema"
-            or form.keys() - {"type", "schema"}
-        ):
-            raise Refusal(
-                "output_config", 'output_config.format: give {"type": "json_schema", "schema": {...}}'
-            )
-        form = {"type": "json_schema", "json_schema": {"name": "output", "schema": form.get("schema")}}
-    messages = chat_messages(body)
-    prefill = messages[-1]["role"] == "assistant"
-    fields = {
-        "model": body.model,
-        "messages": messages,
-        "response_format": form,
-        "add_generation_prompt": not prefill,
-        "continue_final_message": prefill,
-    }
-    if isinstance(body, MessagesRequest):
-        if body.max_tokens < 1:  # the chat's -1, llama-server's "no limit", is not Anthropic's
-            raise Refusal("max_tokens", f"max_tokens: must be at least 1; got {body.max_tokens}")
-        fields |= {
-            "max_tokens": body.max_tokens,
-            "stop": body.stop_sequences,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "top_k": body.top_k,
-            "stream": body.stream,
-        }
-    try:
-        return ChatRequest.model_validate(fields)
-    except ValidationError as error:
-        first = error.errors()[0]  # only the schema, which the chat's format holds, can be wrong
-        raise Refusal("output_config", f"output_config.format.schema: {first['msg']}") from None
-
-
-def chat_messages(body: CountRequest) -> list[dict[str, str]]:
-    """`body`'s system prompt and turns as chat messages; a `Refusal` naming the first that is not one."""
-    messages = []
-    if body.system is not None and (system := text(body.system, "system", "")):
-        messages.append({"role": "system", "content": system})
-    if not body.messages:
-        raise Refusal("messages", "messages: empty; give at least one message")
-    for index, message in enumerate(body.messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise Refusal("messages", f"{where}: must be an object with a role and content; got {message!r}")
-        if extra := sorted(message.keys() - {"role", "content"}):
-            raise Refusal("messages", f"{where}.{extra[0]}: not a field of a message")
-        if (role := message.get("role")) not in ("user", "assistant"):
-            raise Refusal(
-                "messages",
-                f"{where}.role: must be 'user' or 'assistant' (the system prompt is the top-level "
-                f"system); got {role!r}",
-            )
-        messages.append({"role": role, "content": text(message.get("content"), f"{where}.content", "\n")})
-    return messages
-
-
-def text(value: Any, where: str, joiner: str) -> str:
-    """A string, or text blocks' texts joined by `joiner`; a `Refusal` naming `where` for anything else."""
-    field = where.split("[")[0].split(".")[0]
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise Refusal(field, f"{where}: must be a string or a list of text blocks; got {value!r}")
-    texts = []
-    for index, block in enumerate(value):
-        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-        if kind in BLOCKS:
-            raise Refusal(field, f"{where}[{index}]: {BLOCKS[kind]}; got a {kind!r} block")
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise Refusal(field, f'{where}[{index}]: must be a text block ({{"type": "text", "text": ...}})')
-        texts.append(block["text"])  # `cache_control` needs nothing: MAX's prefix cache holds every prompt
-    return joiner.join(texts)
-
-
 class Answer:
     """A `message`, whole or as Anthropic's stream of events (module docstring)."""
 
@@ -222,11 +85,17 @@ class Answer:
 
     def message(self, text: str, finish: Finish | None) -> dict[str, Any]:
         """The `message`: begun (`finish` None: no content, no reason yet) or ended as `finish` says."""
+        if finish is None:
+            content = []
+        elif self.asked.tools is not None:  # the calls whose input came whole
+            content = [use(made) for made in self.asked.tools.calls(text) if whole(made)]
+        else:
+            content = [{"type": "text", "text": text}]
         return {
             "id": self.id,
             "type": "message",
             "role": "assistant",
-            "content": [] if finish is None else [{"type": "text", "text": text}],
+            "content": content,
             "model": self.model,
             **self.reason(finish),
             "usage": self.usage(finish is not None),
@@ -238,6 +107,7 @@ class Answer:
         if finish is None:
             return {"stop_reason": None, "stop_sequence": None}
         why = "max_tokens" if finish.reason == "length" else "stop_sequence" if matched else "end_turn"
+        why = "tool_use" if why == "end_turn" and self.asked.tools is not None else why
         return {"stop_reason": why, "stop_sequence": matched}
 
     def usage(self, ended: bool) -> dict[str, int]:
@@ -251,20 +121,20 @@ class Answer:
 
     async def events(self, path: str) -> AsyncIterator[dict[str, str]]:
         """Anthropic's events of a streamed message, the first once the prompt has been read."""
-        finish, begun = None, False
+        finish, begun, blocks = None, False, Blocks(self.asked.tools)
         try:
             async for chunk in self.choice.chunks():
                 if not begun:  # the prompt has been read: its usage is known
                     begun = True
                     yield event("message_start", message=self.message("", None))
-                    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                    for each in blocks.begin():
+                        yield each
                     yield event("ping")
-                if chunk.text:
-                    yield event(
-                        "content_block_delta", index=0, delta={"type": "text_delta", "text": chunk.text}
-                    )
+                for each in blocks.add(chunk.text):
+                    yield each
                 finish = chunk.finish or finish
-            yield event("content_block_stop", index=0)
+            for each in blocks.end():
+                yield each
             yield event("message_delta", delta=self.reason(finish), usage=self.usage(True))
             yield event("message_stop")
         except Exception as error:  # the stream has begun: the error goes in it, as Anthropic's `error` event
@@ -275,6 +145,62 @@ class Answer:
 
     def record(self, path: str) -> None:
         record_end(path, self.started, [self.choice], self.asked)
+
+
+class Blocks:
+    """A streamed message's content blocks as events: one text block, or a tool use a call (a named
+    call's input as it comes, a required call's whole)."""
+
+    def __init__(self, tools: ToolCalls | None) -> None:
+        self.calls, self.opened = (ToolStream(tools) if tools is not None else None), 0
+
+    def begin(self) -> list[dict[str, str]]:
+        """The text block's start (a tool use's block starts with its call)."""
+        if self.calls is not None:
+            return []
+        self.opened = 1
+        return [event("content_block_start", index=0, content_block={"type": "text", "text": ""})]
+
+    def add(self, text: str) -> list[dict[str, str]]:
+        if self.calls is None:
+            delta = {"type": "text_delta", "text": text}
+            return [event("content_block_delta", index=0, delta=delta)] if text else []
+        events = []
+        for delta in self.calls.delta(text):
+            arguments = delta["function"]["arguments"]
+            if "id" in delta:  # a call begins: a block of its own
+                if self.opened:
+                    events.append(event("content_block_stop", index=self.opened - 1))
+                self.opened += 1
+                block = use({**delta, "function": {**delta["function"], "arguments": "{}"}})
+                events.append(event("content_block_start", index=self.opened - 1, content_block=block))
+            if arguments:
+                partial = {"type": "input_json_delta", "partial_json": arguments}
+                events.append(event("content_block_delta", index=self.opened - 1, delta=partial))
+        return events
+
+    def end(self) -> list[dict[str, str]]:
+        return [event("content_block_stop", index=self.opened - 1)] if self.opened else []
+
+
+def use(made: dict[str, Any]) -> dict[str, Any]:
+    """The chat's tool call `made` as Anthropic's `tool_use` block."""
+    ident = "toolu_" + made["id"].removeprefix("call_")
+    return {
+        "type": "tool_use",
+        "id": ident,
+        "name": made["function"]["name"],
+        "input": json.loads(made["function"]["arguments"]),
+    }
+
+
+def whole(made: dict[str, Any]) -> bool:
+    """Whether a call's arguments came whole (the length may cut a named call's)."""
+    try:
+        json.loads(made["function"]["arguments"])
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def event(kind: str, **fields: Any) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.support import requires_serving
 from tests.test_serve import client
+from tests.test_serve_api import post as posted
 
 pytestmark = requires_serving()
 
@@ -118,19 +119,88 @@ def test_included_logprobs_are_the_chats_whole_and_streamed(server):
     assert plain.output[0].content[0].logprobs == []
 
 
+PET_TOOL = {"type": "function", "name": "pet", "parameters": PET}
+
+
+def test_a_function_named_is_called_as_the_chat_calls_it_whole_and_streamed(server):
+    tools = [{"type": "function", "function": {"name": "pet", "parameters": PET}}]
+    named = {"type": "function", "function": {"name": "pet"}}
+    expected = client(server).chat.completions.create(
+        model="gpt2",
+        messages=[{"role": "user", "content": "The cat"}],
+        temperature=0,
+        max_tokens=24,
+        tools=tools,
+        tool_choice=named,
+    )
+    arguments = expected.choices[0].message.tool_calls[0].function.arguments
+    asked = {
+        "model": "gpt2",
+        "input": "The cat",
+        "max_output_tokens": 24,
+        "temperature": 0,
+        "tools": [PET_TOOL],
+    }
+    asked["tool_choice"] = {"type": "function", "name": "pet"}
+    answer = client(server).responses.create(**asked)
+    (item,) = answer.output
+    assert (item.type, item.name, item.arguments, item.status) == (
+        "function_call",
+        "pet",
+        arguments,
+        "completed",
+    )
+    assert item.call_id.startswith("call_") and answer.status == "completed"
+    events = list(client(server).responses.create(**asked, stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert set(kinds[3:-3]) == {"response.function_call_arguments.delta"}
+    assert "".join(event.delta for event in events[3:-3]) == arguments == events[-3].arguments
+    assert events[-1].response.output[0].call_id == events[2].item.call_id == events[-2].item.call_id
+
+
+def test_a_conversations_function_calls_and_outputs_count_as_the_chats_tool_calls(server):
+    call = {"type": "function_call", "call_id": "call_1", "name": "pet", "arguments": '{"kind": "cat"}'}
+    given = [
+        {"role": "user", "content": "The cat"},
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+    ]
+    body = {"input": given, "tools": [PET_TOOL], "tool_choice": "none"}
+    counted = posted(server, "/v1/responses/input_tokens", body)[1]
+    made = {"id": "call_1", "type": "function", "function": {"name": "pet", "arguments": '{"kind": "cat"}'}}
+    chat = [
+        {"role": "user", "content": "The cat"},
+        {"role": "assistant", "content": None, "tool_calls": [made]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+    assert counted["input_tokens"] == posted(server, "/tokenize", {"messages": chat})[1]["count"], counted
+
+
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
         ({"store": True}, "store", "not stored here"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "send the conversation as input"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools", "GPT-2 calls no tools"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "tool_choice", "decides no tool call by itself"),
+        (
+            {"tools": [{"type": "web_search"}], "tool_choice": "required"},
+            "tools",
+            "tools[0]: GPT-2 runs no hosted",
+        ),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input", "input[0].call_id: required"),
         ({"reasoning": {"effort": "low"}}, "reasoning", "does not reason"),
         ({"truncation": "auto"}, "truncation", "only 'disabled'"),
         ({"text": {"verbosity": "low"}}, "text", "text.verbosity"),
         (
-            {"input": [{"type": "function_call_output", "output": "x"}]},
+            {"input": [{"type": "image_generation_call", "result": "x"}]},
             "input",
-            "input[0]: GPT-2 reads messages only",
+            "input[0]: GPT-2 reads messages, function calls and their outputs only",
         ),
         ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
         ({"temperature": 3}, "temperature", "between 0 and 2"),

@@ -88,7 +88,10 @@ def tool_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     ):
         function = given.get("function") if isinstance(given, dict) else None
         try:
-            name, arguments = function["name"], json.loads(function.get("arguments") or "{}")
+            name, arguments = function["name"], function.get("arguments") or "{}"
+            arguments = (
+                arguments if isinstance(arguments, dict) else json.loads(arguments)
+            )  # checked once already
         except (TypeError, KeyError, json.JSONDecodeError):
             raise Refusal(
                 "messages",

@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from serving_clients import run_clients  # this folder's
@@ -64,9 +65,10 @@ def main() -> None:
     ports = {name: free_port() for name in sides}
     while ports["ours"] == ports["baseline"]:
         ports["baseline"] = free_port()
+    logs = Path(tempfile.mkdtemp(prefix="serving-ab-"))  # the servers' logs, outside both checkouts
+    print(f"server logs: {logs}", flush=True)
     servers = {
-        name: start(root, args.checkpoint, ports[name], Path(f"serving-ab-{name}.log"))
-        for name, root in sides.items()
+        name: start(root, args.checkpoint, ports[name], logs / f"{name}.log") for name, root in sides.items()
     }
     try:
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}

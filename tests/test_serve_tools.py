@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import max_gpt2
 from tests.support import requires_serving
@@ -127,3 +129,28 @@ def test_what_tools_cannot_do_is_refused_naming_the_field(server, change, says):
     with pytest.raises(openai.BadRequestError) as refused:
         chat(server, **{"tools": TOOLS, "tool_choice": "required", **change})
     assert refused.value.param in ("tools", "tool_choice") and says in refused.value.message
+
+
+LEAVES = st.one_of(st.text(alphabet='ab{}[]",:\\ é'), st.integers(), st.booleans(), st.none())
+VALUES = st.recursive(
+    LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+)
+
+
+@given(
+    st.lists(st.dictionaries(st.text(alphabet='{}[]"\\x', max_size=4), VALUES, max_size=3), max_size=4),
+    st.data(),
+)
+def test_a_streamed_arrays_items_come_each_once_whole(items, data):
+    """`Items` (a required call's objects as their text comes) against `json.loads` of the whole array,
+    the text cut anywhere: inside strings holding brackets, quotes and escapes."""
+    from max_gpt2.serving.api.tools import Items
+
+    text = json.dumps(items, ensure_ascii=False)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    scanner, found = Items(), []
+    for piece in pieces:
+        found += scanner.add(piece)
+    assert found == json.loads(text)

@@ -56,7 +56,7 @@ class ToolCalls:
         required calls whole so far (those the stream sent)."""
         if self.named is not None:
             return [call(self.named, text)]
-        return [required(item) for item in complete_items(text)]
+        return [required(item) for item in Items().add(text)]
 
     def finish(self, reason: str) -> str:
         """OpenAI's `finish_reason`: a required call's "stop" is "tool_calls"."""
@@ -127,41 +127,45 @@ class ToolStream:
     calls each once its object is whole."""
 
     def __init__(self, calls: ToolCalls) -> None:
-        self.calls, self.text, self.sent = calls, "", 0
+        self.calls, self.items, self.sent = calls, Items(), 0
 
     def delta(self, text: str) -> list[dict[str, Any]]:
         """The `tool_calls` entries of a delta that adds `text`."""
-        self.text += text
         if self.calls.named is not None:
             if self.sent == 0:
                 self.sent = 1
-                opening = call(self.calls.named, text)
-                return [{"index": 0, **opening}]
+                return [{"index": 0, **call(self.calls.named, text)}]
             return [{"index": 0, "function": {"arguments": text}}] if text else []
-        whole = complete_items(self.text)
         made = [
-            {"index": self.sent + index, **required(item)} for index, item in enumerate(whole[self.sent :])
+            {"index": self.sent + index, **required(item)} for index, item in enumerate(self.items.add(text))
         ]
-        self.sent = len(whole)
+        self.sent += len(made)
         return made
 
 
-def complete_items(text: str) -> list[Any]:
-    """The items of a JSON array whose text has come whole so far (the array itself may not be)."""
-    items, depth, start, quoted, escaped = [], 0, None, False, False
-    for index, character in enumerate(text):
-        if quoted:
-            escaped, quoted = (False, True) if escaped else (character == "\\", character != '"')
-            continue
-        if character == '"':
-            quoted = True
-        elif character in "[{":
-            depth += 1
-            if depth == 2 and character == "{":
-                start = index
-        elif character in "]}":
-            depth -= 1
-            if depth == 1 and start is not None:
-                items.append(json.loads(text[start : index + 1]))
-                start = None
-    return items
+class Items:
+    """The items of a JSON array as its text comes, each once whole (strings may hold brackets)."""
+
+    def __init__(self) -> None:
+        self.text, self.depth, self.start, self.quoted, self.escaped = "", 0, -1, False, False
+
+    def add(self, text: str) -> list[Any]:
+        """The items `text` completes."""
+        whole, offset = [], len(self.text)
+        self.text += text
+        for index, character in enumerate(text, offset):
+            if self.quoted:
+                self.escaped, self.quoted = (
+                    (False, True) if self.escaped else (character == "\\", character != '"')
+                )
+            elif character == '"':
+                self.quoted = True
+            elif character in "[{":
+                self.depth += 1
+                self.start = index if self.depth == 2 and character == "{" else self.start
+            elif character in "]}":
+                self.depth -= 1
+                if self.depth == 1 and self.start >= 0:
+                    whole.append(json.loads(self.text[self.start : index + 1]))
+                    self.start = -1
+        return whole

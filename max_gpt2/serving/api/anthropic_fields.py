@@ -173,17 +173,21 @@ def turn(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise Refusal("messages", f"{where}: must be a string or a list of content blocks; got {content!r}")
-    kinds = {"user": "tool_result", "assistant": "tool_use"}
-    tools = [block for block in content if isinstance(block, dict) and block.get("type") == kinds[role]]
-    said = text([block for block in content if block not in tools], where, "\n")
+    kind = {"user": "tool_result", "assistant": "tool_use"}[role]
+    tools = [
+        (index, block)
+        for index, block in enumerate(content)
+        if isinstance(block, dict) and block.get("type") == kind
+    ]
+    said = text(content, where, "\n", skip=kind)
     if role == "assistant":
-        calls = [tool_call(block, f"{where}[{content.index(block)}]") for block in tools]
+        calls = [tool_call(block, f"{where}[{index}]") for index, block in tools]
         return [
             {"role": role, "content": said or None, "tool_calls": calls}
             if calls
             else {"role": role, "content": said}
         ]
-    results = [tool_result(block, f"{where}[{content.index(block)}]") for block in tools]
+    results = [tool_result(block, f"{where}[{index}]") for index, block in tools]
     return results + ([{"role": role, "content": said}] if said or not results else [])
 
 
@@ -208,8 +212,9 @@ def tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": said}
 
 
-def text(value: Any, where: str, joiner: str) -> str:
-    """A string, or text blocks' texts joined by `joiner`; a `Refusal` naming `where` for anything else."""
+def text(value: Any, where: str, joiner: str, skip: str | None = None) -> str:
+    """A string, or text blocks' texts joined by `joiner` (blocks of type `skip` passed over: the caller
+    reads them); a `Refusal` naming `where` for anything else."""
     field = where.split("[")[0].split(".")[0]
     if isinstance(value, str):
         return value
@@ -218,6 +223,8 @@ def text(value: Any, where: str, joiner: str) -> str:
     texts = []
     for index, block in enumerate(value):
         kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if kind == skip:
+            continue
         if kind in BLOCKS:
             raise Refusal(field, f"{where}[{index}]: {BLOCKS[kind]}; got a {kind!r} block")
         if kind != "text" or not isinstance(block.get("text"), str):

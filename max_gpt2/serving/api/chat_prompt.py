@@ -82,26 +82,30 @@ def tool_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     passes them; a `Refusal` naming the first call that is not OpenAI's."""
     if message.get("role") != "assistant":
         raise Refusal("messages", f"{where}.tool_calls: only an assistant's message makes tool calls")
+    given = message["tool_calls"]
     calls = []
-    for index, given in enumerate(
-        message["tool_calls"] if isinstance(message["tool_calls"], list) else [None]
-    ):
-        function = given.get("function") if isinstance(given, dict) else None
+    for index, made in enumerate(given if isinstance(given, list) else [None]):
         try:
-            name, arguments = function["name"], function.get("arguments") or "{}"
-            arguments = (
-                arguments if isinstance(arguments, dict) else json.loads(arguments)
-            )  # checked once already
-        except (TypeError, KeyError, json.JSONDecodeError):
+            calls.append(parsed_call(made))
+        except (TypeError, KeyError, AttributeError, json.JSONDecodeError):
             raise Refusal(
                 "messages",
                 f'{where}.tool_calls[{index}]: must be {{"id", "type": "function", "function": {{"name", '
                 '"arguments": JSON text}}',
             ) from None
-        calls.append(
-            {"id": given.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
-        )
     return calls
+
+
+def parsed_call(made: Any) -> dict[str, Any]:
+    """OpenAI's tool call `made`, its arguments parsed (given parsed, it is a call checked already)."""
+    function = made["function"]
+    arguments = function.get("arguments") or "{}"
+    parsed = arguments if isinstance(arguments, dict) else json.loads(arguments)
+    return {
+        "id": made.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": parsed},
+    }
 
 
 def content(value: Any, where: str) -> str:

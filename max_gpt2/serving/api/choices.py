@@ -154,10 +154,9 @@ class Choice:
     def _finish(self, output: TokenGeneratorOutput, ids: list[int]) -> Finish:
         if output.status == GenerationStatus.MAXIMUM_LENGTH:
             return Finish("length")
+        # end-of-text or a stop token id: both "stop" (vLLM names only the latter)
         stopped = ids[-1] if ids and ids[-1] in self.rules.stop_token_ids else None
-        return Finish(
-            "stop", stopped
-        )  # end-of-text or a stop token id (both "stop"; vLLM names only the latter)
+        return Finish("stop", stopped)
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
         """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""

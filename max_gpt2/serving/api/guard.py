@@ -106,9 +106,7 @@ class Guard:
         if scheme.lower() != "bearer":
             given = headers.get(b"x-api-key", b"").decode("latin-1")  # Anthropic's clients send it
         if not hmac.compare_digest(given.strip(), self.api_key):
-            needed = (
-                "a valid API key is needed: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
-            )
+            needed = "a valid API key is needed: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
             raise Refusal(None, needed, status=401, headers={"WWW-Authenticate": "Bearer"})
 
     def check_route(self, scope: Scope) -> None:

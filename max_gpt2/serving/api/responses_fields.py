@@ -77,7 +77,7 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         )
     for index, item in enumerate(body.include or ()):
         if item != LOGPROBS:
-            why = "GPT-2 calls no tools, reads no images and does not reason"
+            why = "GPT-2 runs no hosted tools, reads no images and does not reason"
             raise Refusal("include", f"include[{index}]: only {LOGPROBS!r} here ({why}); got {item!r}")
     logprobs = LOGPROBS in (body.include or ())
     if body.top_logprobs and not logprobs:  # OpenAI would answer none: never a setting taken unused

@@ -6,9 +6,10 @@
 Both servers run at once on the same checkpoint, each on its own port (the one not measured
 idles), and client runs alternate between them, A B then B A: each pair's ratio (ours over the
 baseline's tokens/s) is taken minutes apart at most, as the VM's speed moves by 10-30 % within
-minutes. A case `CxR` is C clients each streaming R completions of `--max-tokens` greedy tokens
-(end-of-text ignored) after a `--prompt-tokens` prompt of the text we ship
-(`serving_clients.run_clients`). Reported per case: the median ratio, the middle half of the
+minutes. A case `CxR` is C clients each streaming R completions of `--max-tokens` tokens
+(end-of-text ignored) after a `--prompt-tokens` prompt of the text we ship: greedy through
+`/v1/completions`, or with `--route native` sampled through llama-server's `/completion` with its
+defaults (`serving_clients.run_clients`). Reported per case: the median ratio, the middle half of the
 ratios, and each side's median tokens/s; read a middle half that straddles 1 as no difference.
 The checkpoint needs a tokenizer covering its vocabulary (the server refuses a smaller one):
 a GPT-2 checkpoint with GPT-2's own `vocab.json` and `merges.txt`.
@@ -24,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from serving_clients import run_clients  # this folder's
+from serving_clients import ROUTES, run_clients  # this folder's
 
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.bench.server import SOURCE_ROOT, free_port, stop_group, wait_for_health
@@ -56,6 +57,12 @@ def main() -> None:
     parser.add_argument("--cases", default="1x2,16x1", help="CLIENTSxREQUESTS, comma-separated")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--route",
+        choices=sorted(ROUTES),
+        default="openai",
+        help="openai: greedy /v1/completions; native: llama-server's /completion, sampled with its defaults",
+    )
     args = parser.parse_args()
     cases = [tuple(int(part) for part in case.split("x")) for case in args.cases.split(",")]
     tokenizer = load_tokenizer(args.checkpoint)
@@ -74,12 +81,14 @@ def main() -> None:
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         for name, url in urls.items():
             wait_for_health(url, servers[name], 1800)
-            run_clients(url, "gpt2", 4, 1, prompt, 32)  # warm-up
+            run_clients(url, "gpt2", 4, 1, prompt, 32, args.route)  # warm-up
         for clients, requests in cases:
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for pair in range(args.pairs):
                 for name in list(sides)[:: 1 if pair % 2 == 0 else -1]:
-                    run = run_clients(urls[name], "gpt2", clients, requests, prompt, args.max_tokens)
+                    run = run_clients(
+                        urls[name], "gpt2", clients, requests, prompt, args.max_tokens, args.route
+                    )
                     rates[name].append(run["tokens_per_second"])
             ratios = sorted(ours / base for ours, base in zip(rates["ours"], rates["baseline"], strict=True))
             quarter = len(ratios) // 4

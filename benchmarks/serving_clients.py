@@ -22,43 +22,59 @@ def percentile(values: list[float], share: float) -> float:
     return float(np.percentile(values, 100 * share)) if values else float("nan")
 
 
-def streamed_request(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed completion (OpenAI's API at `url`): when each token arrived (seconds after sending).
+ROUTES = {  # each route's path, and the body of a streamed request there
+    # OpenAI's, greedy
+    "openai": (
+        "/v1/completions",
+        lambda model, prompt, tokens: {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "temperature": 0,
+        },
+    ),
+    # llama-server's own, sampled with its defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)
+    "native": ("/completion", lambda model, prompt, tokens: {"prompt": prompt, "n_predict": tokens}),
+}
+
+
+def streamed_request(
+    url: str, model: str, prompt: str, max_tokens: int, route: str = "openai"
+) -> dict[str, Any]:
+    """One streamed completion (`ROUTES[route]` at `url`): when each token arrived (seconds after sending).
 
     Plain HTTP and JSON, not the `openai` client: turning each chunk into its models took ~1 ms
     of CPU a token on a 2-core machine (this: ~0.3 ms), CPU taken from the server being measured."""
     address = urlsplit(url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=600)
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,  # every request makes all `max_tokens`
-    }
+    path, body_of = ROUTES[route]
+    body = {**body_of(model, prompt, max_tokens), "stream": True, "ignore_eos": True}  # all `max_tokens`
     start = time.perf_counter()
     arrivals = []
     try:
-        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
-            raise RuntimeError(f"{url}/v1/completions: HTTP {response.status}: {response.read(500)!r}")
-        for line in response:  # server-sent events: `data: {json}` lines, then `data: [DONE]`
+            raise RuntimeError(f"{url}{path}: HTTP {response.status}: {response.read(500)!r}")
+        for line in response:  # server-sent events: `data: {json}` lines (OpenAI's, then `data: [DONE]`)
             if line.startswith(b"data: {"):
-                choices = json.loads(line[len(b"data: ") :])["choices"]
-                if choices and choices[0]["text"]:
+                event = json.loads(line[len(b"data: ") :])
+                choices = event.get("choices") or [{"text": event.get("content")}]  # llama-server's: content
+                if choices[0]["text"]:
                     arrivals.append(time.perf_counter() - start)
     finally:
         connection.close()
     return {"arrivals": arrivals, "seconds": time.perf_counter() - start}
 
 
-def run_clients(url: str, model: str, clients: int, requests: int, prompt: str, max_tokens: int) -> dict:
-    """`clients` threads, each streaming `requests` completions in turn: throughput and latencies."""
+def run_clients(
+    url: str, model: str, clients: int, requests: int, prompt: str, max_tokens: int, route: str = "openai"
+) -> dict:
+    """`clients` threads, each streaming `requests` completions in turn (`ROUTES[route]`): throughput and
+    latencies."""
 
     def one_client(_: int) -> list[dict[str, Any]]:
-        return [streamed_request(url, model, prompt, max_tokens) for _ in range(requests)]
+        return [streamed_request(url, model, prompt, max_tokens, route) for _ in range(requests)]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:

@@ -88,7 +88,7 @@ class Answer:
         if finish is None:
             content = []
         elif self.asked.tools is not None:  # the calls whose input came whole
-            content = [use(made) for made in self.asked.tools.calls(text) if whole(made)]
+            content = uses(self.asked.tools.calls(text))
         else:
             content = [{"type": "text", "text": text}]
         return {
@@ -172,7 +172,7 @@ class Blocks:
                 if self.opened:
                     events.append(event("content_block_stop", index=self.opened - 1))
                 self.opened += 1
-                block = use({**delta, "function": {**delta["function"], "arguments": "{}"}})
+                block = use(delta, {})  # its input comes in the deltas
                 events.append(event("content_block_start", index=self.opened - 1, content_block=block))
             if arguments:
                 partial = {"type": "input_json_delta", "partial_json": arguments}
@@ -183,24 +183,21 @@ class Blocks:
         return [event("content_block_stop", index=self.opened - 1)] if self.opened else []
 
 
-def use(made: dict[str, Any]) -> dict[str, Any]:
-    """The chat's tool call `made` as Anthropic's `tool_use` block."""
+def use(made: dict[str, Any], given: Any) -> dict[str, Any]:
+    """The chat's tool call `made` as Anthropic's `tool_use` block, with `given` as its input."""
     ident = "toolu_" + made["id"].removeprefix("call_")
-    return {
-        "type": "tool_use",
-        "id": ident,
-        "name": made["function"]["name"],
-        "input": json.loads(made["function"]["arguments"]),
-    }
+    return {"type": "tool_use", "id": ident, "name": made["function"]["name"], "input": given}
 
 
-def whole(made: dict[str, Any]) -> bool:
-    """Whether a call's arguments came whole (the length may cut a named call's)."""
-    try:
-        json.loads(made["function"]["arguments"])
-    except json.JSONDecodeError:
-        return False
-    return True
+def uses(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`calls` as `tool_use` blocks, each whose arguments came whole (the length may cut a named call's)."""
+    blocks = []
+    for made in calls:
+        try:
+            blocks.append(use(made, json.loads(made["function"]["arguments"])))
+        except json.JSONDecodeError:
+            continue
+    return blocks
 
 
 def event(kind: str, **fields: Any) -> dict[str, str]:

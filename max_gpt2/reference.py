@@ -160,6 +160,7 @@ def lm_logits_and_largest_score(
 
 class LMForward(NamedTuple):
     logits: np.ndarray  # [batch, seq, vocab]
+    hidden: np.ndarray  # [batch, seq, n_embd]: the final layer norm's output
     attentions: np.ndarray  # [layers, batch, heads, seq, seq]
     largest_score: float
 
@@ -170,7 +171,8 @@ def lm_forward(
     config: GPT2Config,
     attention_mask: np.ndarray | None = None,
 ) -> LMForward:
-    """The whole model once: logits, attention weights and largest score (see the functions above)."""
+    """The whole model once: logits, hidden states, attention weights and largest score (see the functions
+    above)."""
     w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, dtype=np.int64) if attention_mask is None else np.asarray(attention_mask)
@@ -192,4 +194,4 @@ def lm_forward(
         )
         x = x + inner @ w[h + "mlp.c_proj.weight"].T + w[h + "mlp.c_proj.bias"]
     x = layer_norm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], epsilon)
-    return LMForward(x @ w["lm_head.weight"].T, np.stack(attentions), largest_score)
+    return LMForward(x @ w["lm_head.weight"].T, x, np.stack(attentions), largest_score)

@@ -72,7 +72,8 @@ class Served(NamedTuple):
 # (`CHAT_TEMPLATE`), and sends whatever it would send off the machine to `TELEMETRY`'s listener; the
 # second decodes 3 from a GGUF file quantized to q4_0, without drafts, answers to two names, lets one
 # origin call it, and has no chat template; the third serves LM_PAGES, whose prompts span MAX's
-# 128-token pages, to 4 requests a step (a cache of 4 * 512 / 128 pages: prefix reuse and eviction).
+# 128-token pages, to 4 requests a step (a cache of 4 * 512 / 128 pages: prefix reuse and eviction);
+# the fourth serves LM's embeddings, each text's mean state, 4 texts a step.
 SERVED = {
     "served_lm": Served(("--explorer", "--prompt-lookup", "8")),
     "served_q4_0_lm": Served(
@@ -84,6 +85,7 @@ SERVED = {
         from_gguf=True,
     ),
     "served_pages_lm": Served(("--max-batch-size", "4", "--chat-template", "chatml"), config=LM_PAGES),
+    "served_embeddings_lm": Served(("--embeddings", "--pooling", "mean", "--max-batch-size", "4")),
 }  # fmt: skip
 # The served checkpoint's own chat template (its tokenizer_config.json's `chat_template`).
 CHAT_TEMPLATE = (
@@ -257,6 +259,12 @@ def telemetry_listener(request) -> Listener:
 def served_pages_lm(request) -> ServerProcess:
     """`max-gpt2 serve --max-batch-size 4 --chat-template chatml` on LM_PAGES's seed-0 checkpoint with its
     tokenizer: prefix caching on (the default), a cache of 16 pages."""
+    return ready_server(request)
+
+
+@pytest.fixture(scope="session")
+def served_embeddings_lm(request) -> ServerProcess:
+    """`max-gpt2 serve --embeddings --pooling mean --max-batch-size 4` on LM's seed-0 checkpoint."""
     return ready_server(request)
 
 

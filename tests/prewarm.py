@@ -61,9 +61,9 @@ def lm(
 
 
 # In the order the suite first needs them (test files run alphabetically): test_attention,
-# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_examples
-# (LM's scoring graphs), test_generation_controls (LM's beam search cache reorder), test_gguf_types
-# (LM_ONE_LAYER as a GGUF file has it), test_heads,
+# test_bench (ODD graph and flash), test_bench_generate (LM, and with q8_0 weights), test_embeddings
+# (both's hidden states), test_examples (LM's scoring graphs), test_generation_controls (LM's beam
+# search cache reorder), test_gguf_types (LM_ONE_LAYER as a GGUF file has it), test_heads,
 # test_lm, test_runtime, test_serve_weights (LM in q4_0 beside a float32 cache, and its scoring
 # graph), test_weight_formats.
 GRAPHS: list[Callable[[], None]] = [
@@ -72,6 +72,8 @@ GRAPHS: list[Callable[[], None]] = [
     lambda: attention(ODD, impl="flash"),
     lambda: lm(LM),
     lambda: lm(LM, weights="q8_0"),
+    lambda: lm(LM, variant=lambda graphs: graphs.hidden),
+    lambda: lm(LM, weights="q8_0", variant=lambda graphs: graphs.hidden),
     lambda: lm(LM, variant=LMGraphs.scoring),
     lambda: lm(LM, variant=lambda graphs: graphs.scoring(ranked=True)),
     lambda: lm(LM, variant=lambda graphs: REORDER),

@@ -47,7 +47,7 @@ def test_compiled_graphs_are_kept_and_read_back_without_tracing(
         raise AssertionError(f"traced {variant}")
 
     monkeypatch.setattr(second, "_stage", refuse)
-    lm = compiled_with(second, lm_weights(LM), False)
+    lm = compiled_with(second, lm_weights(LM), variants)
     ids = prompts(LM, 2, 9)
     np.testing.assert_array_equal(prompt_and_steps(lm, ids, 5), prompt_and_steps(compiled_lm(LM), ids, 5))
     other = LMGraphs(LM, LMOptions.check("cpu", "float32", kv_cache="float16"), tmp_path)

@@ -298,10 +298,12 @@ def test_banned_ids_are_never_the_argmax_and_ids_outside_the_row_are_ignored():
     np.testing.assert_array_equal(banned[:8], row[:8])
 
 
-def guarded_client(api_key: str | None, explorer: Any = None, origins: tuple[str, ...] = ()):
+def guarded_client(
+    api_key: str | None, explorer: Any = None, origins: tuple[str, ...] = (), pooling: str | None = None
+):
     """A bare Starlette app with our routes and guard mounted as on MAX's (`routes.mount`), its engine a
     stand-in whose tokenizer knows only LM's shapes (no route here runs a model), through Starlette's
-    test client."""
+    test client; with `pooling`, a server of embeddings'."""
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
@@ -310,11 +312,11 @@ def guarded_client(api_key: str | None, explorer: Any = None, origins: tuple[str
     from max_gpt2.serving.tokenizer import GPT2TextTokenizer
 
     tokenizer = GPT2TextTokenizer.__new__(GPT2TextTokenizer)  # only its shapes, no files read
-    tokenizer.model_vocab_size, tokenizer.n_positions = VOCAB, CONTEXT
+    tokenizer.model_vocab_size, tokenizer.n_positions, tokenizer.n_embd = VOCAB, CONTEXT, 60
     app = Starlette()
     app.state.pipeline = type("Engine", (), {"tokenizer": tokenizer})()
     app.state.pipeline_config = None
-    settings = ServingSettings(served_names=("gpt2", "other"), allowed_origins=origins)
+    settings = ServingSettings(served_names=("gpt2", "other"), allowed_origins=origins, pooling=pooling)
     mount(app, settings, api_key, explorer)
     return TestClient(app)
 
@@ -338,7 +340,10 @@ def test_routes_gpt2_cannot_answer_are_refused_with_openais_body():
     client = guarded_client(None)
     embeddings = client.post("/v1/embeddings", json={"model": "gpt2", "input": "hi"})
     assert embeddings.status_code == 404
-    assert "/v1/chat/completions" in embeddings.json()["error"]["message"]
+    said = embeddings.json()["error"]["message"]
+    assert "/v1/chat/completions" in said and "a server started with --embeddings" in said
+    reranked = client.post("/v1/rerank", json={"query": "a", "documents": ["b"]}).json()["error"]["message"]
+    assert "no reranking or classifying head" in reranked
     not_allowed = client.get("/v1/completions")
     assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "POST"  # HTTP asks for it
     assert "answers POST, not GET" in client.get("/tokenize").json()["error"]["message"]
@@ -386,6 +391,60 @@ def test_cors_is_off_by_default_and_a_preflight_needs_no_key_where_origins_are_a
         off.get("/v1/models", headers={"Origin": page}),
     ):
         assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_server_of_embeddings_answers_embeddings_and_no_generating_route():
+    client = guarded_client(None, pooling="mean")
+    for path in ("/v1/completions", "/v1/chat/completions", "/completion", "/v1/responses", "/v1/messages"):
+        refused = client.post(path, json=GOOD)
+        assert refused.status_code == 404, path
+        assert "was started with --embeddings and generates no text" in refused.json()["error"]["message"]
+    assert client.get("/tokenize").status_code == 405  # served, for POST
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == CONTEXT
+    llamas = client.post("/embedding", json={"content": "hi"}).json()["error"]["message"]
+    assert "answers POST /v1/embeddings, OpenAI's" in llamas
+
+
+EMBEDDING = {"model": "gpt2", "input": [[1, 2, 3]]}
+# A bad field of an embeddings request, and what the refusal must say (checked before the model runs).
+EMBEDDING_REFUSED = [
+    ({"input": []}, "input", "input: empty"),
+    ({"input": [[1], []]}, "input", "input[1]: empty; an embedding needs at least one token"),
+    (
+        {"input": [[1, VOCAB]]},
+        "input",
+        f"input: token id {VOCAB} is outside the vocabulary (0 to {VOCAB - 1})",
+    ),
+    ({"input": [[1]] * 2049}, "input", "at most 2048 inputs a request"),
+    ({"input": {"text": "a"}}, "input", "input: must be a string or a list"),
+    (
+        {"input": [1] * (CONTEXT + 1)},
+        "input",
+        f"maximum context length is {CONTEXT} tokens, however you requested",
+    ),
+    ({"dimensions": 8}, "dimensions", "GPT-2's embeddings have 60"),
+    ({"encoding_format": "bytes"}, "encoding_format", "'float' or 'base64'"),
+    (
+        {"truncate_prompt_tokens": 0},
+        "truncate_prompt_tokens",
+        f"-1 (the context's {CONTEXT}) or 1 to {CONTEXT}",
+    ),
+    ({"truncate_prompt_tokens": CONTEXT + 1}, "truncate_prompt_tokens", "got 49"),
+    ({"embd_normalize": -2}, "embd_normalize", "-1 (none), 0 (largest value to 32760)"),
+    ({"embd_normalize": 1, "normalize": True}, "embd_normalize", "says otherwise than normalize: True"),
+    ({"pooling_type": "cls"}, "pooling_type", "not a field this route takes"),
+    ({"model": "gpt3"}, "model", "'gpt3' is not served here"),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "says"), EMBEDDING_REFUSED)
+def test_an_embeddings_request_is_refused_naming_its_field(change, field, says):
+    answer = guarded_client(None, pooling="last").post("/v1/embeddings", json={**EMBEDDING, **change})
+    assert answer.status_code == (404 if field == "model" else 400), answer.json()
+    error = answer.json()["error"]
+    assert error["param"] == field and says in error["message"], error
+    if "context length" in says:
+        assert error["code"] == "context_length_exceeded"
 
 
 def serve_arguments(*options: str) -> argparse.Namespace:
@@ -539,3 +598,33 @@ def test_serve_refuses_bad_options_before_loading(options, says, lm_checkpoint, 
     result = run_python("-m", "max_gpt2", "serve", "--checkpoint", lm_checkpoint(LM), *options)
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
+
+
+def test_serve_embeddings_runs_maxs_embeddings_pipeline_pooling_as_asked(lm_checkpoint):
+    from max_gpt2.cli.serve import serve_command
+    from max_gpt2.outputs import Progress
+    from max_gpt2.serving.settings import VARIABLE, ServingSettings
+    from tests.support import LM
+
+    checkpoint = str(lm_checkpoint(LM))
+
+    def started(*options: str) -> tuple[list[str], ServingSettings]:
+        command, env = serve_command(
+            serve_arguments("--checkpoint", checkpoint, *options), Progress(io.StringIO())
+        )
+        return command, ServingSettings.from_json(env[VARIABLE])
+
+    command, settings = started("--embeddings", "--pooling", "mean")
+    assert "--task=embeddings_generation" in command and "--max-batch-size=16" in command
+    assert "--enable-echo" not in command and settings.pooling == "mean"
+    assert started("--embeddings", "--max-batch-size", "3")[0][-1] == "--max-batch-size=3"
+    assert started("--embeddings")[1].pooling == "last"
+    command, settings = started()
+    assert "--task=text_generation" in command and settings.pooling is None
+    for options, says in (
+        (("--pooling", "mean"), "--pooling mean: pools embeddings; give --embeddings too"),
+        (("--embeddings", "--prompt-lookup", "4"), "--prompt-lookup 4: sets how text is generated"),
+        (("--embeddings", "--decode-steps", "2"), "--decode-steps 2: sets how text is generated"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            started(*options)

@@ -24,7 +24,8 @@ request for its prompt's log-probabilities reads none of them. If MAX's model wo
 server exits non-zero and says why. MAX's server leaves its ZMQ sockets in the temporary
 directory when it stops; it gets a directory of its own (`TMPDIR`, where the metrics socket
 lies too), removed once the server is gone. With `--explorer` the head explorer is served at
-/explore/ beside the API.
+/explore/ beside the API. With `--embeddings` it runs MAX's embeddings pipeline instead and answers
+`/v1/embeddings` in place of the generating routes (docs/embeddings.md).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.cli.console import check_port_free, checkpoint_path, is_loopback
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
-from max_gpt2.cli.serve_options import add_arguments, check_host
+from max_gpt2.cli.serve_options import add_arguments, check_host, pooling_of
 from max_gpt2.explorer.loading import ExplorerSettings
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
@@ -54,6 +55,7 @@ from max_gpt2.serving.chat_templates import chat_template_file
 from max_gpt2.serving.settings import (
     API_KEY_VARIABLE,
     DECODE_STEPS,
+    EMBEDDINGS_BATCH,
     VARIABLE,
     ServingSettings,
     check_device,
@@ -163,6 +165,7 @@ def serve_command(
         allowed_origins=tuple(args.allowed_origins or ()),
         explorer=explorer.to_json() if args.explorer else None,
         metrics_socket=f"{runtime_directory}/metrics.sock" if runtime_directory else None,
+        pooling=pooling_of(args),
     )
     check_device(settings, args.dtype, device.is_host, device_name(device))
     model = served_model(checkpoint, plan.tokenizer(), path)
@@ -180,6 +183,15 @@ def serve_command(
         f"--host={args.host}",
         f"--port={args.port}",
         *([f"--chat-template={chat_template}"] if chat_template else []),
+        *(embeddings_options(args) if settings.embeds else generation_options(args)),
+    ]
+    return command, server_environment(args, progress, settings, api_key)
+
+
+def generation_options(args: argparse.Namespace) -> list[str]:
+    """MAX's options for a server that generates (the task named: our architecture has two)."""
+    return [
+        "--task=text_generation",
         "--enable-echo",  # every token's logits: the prompt's log-probabilities for `echo`
         # A prompt's full pages kept for later prompts that begin alike (MAX's prefix cache); a request
         # for the prompt's log-probabilities reads none of them (`max_gpt2.serving.tokenizer`).
@@ -187,7 +199,12 @@ def serve_command(
         "--enable-in-flight-batching",  # a new prompt joins the running decodes' step, not stalls them
         *([f"--max-batch-size={args.max_batch_size}"] if args.max_batch_size is not None else []),
     ]
-    return command, server_environment(args, progress, settings, api_key)
+
+
+def embeddings_options(args: argparse.Namespace) -> list[str]:
+    """MAX's options for a server of embeddings: its embeddings pipeline, texts embedded `EMBEDDINGS_BATCH`
+    (or `--max-batch-size`) at a time."""
+    return ["--task=embeddings_generation", f"--max-batch-size={args.max_batch_size or EMBEDDINGS_BATCH}"]
 
 
 def served_model(checkpoint: OpenedCheckpoint, tokenizer: Tokenizer | None, path: str | Path) -> Path:

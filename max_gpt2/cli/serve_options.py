@@ -17,6 +17,7 @@ from max_gpt2.cli.console import (
     add_weight_format_argument,
     positive_int,
 )
+from max_gpt2.inference.embeddings import Pooling
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "which then prefill only what follows (default: on; --no-enable-prefix-caching turns it off)",
     )
     parser.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="serve embeddings (POST /v1/embeddings), not text, as llama-server's --embeddings and vLLM's "
+        "--runner pooling do: each text's final hidden states pooled (--pooling)",
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=[pooling.value for pooling in Pooling],
+        help="how --embeddings makes a text's vector: its last token's state (vLLM's default for a causal "
+        "LM) or the mean over its tokens (default: last)",
+    )
+    parser.add_argument(
         "--chat-template",
         metavar="FILE_OR_NAME",
         help="render /v1/chat/completions' messages with this Jinja file or built-in template (chatml) "
@@ -88,6 +101,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve the head explorer's page at /explore/ (max-gpt2 explore's; not with --api-key)",
     )
+
+
+def pooling_of(args: argparse.Namespace) -> str | None:
+    """How a server of embeddings pools (`--pooling`, else last), None for one that generates; refuses the
+    options of the one kind given to the other."""
+    if not args.embeddings:
+        if args.pooling:
+            raise ValueError(f"--pooling {args.pooling}: pools embeddings; give --embeddings too")
+        return None
+    for option, value in (("--prompt-lookup", args.prompt_lookup), ("--decode-steps", args.decode_steps)):
+        if value is not None:
+            raise ValueError(
+                f"{option} {value}: sets how text is generated; a server of --embeddings generates none"
+            )
+    return args.pooling or Pooling.LAST.value
 
 
 def origins(value: str) -> list[str]:

@@ -10,6 +10,7 @@
     lp = lm.logprobs(input_ids, attention_mask)                    # float32 [batch, seq], NaN at first
     result = lm.perplexity("text", stride=512)                     # Perplexity: nll, perplexity, bits/byte
     weights = lm.attentions(input_ids, attention_mask)             # float32 [layers, batch, heads, seq, seq]
+    hidden = lm.hidden_states(input_ids, attention_mask)           # float32 [batch, seq, n_embd]
 
 One graph (`max_gpt2.model.layers.gpt2.GPT2LMHeadModel`, every length symbolic) serves
 every prompt, and one more every decoding step, so nothing a user passes
@@ -27,9 +28,8 @@ tokens only. Generation (`lm.generate`, `lm.stream`) is written in
 `max_gpt2.inference.generation` on `prefill`, `decode_step` and `reorder_cache`;
 scoring (`lm.score`, `lm.logprobs`, `lm.perplexity`) in `max_gpt2.inference.scoring`.
 `compile_lm` and `load_lm` (`max_gpt2.inference.loading`) check every option once
-(`max_gpt2.inference.lm_options`), then compile and bind the weights. Attention weights
-come from a variant of the graph that also outputs them, compiled the first time
-`attentions` is called.
+(`max_gpt2.inference.lm_options`), then compile and bind the weights. Attention weights and
+hidden states come from variants of the graph, each compiled the first time it is asked for.
 """
 
 from __future__ import annotations
@@ -182,22 +182,24 @@ class CompiledLM(CompiledModel):
             self._bound.execute(REORDER, *self._inputs(*moved, cache.attention_mask), *cache.buffers)
 
     def logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
-        """Next-token logits at every position, float32 `[batch, seq, vocab]`.
-
-        Padding positions (mask 0) get logits too; nothing real depends on them.
-        """
+        """Next-token logits at every position, float32 `[batch, seq, vocab]` (padding's too)."""
         ids, mask = check_prompt(self.config, input_ids, attention_mask)
         return self.prefill(ids, self.new_cache(*ids.shape), mask, all_logits=True)
+
+    def hidden_states(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """The final layer norm's output at every position, float32 `[batch, seq, n_embd]`: Hugging Face's
+        `GPT2Model(...).last_hidden_state`, which embeddings pool (`max_gpt2.inference.embeddings`)."""
+        ids, mask = check_prompt(self.config, input_ids, attention_mask)
+        cache, every = self.new_cache(*ids.shape), np.arange(ids.shape[1])
+        return self._run(self.graph.hidden, ids, position_ids(mask), mask, every, cache)
 
     def attentions(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """The weights every head of every layer gives every key, float32 `[layers, batch, heads, seq, seq]`.
 
-        `[l, b, h, i]` is the softmax row of query i: it sums to 1 over the keys
-        that query may see and is exactly 0 on the rest (later positions and
-        padding). A padding query sees nothing, so its row is all 0. The first
-        call compiles the graph variant that outputs the weights (a minute or two
-        on a small CPU; MAX caches it on disk, so the next process takes seconds).
-        Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
+        `[l, b, h, i]` is the softmax row of query i: it sums to 1 over the keys that query may see and
+        is exactly 0 on the rest (later positions and padding; a padding query's row is all 0). The
+        first call compiles the graph variant that outputs the weights (a minute or two on a small CPU;
+        MAX caches it on disk). Refused in bfloat16 on NVIDIA Hopper, where MAX 26.7 gets them wrong
         (`gpu_limits.hopper_attention_weights_refusal`).
         """
         return self._attentions(input_ids, attention_mask, every_position=False)[1]

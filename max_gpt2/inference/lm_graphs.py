@@ -8,6 +8,8 @@
                 logits: scoring never copies [seq, vocab] to the host (`LMGraphs.scoring`)
     ranked      scores that also returns the `RANKED` likeliest tokens' log-probabilities and
                 ids at each position [batch, K, RANKED] (`score(top_k=...)`)
+    hidden      the prompt graph returning the final layer norm's output [batch, K, n_embd], not
+                logits: what embeddings pool (`max_gpt2.inference.embeddings`)
     REORDER     beam search's cache reorder, on the CPU: each layer's rows copied from their
                 parents in place (`gpt2_reorder_rows`), inputs rows [batch], mask [batch, total]
 
@@ -72,6 +74,11 @@ class LMGraphs(GraphVariants):
         """The prompt variant returning the next tokens' log-probabilities, and with `ranked` the likeliest
         tokens' too."""
         return Variant(Head.RANKED if ranked else Head.SCORES, self.prompt_variant.kernels)
+
+    @property
+    def hidden(self) -> Variant:
+        """The prompt variant returning the final layer norm's output, which embeddings pool."""
+        return Variant(Head.HIDDEN, self.prompt_variant.kernels)
 
     def _trace(self, variant: Variant | CacheReorder) -> Graph:
         # MAX's graph-building modules take about a second to import: only a process that traces imports

@@ -27,7 +27,7 @@ all load through it. Each step is the cheapest one that gives the same model:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from pathlib import Path
@@ -47,7 +47,7 @@ from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpo
 from max_gpt2.model.checkpoints.stored_weights import StoredWeights, check_lm_weights
 from max_gpt2.model.checkpoints.weights_cache import bound_weights
 from max_gpt2.model.config import GPT2Config
-from max_gpt2.model.layers.variants import ATTENTIONS
+from max_gpt2.model.layers.variants import ATTENTIONS, Variant
 
 
 class LoadProgress(Protocol):
@@ -121,8 +121,8 @@ def load_lm(
     checkpoint's tokenizer, if it has one, comes along as `lm.tokenizer`.
     """
     plan = plan_load(checkpoint, device, dtype, cache_dir=cache_dir, **options)
-    output_attentions = options.get("output_attentions", False)
-    lm = compiled_with(plan.graphs(), plan.weights(progress), output_attentions, progress)
+    graphs = plan.graphs()
+    lm = compiled_with(graphs, plan.weights(progress), first_variants(graphs, options), progress)
     lm.tokenizer = plan.tokenizer()
     return lm
 
@@ -144,20 +144,27 @@ def compile_lm(
     None the format's default (`lm_options.CompileOptions`). What MAX cannot compile on the
     device (`gpu_limits.hopper_refusal`), or computes wrong there, is refused before compiling.
     """
-    checked = LMOptions.check(device, dtype, **options)
-    return compiled_with(LMGraphs(config, checked), weights, options.get("output_attentions", False))
+    graphs = LMGraphs(config, LMOptions.check(device, dtype, **options))
+    return compiled_with(graphs, weights, first_variants(graphs, options))
+
+
+def first_variants(graphs: LMGraphs, options: CompileOptions) -> list[Variant]:
+    """What a load compiles before it returns: the graph that outputs attention weights where asked
+    (`output_attentions`), else the prompt's and the steps' (generation's)."""
+    return [ATTENTIONS] if options.get("output_attentions") else [graphs.prompt_variant, graphs.step_variant]
 
 
 def compiled_with(
     graph: LMGraphs,
     weights: Mapping[str, np.ndarray],
-    output_attentions: bool,
+    variants: Sequence[Variant],
     progress: LoadProgress | None = None,
 ) -> CompiledLM:
-    """The graphs a load wants compiled and `weights` bound, checked first (`check_lm_weights`)."""
+    """`variants` of `graph` compiled (read where kept) and `weights` bound, checked first
+    (`check_lm_weights`); any other variant is compiled the first time it is needed."""
     weights = check_lm_weights(weights, graph.config, graph.options.weight_format)  # before compiling
-    what = "GPT-2 with attention outputs" if output_attentions else "GPT-2"
-    variants = [ATTENTIONS] if output_attentions else [graph.prompt_variant, graph.step_variant]
+    names = sorted({variant.name for variant in variants} - {"plain", "decode"})
+    what = f"GPT-2 ({', '.join(names)})" if names else "GPT-2"
     kept = graph.kept(*variants)
     if progress is not None and not kept:
         progress.note(

@@ -85,10 +85,12 @@ def check_prompt(
 
 
 def check_left_padding(attention_mask: np.ndarray) -> None:
-    """Refuses rows that end in padding: a new token must follow each row's last real one."""
+    """Refuses rows that end in padding: a new token must follow each row's last real one, and an
+    embedding pools the last position's state as the last token's."""
     if right_padded := np.flatnonzero(attention_mask[:, -1] == 0).tolist():
         raise ValueError(
-            f"attention_mask rows {right_padded} end in padding: for generation, pad prompts on the left"
+            f"attention_mask rows {right_padded} end in padding: for generation and embeddings, "
+            "pad prompts on the left"
         )
 
 

@@ -5,8 +5,8 @@ MAX's command line has no option an architecture may add, so `max-gpt2 serve` ma
 environment variable (`VARIABLE`). Each process reads it once, with `from_environment`:
 the HTTP process for its front end (the names it answers to, the origins it lets call it,
 the explorer, where MAX's metrics process serves its metrics), the model worker for its
-pipeline (the weight format, the decoding steps, prompt lookup). The API key travels apart,
-in `API_KEY_VARIABLE` (the variable users set themselves), and never on a command line,
+pipeline (the weight format, the decoding steps, prompt lookup, how embeddings pool). The API
+key travels apart, in `API_KEY_VARIABLE` (the variable users set themselves), and never on a command line,
 where other users of the machine could read it.
 """
 
@@ -17,10 +17,13 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from max_gpt2.inference.embeddings import Pooling
+
 VARIABLE = "MAX_GPT2_SERVING"
 API_KEY_VARIABLE = "MAX_GPT2_API_KEY"
 # Greedy tokens a request may get per scheduler step on a CPU (docs/performance.md).
 DECODE_STEPS = 16
+EMBEDDINGS_BATCH = 16  # texts a server of embeddings runs together, left-padded into one prompt
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,9 @@ class ServingSettings:
     tokens a request may draft (0: none); `allowed_origins`: origins a browser page may
     call the API from (CORS; `*` any, none: CORS off); `explorer`: the head explorer's
     settings as its JSON (`max_gpt2.explorer.loading.ExplorerSettings`), or None;
-    `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None.
+    `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None;
+    `pooling`: a server of embeddings pools each text so (`max_gpt2.inference.embeddings.Pooling`'s
+    value), None for one that generates.
     """
 
     served_names: tuple[str, ...] = ("gpt2",)
@@ -43,6 +48,7 @@ class ServingSettings:
     allowed_origins: tuple[str, ...] = ()
     explorer: str | None = None
     metrics_socket: str | None = None
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         if not self.served_names or not all(isinstance(name, str) and name for name in self.served_names):
@@ -55,6 +61,14 @@ class ServingSettings:
             raise ValueError(
                 f"prompt_lookup: tokens a request may draft, 0 (none) or more; got {self.prompt_lookup!r}"
             )
+
+        if self.pooling not in (None, *(pooling.value for pooling in Pooling)):
+            raise ValueError(f"pooling: one of {[p.value for p in Pooling]} or None; got {self.pooling!r}")
+
+    @property
+    def embeds(self) -> bool:
+        """Whether this server serves embeddings (and generates nothing)."""
+        return self.pooling is not None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from max.pipelines.context.exceptions import InputError, PromptTooLongError
@@ -52,11 +52,14 @@ class ContextExceeded(InputError):
 class GPT2TextTokenizer(TextTokenizer):
     """`TextTokenizer` that refuses, with a 400 naming the field, prompts the model cannot run."""
 
+    ROOM: ClassVar[int] = 1  # tokens a prompt must leave free in the context: the one it generates
+
     def __init__(self, model_path: str, pipeline_config: PipelineConfig, **kwargs: Any) -> None:
         super().__init__(model_path, pipeline_config, **kwargs)
         self.echo_enabled = pipeline_config.model.enable_echo
         config = GPT2Config.from_pretrained(pipeline_config.model.model_path)
         self.model_vocab_size, self.n_positions = config.vocab_size, config.n_positions
+        self.n_embd = config.n_embd  # an embedding's width
         self.model_path = model_path
 
     @cached_property
@@ -97,8 +100,14 @@ class GPT2TextTokenizer(TextTokenizer):
                 f"prompt: token id {int(ids[outside[0]])} at position {int(outside[0])} is outside the "
                 f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
             )
-        if ids.size >= self.n_positions:
+        if ids.size > self.n_positions - self.ROOM:
             raise ContextExceeded(int(ids.size), self.n_positions)
+
+
+class GPT2EmbeddingsTokenizer(GPT2TextTokenizer):
+    """The tokenizer of a server of embeddings: a prompt may fill the whole context."""
+
+    ROOM = 0
 
 
 def reads_cached_prompt(request: TextGenerationRequest) -> bool:

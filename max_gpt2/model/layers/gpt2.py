@@ -36,6 +36,7 @@ log-probability of the token after it, `input_ids[:, k + 1]` (so every k < S - 1
     -> logprobs              [B, K] float32, log-softmax over the vocabulary, taken in the graph
 
 and for `Head.RANKED` also the `RANKED` likeliest tokens' log-probabilities and ids [B, K, RANKED].
+`Head.HIDDEN` returns the final layer norm's output there, [B, K, D] float32, and runs no LM head.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class GPT2LMHeadModel(Module[..., Tensor | tuple[Tensor, ...]]):
         hidden = self.transformer(input_ids, position_ids, attention_mask, list(caches))
         hidden, attentions = hidden if self.output_attentions else (hidden, None)
         hidden = F.gather(hidden, logit_index, axis=1)  # [B, K, D]: only the rows asked for
+        if self.variant.head is Head.HIDDEN:
+            return F.cast(hidden, DType.float32)  # what embeddings pool: the LM head is not run
         logits = F.cast(self.lm_head(hidden), DType.float32)  # [B, K, V]
         if self.variant.scores:
             return next_token_logprobs(logits, F.gather(input_ids, logit_index + 1, axis=1), self.ranked)

@@ -5,6 +5,7 @@
     Head.SCORES        each asked position's next token's log-probability         [B, K]
     Head.RANKED        that, and the `RANKED` likeliest tokens' log-probabilities and ids
     Head.ATTENTIONS    logits and every head's attention weights                  [L, B, H, S, T]
+    Head.HIDDEN        the final layer norm's output at the positions asked for   [B, K, D]
 
 A `Variant` is a head and `kernels`: the blocks through the Mojo decoding kernels (`max_gpt2.kernels`,
 a few new tokens on the CPU in float32) or MAX's ops. The in-process model (`GPT2LMHeadModel`,
@@ -28,6 +29,7 @@ class Head(Enum):
     SCORES = "scores"
     RANKED = "ranked"
     ATTENTIONS = "attentions"
+    HIDDEN = "hidden"
 
 
 @dataclass(frozen=True)

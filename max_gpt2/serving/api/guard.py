@@ -8,10 +8,10 @@ sees each request before a route does:
   as llama-server and vLLM do with `--api-key`. A browser's
   CORS preflight never reaches it: with `--allowed-origins`, Starlette's CORS
   middleware, outside this one, answers it (`max_gpt2.serving.api.routes.mount`).
-- Only our routes are answered (`routes.ROUTES`); embeddings, speech and the rest,
-  which MAX mounts for every model and which fail inside for this one, get OpenAI's
-  404 naming what is served (and for the peers' routes a generating GPT-2 cannot answer,
-  `NOT_SERVED`, why), and a route asked with another method a 405.
+- Only our routes are answered (`routes.served_routes`: a server generates or embeds); speech and
+  the rest, which MAX mounts for every model and which fail inside for this one, get OpenAI's
+  404 naming what is served (and for the peers' routes GPT-2 cannot answer, `NOT_SERVED`, and
+  the other kind of server's, why), and a route asked with another method a 405.
 - With the head explorer (`max-gpt2 serve --explorer`), `/explore/` and what lies
   under it are its page and JSON routes, answered from a worker thread by its own
   model (`max_gpt2.explorer.loading`, which `max_gpt2.cli.serve_process` hands in).
@@ -20,7 +20,7 @@ sees each request before a route does:
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -37,12 +37,16 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 EXPLORER = "/explore"  # the head explorer's page, and its routes under it
-EMBEDS = "GPT-2 is served here to generate; it serves no embeddings"
-# Routes of llama-server and vLLM that this server does not answer, and why.
+RERANKS = "GPT-2 has no reranking or classifying head (llama-server and vLLM need a model with one)"
+# Routes of llama-server and vLLM that no server of ours answers, and why.
 NOT_SERVED = {
     "/infill": "GPT-2 has no fill-in-the-middle tokens (llama-server refuses such models too)",
-    **dict.fromkeys(("/v1/embeddings", "/embeddings", "/embedding", "/pooling"), EMBEDS),
-    **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/score", "/v1/score"), EMBEDS),
+    **dict.fromkeys(
+        ("/embeddings", "/embedding", "/pooling"),
+        "llama-server's and vLLM's own shapes of embeddings are not served; a server started with "
+        "--embeddings answers POST /v1/embeddings, OpenAI's",
+    ),
+    **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/score", "/v1/score"), RERANKS),
     "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
     "/lora-adapters": "GPT-2 is served without adapters",
     "/v1/audio/transcriptions": "GPT-2 reads text only",
@@ -64,8 +68,11 @@ class Guard:
         routes: Sequence[BaseRoute],
         api_key: str | None = None,
         explorer: Explorer | None = None,
+        not_served: Mapping[str, str] = NOT_SERVED,
     ) -> None:
+        """`not_served`: why the peers' routes (and ours for the other kind of server) are not answered."""
         self.app, self.routes, self.api_key, self.explorer = app, routes, api_key, explorer
+        self.not_served = not_served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -128,7 +135,7 @@ class Guard:
                 None, f"{path} answers {answers}, not {method}", status=405, headers={"Allow": answers}
             )
         served = ", ".join(getattr(route, "path", "?") for route in self.routes)
-        why = f": {NOT_SERVED[path.rstrip('/')]}" if path.rstrip("/") in NOT_SERVED else ""
+        why = f": {self.not_served[path.rstrip('/')]}" if path.rstrip("/") in self.not_served else ""
         raise Refusal(None, f"{path}: not served here{why}; this server answers {served}", status=404)
 
 

@@ -270,6 +270,7 @@ def parse(model: type[Model], body: bytes) -> Model:
 # What a field of several JSON types may be, said once for all its types' errors.
 UNIONS = {
     "prompt": "a string, token ids, or a list of either",
+    "input": "a string or a list (of texts or token ids where it is embedded; of items for a response)",
     "stop": "a string or a list of strings",
     "logit_bias": "an object of token ids to biases, or a list of [id, bias] pairs (a bias false: banned)",
 }

@@ -4,17 +4,17 @@
 |---|---|
 | `POST /v1/completions` | `completions` |
 | `POST /v1/chat/completions` (and llama-server's `/chat/completions`) | `chat` |
-| `POST /v1/chat/completions/input_tokens` (llama-server's) | `chat` |
+| `POST /v1/chat/completions/input_tokens` (llama-server's), `POST /apply-template` | `chat` |
 | `POST /completion`, `POST /completions` (llama-server's own) | `native` |
+| `POST /v1/responses` (and `/responses`), `POST /v1/responses/input_tokens` | `responses` |
+| `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic's) | `messages` |
+| `POST /v1/embeddings`, in place of all the above on a server of embeddings (`--embeddings`) | `embeddings` |
 | `POST /tokenize`, `POST /detokenize` | `tokens` |
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
-| `POST /apply-template` (llama-server's) | `chat` |
-| `POST /v1/responses` (and `/responses`), `POST /v1/responses/input_tokens` | `responses` |
-| `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic's) | `messages` |
 
-MAX builds the app (its middleware, its engine in `app.state`); `mount` puts these routes
+MAX builds the app (its middleware, its engine in `app.state`); `mount` puts the routes served
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
 refused by the guard, then adds CORS where origins are allowed, outside the guard so a
 browser's preflight needs no key, and the guard.
@@ -34,7 +34,8 @@ from starlette.routing import Route
 
 from max_gpt2.serving.api.chat import apply_template, count_chat_tokens, create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
-from max_gpt2.serving.api.guard import Explorer, Guard
+from max_gpt2.serving.api.embeddings import create_embedding
+from max_gpt2.serving.api.guard import NOT_SERVED, Explorer, Guard
 from max_gpt2.serving.api.messages import count_tokens, create_message
 from max_gpt2.serving.api.metrics import metrics
 from max_gpt2.serving.api.native import create_native_completion
@@ -103,22 +104,13 @@ async def version(request: Request) -> Response:
     return JSONResponse({"version": installed("max"), "max_gpt2": installed("max-gpt2")})
 
 
-ROUTES = [
+# A server that generates answers these, one of embeddings (`--embeddings`) `EMBEDDING`, both `COMMON`.
+GENERATING = [
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
     Route("/chat/completions", create_chat_completion, methods=["POST"]),
     Route("/completion", create_native_completion, methods=["POST"]),
     Route("/completions", create_native_completion, methods=["POST"]),
-    Route("/tokenize", tokenize, methods=["POST"]),
-    Route("/detokenize", detokenize, methods=["POST"]),
-    Route("/v1/models", list_models, methods=["GET"]),
-    Route("/models", list_models, methods=["GET"]),
-    Route("/v1/models/{name:path}", get_model, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/health", health, methods=["GET"]),
-    Route("/v1/health", health, methods=["GET"]),
-    Route("/version", version, methods=["GET"]),
-    Route("/props", props, methods=["GET"]),
     Route("/apply-template", apply_template, methods=["POST"]),
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/responses", create_response, methods=["POST"]),
@@ -129,12 +121,38 @@ ROUTES = [
     Route("/v1/messages", create_message, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]
+EMBEDDING = [Route("/v1/embeddings", create_embedding, methods=["POST"])]
+COMMON = [
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),
+    Route("/v1/models/{name:path}", get_model, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),
+    Route("/version", version, methods=["GET"]),
+    Route("/props", props, methods=["GET"]),
+]
+GENERATES = (
+    "this server generates text; a server started with --embeddings (llama-server's option; vLLM's "
+    "--runner pooling) serves embeddings"
+)
+EMBEDS = "this server was started with --embeddings and generates no text (as vLLM's pooling runner)"
+
+
+def served_routes(settings: ServingSettings) -> tuple[list[Route], dict[str, str]]:
+    """The routes a server answers, and why it answers no other of ours or the peers' (`NOT_SERVED`)."""
+    if settings.embeds:
+        return [*EMBEDDING, *COMMON], {**NOT_SERVED, **dict.fromkeys((r.path for r in GENERATING), EMBEDS)}
+    return [*GENERATING, *COMMON], {**NOT_SERVED, **dict.fromkeys((r.path for r in EMBEDDING), GENERATES)}
 
 
 def mount(app: Any, settings: ServingSettings, api_key: str | None, explorer: Explorer | None) -> None:
     """Our routes, CORS and the guard on MAX's app (a FastAPI app, not yet serving)."""
     app.state.serving = settings
-    app.router.routes[:0] = ROUTES
+    routes, not_served = served_routes(settings)
+    app.router.routes[:0] = routes
     if settings.allowed_origins:
         app.user_middleware.append(
             Middleware(
@@ -144,4 +162,6 @@ def mount(app: Any, settings: ServingSettings, api_key: str | None, explorer: Ex
                 allow_headers=["*"],
             )
         )
-    app.user_middleware.append(Middleware(Guard, routes=ROUTES, api_key=api_key, explorer=explorer))
+    app.user_middleware.append(
+        Middleware(Guard, routes=routes, api_key=api_key, explorer=explorer, not_served=not_served)
+    )

@@ -1,0 +1,162 @@
+"""Embeddings through the real server (`max-gpt2 serve --embeddings --pooling mean`) and the `openai`
+client: each vector is the float64 reference's final hidden states of the text, averaged over its tokens
+and divided by its length, by this test's own arithmetic; alike whether sent as floats or base64, as
+text or ids, alone or batched; llama-server's norms; truncation; the generating routes refused; and,
+where llama.cpp is built (`LLAMA_CPP`), llama-server's own vectors on the same weights, pooled either
+way. The refusals that need no model: test_serve_guard.py."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+
+from max_gpt2 import reference
+from max_gpt2.bench.server import free_port, stop_group, wait_for_health
+from max_gpt2.inference.embeddings import Pooling, embed
+from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.model.checkpoints.checkpoint import Checkpoint
+from tests.llama_cpp import llama_tool
+from tests.support import LM, requires_serving, run_python
+from tests.test_serve import client
+
+pytestmark = requires_serving()
+
+TEXTS = ["The cat sat on the mat.", "Dogs", "A longer text, which the batch pads the others to, runs here."]
+
+
+@pytest.fixture(scope="module")
+def server(served_embeddings_lm):
+    return served_embeddings_lm
+
+
+@pytest.fixture(scope="module")
+def expected(server):
+    """`expected(ids)`: the reference's mean final state of `ids`, and that over its Euclidean length."""
+    weights = Checkpoint(server.checkpoint).model_weights()
+
+    def mean_state(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        mean = reference.lm_forward(np.array([ids]), weights, LM).hidden[0].mean(axis=0)
+        return mean, mean / np.sqrt((mean**2).sum())
+
+    return mean_state
+
+
+def post(server, **body) -> dict:
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={"model": "gpt2", **body}, timeout=600)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_the_openai_client_gets_each_texts_normalised_mean_state(server, expected):
+    tokenizer = load_tokenizer(server.checkpoint)
+    ids = [tokenizer.encode(text).ids for text in TEXTS]
+    answer = client(server).embeddings.create(model="gpt2", input=TEXTS)  # base64, the client's default
+    assert [item.index for item in answer.data] == [0, 1, 2] and answer.model == "gpt2"
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(map(len, ids))
+    for item, tokens in zip(answer.data, ids, strict=True):
+        assert len(item.embedding) == LM.n_embd
+        np.testing.assert_allclose(item.embedding, expected(tokens)[1], atol=2e-5)
+
+
+def test_floats_and_base64_ids_and_text_alone_and_batched_are_one_vector(server):
+    tokenizer = load_tokenizer(server.checkpoint)
+    floats = [item["embedding"] for item in post(server, input=TEXTS)["data"]]
+    encoded = [item["embedding"] for item in post(server, input=TEXTS, encoding_format="base64")["data"]]
+    decoded = [np.frombuffer(base64.b64decode(each), "<f4") for each in encoded]
+    np.testing.assert_array_equal(np.array(floats, np.float32), np.array(decoded))
+    by_ids = post(server, input=[tokenizer.encode(text).ids for text in TEXTS])["data"]
+    np.testing.assert_array_equal([item["embedding"] for item in by_ids], floats)
+    for text, batched in zip(TEXTS, floats, strict=True):  # 3 texts, 4 a step: padded together above
+        alone = post(server, input=text)["data"][0]["embedding"]
+        np.testing.assert_allclose(alone, batched, atol=1e-6)
+    many = post(server, input=TEXTS * 3)["data"]  # 9 texts: three steps
+    np.testing.assert_allclose([item["embedding"] for item in many], floats * 3, atol=1e-6)
+
+
+def test_llama_servers_norms_and_vllms_normalize(server, expected):
+    ids = load_tokenizer(server.checkpoint).encode(TEXTS[0]).ids
+    mean, _ = expected(ids)
+    for body in ({"normalize": False}, {"embd_normalize": -1}):
+        np.testing.assert_allclose(post(server, input=ids, **body)["data"][0]["embedding"], mean, atol=1e-4)
+    taxicab = post(server, input=ids, embd_normalize=1)["data"][0]["embedding"]
+    np.testing.assert_allclose(taxicab, mean / np.abs(mean).sum(), atol=1e-6)
+    largest = post(server, input=ids, embd_normalize=0)["data"][0]["embedding"]
+    np.testing.assert_allclose(largest, mean * 32760 / np.abs(mean).max(), rtol=1e-4)
+
+
+def test_a_whole_context_embeds_and_truncation_keeps_the_last_tokens(server, expected):
+    ids = np.random.default_rng(3).integers(0, LM.vocab_size, LM.n_positions + 5).tolist()
+    whole = post(server, input=ids[-LM.n_positions :])["data"][0]["embedding"]
+    np.testing.assert_allclose(whole, expected(ids[-LM.n_positions :])[1], atol=2e-5)
+    cut = post(server, input=ids, truncate_prompt_tokens=-1)
+    assert cut["usage"]["prompt_tokens"] == LM.n_positions
+    np.testing.assert_array_equal(cut["data"][0]["embedding"], whole)
+    last = post(server, input=ids, truncate_prompt_tokens=7)["data"][0]["embedding"]
+    np.testing.assert_allclose(last, expected(ids[-7:])[1], atol=2e-5)
+    refused = httpx.post(f"{server.url}/v1/embeddings", json={"input": ids}, timeout=60).json()["error"]
+    assert refused["code"] == "context_length_exceeded" and refused["param"] == "input"
+
+
+def test_it_generates_nothing_and_says_why(server):
+    import openai
+
+    with pytest.raises(openai.NotFoundError, match="was started with --embeddings and generates no text"):
+        client(server).completions.create(model="gpt2", prompt="The cat", max_tokens=2)
+    tokens = httpx.post(f"{server.url}/tokenize", json={"content": "The cat"}, timeout=60).json()
+    assert tokens["tokens"] == load_tokenizer(server.checkpoint).encode("The cat").ids
+
+
+@pytest.fixture(scope="module")
+def llama_server(server, tmp_path_factory):
+    """`llama_server(pooling)`: llama.cpp's llama-server with `--embeddings --pooling POOLING` on the
+    served weights, as the GGUF file `max-gpt2 convert` writes; each started once, all stopped after."""
+    binary = llama_tool("llama-server")
+    if binary is None:
+        pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
+    directory = tmp_path_factory.mktemp("llama-server")
+    gguf = directory / "lm.gguf"
+    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", server.checkpoint, "--out", gguf)
+    assert converted.returncode == 0, converted.stderr
+    started: dict[str, tuple[subprocess.Popen, str]] = {}
+
+    def start(pooling: str) -> str:
+        if pooling not in started:
+            port, log = free_port(), (directory / f"{pooling}.log").open("w")
+            command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions)]
+            command += ["--embeddings", "--pooling", pooling]
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            started[pooling] = process, f"http://127.0.0.1:{port}"
+            wait_for_health(started[pooling][1], process, 120)
+        return started[pooling][1]
+
+    try:
+        yield start
+    finally:
+        for process, _ in started.values():
+            stop_group(process.pid, process.poll)
+
+
+@pytest.mark.parametrize("pooling", list(Pooling))
+def test_llama_server_embeds_the_same_weights_alike(server, llama_server, compiled_lm, pooling):
+    """The same token ids to llama-server and to ours (the mean: the server; the last token's: the
+    library, which the server runs) on the same weights: the same unit vectors, and llama-server's norms."""
+    ids = [load_tokenizer(server.checkpoint).encode(text).ids for text in TEXTS]
+    url = llama_server(pooling.value)
+    theirs = httpx.post(f"{url}/v1/embeddings", json={"input": ids}, timeout=120).json()["data"]
+    if pooling is Pooling.MEAN:
+        ours = [item["embedding"] for item in post(server, input=ids)["data"]]
+    else:
+        lm = compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
+        ours = [embed(lm, [tokens], pooling=pooling)[0] for tokens in ids]
+    np.testing.assert_allclose([item["embedding"] for item in theirs], ours, atol=1e-4)
+    for norm in (-1, 0, 1, 3):
+        body = {"input": ids[:1], "embd_normalize": norm}
+        their = httpx.post(f"{url}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]
+        if pooling is Pooling.MEAN:
+            np.testing.assert_allclose(
+                post(server, **body)["data"][0]["embedding"], their, rtol=1e-3, atol=1e-4
+            )

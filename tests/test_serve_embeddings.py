@@ -69,7 +69,8 @@ def test_floats_and_base64_ids_and_text_alone_and_batched_are_one_vector(server)
     decoded = [np.frombuffer(base64.b64decode(each), "<f4") for each in encoded]
     np.testing.assert_array_equal(np.array(floats, np.float32), np.array(decoded))
     by_ids = post(server, input=[tokenizer.encode(text).ids for text in TEXTS])["data"]
-    np.testing.assert_array_equal([item["embedding"] for item in by_ids], floats)
+    # The worker batches what has arrived: another padding, the same vectors but for float32's rounding.
+    np.testing.assert_allclose([item["embedding"] for item in by_ids], floats, atol=1e-6)
     for text, batched in zip(TEXTS, floats, strict=True):  # 3 texts, 4 a step: padded together above
         alone = post(server, input=text)["data"][0]["embedding"]
         np.testing.assert_allclose(alone, batched, atol=1e-6)
@@ -127,7 +128,7 @@ def llama_server(server, tmp_path_factory):
         if pooling not in started:
             port, log = free_port(), (directory / f"{pooling}.log").open("w")
             command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions)]
-            command += ["--embeddings", "--pooling", pooling]
+            command += ["--embeddings", "--pooling", pooling, "-ctk", "f32", "-ctv", "f32"]  # as ours
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             started[pooling] = process, f"http://127.0.0.1:{port}"
             wait_for_health(started[pooling][1], process, 120)
@@ -152,11 +153,14 @@ def test_llama_server_embeds_the_same_weights_alike(server, llama_server, compil
     else:
         lm = compiled_lm(LM).with_weights(Checkpoint(server.checkpoint).model_weights())
         ours = [embed(lm, [tokens], pooling=pooling)[0] for tokens in ids]
-    np.testing.assert_allclose([item["embedding"] for item in theirs], ours, atol=1e-4)
-    for norm in (-1, 0, 1, 3):
-        body = {"input": ids[:1], "embd_normalize": norm}
-        their = httpx.post(f"{url}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]
-        if pooling is Pooling.MEAN:
-            np.testing.assert_allclose(
-                post(server, **body)["data"][0]["embedding"], their, rtol=1e-3, atol=1e-4
-            )
+    # llama.cpp's CPU GELU rounds its input to float16 and reads a float16 table (GGML_GELU_FP16): its
+    # unit vectors stray from ours by up to a few 1e-4 (measured: 3.4e-4), their cosines 0.9999994 or more.
+    theirs = np.array([item["embedding"] for item in theirs])
+    assert ((theirs * np.array(ours)).sum(axis=1) > 0.99999).all()
+    np.testing.assert_allclose(theirs, ours, atol=1e-3)
+    if pooling is Pooling.MEAN:  # llama-server's norms, through ours
+        for norm in (-1, 0, 1, 3):
+            body = {"input": ids[:1], "embd_normalize": norm}
+            their = httpx.post(f"{url}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]
+            mine = post(server, **body)["data"][0]["embedding"]
+            np.testing.assert_allclose(mine, their, atol=2e-3 * np.abs(their).max(), err_msg=f"norm {norm}")

@@ -69,7 +69,12 @@ async def create_embedding(request: Request) -> Response:
         vectors = await embedded(served, name, prompts)
     except Refusal as refusal:
         return refusal_response(refusal)
-    vectors = normalized(np.stack(vectors), norm)
+    # Thousands of vectors' JSON: off the event loop, which other requests share.
+    return await asyncio.to_thread(answer, name, normalized(np.stack(vectors), norm), prompts, body)
+
+
+def answer(name: str, vectors: np.ndarray, prompts: list[list[int]], body: EmbeddingRequest) -> Response:
+    """OpenAI's list of embeddings, with vLLM's `id` and `created`."""
     tokens = sum(len(prompt) for prompt in prompts)
     return JSONResponse(
         {
@@ -156,7 +161,7 @@ async def embedded(served: Served, name: str, prompts: list[list[int]]) -> list[
     ]
     try:
         outputs = await asyncio.gather(*(served.engine.encode(each) for each in requests))
-    except InputError as error:  # the tokenizer's checks, which the ones above make unreachable
+    except InputError as error:  # the tokenizer's own checks (the route's above run first)
         raise Refusal("input", str(error)) from None
     return [np.asarray(output.embeddings, np.float32) for output in outputs]
 

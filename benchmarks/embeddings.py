@@ -1,14 +1,15 @@
 """Embeddings served: `max-gpt2 serve --embeddings` beside llama-server `--embeddings`, same weights.
 
     python benchmarks/embeddings.py --checkpoint DIR --llama-server BUILD/bin/llama-server \
-        [--texts 16 --tokens 128 --rounds 10 --pooling mean]
+        [--texts 16 --tokens 128 --rounds 10 --pooling mean --slots 16]
 
 DIR: a checkpoint with a tokenizer (the texts go as token ids). llama-server reads DIR converted to
-an F32 GGUF file (`max-gpt2 convert`), with `-t 2`, a slot for each text and room in each for a whole
-context. Each round sends one request of `--texts` random texts of `--tokens` ids to each server, in
-turn (which first alternates), and times it whole; the first round checks that the two servers'
-vectors agree. Prints the machine, each side's texts a second (medians), and the median of the
-rounds' ratios (ours over llama-server's rate) with the middle half of them.
+an F32 GGUF file (`max-gpt2 convert`), with `-t 2` and `--slots` slots (`-np`; by default one a
+text), each with room for a whole context. Each round sends one request of `--texts` random texts of
+`--tokens` ids to each server, in turn (which first alternates), and times it whole; the first round
+checks that the two servers' vectors agree. Prints the machine, each side's texts a second
+(medians), and the median of the rounds' ratios (ours over llama-server's rate) with the middle half
+of them.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def embedded(url: str, texts: list[list[int]]) -> tuple[float, np.ndarray]:
     return seconds, np.array([item["embedding"] for item in answer.json()["data"]])
 
 
-def llama_server(binary: str, checkpoint: str, pooling: str, texts: int, context: int, scratch: Path):
-    """llama-server on `checkpoint` as an F32 GGUF file, a slot a text; (process, url) once healthy."""
+def llama_server(binary: str, checkpoint: str, pooling: str, slots: int, context: int, scratch: Path):
+    """llama-server on `checkpoint` as an F32 GGUF file, with `slots` slots; (process, url) once healthy."""
     gguf = scratch / "model.gguf"
     convert = [sys.executable, "-m", "max_gpt2", "convert", "--checkpoint", checkpoint, "--out", str(gguf)]
     subprocess.run(convert, check=True, capture_output=True)
     port = free_port()
     command = [binary, "-m", str(gguf), "--port", str(port), "-t", "2", "--embeddings", "--pooling", pooling]
-    command += ["-np", str(texts), "-c", str(texts * context)]
+    command += ["-np", str(slots), "-c", str(slots * context)]
     with (scratch / "llama-server.log").open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--pooling", choices=["last", "mean"], default="mean")
+    parser.add_argument("--slots", type=int, help="llama-server's -np (default: --texts)")
     args = parser.parse_args()
     config = GPT2Config.from_pretrained(args.checkpoint)
     print(machine_description(resolve_device("cpu")), flush=True)
@@ -74,7 +76,12 @@ def main() -> None:
     try:
         ours.wait_until_ready(timeout=1800)
         theirs, their_url = llama_server(
-            args.llama_server, args.checkpoint, args.pooling, args.texts, config.n_positions, scratch
+            args.llama_server,
+            args.checkpoint,
+            args.pooling,
+            args.slots or args.texts,
+            config.n_positions,
+            scratch,
         )
         rng = np.random.default_rng(0)
         urls = {"ours": ours.url, "llama-server": their_url}
@@ -92,7 +99,8 @@ def main() -> None:
         ratios = sorted(a / b for a, b in zip(rates["ours"], rates["llama-server"], strict=True))
         quarter = len(ratios) // 4
         print(
-            f"{args.texts} texts of {args.tokens} tokens, {args.pooling} pooling, {args.rounds} rounds: "
+            f"{args.texts} texts of {args.tokens} tokens, {args.pooling} pooling, llama-server -np "
+            f"{args.slots or args.texts}, {args.rounds} rounds: "
             f"ours {statistics.median(rates['ours']):.1f} texts/s, llama-server "
             f"{statistics.median(rates['llama-server']):.1f}; ours / llama-server "
             f"{statistics.median(ratios):.3f} (middle half {ratios[quarter]:.3f}-{ratios[-1 - quarter]:.3f})"

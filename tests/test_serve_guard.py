@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from max_gpt2.inference.embeddings import Pooling
 from max_gpt2.inference.logit_controls import LOWEST, ban, penalize, token_counts
 from tests.support import requires_serving
 
@@ -299,7 +300,7 @@ def test_banned_ids_are_never_the_argmax_and_ids_outside_the_row_are_ignored():
 
 
 def guarded_client(
-    api_key: str | None, explorer: Any = None, origins: tuple[str, ...] = (), pooling: str | None = None
+    api_key: str | None, explorer: Any = None, origins: tuple[str, ...] = (), pooling: Pooling | None = None
 ):
     """A bare Starlette app with our routes and guard mounted as on MAX's (`routes.mount`), its engine a
     stand-in whose tokenizer knows only LM's shapes (no route here runs a model), through Starlette's
@@ -394,7 +395,7 @@ def test_cors_is_off_by_default_and_a_preflight_needs_no_key_where_origins_are_a
 
 
 def test_a_server_of_embeddings_answers_embeddings_and_no_generating_route():
-    client = guarded_client(None, pooling="mean")
+    client = guarded_client(None, pooling=Pooling.MEAN)
     for path in ("/v1/completions", "/v1/chat/completions", "/completion", "/v1/responses", "/v1/messages"):
         refused = client.post(path, json=GOOD)
         assert refused.status_code == 404, path
@@ -439,7 +440,7 @@ EMBEDDING_REFUSED = [
 
 @pytest.mark.parametrize(("change", "field", "says"), EMBEDDING_REFUSED)
 def test_an_embeddings_request_is_refused_naming_its_field(change, field, says):
-    answer = guarded_client(None, pooling="last").post("/v1/embeddings", json={**EMBEDDING, **change})
+    answer = guarded_client(None, pooling=Pooling.LAST).post("/v1/embeddings", json={**EMBEDDING, **change})
     assert answer.status_code == (404 if field == "model" else 400), answer.json()
     error = answer.json()["error"]
     assert error["param"] == field and says in error["message"], error
@@ -616,9 +617,9 @@ def test_serve_embeddings_runs_maxs_embeddings_pipeline_pooling_as_asked(lm_chec
 
     command, settings = started("--embeddings", "--pooling", "mean")
     assert "--task=embeddings_generation" in command and "--max-batch-size=16" in command
-    assert "--enable-echo" not in command and settings.pooling == "mean"
+    assert "--enable-echo" not in command and settings.pooling is Pooling.MEAN
     assert started("--embeddings", "--max-batch-size", "3")[0][-1] == "--max-batch-size=3"
-    assert started("--embeddings")[1].pooling == "last"
+    assert started("--embeddings")[1].pooling is Pooling.LAST
     command, settings = started()
     assert "--task=text_generation" in command and settings.pooling is None
     for options, says in (

@@ -103,9 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def pooling_of(args: argparse.Namespace) -> str | None:
-    """How a server of embeddings pools (`--pooling`, else last), None for one that generates; refuses the
-    options of the one kind given to the other."""
+def pooling_of(args: argparse.Namespace) -> Pooling | None:
+    """How a server of embeddings pools (`--pooling`, else the last token's), None for one that generates;
+    refuses the options of the one kind given to the other."""
     if not args.embeddings:
         if args.pooling:
             raise ValueError(f"--pooling {args.pooling}: pools embeddings; give --embeddings too")
@@ -115,7 +115,7 @@ def pooling_of(args: argparse.Namespace) -> str | None:
             raise ValueError(
                 f"{option} {value}: sets how text is generated; a server of --embeddings generates none"
             )
-    return args.pooling or Pooling.LAST.value
+    return Pooling(args.pooling) if args.pooling else Pooling.LAST
 
 
 def origins(value: str) -> list[str]:

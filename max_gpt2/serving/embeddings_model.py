@@ -21,7 +21,7 @@ from max.driver import Buffer, Device
 from max.pipelines.lib import ModelInputs, ModelOutputs, PipelineConfig
 from max.pipelines.modeling.config_enums import supported_encoding_dtype
 
-from max_gpt2.inference.embeddings import Pooling, embed
+from max_gpt2.inference.embeddings import embed
 from max_gpt2.inference.loading import compiled_with, plan_load
 from max_gpt2.max_internals import served_encoding
 from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
@@ -46,7 +46,7 @@ class GPT2EmbeddingsModel:
     ) -> None:
         settings = ServingSettings.from_environment()
         assert settings.pooling is not None, "max-gpt2 serve --embeddings sets the pooling"
-        self.pooling = Pooling(settings.pooling)
+        self.pooling = settings.pooling
         path = served_checkpoint(pipeline_config.model)
         checkpoint = open_checkpoint(path)
         weight_format = served_weight_format(lambda: checkpoint)

@@ -6,8 +6,8 @@ environment variable (`VARIABLE`). Each process reads it once, with `from_enviro
 the HTTP process for its front end (the names it answers to, the origins it lets call it,
 the explorer, where MAX's metrics process serves its metrics), the model worker for its
 pipeline (the weight format, the decoding steps, prompt lookup, how embeddings pool). The API
-key travels apart, in `API_KEY_VARIABLE` (the variable users set themselves), and never on a command line,
-where other users of the machine could read it.
+key travels apart, in `API_KEY_VARIABLE` (the variable users set themselves), and never on a
+command line, where other users of the machine could read it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class ServingSettings:
     call the API from (CORS; `*` any, none: CORS off); `explorer`: the head explorer's
     settings as its JSON (`max_gpt2.explorer.loading.ExplorerSettings`), or None;
     `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None;
-    `pooling`: a server of embeddings pools each text so (`max_gpt2.inference.embeddings.Pooling`'s
-    value), None for one that generates.
+    `pooling`: how a server of embeddings pools each text (`max_gpt2.inference.embeddings.Pooling`),
+    None for one that generates.
     """
 
     served_names: tuple[str, ...] = ("gpt2",)
@@ -48,7 +48,7 @@ class ServingSettings:
     allowed_origins: tuple[str, ...] = ()
     explorer: str | None = None
     metrics_socket: str | None = None
-    pooling: str | None = None
+    pooling: Pooling | None = None
 
     def __post_init__(self) -> None:
         if not self.served_names or not all(isinstance(name, str) and name for name in self.served_names):
@@ -61,8 +61,7 @@ class ServingSettings:
             raise ValueError(
                 f"prompt_lookup: tokens a request may draft, 0 (none) or more; got {self.prompt_lookup!r}"
             )
-
-        if self.pooling not in (None, *(pooling.value for pooling in Pooling)):
+        if not (self.pooling is None or isinstance(self.pooling, Pooling)):
             raise ValueError(f"pooling: one of {[p.value for p in Pooling]} or None; got {self.pooling!r}")
 
     @property
@@ -71,7 +70,7 @@ class ServingSettings:
         return self.pooling is not None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({**asdict(self), "pooling": self.pooling and self.pooling.value})
 
     @classmethod
     def from_json(cls, text: str) -> ServingSettings:
@@ -84,6 +83,8 @@ class ServingSettings:
             for name in ("served_names", "allowed_origins"):
                 if name in values:
                     values[name] = tuple(values[name])
+            if values.get("pooling") is not None:
+                values["pooling"] = Pooling(values["pooling"])
             return cls(**values)
         except (ValueError, TypeError) as error:
             raise ValueError(f"{VARIABLE}: {error} (max-gpt2 serve writes this variable)") from None

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.harness import in_turn, machine_description, ratio_summary
 from max_gpt2.bench.server import ServerProcess, free_port, stop_group, wait_for_health
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.model.config import GPT2Config
@@ -88,22 +88,20 @@ def main() -> None:
         rates: dict[str, list[float]] = {name: [] for name in urls}
         for round_ in range(args.rounds + 1):  # the first warms both up and is not counted
             texts = rng.integers(0, config.vocab_size, (args.texts, args.tokens)).tolist()
-            order = list(urls) if round_ % 2 else list(reversed(urls))
-            timed = {name: embedded(urls[name], texts) for name in order}
+            timed = {name: embedded(urls[name], texts) for name in in_turn(list(urls), round_)}
             if round_ == 0:
                 gap = np.abs(timed["ours"][1] - timed["llama-server"][1]).max()
                 print(f"largest difference between the two servers' vectors: {gap:.2e}", flush=True)
                 continue
             for name, (seconds, _) in timed.items():
                 rates[name].append(args.texts / seconds)
-        ratios = sorted(a / b for a, b in zip(rates["ours"], rates["llama-server"], strict=True))
-        quarter = len(ratios) // 4
+        ratios = [a / b for a, b in zip(rates["ours"], rates["llama-server"], strict=True)]
         print(
             f"{args.texts} texts of {args.tokens} tokens, {args.pooling} pooling, llama-server -np "
             f"{args.slots or args.texts}, {args.rounds} rounds: "
             f"ours {statistics.median(rates['ours']):.1f} texts/s, llama-server "
             f"{statistics.median(rates['llama-server']):.1f}; ours / llama-server "
-            f"{statistics.median(ratios):.3f} (middle half {ratios[quarter]:.3f}-{ratios[-1 - quarter]:.3f})"
+            f"{ratio_summary(ratios)}"
         )
     finally:
         ours.stop()

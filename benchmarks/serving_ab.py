@@ -27,7 +27,7 @@ from pathlib import Path
 
 from serving_clients import ROUTES, run_clients  # this folder's
 
-from max_gpt2.bench.harness import machine_description
+from max_gpt2.bench.harness import machine_description, ratio_summary
 from max_gpt2.bench.server import SOURCE_ROOT, free_port, stop_group, wait_for_health
 from max_gpt2.inference.devices import resolve_device
 from max_gpt2.inference.tokenizer import load_tokenizer
@@ -90,11 +90,9 @@ def main() -> None:
                         urls[name], "gpt2", clients, requests, prompt, args.max_tokens, args.route
                     )
                     rates[name].append(run["tokens_per_second"])
-            ratios = sorted(ours / base for ours, base in zip(rates["ours"], rates["baseline"], strict=True))
-            quarter = len(ratios) // 4
+            ratios = [ours / base for ours, base in zip(rates["ours"], rates["baseline"], strict=True)]
             print(
-                f"{clients} clients: ours / baseline {statistics.median(ratios):.3f} "
-                f"(middle half {ratios[quarter]:.3f}-{ratios[-quarter - 1]:.3f}, {len(ratios)} pairs); "
+                f"{clients} clients: ours / baseline {ratio_summary(ratios)}, {len(ratios)} pairs; "
                 f"tokens/s ours {statistics.median(rates['ours']):.1f}, "
                 f"baseline {statistics.median(rates['baseline']):.1f}",
                 flush=True,

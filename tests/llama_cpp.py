@@ -36,6 +36,31 @@ def llama_tool(name: str) -> Path | None:
     return Path(found) if found else None
 
 
+def llama_server_on(checkpoint: str | Path, directory: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """llama-server (from `llama_tool`; the test skips without it) on `checkpoint` as the F32 GGUF file
+    `max-gpt2 convert` writes into `directory`, with `-t 2` and `options`, in a process group of its own
+    (`stop_group` ends it), its output in `directory`'s `llama-server-N.log`: the process and its URL, once
+    it answers /health."""
+    import pytest
+
+    from max_gpt2.bench.server import free_port, wait_for_health
+    from tests.support import run_python
+
+    binary = llama_tool("llama-server")
+    if binary is None:
+        pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
+    gguf = directory / "lm.gguf"
+    if not gguf.exists():
+        converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", checkpoint, "--out", gguf)
+        assert converted.returncode == 0, converted.stderr
+    port, log = free_port(), (directory / f"llama-server-{len(list(directory.glob('*.log')))}.log").open("w")
+    command = [str(binary), "-m", str(gguf), "--port", str(port), "-t", "2", *options]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for_health(url, process, 120)
+    return process, url
+
+
 def crafted_rows() -> np.ndarray:
     """16 rows of 512 float32 weights that reach each branch of the quantizers: heavy tails, all-zero
     groups and super-blocks, constant runs, one-signed runs, huge and tiny scales, values on a grid."""

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from max_gpt2 import reference
-from max_gpt2.bench.server import free_port, stop_group, wait_for_health
+from max_gpt2.bench.server import stop_group
 from max_gpt2.inference.embeddings import Pooling, embed
 from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
-from tests.llama_cpp import llama_tool
-from tests.support import LM, requires_serving, run_python
+from tests.llama_cpp import llama_server_on
+from tests.support import LM, requires_serving
 from tests.test_serve import client
 
 pytestmark = requires_serving()
@@ -115,23 +115,15 @@ def test_it_generates_nothing_and_says_why(server):
 def llama_server(server, tmp_path_factory):
     """`llama_server(pooling)`: llama.cpp's llama-server with `--embeddings --pooling POOLING` on the
     served weights, as the GGUF file `max-gpt2 convert` writes; each started once, all stopped after."""
-    binary = llama_tool("llama-server")
-    if binary is None:
-        pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
     directory = tmp_path_factory.mktemp("llama-server")
-    gguf = directory / "lm.gguf"
-    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", server.checkpoint, "--out", gguf)
-    assert converted.returncode == 0, converted.stderr
     started: dict[str, tuple[subprocess.Popen, str]] = {}
 
     def start(pooling: str) -> str:
         if pooling not in started:
-            port, log = free_port(), (directory / f"{pooling}.log").open("w")
-            command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions)]
-            command += ["--embeddings", "--pooling", pooling, "-ctk", "f32", "-ctv", "f32"]  # as ours
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            started[pooling] = process, f"http://127.0.0.1:{port}"
-            wait_for_health(started[pooling][1], process, 120)
+            options = ("-c", str(LM.n_positions), "--embeddings", "--pooling", pooling)
+            started[pooling] = llama_server_on(
+                server.checkpoint, directory, *options, "-ctk", "f32", "-ctv", "f32"
+            )
         return started[pooling][1]
 
     try:

@@ -8,7 +8,6 @@ the shapes from llama-server's own (`tools/server/server-task.cpp`), and where l
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -17,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from max_gpt2.bench.server import free_port, stop_group, wait_for_health
+from max_gpt2.bench.server import stop_group
 from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
 from tests.conftest import CHAT_TEMPLATE
-from tests.llama_cpp import llama_tool
-from tests.support import LM, requires_serving, run_python
+from tests.llama_cpp import llama_server_on
+from tests.support import LM, requires_serving
 from tests.test_serve import PROMPTS
 from tests.test_serve_api import render, stream_pieces
 
@@ -223,19 +222,10 @@ def whole_characters(text: bytes) -> bool:
 @pytest.fixture(scope="module")
 def llama_server(served_lm, tmp_path_factory):
     """llama.cpp's llama-server on the served weights, as the GGUF file `max-gpt2 convert` writes."""
-    binary = llama_tool("llama-server")
-    if binary is None:
-        pytest.skip("needs llama.cpp's llama-server (set LLAMA_CPP to its build/bin)")
     directory = tmp_path_factory.mktemp("llama-server")
-    gguf = directory / "lm.gguf"
-    converted = run_python("-m", "max_gpt2", "convert", "--checkpoint", served_lm.checkpoint, "--out", gguf)
-    assert converted.returncode == 0, converted.stderr
-    port, log = free_port(), (directory / "log").open("w")
-    command = [binary, "-m", gguf, "--port", str(port), "-t", "2", "-c", str(LM.n_positions), "-np", "1"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process, url = llama_server_on(served_lm.checkpoint, directory, "-c", str(LM.n_positions), "-np", "1")
     try:
-        wait_for_health(f"http://127.0.0.1:{port}", process, 120)
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
+        yield SimpleNamespace(url=url)
     finally:
         stop_group(process.pid, process.poll)
 

@@ -14,11 +14,12 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -178,3 +179,12 @@ def settle(call: Callable[[Any], Any], prepared: Any) -> float:
         last_start = now
         call(prepared)
     return time.perf_counter() - last_start
+
+
+def ratio_summary(ratios: Sequence[float]) -> str:
+    """Paired ratios as the median and their middle half: "1.234 (middle half 1.100-1.300)"; a middle
+    half that straddles 1 reads as no difference."""
+    ordered, quarter = sorted(ratios), len(ratios) // 4
+    return (
+        f"{statistics.median(ordered):.3f} (middle half {ordered[quarter]:.3f}-{ordered[-1 - quarter]:.3f})"
+    )

@@ -67,15 +67,23 @@ def test_floats_and_base64_ids_and_text_alone_and_batched_are_one_vector(server)
     floats = [item["embedding"] for item in post(server, input=TEXTS)["data"]]
     encoded = [item["embedding"] for item in post(server, input=TEXTS, encoding_format="base64")["data"]]
     decoded = [np.frombuffer(base64.b64decode(each), "<f4") for each in encoded]
-    np.testing.assert_array_equal(np.array(floats, np.float32), np.array(decoded))
+    # Two requests: the worker may batch each otherwise, the same vectors but for float32's rounding.
+    np.testing.assert_allclose(np.array(floats, np.float32), np.array(decoded), atol=1e-6)
     by_ids = post(server, input=[tokenizer.encode(text).ids for text in TEXTS])["data"]
-    # The worker batches what has arrived: another padding, the same vectors but for float32's rounding.
     np.testing.assert_allclose([item["embedding"] for item in by_ids], floats, atol=1e-6)
     for text, batched in zip(TEXTS, floats, strict=True):  # 3 texts, 4 a step: padded together above
         alone = post(server, input=text)["data"][0]["embedding"]
         np.testing.assert_allclose(alone, batched, atol=1e-6)
     many = post(server, input=TEXTS * 3)["data"]  # 9 texts: three steps
     np.testing.assert_allclose([item["embedding"] for item in many], floats * 3, atol=1e-6)
+
+
+def test_base64_is_a_vectors_little_endian_float32_bytes():
+    from max_gpt2.serving.api.embeddings import encoded
+
+    vector = np.random.default_rng(0).normal(size=LM.n_embd).astype(np.float32)
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(encoded(vector, "base64")), "<f4"), vector)
+    assert encoded(vector, "float") == vector.tolist()
 
 
 def test_llama_servers_norms_and_vllms_normalize(server, expected):

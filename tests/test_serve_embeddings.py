@@ -1,7 +1,8 @@
 """Embeddings through the real server (`max-gpt2 serve --embeddings --pooling mean`) and the `openai`
 client: each vector is the float64 reference's final hidden states of the text, averaged over its tokens
 and divided by its length, by this test's own arithmetic; alike whether sent as floats or base64, as
-text or ids, alone or batched; llama-server's norms; truncation; the generating routes refused; and,
+text or ids, alone or batched; llama-server's norms; truncation; a chat's messages as its template
+renders them; MAX's request metrics; the generating routes refused; and,
 where llama.cpp is built (`LLAMA_CPP`), llama-server's own vectors on the same weights, pooled either
 way. The refusals that need no model: test_serve_guard.py."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import time
 
 import httpx
 import numpy as np
@@ -117,6 +119,51 @@ def test_it_generates_nothing_and_says_why(server):
         client(server).completions.create(model="gpt2", prompt="The cat", max_tokens=2)
     tokens = httpx.post(f"{server.url}/tokenize", json={"content": "The cat"}, timeout=60).json()
     assert tokens["tokens"] == load_tokenizer(server.checkpoint).encode("The cat").ids
+
+
+def test_a_chats_messages_are_one_vector_of_the_text_the_template_renders(server, expected):
+    tokenizer = load_tokenizer(server.checkpoint)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    text = "system: Be brief.\nuser: Hi there\n"  # conftest's CHAT_TEMPLATE, by hand
+    for asked, rendered in (({}, text), ({"add_generation_prompt": True}, text + "assistant:")):
+        answer = post(server, messages=messages, **asked)  # vLLM's default: no generation prompt
+        ids = tokenizer.encode(rendered).ids
+        assert answer["usage"]["prompt_tokens"] == len(ids) and len(answer["data"]) == 1
+        np.testing.assert_allclose(answer["data"][0]["embedding"], expected(ids)[1], atol=2e-5)
+    for body, field, says in (
+        ({"messages": messages, "input": "x"}, "messages", "give input or messages, not both"),
+        ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt", "for a chat (messages)"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages", "messages[0].role"),
+    ):
+        refused = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+        assert says in refused.json()["error"]["message"]
+
+
+def test_embeddings_count_in_the_request_metrics_their_tokens_as_input(server):
+    from tests.test_serve_api import metric
+
+    inputs = ("maxserve_num_input_tokens_total", 'vllm:prompt_tokens_total{model_name="gpt2"}')
+    timed = 'maxserve_request_time_milliseconds_count{path="/v1/embeddings"}'
+
+    def counts() -> dict[str, float]:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return {name: metric(text, name) for name in (*inputs, timed)}
+
+    before, settle = counts(), time.monotonic() + 15  # earlier tests' counts arrive a moment late
+    while time.monotonic() < settle:
+        time.sleep(1)
+        if (again := counts()) == before:
+            break
+        before = again
+    tokens = post(server, input=TEXTS)["usage"]["prompt_tokens"]
+    expected = {**dict.fromkeys(inputs, float(tokens)), timed: 1.0}
+    deadline = time.monotonic() + 30
+    while (grown := {name: n - before[name] for name, n in counts().items()}) != expected:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert grown == expected
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ CONTEXT = 48  # LM's positions
 
 # A bad value of each field this server refuses, and what the refusal must say.
 REFUSED = [
-    ({"prompt": []}, "prompt", "holds no prompt"),
+    ({"prompt": []}, "prompt", "the list holds nothing"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": ["a", "b", ""]}, "prompt", "prompt[2]: empty"),
     ({"prompt": ["a", [1]]}, "prompt", "a string, token ids, or a list of either"),
@@ -310,9 +310,10 @@ def guarded_client(
 
     from max_gpt2.serving.api.routes import mount
     from max_gpt2.serving.settings import ServingSettings
-    from max_gpt2.serving.tokenizer import GPT2TextTokenizer
+    from max_gpt2.serving.tokenizer import GPT2EmbeddingsTokenizer, GPT2TextTokenizer
 
-    tokenizer = GPT2TextTokenizer.__new__(GPT2TextTokenizer)  # only its shapes, no files read
+    kind = GPT2TextTokenizer if pooling is None else GPT2EmbeddingsTokenizer
+    tokenizer = kind.__new__(kind)  # only its shapes, no files read
     tokenizer.model_vocab_size, tokenizer.n_positions, tokenizer.n_embd = VOCAB, CONTEXT, 60
     app = Starlette()
     app.state.pipeline = type("Engine", (), {"tokenizer": tokenizer})()
@@ -409,13 +410,14 @@ def test_a_server_of_embeddings_answers_embeddings_and_no_generating_route():
 EMBEDDING = {"model": "gpt2", "input": [[1, 2, 3]]}
 # A bad field of an embeddings request, and what the refusal must say (checked before the model runs).
 EMBEDDING_REFUSED = [
-    ({"input": []}, "input", "input: empty"),
-    ({"input": [[1], []]}, "input", "input[1]: empty; an embedding needs at least one token"),
+    ({"input": []}, "input", "input: the list holds nothing"),
+    ({"input": [[1], []]}, "input", "input[1]: empty; GPT-2 needs at least one token"),
     (
         {"input": [[1, VOCAB]]},
         "input",
-        f"input: token id {VOCAB} is outside the vocabulary (0 to {VOCAB - 1})",
+        f"input: token id {VOCAB} at position 1 is outside the model's vocabulary of {VOCAB}",
     ),
+    ({"input": None}, "input", "input: required (input: texts or token ids; messages: a chat"),
     ({"input": [[1]] * 2049}, "input", "at most 2048 inputs a request"),
     ({"input": {"text": "a"}}, "input", "input: must be a string or a list"),
     (
@@ -629,3 +631,20 @@ def test_serve_embeddings_runs_maxs_embeddings_pipeline_pooling_as_asked(lm_chec
     ):
         with pytest.raises(ValueError, match=says):
             started(*options)
+
+
+def test_a_context_refusal_names_its_field_and_room_and_crosses_processes_as_made():
+    import pickle
+
+    from max_gpt2.serving.tokenizer import ContextExceeded
+
+    generating, embedding = (
+        ContextExceeded(CONTEXT, CONTEXT),
+        ContextExceeded(CONTEXT + 1, CONTEXT, "input[2]", 0),
+    )
+    assert str(generating).startswith(f"prompt: This model's maximum context length is {CONTEXT} tokens")
+    assert "no room for a new one" in str(generating) and "no room" not in str(embedding)
+    assert str(embedding).startswith("input[2]:") and embedding.fields["n_prompt_tokens"] == CONTEXT + 1
+    for error in (generating, embedding):
+        again = pickle.loads(pickle.dumps(error))
+        assert (str(again), again.fields) == (str(error), error.fields)

@@ -30,7 +30,7 @@ pytestmark = requires_serving()
 BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"prompt": [1, 2, 10_000_000]}, 400, "token id 10000000 at position 2 is outside"),
     ({"prompt": "word " * LM.n_positions}, 400, f"maximum context length is {LM.n_positions} tokens"),
-    ({"prompt": []}, 400, "prompt: the list holds no prompt"),
+    ({"prompt": []}, 400, "prompt: the list holds nothing"),
     ({"prompt": ""}, 400, "prompt: empty"),
     ({"max_tokens": -2}, 400, "max_tokens: must be at least 1"),
     ({"temperature": -1}, 400, "temperature: must be between 0 and 2"),

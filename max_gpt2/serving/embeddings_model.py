@@ -6,7 +6,10 @@ loads it, through the weights cache, in the served weight format), asks it for a
 runs it, and sends each request its row of the output back whole. A batch is the requests' token ids
 left-padded into one `[R, S]` prompt; the output is one vector a request, float32 `[R, n_embd]`,
 pooled as the server was started (`ServingSettings.pooling`) and not normalised: each request names
-its norm, which the route applies (`max_gpt2.serving.api.embeddings`). Only the graph returning the
+its norm, which the route applies (`max_gpt2.serving.api.embeddings`). Plain `max serve`, without
+`max-gpt2 serve`'s settings, answers with MAX's own route, which normalises nothing: there the model
+pools the last token's state, vLLM's default for a causal LM, and gives it a Euclidean length of 1,
+as OpenAI's embeddings have. Only the graph returning the
 final layer norm's output is compiled (`LMGraphs.hidden`); no KV cache is kept.
 """
 
@@ -21,7 +24,7 @@ from max.driver import Buffer, Device
 from max.pipelines.lib import ModelInputs, ModelOutputs, PipelineConfig
 from max.pipelines.modeling.config_enums import supported_encoding_dtype
 
-from max_gpt2.inference.embeddings import embed
+from max_gpt2.inference.embeddings import Pooling, embed
 from max_gpt2.inference.loading import compiled_with, plan_load
 from max_gpt2.max_internals import served_encoding
 from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
@@ -45,8 +48,8 @@ class GPT2EmbeddingsModel:
         self, pipeline_config: PipelineConfig, session: Any, devices: list[Device], *args: Any, **kwargs: Any
     ) -> None:
         settings = ServingSettings.from_environment()
-        assert settings.pooling is not None, "max-gpt2 serve --embeddings sets the pooling"
-        self.pooling = settings.pooling
+        # Our route normalises per request; under plain `max serve` MAX's route answers, which does not.
+        self.pooling, self.norm = (settings.pooling, -1) if settings.pooling else (Pooling.LAST, 2)
         path = served_checkpoint(pipeline_config.model)
         checkpoint = open_checkpoint(path)
         weight_format = served_weight_format(lambda: checkpoint)
@@ -68,7 +71,7 @@ class GPT2EmbeddingsModel:
         return PaddedPrompts(ids, mask)
 
     def execute(self, model_inputs: ModelInputs) -> ModelOutputs:
-        """One vector a request, float32 `[R, n_embd]`, pooled and not normalised."""
+        """One vector a request, float32 `[R, n_embd]`, pooled (normalised only under plain `max serve`)."""
         assert isinstance(model_inputs, PaddedPrompts)
-        vectors = embed(self.lm, model_inputs.ids, model_inputs.mask, self.pooling, norm=-1)
+        vectors = embed(self.lm, model_inputs.ids, model_inputs.mask, self.pooling, self.norm)
         return ModelOutputs(logits=Buffer.from_numpy(np.ascontiguousarray(vectors)))

@@ -35,18 +35,20 @@ from max_gpt2.serving.context import GPT2Context, GPT2Request
 
 
 class ContextExceeded(InputError):
-    """A prompt that leaves no room in the context for a new token; `fields` for its error object: OpenAI's
-    `code` and llama-server's numbers (which its web page reads)."""
+    """A prompt longer than the context allows (all of it but `room` tokens, those it is to generate);
+    `fields` for its error object: OpenAI's `code` and llama-server's numbers (which its web page reads)."""
 
-    def __init__(self, tokens: int, context: int) -> None:
+    def __init__(self, tokens: int, context: int, where: str = "prompt", room: int = 1) -> None:
+        leaves = ", which leave no room for a new one" if room else ""
         super().__init__(
-            f"prompt: This model's maximum context length is {context} tokens. However, the prompt has "
-            f"{tokens} tokens, which leave no room for a new one. Please reduce the length of the prompt."
+            f"{where}: This model's maximum context length is {context} tokens, however you requested "
+            f"{tokens} tokens{leaves}. Please reduce the length of the input."
         )  # in OpenAI's and vLLM's words, which clients read the context's length from
         self.fields = {"code": "context_length_exceeded", "n_prompt_tokens": tokens, "n_ctx": context}
+        self.where, self.room = where, room
 
-    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # pickled as made, should it cross processes
-        return ContextExceeded, (self.fields["n_prompt_tokens"], self.fields["n_ctx"])
+    def __reduce__(self) -> tuple[type, tuple[int, int, str, int]]:  # pickled as made, to cross processes
+        return ContextExceeded, (self.fields["n_prompt_tokens"], self.fields["n_ctx"], self.where, self.room)
 
 
 class GPT2TextTokenizer(TextTokenizer):
@@ -80,7 +82,7 @@ class GPT2TextTokenizer(TextTokenizer):
         try:
             context = await super().new_context(request)
         except PromptTooLongError as error:  # MAX's words name no field: said as `check_ids` says it
-            raise ContextExceeded(error.num_tokens, self.n_positions) from None
+            raise ContextExceeded(error.num_tokens, self.n_positions, room=self.ROOM) from None
         except ValueError as error:
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
@@ -89,19 +91,20 @@ class GPT2TextTokenizer(TextTokenizer):
             context.cache_salt = f"unshared {request.request_id}"  # no other request's pages match it
         return context
 
-    def check_ids(self, ids: Sequence[int] | np.ndarray) -> None:
-        """Refuses a prompt of no tokens, of an id outside the vocabulary, or too long to add one."""
+    def check_ids(self, ids: Sequence[int] | np.ndarray, where: str = "prompt") -> None:
+        """Refuses `where`'s ids where there are none, one is outside the vocabulary, or they leave the
+        context less than `ROOM` tokens."""
         ids = np.asarray(ids)
         if ids.size == 0:
-            raise InputError("prompt: empty; GPT-2 needs at least one token to continue")
+            raise InputError(f"{where}: empty; GPT-2 needs at least one token")
         outside = np.flatnonzero((ids < 0) | (ids >= self.model_vocab_size))
         if outside.size:
             raise InputError(
-                f"prompt: token id {int(ids[outside[0]])} at position {int(outside[0])} is outside the "
+                f"{where}: token id {int(ids[outside[0]])} at position {int(outside[0])} is outside the "
                 f"model's vocabulary of {self.model_vocab_size} (ids 0 to {self.model_vocab_size - 1})"
             )
         if ids.size > self.n_positions - self.ROOM:
-            raise ContextExceeded(int(ids.size), self.n_positions)
+            raise ContextExceeded(int(ids.size), self.n_positions, where, self.ROOM)
 
 
 class GPT2EmbeddingsTokenizer(GPT2TextTokenizer):

@@ -10,8 +10,10 @@ as the server pools (`--pooling`), then divided by its Euclidean length, as vLLM
 return them (`normalize: false`, vLLM's, or llama-server's `embd_normalize` say otherwise).
 `encoding_format` "base64" sends each vector's little-endian float32 bytes, as OpenAI's and the
 `openai` client's default. An input longer than the context is refused, as OpenAI refuses it,
-unless vLLM's `truncate_prompt_tokens` keeps its last tokens. The worker pools; the norm is
-applied here, per request.
+unless vLLM's `truncate_prompt_tokens` keeps its last tokens. vLLM's chat embeddings give `messages`
+for `input`: the chat, rendered by the served chat template as `/v1/chat/completions` renders it
+(without the generation prompt unless asked), is one vector. The worker pools; the norm is applied
+here, per request. Each request counts in MAX's request metrics, its tokens as input tokens.
 """
 
 from __future__ import annotations
@@ -25,32 +27,44 @@ from typing import Any, Literal
 import numpy as np
 from max.pipelines.context.exceptions import InputError
 from max.pipelines.modeling.types import RequestID, TextGenerationRequest
+from max.serve.router.openai_routes import record_request_end, record_request_start
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.inference.embeddings import normalized
+from max_gpt2.serving.api.chat_prompt import checked_messages, render
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
+from max_gpt2.serving.api.requests import prompts
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.tokenizer import ContextExceeded
 
 MOST_INPUTS = 2048  # inputs one request may give, as OpenAI allows
 
 
 class EmbeddingRequest(BaseModel):
-    """OpenAI's embeddings request, with vLLM's `normalize`, `truncate_prompt_tokens` and
-    `add_special_tokens` and llama-server's `embd_normalize`."""
+    """OpenAI's embeddings request, with vLLM's `normalize`, `truncate_prompt_tokens`,
+    `add_special_tokens` and chat embeddings (`messages` for `input`, with its template's fields) and
+    llama-server's `embd_normalize`."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[Any] | None = None  # one vector for the chat, as the chat template renders it
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None  # an end-user id OpenAI keeps for abuse monitoring; nothing here reads it
     normalize: bool | None = None
     embd_normalize: int | None = None
     truncate_prompt_tokens: int | None = None
-    add_special_tokens: bool = True  # GPT-2's tokenizer has none to add
+    add_special_tokens: bool | None = None  # default: true for input, false for messages, as vLLM's
+    add_generation_prompt: bool = False  # vLLM's defaults for a chat's embedding
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+CHAT_FIELDS = {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 
 
 async def create_embedding(request: Request) -> Response:
@@ -65,12 +79,12 @@ async def create_embedding(request: Request) -> Response:
                 f"dimensions: GPT-2's embeddings have {width}; it was not trained to shorten them "
                 f"(vLLM refuses the same for models without Matryoshka training); got {body.dimensions}",
             )
-        prompts = await asyncio.to_thread(token_ids, served, body)
-        vectors = await embedded(served, name, prompts)
+        ids = await asyncio.to_thread(token_ids, served, body)
+        vectors = await embedded(served, name, ids, request.url.path)
     except Refusal as refusal:
         return refusal_response(refusal)
     # Thousands of vectors' JSON: off the event loop, which other requests share.
-    return await asyncio.to_thread(answer, name, normalized(np.stack(vectors), norm), prompts, body)
+    return await asyncio.to_thread(answer, name, normalized(np.stack(vectors), norm), ids, body)
 
 
 def answer(name: str, vectors: np.ndarray, prompts: list[list[int]], body: EmbeddingRequest) -> Response:
@@ -113,56 +127,71 @@ def norm_of(body: EmbeddingRequest) -> int:
 
 
 def token_ids(served: Served, body: EmbeddingRequest) -> list[list[int]]:
-    """Each input's token ids (texts tokenized), checked: some, within the vocabulary, within the context
-    or cut to `truncate_prompt_tokens`' last tokens."""
-    given = body.input
-    inputs: list[Any] = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
-    if not inputs:
-        raise Refusal("input", "input: empty; give a text, token ids, or a list of either")
-    if len(inputs) > MOST_INPUTS:
-        raise Refusal("input", f"input: at most {MOST_INPUTS} inputs a request, as OpenAI; got {len(inputs)}")
+    """Each input's token ids, checked as the tokenizer checks a prompt, or cut to
+    `truncate_prompt_tokens`' last tokens."""
     context, keep = served.context_length, body.truncate_prompt_tokens
     if keep is not None and not (keep == -1 or 1 <= keep <= context):
         raise Refusal(
             "truncate_prompt_tokens",
             f"truncate_prompt_tokens: -1 (the context's {context}) or 1 to {context}; got {keep}",
         )
-    prompts = []
-    for index, item in enumerate(inputs):
-        where = "input" if len(inputs) == 1 else f"input[{index}]"
-        ids = item
-        if isinstance(item, str):
-            ids = served.tokenizer.delegate.encode(item, add_special_tokens=body.add_special_tokens)
-        if not ids:
-            raise Refusal("input", f"{where}: empty; an embedding needs at least one token")
-        if outside := [token for token in ids if not 0 <= token < served.vocab_size]:
-            raise Refusal(
-                "input",
-                f"{where}: token id {outside[0]} is outside the vocabulary (0 to {served.vocab_size - 1})",
-            )
+    field, given = inputs(served, body)
+    checked = []
+    for index, ids in enumerate(given):
         if keep is not None:
             ids = ids[-(context if keep == -1 else keep) :]
-        elif len(ids) > context:
-            raise Refusal(
-                "input",
-                f"{where}: This model's maximum context length is {context} tokens, however you requested "
-                f"{len(ids)} tokens in the input for embedding generation. Please reduce the length of the "
-                "input, or give truncate_prompt_tokens.",
-                extra={"code": "context_length_exceeded"},
-            )
-        prompts.append(list(ids))
-    return prompts
+        try:
+            served.tokenizer.check_ids(ids, field if len(given) == 1 else f"{field}[{index}]")
+        except ContextExceeded as error:
+            raise Refusal(field, f"{error} Or give truncate_prompt_tokens.", extra=error.fields) from None
+        except InputError as error:
+            raise Refusal(field, str(error)) from None
+        checked.append(list(ids))
+    return checked
 
 
-async def embedded(served: Served, name: str, prompts: list[list[int]]) -> list[np.ndarray]:
-    """Each prompt's pooled vector from the worker, the prompts sent together (the worker batches them)."""
+def inputs(served: Served, body: EmbeddingRequest) -> tuple[str, list[list[int]]]:
+    """The field the inputs came in, and their token ids: `input`'s texts tokenized and id lists as
+    given, or `messages` rendered by the chat template into one text, as vLLM's chat embeddings."""
+    if (body.input is None) == (body.messages is None):
+        both = body.input is not None
+        raise Refusal(
+            "messages" if both else "input",
+            f"{'messages: give input or messages, not both' if both else 'input: required'} (input: texts "
+            "or token ids; messages: a chat, as vLLM embeds one)",
+        )
+    if body.messages is not None:
+        flags = body.add_generation_prompt, body.continue_final_message
+        text = render(served, checked_messages(body.messages), *flags, body.chat_template_kwargs)
+        return "messages", [tokenized(served, text, bool(body.add_special_tokens))]
+    if chat := sorted(CHAT_FIELDS & body.model_fields_set):
+        raise Refusal(chat[0], f"{chat[0]}: for a chat (messages); this request gives input")
+    given = prompts(body.input, "input")
+    if len(given) > MOST_INPUTS:
+        raise Refusal("input", f"input: at most {MOST_INPUTS} inputs a request, as OpenAI; got {len(given)}")
+    special = body.add_special_tokens is not False  # vLLM's default for input; GPT-2 has none to add
+    return "input", [tokenized(served, x, special) if isinstance(x, str) else x for x in given]
+
+
+def tokenized(served: Served, text: str, special: bool) -> list[int]:
+    return served.tokenizer.delegate.encode(text, add_special_tokens=special)
+
+
+async def embedded(served: Served, name: str, prompts: list[list[int]], path: str) -> list[np.ndarray]:
+    """Each prompt's pooled vector from the worker, the prompts sent together (the worker batches them);
+    counted in MAX's request metrics, their tokens as its input tokens."""
     requests = [
         TextGenerationRequest(request_id=RequestID(), model_name=name, prompt=prompt) for prompt in prompts
     ]
+    record_request_start()
+    started = time.perf_counter()
     try:
         outputs = await asyncio.gather(*(served.engine.encode(each) for each in requests))
-    except InputError as error:  # the tokenizer's own checks (the route's above run first)
+    except InputError as error:  # the tokenizer's own checks, as the route's (`token_ids`)
         raise Refusal("input", str(error)) from None
+    finally:
+        tokens = sum(len(prompt) for prompt in prompts)
+        record_request_end(path, (time.perf_counter() - started) * 1000, None, tokens)
     return [np.asarray(output.embeddings, np.float32) for output in outputs]
 
 

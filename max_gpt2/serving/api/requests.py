@@ -200,20 +200,19 @@ def refuse_acting(body: Any) -> None:
         raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")
 
 
-def prompts(prompt: str | list[Any]) -> list[str | list[int]]:
-    """A completion's prompts (a string or an id list each); no prompt, or an empty one, refused. Lengths
-    and ids are the tokenizer's to check, which sees every prompt as ids."""
-    single = isinstance(prompt, str) or (prompt and all(isinstance(token, int) for token in prompt))
-    if not (single or prompt):
-        raise Refusal(
-            "prompt", "prompt: the list holds no prompt; give a string, token ids, or a list of them"
-        )
-    given = [prompt] if single else list(prompt)
-    for index, one in enumerate(given):
+def prompts(given: str | list[Any], field: str = "prompt") -> list[str | list[int]]:
+    """A request's texts or token-id lists (`field`: a completion's `prompt`, an embedding's `input`,
+    either one of them or a list of them); none, or an empty one, refused. Ids and lengths are the
+    tokenizer's to check (`GPT2TextTokenizer.check_ids`)."""
+    single = isinstance(given, str) or (given and all(isinstance(token, int) for token in given))
+    if not (single or given):
+        raise Refusal(field, f"{field}: the list holds nothing; give a text, token ids, or a list of them")
+    each = [given] if single else list(given)
+    for index, one in enumerate(each):
         if one in ("", []):
-            where = "prompt" if single else f"prompt[{index}]"
-            raise Refusal("prompt", f"{where}: empty; GPT-2 needs at least one token to continue")
-    return given
+            where = field if single else f"{field}[{index}]"
+            raise Refusal(field, f"{where}: empty; GPT-2 needs at least one token")
+    return each
 
 
 def _check_ranges(body: Sampling) -> None:

@@ -207,6 +207,7 @@ def test_the_counting_routes_give_the_chats_prompt_size(server):
         ({"max_tokens": -1}, "max_tokens: must be at least 1"),
         ({"stop_sequences": "x"}, "stop_sequences"),
         ({"temperature": 3}, "temperature"),
+        ({"temperature": 1.5}, "temperature: must be between 0 and 1; got 1.5"),  # Anthropic's range
         ({"output_config": {"format": {"type": "json_schema", "schema": 1}}}, "output_config.format"),
         ({"messages": []}, "messages: empty"),
         (

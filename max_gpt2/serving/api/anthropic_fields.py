@@ -100,6 +100,8 @@ def as_chat(body: CountRequest) -> ChatRequest:
     if isinstance(body, MessagesRequest):
         if body.max_tokens < 1:  # the chat's -1, llama-server's "no limit", is not Anthropic's
             raise Refusal("max_tokens", f"max_tokens: must be at least 1; got {body.max_tokens}")
+        if body.temperature is not None and body.temperature > 1:  # the chat's range goes to 2, OpenAI's
+            raise Refusal("temperature", f"temperature: must be between 0 and 1; got {body.temperature}")
         fields |= {
             "max_tokens": body.max_tokens,
             "stop": body.stop_sequences,

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from max_gpt2.inference.embeddings import Pooling
-from max_gpt2.inference.logit_controls import LOWEST, ban, penalize, token_counts
+from max_gpt2.inference.logit_controls import LOWEST, ban, last_counts, penalize, token_counts
 from tests.support import requires_serving
 
 pytestmark = requires_serving()
@@ -38,7 +38,9 @@ REFUSED = [
     ({"max_tokens": -2}, "max_tokens", "at least 1"),
     ({"mirostat": 2}, "mirostat", "mirostat: this server has no such sampler or setting; leave it out or 0"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
-    ({"repeat_penalty": 1.2, "repeat_last_n": 8}, "repeat_last_n", "not the last 8 tokens: give -1 (or 48)"),
+    ({"repeat_last_n": -3}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -3"),
+    ({"repeat_penalty": 1.2, "repetition_penalty": 1.1}, "repeat_penalty", "give one"),
+    ({"repeat_penalty": 0}, "repetition_penalty", "above 0"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"temperature": -1}, "temperature", "between 0 and 2"),
     ({"temperature": float("nan")}, "temperature", "between 0 and 2"),
@@ -195,7 +197,8 @@ def test_what_clients_send_as_defaults_and_empty_fields_is_taken():
 
 def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     """What llama-server's clients send on the OpenAI routes: its samplers left off (and their
-    parameters), `samplers` turning off what it leaves out, `repeat_penalty` over the whole context,
+    parameters), `samplers` turning off what it leaves out, the penalties over the last `repeat_last_n`
+    tokens where llama-server's fields ask,
     `max_tokens: -1` for no limit, an empty grammar for none, `sse_ping_interval`."""
     web_page = {
         "mirostat": 0, "mirostat_tau": 5, "typical_p": 1, "dry_multiplier": 0, "dry_base": 1.75,
@@ -211,6 +214,14 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     assert cut.constraint is None
     penalty = checked({"repeat_penalty": 1.2, "repeat_last_n": -1, "sse_ping_interval": 2})
     assert penalty.sampling.repetition_penalty == 1.2 and penalty.ping_s == 2
+    assert penalty.penalty_last_n == CONTEXT  # -1: the whole context, as llama-server reads it
+    windows = [checked(body).penalty_last_n for body in ({"repeat_penalty": 1.2}, {"repeat_last_n": 0}, {})]
+    assert windows == [64, 0, None]  # llama-server's default; none counted; Hugging Face's and OpenAI's way
+    from max.pipelines.context.sampling_params import SamplingParamsGenerationConfigDefaults
+
+    defaults = SamplingParamsGenerationConfigDefaults()
+    made = checked({"repeat_penalty": 1.2, "repeat_last_n": 7}).request("r", "gpt2", "x", 0, defaults, 0, "/")
+    assert made.penalty_last_n == 7 and made.sampling_params.repetition_penalty == 1.2
 
 
 def test_what_is_honoured_goes_on_to_max_meaning_the_same():
@@ -290,6 +301,15 @@ def test_penalties_are_hugging_faces_repetition_then_openais(seed, repetition, f
     got = penalize(row, seen, token_counts(generated, 50), repetition, frequency, presence)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
     assert got is not row and np.array_equal(row, row.astype(np.float32))  # the input is left alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 19), max_size=30), n=st.integers(0, 40))
+def test_llama_cpps_window_counts_the_last_n_ids(ids, n):
+    expected = np.zeros(20, np.int64)
+    for token in ids[max(0, len(ids) - n) :] if n else []:  # llama.cpp's ring of its last n tokens
+        expected[token] += 1
+    np.testing.assert_array_equal(last_counts(ids, n, 20), expected)
 
 
 def test_banned_ids_are_never_the_argmax_and_ids_outside_the_row_are_ignored():

@@ -102,13 +102,51 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
         )
 
 
+def llama_penalised_greedy(lm, prompt: list[int], new_tokens: int, penalties: dict[str, float]) -> list[int]:
+    """Greedy ids after `prompt` with llama.cpp's penalties, by this test's own loop: each token among
+    the last `repeat_last_n` of prompt and text divided (or, at 0 and below, multiplied) by
+    `repeat_penalty`, then less its count times `frequency_penalty` and `presence_penalty` once."""
+    ids = list(prompt)
+    for _ in range(new_tokens):
+        row = lm.logits(np.array([ids]))[0, -1].astype(np.float64)
+        window = ids[-int(penalties["repeat_last_n"]) :]
+        for token in set(window):
+            row[token] = (
+                row[token] * penalties["repeat_penalty"]
+                if row[token] <= 0
+                else row[token] / penalties["repeat_penalty"]
+            )
+            row[token] -= window.count(token) * penalties["frequency_penalty"] + penalties["presence_penalty"]
+        ids.append(int(np.argmax(row)))
+    return ids[len(prompt) :]
+
+
+PENALTIES = {"repeat_penalty": 1.5, "repeat_last_n": 6, "frequency_penalty": 0.6, "presence_penalty": 0.4}
+
+
+def test_penalties_count_the_last_repeat_last_n_tokens_of_prompt_and_text(
+    served_lm, served_model, served_tokenizer
+):
+    prompt = served_tokenizer.encode(PROMPTS[1]).ids
+    body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    plain = post(served_lm, "/completion", body)[1]["tokens"]
+    for penalties in (PENALTIES, {**PENALTIES, "repeat_last_n": 40}):
+        status, answer = post(served_lm, "/completion", {**body, **penalties})
+        assert status == 200, answer
+        assert answer["tokens"] == llama_penalised_greedy(served_model, prompt, 12, penalties) != plain
+        assert {name: answer["generation_settings"][name] for name in penalties} == penalties
+    # At /v1/completions llama-server's fields count as llama-server counts; without them, OpenAI's way.
+    v1 = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    status, answer = post(served_lm, "/v1/completions", {**v1, **PENALTIES, "return_token_ids": True})
+    assert answer["choices"][0]["token_ids"] == llama_penalised_greedy(served_model, prompt, 12, PENALTIES)
+
+
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
         ({"mirostat": 2}, "mirostat", "no such sampler"),
         ({"typical_p": "x"}, "typical_p", "no such sampler"),
-        ({"repeat_penalty": 1.1, "repeat_last_n": 8}, "repeat_last_n", "give -1"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty", "counts the prompt's tokens too"),
+        ({"repeat_last_n": -2}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -2"),
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
         ({"n_probs": 50}, "n_probs", "n_probs: must be 0 to 20"),
         ({"max_tokens": "many"}, "max_tokens", "max_tokens: Input should be a valid integer"),
@@ -234,7 +272,7 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     """The same request to both on the same weights: the same greedy tokens, text, stop type and counts,
     every key of llama-server's answer that its README documents, and its /props keys clients read."""
     body = {"prompt": PROMPTS[1], "n_predict": 8, "temperature": 0, "return_tokens": True, "ignore_eos": True}
-    for request in (body, {**body, "stop": [" "]}):
+    for request in (body, {**body, "stop": [" "]}, {**body, **PENALTIES}):
         ours, theirs = (
             post(served_lm, "/completion", request)[1],
             post(llama_server, "/completion", request)[1],

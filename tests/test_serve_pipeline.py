@@ -89,6 +89,43 @@ def test_penalties_and_a_minimum_length_edit_only_their_own_requests_logits(monk
     np.testing.assert_array_equal(got[2], [2.0, -1.0, 4.0, 1.0, LOWEST])
 
 
+def test_llama_servers_penalties_count_only_the_contexts_last_tokens(monkeypatch):
+    """A context with `penalty_last_n` (llama-server's `repeat_last_n`) has all three penalties count its
+    last n tokens, prompt and text alike; 0 counts none."""
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+    from max.pipelines.lib import ModelOutputs, TextGenerationPipeline
+
+    from max_gpt2.serving.context import GPT2Context
+    from max_gpt2.serving.pipeline import GPT2TextGenerationPipeline
+
+    rows = np.array([[2.0, -1.0, 4.0, 1.0, 3.0]] * 2, np.float32)
+    given = Buffer.from_numpy(rows)
+    monkeypatch.setattr(
+        TextGenerationPipeline, "_launch_forward_pass", lambda self, *a, **k: ModelOutputs(given, given)
+    )
+    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)
+    penalties = {
+        "temperature": 0,
+        "repetition_penalty": 2.0,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.25,
+    }
+    contexts = [
+        GPT2Context(
+            max_length=16,
+            tokens=TokenBuffer(np.array([0, 1, 2, 1], np.int64)),
+            sampling_params=SamplingParams(**penalties),
+            penalty_last_n=last,
+        )
+        for last in (3, 0)
+    ]
+    got = pipeline._launch_forward_pass(None, contexts, 0).next_token_logits.to_numpy()
+    # The last 3 tokens are 1, 2, 1: id 1 twice (-1 * 2 - 2 * 0.5 - 0.25), id 2 once (4 / 2 - 0.75).
+    np.testing.assert_allclose(got[0], [2.0, -3.25, 1.25, 1.0, 3.0])
+    np.testing.assert_array_equal(got[1], rows[1])
+
+
 def stub_pipeline(
     logits: Callable[[int], np.ndarray],
     on_host: bool = True,

@@ -17,7 +17,9 @@ divided by the penalty where positive and multiplied by it where negative, once
 however often it occurs. `frequency` and `presence` are OpenAI's penalties over the
 generated tokens only: a token's logit loses `frequency` for each time it was
 generated and `presence` once if it was. Repetition goes first, then the other
-two, as MAX's sampler orders them. `ban` gives ids the lowest float32 logit, so
+two, as MAX's sampler orders them. llama.cpp's penalties count otherwise: all three over the last
+`n` tokens of the prompt and the text alike (`last_counts`, for both `seen` and `generated`), with the
+same arithmetic. `ban` gives ids the lowest float32 logit, so
 no sampler or argmax picks them (Hugging Face bans with -inf; the lowest finite
 value keeps a softmax over a row whose every token is banned defined).
 """
@@ -36,6 +38,13 @@ def token_counts(ids: np.ndarray | Sequence[int], vocab: int) -> np.ndarray:
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab)[:vocab]
 
 
+def last_counts(ids: np.ndarray | Sequence[int], n: int, vocab: int) -> np.ndarray:
+    """How often each token id occurs among the last `n` of `ids` (none where `n` is 0), int64 `[vocab]`:
+    what llama.cpp's penalties count (its `penalty_last_n` tokens of the prompt and the text)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return token_counts(ids[max(0, len(ids) - n) :] if n > 0 else ids[:0], vocab)
+
+
 def penalize(
     logits: np.ndarray,
     seen: np.ndarray,
@@ -45,7 +54,8 @@ def penalize(
     presence: float = 0.0,
 ) -> np.ndarray:
     """`logits` (float [..., V]) with the penalties applied, float32; `seen` (bool [..., V]) marks the
-    tokens of the prompt and of the generated ones, `generated` (int [..., V]) counts the latter."""
+    tokens the repetition penalty counts, `generated` (int [..., V]) how often the frequency and presence
+    penalties count each: the prompt's and the text's, and the text's (or `last_counts` for both)."""
     scores = np.array(logits, dtype=np.float32)
     # Only the tokens seen are computed: a boolean mask's pass over the vocabulary, then their values.
     if repetition != 1.0:

@@ -1,5 +1,6 @@
 """What a served request carries beyond MAX's own, from the route to the worker: OpenAI's `logit_bias`,
-the constraint its text is held to, and llama-server's sampler chain where it runs on the host.
+the constraint its text is held to, llama-server's sampler chain where it runs on the host, and the
+tokens llama-server's penalties count.
 
 MAX's request (`TextGenerationRequest`, in the HTTP process) and context (`TextContext`, sent
 to the model worker) have no field for a per-token bias, and their grammar fields ask MAX's own
@@ -24,21 +25,25 @@ class GPT2Request(TextGenerationRequest):
     """MAX's request, with `logit_bias`: token id -> what its logit gains (OpenAI's, -100 to 100),
     `constraint`: (kind, source) of the text's `Constraint`, or None, and `cache_prompt`
     (llama-server's): whether the prompt may read pages MAX's prefix cache kept, and `chain`: the steps
-    of `max_gpt2.inference.sampler_chain` its logits go through before MAX's sampler, or None."""
+    of `max_gpt2.inference.sampler_chain` its logits go through before MAX's sampler, or None, and
+    `penalty_last_n`: where given, the penalties count the context's last n tokens, as llama-server's
+    (None: the repetition penalty the whole context, the others the text, as Hugging Face and OpenAI)."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
     cache_prompt: bool = True
     chain: tuple[tuple[str, float], ...] | None = None
+    penalty_last_n: int | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
-    """MAX's context, with the request's `logit_bias`, `constraint` and `chain` (None: none)."""
+    """MAX's context, with the request's `logit_bias`, `constraint`, `chain` and `penalty_last_n`."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
     chain: tuple[tuple[str, float], ...] | None = field(default=None)
+    penalty_last_n: int | None = field(default=None)
 
     @classmethod
     def of(cls, context: TextContext, request: TextGenerationRequest) -> GPT2Context:
@@ -46,6 +51,5 @@ class GPT2Context(TextContext):
         values = {each.name: getattr(context, each.name) for each in fields(TextContext) if each.init}
         if not isinstance(request, GPT2Request):
             return cls(**values)
-        return cls(
-            **values, logit_bias=request.logit_bias, constraint=request.constraint, chain=request.chain
-        )
+        ours = ("logit_bias", "constraint", "chain", "penalty_last_n")
+        return cls(**values, **{name: getattr(request, name) for name in ours})

@@ -53,7 +53,7 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
-from max_gpt2.inference.logit_controls import add_bias, ban, penalize, token_counts
+from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, penalize, token_counts
 from max_gpt2.inference.sampler_chain import chain
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
@@ -98,17 +98,18 @@ def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
     `min_tokens` tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition
     over the prompt and the tokens generated so far, as Hugging Face; `logit_bias` added (first, as
     `max_gpt2.inference.sampling` orders it) and frequency and presence over the generated ones, as
-    OpenAI."""
+    OpenAI; or, where it has a `penalty_last_n`, all three over the context's last n tokens, as
+    llama-server."""
     params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
     if bias := getattr(context, "logit_bias", None):  # first, as Hugging Face's order and the library's
         row = add_bias(row, bias)
+    if (last_n := getattr(context, "penalty_last_n", None)) is None:  # MAX's own contexts have none
+        seen, counts = token_counts(tokens.all, vocab) > 0, token_counts(tokens.generated, vocab)
+    else:
+        counts = last_counts(tokens.all, last_n, vocab)
+        seen = counts > 0
     row = penalize(
-        row,
-        token_counts(tokens.all, vocab) > 0,
-        token_counts(tokens.generated, vocab),
-        params.repetition_penalty,
-        params.frequency_penalty,
-        params.presence_penalty,
+        row, seen, counts, params.repetition_penalty, params.frequency_penalty, params.presence_penalty
     )
     if tokens.generated_length < context.min_tokens:
         row = ban(row, sorted(context.eos_tracker.eos_token_ids))

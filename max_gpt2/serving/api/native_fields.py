@@ -9,10 +9,8 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
 
 - the samplers and settings this server has not (`max_gpt2.serving.api.llama_samplers`), taken
   while they leave them off, their own parameters then with any value;
-- the penalties: llama-server's count the last `repeat_last_n` tokens, prompt and text alike.
-  `repeat_penalty` is Hugging Face's over the whole context here, so it needs `repeat_last_n: -1`
-  (or at least the context); the frequency and presence penalties (OpenAI's here, over the text
-  alone) only 0;
+- the penalties (`repeat_penalty`, `frequency_penalty`, `presence_penalty`) count the last
+  `repeat_last_n` tokens, prompt and text alike, as llama-server's (`requests.llama_penalties`);
 - `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused), and
   top-k, top-p, min-p and temperature run in its order (llama-server's default order where not
   given), on the host where that keeps other tokens than MAX's sampler would (`in_llama_order`);
@@ -32,6 +30,7 @@ from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, LlamaServe
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
 from max_gpt2.serving.api.requests import Asked, refuse_acting
 
+PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")  # shown in results
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
 
@@ -104,13 +103,6 @@ def as_completion(native: NativeCompletion) -> CompletionRequest:
             "echo", "echo: /v1/completions echoes the prompt (with its log-probabilities); not here"
         )
     native = native.model_copy(update=left_out(native.samplers))
-    for field in ("frequency_penalty", "presence_penalty"):
-        if getattr(native, field) != 0:
-            raise Refusal(
-                field,
-                f"{field}: llama-server's counts the prompt's tokens too, this server's (OpenAI's, at "
-                "/v1/completions) only the generated ones; leave it out or 0",
-            )
     if native.length == 0 or native.length < -1:
         raise Refusal("n_predict", f"n_predict: -1 (to the context's end) or at least 1; got {native.length}")
     probabilities = next((value for value in (native.n_probs, native.logprobs) if value is not None), 0)
@@ -134,7 +126,9 @@ def as_completion(native: NativeCompletion) -> CompletionRequest:
         grammar=native.grammar or None,  # an empty one is none, as llama-server reads it
         json_schema=native.json_schema or None,
         repeat_penalty=native.repeat_penalty,
-        repeat_last_n=native.repeat_last_n,
+        repeat_last_n=native.repeat_last_n,  # given or not: llama-server's penalties
+        frequency_penalty=native.frequency_penalty,
+        presence_penalty=native.presence_penalty,
         sse_ping_interval=native.sse_ping_interval,
     )
 
@@ -151,8 +145,7 @@ def generation_settings(
         "seed": native.seed,
         "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
         "n_probs": body.logprobs or 0,
-        "repeat_penalty": native.repeat_penalty,
-        "repeat_last_n": native.repeat_last_n,
+        **{name: getattr(body, name) for name in PENALTIES},
         "stream": native.stream,
         "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],
     }

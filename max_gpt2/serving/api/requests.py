@@ -75,6 +75,7 @@ class Asked:
     cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
     chain: tuple[tuple[str, float], ...] | None = None  # llama-server's sampler chain, run on the host
+    penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
 
     def request(
         self,
@@ -108,6 +109,7 @@ class Asked:
             cache_salt=self.cache_salt,
             cache_prompt=self.cache_prompt,
             chain=self.chain,
+            penalty_last_n=self.penalty_last_n,
         )
 
 
@@ -121,14 +123,8 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
-    if body.repeat_penalty not in (None, 1):  # llama-server's, over its last `repeat_last_n` (64 unset)
-        last = 64 if body.repeat_last_n is None else body.repeat_last_n
-        if not (last == -1 or last >= context_length):
-            raise Refusal(
-                "repeat_last_n",
-                f"repeat_last_n: the penalty counts the whole context here, not the last {last} tokens: "
-                f"give -1 (or {context_length})",
-            )
+    penalty_last_n = llama_penalties(body, context_length)
+    if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
     length_field, called = "max_tokens", None
@@ -190,7 +186,26 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         cache_salt=body.cache_salt,
         cache_prompt=body.cache_prompt,
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
+        penalty_last_n=penalty_last_n,
     )
+
+
+def llama_penalties(body: CompletionRequest | ChatRequest, context_length: int) -> int | None:
+    """How many of the context's last tokens the penalties count where `body` asks in llama-server's
+    fields (`repeat_penalty`, `repeat_last_n`: 64 unset, -1 the whole context, 0 none), as llama-server
+    counts them, the frequency and presence penalties too; None where it does not."""
+    if body.repeat_penalty is None and body.repeat_last_n is None:
+        return None
+    if body.repeat_penalty is not None and body.repetition_penalty is not None:
+        raise Refusal(
+            "repeat_penalty",
+            "repeat_penalty: llama-server's, over the last repeat_last_n tokens; repetition_penalty is "
+            "Hugging Face's and vLLM's, over the whole context: give one",
+        )
+    last = 64 if body.repeat_last_n is None else body.repeat_last_n
+    if last < -1:
+        raise Refusal("repeat_last_n", f"repeat_last_n: -1 (the whole context), 0 (none) or more; got {last}")
+    return context_length if last == -1 else last
 
 
 def refuse_acting(body: Any) -> None:

@@ -1,6 +1,7 @@
 """llama.cpp's sampler chain (`max_gpt2.inference.sampler_chain`) against a plain reference written here from
 llama.cpp's definitions (`src/llama-sampler.cpp`): sorted lists in float64, one token at a time, min-p's
-threshold in float32 as llama.cpp computes it. Random rows of logits, every order of the steps."""
+threshold in float32 as llama.cpp computes it. Random rows of logits, every order of the four steps
+llama-server runs by default, and top-n-sigma and typical-p among them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
 
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
+CUTS = {"top_n_sigma": 1.5, "typ_p": 0.7}  # llama-server's are off (-1, 1): values that cut
 
 
 def reference(logits: np.ndarray, steps: list[tuple[str, float]]) -> dict[int, float]:
@@ -30,6 +32,23 @@ def reference(logits: np.ndarray, steps: list[tuple[str, float]]) -> dict[int, f
                 chosen.append(index)
                 mass += math.exp(kept[index] - top) / total
                 if mass >= value:
+                    break
+            kept = {index: kept[index] for index in chosen}
+        elif name == "top_n_sigma" and value > 0 and len(kept) > 1:
+            mean = sum(kept.values()) / len(kept)
+            sigma = math.sqrt(sum((logit - mean) ** 2 for logit in kept.values()) / len(kept))
+            kept = {index: logit for index, logit in kept.items() if logit >= kept[ranked[0]] - value * sigma}
+        elif name == "typ_p" and value < 1:
+            top = kept[ranked[0]]
+            total = sum(math.exp(kept[index] - top) for index in ranked)
+            probability = {index: math.exp(kept[index] - top) / total for index in ranked}
+            entropy = -sum(p * math.log(p) for p in probability.values())
+            typical = sorted(ranked, key=lambda index: abs(-math.log(probability[index]) - entropy))
+            chosen, mass = [], 0.0
+            for index in typical:
+                chosen.append(index)
+                mass += probability[index]
+                if mass > value:
                     break
             kept = {index: kept[index] for index in chosen}
         elif name == "min_p" and value > 0:
@@ -51,7 +70,7 @@ def kept_by(out: np.ndarray) -> dict[int, float]:
     return {int(index): float(out[index]) for index in np.flatnonzero(out > LOWEST)}
 
 
-@pytest.mark.parametrize("order", list(itertools.permutations(STEPS)))
+@pytest.mark.parametrize("order", list(itertools.permutations(DEFAULTS)))
 def test_every_order_keeps_and_tempers_what_llama_cpps_chain_does(order):
     for row in rows(6):
         steps = [(name, DEFAULTS[name]) for name in order]
@@ -78,6 +97,22 @@ def test_single_steps_and_their_edges(steps):
         assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "order", [STEPS, tuple(reversed(STEPS)), ("typ_p", "top_n_sigma", "temperature"), ("top_n_sigma",)]
+)
+@pytest.mark.parametrize(
+    "cuts", [CUTS, {"top_n_sigma": 0.5, "typ_p": 0.2}, {"top_n_sigma": 3, "typ_p": 0.95}]
+)
+def test_top_n_sigma_and_typical_p_keep_what_llama_cpps_do_in_any_order(order, cuts):
+    for row in rows(4):
+        steps = [(name, {**DEFAULTS, **cuts}[name]) for name in order]
+        found, expected = kept_by(chain(row, steps)), reference(row, steps)
+        assert found.keys() == expected.keys() and len(found) >= 1, order
+        assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
+    alone = [kept_by(chain(row, [(name, cuts[name])])) for name in CUTS for row in rows(1)]
+    assert all(0 < len(kept) < 3000 for kept in alone)  # each cuts, so the comparison can fail
+
+
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():
     row = rows(1)[0]
     row[100:] = LOWEST  # banned or masked: only the first 100 in play
@@ -96,5 +131,5 @@ def test_the_order_matters_so_the_comparison_can_fail():
 
 
 def test_an_unknown_step_is_named():
-    with pytest.raises(ValueError, match="no step 'typical_p'"):
-        chain(rows(1)[0], [("typical_p", 0.5)])
+    with pytest.raises(ValueError, match="no step 'xtc'"):
+        chain(rows(1)[0], [("xtc", 0.5)])

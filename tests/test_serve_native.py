@@ -18,6 +18,7 @@ import pytest
 
 from max_gpt2.bench.server import stop_group
 from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
+from max_gpt2.inference.tokenizer import END_OF_TEXT
 from tests.conftest import CHAT_TEMPLATE
 from tests.llama_cpp import llama_server_on
 from tests.support import LM, requires_serving
@@ -102,13 +103,18 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
         )
 
 
-def llama_penalised_greedy(lm, prompt: list[int], new_tokens: int, penalties: dict[str, float]) -> list[int]:
+def llama_penalised_greedy(
+    lm, prompt: list[int], new_tokens: int, penalties: dict[str, float], eos: int | None
+) -> list[int]:
     """Greedy ids after `prompt` with llama.cpp's penalties, by this test's own loop: each token among
     the last `repeat_last_n` of prompt and text divided (or, at 0 and below, multiplied) by
-    `repeat_penalty`, then less its count times `frequency_penalty` and `presence_penalty` once."""
+    `repeat_penalty`, then less its count times `frequency_penalty` and `presence_penalty` once; the
+    end-of-text id `eos`, where given, never picked (llama-server's `ignore_eos`)."""
     ids = list(prompt)
     for _ in range(new_tokens):
         row = lm.logits(np.array([ids]))[0, -1].astype(np.float64)
+        if eos is not None:
+            row[eos] = -np.inf
         window = ids[-int(penalties["repeat_last_n"]) :]
         for token in set(window):
             row[token] = (
@@ -127,25 +133,27 @@ PENALTIES = {"repeat_penalty": 1.5, "repeat_last_n": 6, "frequency_penalty": 0.6
 def test_penalties_count_the_last_repeat_last_n_tokens_of_prompt_and_text(
     served_lm, served_model, served_tokenizer
 ):
-    prompt = served_tokenizer.encode(PROMPTS[1]).ids
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
     body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True, "return_tokens": True}
     plain = post(served_lm, "/completion", body)[1]["tokens"]
     for penalties in (PENALTIES, {**PENALTIES, "repeat_last_n": 40}):
         status, answer = post(served_lm, "/completion", {**body, **penalties})
         assert status == 200, answer
-        assert answer["tokens"] == llama_penalised_greedy(served_model, prompt, 12, penalties) != plain
+        assert answer["tokens"] == llama_penalised_greedy(served_model, prompt, 12, penalties, eos) != plain
         assert {name: answer["generation_settings"][name] for name in penalties} == penalties
     # At /v1/completions llama-server's fields count as llama-server counts; without them, OpenAI's way.
     v1 = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     status, answer = post(served_lm, "/v1/completions", {**v1, **PENALTIES, "return_token_ids": True})
-    assert answer["choices"][0]["token_ids"] == llama_penalised_greedy(served_model, prompt, 12, PENALTIES)
+    assert answer["choices"][0]["token_ids"] == llama_penalised_greedy(
+        served_model, prompt, 12, PENALTIES, None
+    )
 
 
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
         ({"mirostat": 2}, "mirostat", "no such sampler"),
-        ({"typical_p": "x"}, "typical_p", "no such sampler"),
+        ({"typical_p": "x"}, "typical_p", "typical_p: Input should be a valid number"),
         ({"repeat_last_n": -2}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -2"),
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
         ({"n_probs": 50}, "n_probs", "n_probs: must be 0 to 20"),
@@ -197,7 +205,7 @@ def chain_sets(lm, tokenizer) -> tuple[set[int], set[int]]:
     """The first tokens llama-server's chain keeps for `CHAIN` after `PROMPTS[1]`, and those cutting after
     the temperature (MAX's and vLLM's order) keeps; a check that those apart are likely enough to show."""
     row = lm.logits(np.array([tokenizer.encode(PROMPTS[1]).ids]))[0, -1]
-    llama = np.flatnonzero(chain(row, [(name, CHAIN[name]) for name in STEPS]) > LOWEST)
+    llama = np.flatnonzero(chain(row, [(name, CHAIN[name]) for name in STEPS if name in CHAIN]) > LOWEST)
     theirs = set(np.flatnonzero(chain(row, [("temperature", 0.3), ("top_p", 0.5)]) > LOWEST).tolist())
     odds = np.exp(row[llama] / 0.3 - (row[llama] / 0.3).max())
     beyond = odds[[token not in theirs for token in llama]].sum() / odds.sum()
@@ -224,6 +232,56 @@ def test_samples_come_from_llama_servers_chain_cuts_before_the_temperature(
             assert status == 200, answers
             seen |= {token for answer in answers for token in answer["tokens"][:1]}
         assert seen <= allowed and bool(seen - theirs) == some_beyond, (order, seen)
+
+
+def test_ignore_eos_bans_the_end_of_text_as_llama_server_where_vllms_goes_past_it(
+    served_lm, served_tokenizer
+):
+    eos = served_tokenizer.token_to_id(END_OF_TEXT)
+    pushed = {
+        "prompt": PROMPTS[0],
+        "n_predict": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_tokens": True,
+    }
+    status, answer = post(served_lm, "/completion", {**pushed, "logit_bias": [[eos, 100]]})
+    assert status == 200 and eos not in answer["tokens"] and answer["stop_type"] == "limit"
+    v1 = {
+        "prompt": PROMPTS[0],
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    status, answer = post(served_lm, "/v1/completions", {**v1, "logit_bias": {str(eos): 100}})
+    assert answer["choices"][0]["token_ids"] == [eos] * 4
+
+
+TYPICAL = {"typical_p": 0.3, "top_n_sigma": 1.0}  # each keeps other tokens than the argmax at times
+CHAIN_STEP = {"typical_p": "typ_p", "top_n_sigma": "top_n_sigma"}  # each field's step in the chain
+DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.7}  # llama-server's, tempered
+
+
+def test_typical_p_and_top_n_sigma_run_in_llama_servers_chain(served_lm, served_model, served_tokenizer):
+    """Greedy, the chain's temperature 0 takes the likeliest of what top-n-sigma and typical-p keep, which
+    need not be the argmax: the tokens are this test's loop over the model's logits through the chain."""
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
+    body = {"prompt": prompt, "n_predict": 10, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    ids, cut_argmax = list(prompt), 0
+    steps = [("top_n_sigma", 1.0), ("top_k", 40), ("typ_p", 0.3), ("top_p", 0.95), ("min_p", 0.05)]
+    for _ in range(10):
+        row = served_model.logits(np.array([ids]))[0, -1]
+        row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
+        ids.append(int(np.argmax(chain(row, steps))))
+        cut_argmax += ids[-1] != int(np.argmax(row))
+    status, answer = post(served_lm, "/completion", {**body, **TYPICAL})
+    assert status == 200 and answer["tokens"] == ids[len(prompt) :] and cut_argmax > 0, answer
+    drawn = post(served_lm, "/completion", {**body, **TYPICAL, "temperature": 0.7, "seed": 3, "n_cmpl": 8})
+    row = served_model.logits(np.array([prompt]))[0, -1]
+    row[eos] = LOWEST
+    kept = set(np.flatnonzero(chain(row, steps) > LOWEST).tolist())
+    assert {answer["tokens"][0] for answer in drawn[1]} <= kept
 
 
 def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
@@ -347,3 +405,30 @@ def test_llama_servers_own_draws_come_from_the_chain_we_run(served_model, served
         body = {"prompt": PROMPTS[1], "n_predict": 1, **CHAIN, "seed": seed, "return_tokens": True}
         drawn |= set(post(llama_server, "/completion", body)[1]["tokens"][:1])
     assert drawn <= llama and drawn - theirs, drawn
+
+
+def test_llama_servers_typical_p_and_top_n_sigma_draw_what_our_chain_keeps(
+    served_model, served_tokenizer, llama_server
+):
+    """Each alone, as llama-server runs it (after its top-n-sigma, which leaves the tokens it cuts in its
+    list at -inf, its typical-p's entropy is NaN, 0 * -inf, and what it keeps arbitrary): its first
+    tokens drawn at temperature 0.7 are among those our chain keeps, its greedy one the likeliest of them.
+    llama.cpp's float16 GELU moves its logits by about 1e-3, and this model's 40 likeliest tokens are near
+    alike, so that typical-p's ranking by surprise can swap neighbours: ours is taken at p + 0.1 there."""
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
+    row = served_model.logits(np.array([prompt]))[0, -1]
+    row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
+    for name, value, margin in (
+        ("typical_p", TYPICAL["typical_p"], 0.1),
+        ("top_n_sigma", TYPICAL["top_n_sigma"], 0),
+    ):
+        ours = {"top_n_sigma": -1, "typ_p": 1, CHAIN_STEP[name]: value + margin}
+        kept = np.flatnonzero(chain(row, [(step, {**DEFAULTS, **ours}[step]) for step in STEPS]) > LOWEST)
+        body = {"prompt": prompt, "n_predict": 1, name: value, "temperature": 0.7, "ignore_eos": True}
+        body["return_tokens"] = True
+        drawn = {
+            post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)
+        }
+        assert drawn <= set(kept.tolist()) and len(drawn) > 1 and len(kept) < 40, (name, drawn)
+        greedy = post(llama_server, "/completion", {**body, "temperature": 0})[1]["tokens"][0]
+        assert greedy in kept.tolist() and (margin or greedy == int(kept[np.argmax(row[kept])]))

@@ -1,4 +1,5 @@
-"""llama.cpp's sampler chain on one row of logits: top-k, top-p, min-p and temperature, in a given order.
+"""llama.cpp's sampler chain on one row of logits: top-n-sigma, top-k, typical-p, top-p, min-p and
+temperature, in a given order.
 
     row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
 
@@ -10,7 +11,10 @@ other than 0 or 1 beside a cut), `max-gpt2 serve` runs llama-server's chain here
 is llama.cpp's (`src/llama-sampler.cpp`): top-k keeps the `k` highest logits (0: all);
 top-p keeps the likeliest tokens until their probability, over what is still kept, reaches
 `p`; min-p keeps the tokens whose probability is at least `p` times the likeliest one's;
-temperature divides what is kept (0 keeps the likeliest alone). A cut token gets the lowest float32 logit (as
+temperature divides what is kept (0 keeps the likeliest alone); top-n-sigma keeps the logits within
+`n` standard deviations (of what is kept) of the highest (0 or less: all); typical-p ranks what is kept
+by how far each token's surprise, -log p, lies from the entropy, and keeps the closest until their
+probability passes `p` (1: all). A cut token gets the lowest float32 logit (as
 `max_gpt2.inference.logit_controls.ban`), so no sampler picks it; at least one token stays.
 """
 
@@ -20,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-STEPS = ("top_k", "top_p", "min_p", "temperature")  # llama.cpp's names, in its default order
+STEPS = ("top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "temperature")  # llama.cpp's, in its order
 LOWEST = np.finfo(np.float32).min
 NUCLEUS_FIRST = 256  # top-p looks among this many likeliest first, as llama.cpp does
 
@@ -38,6 +42,11 @@ def chain(logits: np.ndarray, steps: Sequence[tuple[str, float]]) -> np.ndarray:
             kept, values = kept[best], values[best]
         elif name == "top_p" and value < 1:
             kept, values = nucleus(kept, values, value)
+        elif name == "top_n_sigma" and value > 0 and kept.size > 1:
+            close = values >= values.max() - np.float32(value) * values.std()
+            kept, values = kept[close], values[close]
+        elif name == "typ_p" and value < 1:
+            kept, values = typical(kept, values, value)
         elif name == "min_p" and value > 0:
             close = values >= values.max() + np.log(np.float32(value))
             kept, values = kept[close], values[close]
@@ -68,3 +77,15 @@ def nucleus(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray,
             last = reached[0] + 1 if reached.size else first
             return kept[order[:last]], values[order[:last]]
         first = kept.size
+
+
+def typical(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of `kept` (with their `values`) whose surprise is closest to the entropy, until their
+    probability over all of `kept` passes `p` (at least one)."""
+    probabilities = np.exp(values.astype(np.float64) - values.max())
+    probabilities /= probabilities.sum()
+    surprise = -np.log(probabilities)
+    order = np.argsort(np.abs(surprise - (probabilities * surprise).sum()), kind="stable")
+    passed = np.flatnonzero(np.cumsum(probabilities[order]) > p)
+    last = passed[0] + 1 if passed.size else kept.size
+    return kept[order[:last]], values[order[:last]]

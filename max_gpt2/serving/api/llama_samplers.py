@@ -1,9 +1,10 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (mirostat, DRY, XTC, typical-p,
-  top-n-sigma, adaptive-p, dynamic temperature, ...): taken while set to what leaves it off,
-  refused by the routes, naming the field, otherwise (`first_acting`).
+- `OFF`: what llama-server reads and this server has not (mirostat, DRY, XTC, adaptive-p, dynamic
+  temperature, ...): taken while set to what leaves it off, refused by the routes, naming the field,
+  otherwise (`first_acting`); typical-p and top-n-sigma too on the OpenAI routes, where MAX's sampler
+  draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
 - `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
   what shapes only llama-server's logs, progress events and timings.
@@ -25,11 +26,9 @@ from max_gpt2.inference.sampler_chain import STEPS
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mirostat": (lambda value: value == 0, "0"),
-    "typical_p": (lambda value: value >= 1, "1"),
     "dynatemp_range": (lambda value: value <= 0, "0"),
     "xtc_probability": (lambda value: value <= 0, "0"),
     "dry_multiplier": (lambda value: value <= 0, "0"),
-    "top_n_sigma": (lambda value: value < 0, "-1"),
     "adaptive_target": (lambda value: value < 0, "-1"),
     "n_indent": (lambda value: value == 0, "0"),
     "t_max_predict_ms": (lambda value: value <= 0, "0"),
@@ -49,10 +48,17 @@ INERT = (
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
     "generation_prompt", "parse_tool_calls",
 )  # fmt: skip
+# The samplers only llama-server's chain runs (`/completion`): each field, what leaves it off, its step.
+CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "top_n_sigma": (lambda value: value <= 0, "-1", "top_n_sigma"),
+    "typical_p": (lambda value: value >= 1, "1", "typ_p"),
+}
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
+    "top_n_sigma": ("s", {"top_n_sigma": -1.0}),
     "top_k": ("k", {"top_k": 0}),
+    "typ_p": ("y", {"typical_p": 1.0}),
     "top_p": ("p", {"top_p": 1.0}),
     "min_p": ("m", {"min_p": 0.0}),
     "temperature": ("t", {"temperature": 1.0}),
@@ -65,13 +71,16 @@ LlamaServerFields: Any = create_model(
     sse_ping_interval=(float | None, None),
     repeat_penalty=(float | None, None),
     repeat_last_n=(int | None, None),
+    top_n_sigma=(float | None, None),
+    typical_p=(float | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 
 
-def first_acting(body: Any) -> tuple[str, str] | None:
-    """The first of `OFF`'s fields `body` sets to act, and what would leave it off; None if none does."""
-    for field, (off, value) in OFF.items():
+def first_acting(body: Any, table: dict[str, tuple[Any, ...]] = OFF) -> tuple[str, str] | None:
+    """The first of `table`'s fields (`OFF`'s, or `CHAIN_ONLY`'s) `body` sets to act, and what would leave
+    it off; None if none does."""
+    for field, (off, value, *_) in table.items():
         given = getattr(body, field)
         try:
             acts = given is not None and not off(given)
@@ -95,8 +104,8 @@ def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
 
 
 def chain_order(samplers: list[str] | str | None) -> tuple[str, ...]:
-    """Top-k, top-p, min-p and temperature in the order `samplers` (names, or a string of their letters)
-    gives them, llama-server's default order where it is not given."""
+    """The chain's steps (`sampler_chain.STEPS`) in the order `samplers` (names, or a string of their
+    letters) gives them, llama-server's default order where it is not given."""
     if samplers is None:
         return STEPS
     letters = {letter: name for name, (letter, _) in SAMPLERS.items()}

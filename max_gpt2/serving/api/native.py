@@ -36,6 +36,7 @@ from max_gpt2.serving.api.native_fields import (
     RENAMED,
     NativeCompletion,
     as_completion,
+    eos_banned,
     generation_settings,
     in_llama_order,
 )
@@ -54,7 +55,7 @@ async def create_native_completion(request: Request) -> Response:
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
         asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
-        asked = in_llama_order(asked, native.samplers)
+        asked = eos_banned(in_llama_order(asked, native), native, served.tokenizer.eos_token_ids)
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")

@@ -20,13 +20,24 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from max.pipelines.context.sampling_params import SamplingParamsInput
 from pydantic import ConfigDict, Field
 
+from max_gpt2.inference.logit_controls import LOWEST
 from max_gpt2.inference.sampler_chain import STEPS
-from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, LlamaServerFields, chain_order, left_out
+from max_gpt2.serving.api.llama_samplers import (
+    CHAIN_ONLY,
+    INERT,
+    OFF,
+    SAMPLERS,
+    LlamaServerFields,
+    chain_order,
+    first_acting,
+    left_out,
+)
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
 from max_gpt2.serving.api.requests import Asked, refuse_acting
 
@@ -151,16 +162,29 @@ def generation_settings(
     }
 
 
-def in_llama_order(asked: Asked, samplers: list[str] | str | None) -> Asked:
-    """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `samplers`' order)
-    run on the host where it keeps other tokens than MAX's sampler, which applies the temperature
-    first: with a cut and a temperature other than 0 and 1. MAX then draws at temperature 1."""
-    values = {name: getattr(asked.sampling, name) for name in STEPS}
-    top_k, top_p, min_p, temperature = values.values()
+def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
+    """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `native`'s
+    `samplers` order) run on the host where it keeps other tokens than MAX's sampler, which applies the
+    temperature first and has no top-n-sigma or typical-p: with either, or with a cut and a temperature
+    other than 0 and 1. MAX then draws at temperature 1."""
+    native = native.model_copy(update=left_out(native.samplers))
+    values = {name: getattr(asked.sampling, name, None) for name in STEPS}
+    values |= {step: getattr(native, field) for field, (*_, step) in CHAIN_ONLY.items()}
+    top_k, top_p, min_p, temperature = (values[name] for name in ("top_k", "top_p", "min_p", "temperature"))
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
-    if temperature in (None, 0, 1) or not cuts:
+    if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
-    chain = tuple((name, float(values[name])) for name in chain_order(samplers) if values[name] is not None)
+    order = chain_order(native.samplers)
+    chain = tuple((name, float(values[name])) for name in order if values[name] is not None)
     neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # MAX's sampler then only draws
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
     return dataclasses.replace(asked, sampling=sampling, chain=chain)
+
+
+def eos_banned(asked: Asked, native: NativeCompletion, eos_ids: Iterable[int]) -> Asked:
+    """`asked` with the end-of-text ids banned where `ignore_eos` asks, as llama-server bans them (a -inf
+    bias: none is generated); vLLM's `ignore_eos`, on the OpenAI routes, only goes on past one."""
+    if not native.ignore_eos:
+        return asked
+    banned = dict.fromkeys(eos_ids, float(LOWEST))  # a plain float, which crosses to the worker
+    return dataclasses.replace(asked, logit_bias={**asked.logit_bias, **banned})

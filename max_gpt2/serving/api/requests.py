@@ -23,7 +23,7 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
-from max_gpt2.serving.api.llama_samplers import first_acting, left_out
+from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, first_acting, left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
     REFUSED,
@@ -122,6 +122,10 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
     if body.stream_options is not None and not body.stream:
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
+    if found := first_acting(body, CHAIN_ONLY):
+        field, off = found
+        why = "only /completion runs it here, in llama-server's sampler chain"
+        raise Refusal(field, f"{field}: {why}; leave it out or {off}")
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
     penalty_last_n = llama_penalties(body, context_length)
     if body.repeat_penalty is not None:

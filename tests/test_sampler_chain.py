@@ -15,12 +15,13 @@ from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
 
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
 CUTS = {"top_n_sigma": 1.5, "typ_p": 0.7}  # llama-server's are off (-1, 1): values that cut
+ONE_VALUE = tuple(step for step in STEPS if step != "xtc")  # the steps of one value, in llama.cpp's order
 
 
-def reference(logits: np.ndarray, steps: list[tuple[str, float]]) -> dict[int, float]:
-    """The tokens each step keeps, by id, with their logits."""
+def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> dict[int, float]:
+    """The tokens each step keeps, by id, with their logits (`chance`: XTC's draw)."""
     kept = {index: float(value) for index, value in enumerate(logits) if value > LOWEST}
-    for name, value in steps:
+    for name, value, *more in steps:
         ranked = sorted(kept, key=lambda index: -kept[index])
         if name == "top_k" and value > 0:
             kept = {index: kept[index] for index in ranked[: int(value)]}
@@ -51,6 +52,15 @@ def reference(logits: np.ndarray, steps: list[tuple[str, float]]) -> dict[int, f
                 if mass > value:
                     break
             kept = {index: kept[index] for index in chosen}
+        elif name == "xtc" and chance <= value and more[0] <= 0.5 and len(kept) > 1:
+            top = kept[ranked[0]]
+            total = sum(math.exp(kept[index] - top) for index in ranked)
+            last = 0  # where the tokens that reach the threshold end, as llama.cpp's `pos_last`
+            for position, index in enumerate(ranked):
+                if math.exp(kept[index] - top) / total < more[0]:
+                    break
+                last = position
+            kept = {index: kept[index] for index in ranked[last:]}
         elif name == "min_p" and value > 0:
             floor = np.float32(kept[ranked[0]]) + np.log(np.float32(value))
             kept = {index: logit for index, logit in kept.items() if np.float32(logit) >= floor}
@@ -98,7 +108,7 @@ def test_single_steps_and_their_edges(steps):
 
 
 @pytest.mark.parametrize(
-    "order", [STEPS, tuple(reversed(STEPS)), ("typ_p", "top_n_sigma", "temperature"), ("top_n_sigma",)]
+    "order", [ONE_VALUE, ONE_VALUE[::-1], ("typ_p", "top_n_sigma", "temperature"), ("top_n_sigma",)]
 )
 @pytest.mark.parametrize(
     "cuts", [CUTS, {"top_n_sigma": 0.5, "typ_p": 0.2}, {"top_n_sigma": 3, "typ_p": 0.95}]
@@ -111,6 +121,21 @@ def test_top_n_sigma_and_typical_p_keep_what_llama_cpps_do_in_any_order(order, c
         assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
     alone = [kept_by(chain(row, [(name, cuts[name])])) for name in CUTS for row in rows(1)]
     assert all(0 < len(kept) < 3000 for kept in alone)  # each cuts, so the comparison can fail
+
+
+@pytest.mark.parametrize("chance", [0.2, 0.7])
+@pytest.mark.parametrize("threshold", [0.0005, 0.002, 0.3, 0.6])
+def test_xtc_cuts_the_top_choices_but_the_least_likely_where_its_draw_falls_within_its_probability(
+    chance, threshold
+):
+    for row in rows(4):
+        steps = [("top_k", 40), ("xtc", 0.5, threshold), ("temperature", 0.8)]
+        found, expected = kept_by(chain(row, steps, chance)), reference(row, steps, chance)
+        assert found.keys() == expected.keys() and len(found) >= 1
+        assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-6)
+        if chance > 0.5 or threshold > 0.5:  # no draw within its probability, or no token can reach it
+            assert found.keys() == kept_by(chain(row, steps[:1])).keys()
+    assert len(kept_by(chain(rows(1)[0], [("xtc", 1.0, 0.0005)], 0.99))) < 3000  # it can cut
 
 
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():
@@ -131,5 +156,5 @@ def test_the_order_matters_so_the_comparison_can_fail():
 
 
 def test_an_unknown_step_is_named():
-    with pytest.raises(ValueError, match="no step 'xtc'"):
-        chain(rows(1)[0], [("xtc", 0.5)])
+    with pytest.raises(ValueError, match="no step 'dry'"):
+        chain(rows(1)[0], [("dry", 0.5)])

@@ -40,6 +40,7 @@ REFUSED = [
     ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
     ({"typical_p": 0.5}, "typical_p", "only /completion runs it here, in llama-server's sampler chain"),
     ({"top_n_sigma": 1}, "top_n_sigma", "only /completion runs it here"),
+    ({"xtc_probability": 0.5}, "xtc_probability", "only /completion runs it here"),
     ({"repeat_last_n": -3}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -3"),
     ({"repeat_penalty": 1.2, "repetition_penalty": 1.1}, "repeat_penalty", "give one"),
     ({"repeat_penalty": 0}, "repetition_penalty", "above 0"),

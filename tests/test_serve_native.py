@@ -263,24 +263,37 @@ CHAIN_STEP = {"typical_p": "typ_p", "top_n_sigma": "top_n_sigma"}  # each field'
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.7}  # llama-server's, tempered
 
 
-def test_typical_p_and_top_n_sigma_run_in_llama_servers_chain(served_lm, served_model, served_tokenizer):
-    """Greedy, the chain's temperature 0 takes the likeliest of what top-n-sigma and typical-p keep, which
-    need not be the argmax: the tokens are this test's loop over the model's logits through the chain."""
+LLAMA_DEFAULTS = [("top_k", 40), ("top_p", 0.95), ("min_p", 0.05)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "steps"),
+    [
+        (TYPICAL, [("top_n_sigma", 1.0), ("top_k", 40), ("typ_p", 0.3), ("top_p", 0.95), ("min_p", 0.05)]),
+        ({"xtc_probability": 1.0, "xtc_threshold": 0.02}, [*LLAMA_DEFAULTS, ("xtc", 1.0, 0.02)]),
+    ],
+    ids=["top_n_sigma, typical_p", "xtc"],
+)
+def test_the_samplers_only_llama_servers_chain_has_run_in_it(
+    served_lm, served_model, served_tokenizer, fields, steps
+):
+    """Greedy, the chain's temperature 0 takes the likeliest of what top-n-sigma and typical-p keep, or
+    what XTC leaves of the top choices, which need not be the argmax: the tokens are this test's loop
+    over the model's logits through the chain (XTC's probability 1: its draw always falls within)."""
     prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
     body = {"prompt": prompt, "n_predict": 10, "temperature": 0, "ignore_eos": True, "return_tokens": True}
     ids, cut_argmax = list(prompt), 0
-    steps = [("top_n_sigma", 1.0), ("top_k", 40), ("typ_p", 0.3), ("top_p", 0.95), ("min_p", 0.05)]
     for _ in range(10):
         row = served_model.logits(np.array([ids]))[0, -1]
         row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-        ids.append(int(np.argmax(chain(row, steps))))
+        ids.append(int(np.argmax(chain(row, steps, chance=0.0))))
         cut_argmax += ids[-1] != int(np.argmax(row))
-    status, answer = post(served_lm, "/completion", {**body, **TYPICAL})
+    status, answer = post(served_lm, "/completion", {**body, **fields})
     assert status == 200 and answer["tokens"] == ids[len(prompt) :] and cut_argmax > 0, answer
-    drawn = post(served_lm, "/completion", {**body, **TYPICAL, "temperature": 0.7, "seed": 3, "n_cmpl": 8})
+    drawn = post(served_lm, "/completion", {**body, **fields, "temperature": 0.7, "seed": 3, "n_cmpl": 8})
     row = served_model.logits(np.array([prompt]))[0, -1]
     row[eos] = LOWEST
-    kept = set(np.flatnonzero(chain(row, steps) > LOWEST).tolist())
+    kept = set(np.flatnonzero(chain(row, steps, chance=0.0) > LOWEST).tolist())
     assert {answer["tokens"][0] for answer in drawn[1]} <= kept
 
 
@@ -423,7 +436,8 @@ def test_llama_servers_typical_p_and_top_n_sigma_draw_what_our_chain_keeps(
         ("top_n_sigma", TYPICAL["top_n_sigma"], 0),
     ):
         ours = {"top_n_sigma": -1, "typ_p": 1, CHAIN_STEP[name]: value + margin}
-        kept = np.flatnonzero(chain(row, [(step, {**DEFAULTS, **ours}[step]) for step in STEPS]) > LOWEST)
+        values = {**DEFAULTS, **ours}
+        kept = np.flatnonzero(chain(row, [(step, values[step]) for step in STEPS if step in values]) > LOWEST)
         body = {"prompt": prompt, "n_predict": 1, name: value, "temperature": 0.7, "ignore_eos": True}
         body["return_tokens"] = True
         drawn = {
@@ -432,3 +446,21 @@ def test_llama_servers_typical_p_and_top_n_sigma_draw_what_our_chain_keeps(
         assert drawn <= set(kept.tolist()) and len(drawn) > 1 and len(kept) < 40, (name, drawn)
         greedy = post(llama_server, "/completion", {**body, "temperature": 0})[1]["tokens"][0]
         assert greedy in kept.tolist() and (margin or greedy == int(kept[np.argmax(row[kept])]))
+
+
+def test_llama_servers_xtc_leaves_the_top_choice_ours_leaves(served_model, served_tokenizer, llama_server):
+    """XTC drawing at every token (probability 1), its threshold midway in the widest gap between the ten
+    likeliest probabilities (so that llama.cpp's logits, about 1e-3 from ours, put the same tokens above
+    it): llama-server's greedy token is ours, the least likely of those above, not the argmax."""
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
+    row = served_model.logits(np.array([prompt]))[0, -1]
+    row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
+    cut = chain(row, LLAMA_DEFAULTS)  # what reaches XTC: its probabilities are over these
+    likeliest = np.sort(cut[cut > LOWEST].astype(np.float64))[::-1]
+    probabilities = np.exp(likeliest - likeliest[0]) / np.exp(likeliest - likeliest[0]).sum()
+    widest = 1 + int(np.argmax(probabilities[1:10] - probabilities[2:11]))  # at least two reach it
+    threshold = float(probabilities[widest] + probabilities[widest + 1]) / 2
+    ours = int(np.argmax(chain(row, [*LLAMA_DEFAULTS, ("xtc", 1.0, threshold)], chance=0.0)))
+    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "xtc_probability": 1.0, "ignore_eos": True}
+    answer = post(llama_server, "/completion", {**body, "xtc_threshold": threshold, "return_tokens": True})[1]
+    assert answer["tokens"][0] == ours != int(np.argmax(row))

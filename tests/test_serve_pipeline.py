@@ -416,3 +416,21 @@ def test_drafting_pauses_where_drafted_runs_make_fewer_tokens_a_second(seconds, 
         assert runs.count("d") < len(runs) / 2
         assert pauses[:6] == [1, 1, 2, 4, 8, 16]  # the first run measures; then each pause twice as long
         assert all(len(drafted) == JUDGED_AFTER for drafted in runs.strip(".").split(".") if drafted)
+
+
+def test_xtcs_draw_is_the_same_for_the_same_seed_and_token_and_uniform():
+    from max_gpt2.serving.pipeline import xtc_chance
+
+    def draws(seed: int) -> list[float]:  # a request's first 8 tokens
+        return [
+            xtc_chance(
+                SimpleNamespace(
+                    sampling_params=SimpleNamespace(seed=seed), tokens=SimpleNamespace(generated_length=n)
+                )
+            )
+            for n in range(8)
+        ]
+
+    assert draws(5) == draws(5) != draws(6) and len(set(draws(5))) == 8
+    many = [chance for seed in range(50) for chance in draws(seed)]
+    assert min(many) >= 0 and max(many) < 1 and abs(np.mean(many) - 0.5) < 0.05  # 3.5 standard errors

@@ -1,12 +1,14 @@
-"""llama.cpp's sampler chain on one row of logits: top-n-sigma, top-k, typical-p, top-p, min-p and
+"""llama.cpp's sampler chain on one row of logits: top-n-sigma, top-k, typical-p, top-p, min-p, XTC and
 temperature, in a given order.
 
     row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
+    row = chain(logits, (("xtc", 0.5, 0.1), ("temperature", 0.8)), chance=0.3)  # XTC's draw this token
 
 llama.cpp cuts the distribution in its chain's order, by default the cuts first, at the
 model's own temperature, then the temperature; Hugging Face's, vLLM's and MAX's samplers
 apply the temperature first. Where the two orders keep different tokens (a temperature
-other than 0 or 1 beside a cut), `max-gpt2 serve` runs llama-server's chain here for its
+other than 0 or 1 beside a cut), or a step MAX's sampler has not acts (top-n-sigma, typical-p,
+XTC), `max-gpt2 serve` runs llama-server's chain here for its
 `/completion` route and lets MAX's sampler draw from the result at temperature 1. Each step
 is llama.cpp's (`src/llama-sampler.cpp`): top-k keeps the `k` highest logits (0: all);
 top-p keeps the likeliest tokens until their probability, over what is still kept, reaches
@@ -14,8 +16,11 @@ top-p keeps the likeliest tokens until their probability, over what is still kep
 temperature divides what is kept (0 keeps the likeliest alone); top-n-sigma keeps the logits within
 `n` standard deviations (of what is kept) of the highest (0 or less: all); typical-p ranks what is kept
 by how far each token's surprise, -log p, lies from the entropy, and keeps the closest until their
-probability passes `p` (1: all). A cut token gets the lowest float32 logit (as
-`max_gpt2.inference.logit_controls.ban`), so no sampler picks it; at least one token stays.
+probability passes `p` (1: all); XTC ("exclude top choices"), where this token's `chance` (a uniform
+draw in [0, 1)) is at most its probability, cuts every token whose probability is at least its
+threshold but the least likely of them (a threshold above 0.5: none). A cut token gets the lowest
+float32 logit (as `max_gpt2.inference.logit_controls.ban`), so no sampler picks it; at least one token
+stays.
 """
 
 from __future__ import annotations
@@ -24,19 +29,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-STEPS = ("top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "temperature")  # llama.cpp's, in its order
+STEPS = ("top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp's order
+Step = tuple[str | float, ...]  # a name of `STEPS`, its value (XTC's two); one type, as msgspec needs
 LOWEST = np.finfo(np.float32).min
 NUCLEUS_FIRST = 256  # top-p looks among this many likeliest first, as llama.cpp does
 
 
-def chain(logits: np.ndarray, steps: Sequence[tuple[str, float]]) -> np.ndarray:
-    """`logits` [V] after each step of `steps` (a name of `STEPS` and its value), in their order."""
+def chain(logits: np.ndarray, steps: Sequence[Step], chance: float = 1.0) -> np.ndarray:
+    """`logits` [V] after each step of `steps` (a name of `STEPS` and its value: XTC's probability and
+    threshold), in their order; `chance` is XTC's draw for this token."""
     row = np.asarray(logits, dtype=np.float32)
     kept = np.flatnonzero(row > LOWEST)  # ids still in play: what a ban or a constraint left
     if kept.size == 0:
         return row.copy()
     values = row[kept]
-    for name, value in steps:
+    for name, value, *threshold in steps:
         if name == "top_k" and 0 < value < kept.size:
             best = np.argpartition(-values, int(value) - 1)[: int(value)]
             kept, values = kept[best], values[best]
@@ -47,6 +54,8 @@ def chain(logits: np.ndarray, steps: Sequence[tuple[str, float]]) -> np.ndarray:
             kept, values = kept[close], values[close]
         elif name == "typ_p" and value < 1:
             kept, values = typical(kept, values, value)
+        elif name == "xtc" and chance <= value and threshold[0] <= 0.5 and kept.size > 1:
+            kept, values = excluded_top_choices(kept, values, threshold[0])
         elif name == "min_p" and value > 0:
             close = values >= values.max() + np.log(np.float32(value))
             kept, values = kept[close], values[close]
@@ -89,3 +98,18 @@ def typical(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray,
     passed = np.flatnonzero(np.cumsum(probabilities[order]) > p)
     last = passed[0] + 1 if passed.size else kept.size
     return kept[order[:last]], values[order[:last]]
+
+
+def excluded_top_choices(
+    kept: np.ndarray, values: np.ndarray, threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """`kept` (with their `values`) less the tokens of probability at least `threshold`, all but the least
+    likely of them; as it is where fewer than two reach it."""
+    probabilities = np.exp(values.astype(np.float64) - values.max())
+    probabilities /= probabilities.sum()
+    order = np.argsort(-values, kind="stable")
+    reaching = int(np.count_nonzero(probabilities >= threshold))  # the likeliest, a prefix of `order`
+    if reaching < 2:
+        return kept, values
+    rest = order[reaching - 1 :]
+    return kept[rest], values[rest]

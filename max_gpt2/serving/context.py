@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from max.pipelines.context import TextContext
 from max.pipelines.modeling.types import TextGenerationRequest
 
+from max_gpt2.inference.sampler_chain import Step
+
 
 @dataclass(frozen=True)
 class GPT2Request(TextGenerationRequest):
@@ -32,7 +34,7 @@ class GPT2Request(TextGenerationRequest):
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
     cache_prompt: bool = True
-    chain: tuple[tuple[str, float], ...] | None = None
+    chain: tuple[Step, ...] | None = None
     penalty_last_n: int | None = None
 
 
@@ -42,7 +44,7 @@ class GPT2Context(TextContext):
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
-    chain: tuple[tuple[str, float], ...] | None = field(default=None)
+    chain: tuple[Step, ...] | None = field(default=None)
     penalty_last_n: int | None = field(default=None)
 
     @classmethod

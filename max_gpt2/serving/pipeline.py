@@ -54,7 +54,7 @@ from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
 from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, penalize, token_counts
-from max_gpt2.inference.sampler_chain import chain
+from max_gpt2.inference.sampler_chain import Step, chain
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
 from max_gpt2.serving.settings import ServingSettings
@@ -88,9 +88,15 @@ def edits_logits(context: TextContext) -> bool:
     return needs_controls(context) or constraint_of(context) is not None or chain_of(context) is not None
 
 
-def chain_of(context: TextContext) -> tuple[tuple[str, float], ...] | None:
+def chain_of(context: TextContext) -> tuple[Step, ...] | None:
     """The steps of llama-server's sampler chain `context`'s logits go through on the host, or None."""
     return getattr(context, "chain", None)  # MAX's own contexts (padding) have none
+
+
+def xtc_chance(context: TextContext) -> float:
+    """XTC's draw for `context`'s next token, uniform in [0, 1): the same for the same seed and token."""
+    generator = np.random.default_rng([context.sampling_params.seed or 0, context.tokens.generated_length])
+    return float(generator.random())
 
 
 def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
@@ -171,7 +177,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
             if constraint_of(context) is not None:
                 rows[row] = self._constraints.mask(context, rows[row])
             if (steps := chain_of(context)) is not None:  # over what the mask allows, as llama-server
-                rows[row] = chain(rows[row], steps)
+                drawn = any(step[0] == "xtc" for step in steps)  # a generator made only where it is read
+                rows[row] = chain(rows[row], steps, xtc_chance(context) if drawn else 1.0)
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(

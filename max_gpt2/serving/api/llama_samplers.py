@@ -1,10 +1,10 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (mirostat, DRY, XTC, adaptive-p, dynamic
+- `OFF`: what llama-server reads and this server has not (mirostat, DRY, adaptive-p, dynamic
   temperature, ...): taken while set to what leaves it off, refused by the routes, naming the field,
-  otherwise (`first_acting`); typical-p and top-n-sigma too on the OpenAI routes, where MAX's sampler
-  draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
+  otherwise (`first_acting`); typical-p, top-n-sigma and XTC too on the OpenAI routes, where MAX's
+  sampler draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
 - `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
   what shapes only llama-server's logs, progress events and timings.
@@ -27,7 +27,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mirostat": (lambda value: value == 0, "0"),
     "dynatemp_range": (lambda value: value <= 0, "0"),
-    "xtc_probability": (lambda value: value <= 0, "0"),
     "dry_multiplier": (lambda value: value <= 0, "0"),
     "adaptive_target": (lambda value: value < 0, "-1"),
     "n_indent": (lambda value: value == 0, "0"),
@@ -41,7 +40,7 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
 }
 INERT = (
-    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length",
+    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "adaptive_decay", "min_keep", "n_keep", "n_discard",
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
@@ -52,6 +51,7 @@ INERT = (
 CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "top_n_sigma": (lambda value: value <= 0, "-1", "top_n_sigma"),
     "typical_p": (lambda value: value >= 1, "1", "typ_p"),
+    "xtc_probability": (lambda value: value <= 0, "0", "xtc"),  # with `xtc_threshold` (0.1 unset)
 }
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -59,6 +59,7 @@ SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "top_n_sigma": ("s", {"top_n_sigma": -1.0}),
     "top_k": ("k", {"top_k": 0}),
     "typ_p": ("y", {"typical_p": 1.0}),
+    "xtc": ("x", {"xtc_probability": 0.0}),
     "top_p": ("p", {"top_p": 1.0}),
     "min_p": ("m", {"min_p": 0.0}),
     "temperature": ("t", {"temperature": 1.0}),
@@ -73,6 +74,8 @@ LlamaServerFields: Any = create_model(
     repeat_last_n=(int | None, None),
     top_n_sigma=(float | None, None),
     typical_p=(float | None, None),
+    xtc_probability=(float | None, None),
+    xtc_threshold=(float | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 

@@ -165,8 +165,8 @@ def generation_settings(
 def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
     """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `native`'s
     `samplers` order) run on the host where it keeps other tokens than MAX's sampler, which applies the
-    temperature first and has no top-n-sigma or typical-p: with either, or with a cut and a temperature
-    other than 0 and 1. MAX then draws at temperature 1."""
+    temperature first and has no top-n-sigma, typical-p or XTC: with one of those, or with a cut and a
+    temperature other than 0 and 1. MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
     values = {name: getattr(asked.sampling, name, None) for name in STEPS}
     values |= {step: getattr(native, field) for field, (*_, step) in CHAIN_ONLY.items()}
@@ -174,8 +174,12 @@ def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
     if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
-    order = chain_order(native.samplers)
-    chain = tuple((name, float(values[name])) for name in order if values[name] is not None)
+    threshold = 0.1 if native.xtc_threshold is None else native.xtc_threshold  # llama-server's default
+    chain = tuple(
+        (name, float(values[name]), *([float(threshold)] if name == "xtc" else []))
+        for name in chain_order(native.samplers)
+        if values[name] is not None
+    )
     neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # MAX's sampler then only draws
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
     return dataclasses.replace(asked, sampling=sampling, chain=chain)

@@ -21,6 +21,7 @@ from max.pipelines.context.sampling_params import (
 from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
 from max_gpt2.inference.constraints import Constraint
+from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, first_acting, left_out
@@ -74,7 +75,7 @@ class Asked:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached pages
     cache_prompt: bool = True  # llama-server's: false, the prompt reads no cached page
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
-    chain: tuple[tuple[str, float], ...] | None = None  # llama-server's sampler chain, run on the host
+    chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
 
     def request(

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
+from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain, mirostat_v2
 
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
 CUTS = {"top_n_sigma": 1.5, "typ_p": 0.7}  # llama-server's are off (-1, 1): values that cut
@@ -136,6 +136,42 @@ def test_xtc_cuts_the_top_choices_but_the_least_likely_where_its_draw_falls_with
         if chance > 0.5 or threshold > 0.5:  # no draw within its probability, or no token can reach it
             assert found.keys() == kept_by(chain(row, steps[:1])).keys()
     assert len(kept_by(chain(rows(1)[0], [("xtc", 1.0, 0.0005)], 0.99))) < 3000  # it can cut
+
+
+def mirostat_reference(
+    logits: np.ndarray, tau: float, eta: float, mu: float, draw: float
+) -> tuple[int, float]:
+    """llama.cpp's Mirostat 2.0, a token at a time: the likeliest first, cut at the first whose surprise
+    passes `mu` (one at least), renormalised; the token where the running sum passes `draw`; mu's update."""
+    ranked = sorted(
+        (index for index in range(len(logits)) if logits[index] > LOWEST), key=lambda i: -logits[i]
+    )
+    top = float(logits[ranked[0]])
+    total = sum(math.exp(float(logits[i]) - top) for i in ranked)
+    kept = []
+    for index in ranked:
+        if -math.log2(math.exp(float(logits[index]) - top) / total) > mu:
+            break
+        kept.append(index)
+    kept = kept or ranked[:1]
+    mass = sum(math.exp(float(logits[i]) - top) for i in kept)
+    running = 0.0
+    for index in kept:
+        probability = math.exp(float(logits[index]) - top) / mass
+        running += probability
+        if running > draw:
+            break
+    return index, mu - eta * (-math.log2(probability) - tau)
+
+
+@pytest.mark.parametrize("mu", [1.0, 6.0, 9.0, 14.0])
+def test_mirostat_picks_and_learns_as_llama_cpps(mu):
+    for row in rows(3):
+        for draw in (0.0, 0.37, 0.999):
+            token, learned = mirostat_v2(row, 5.0, 0.1, mu, draw)
+            expected, expected_mu = mirostat_reference(row, 5.0, 0.1, mu, draw)
+            assert token == expected and learned == pytest.approx(expected_mu, abs=1e-9)
+    assert mirostat_v2(rows(1)[0], 5.0, 0.1, 0.0, 0.9)[0] == int(np.argmax(rows(1)[0]))  # one at least
 
 
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():

@@ -36,7 +36,12 @@ REFUSED = [
     ({"prompt": ["a", [1]]}, "prompt", "a string, token ids, or a list of either"),
     ({"prompt": None}, "prompt", "a string, token ids"),
     ({"max_tokens": -2}, "max_tokens", "at least 1"),
-    ({"mirostat": 2}, "mirostat", "mirostat: this server has no such sampler or setting; leave it out or 0"),
+    ({"mirostat": 2}, "mirostat", "mirostat: only /completion runs it here, in llama-server's sampler chain"),
+    (
+        {"dry_multiplier": 0.5},
+        "dry_multiplier",
+        "this server has no such sampler or setting; leave it out or 0",
+    ),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
     ({"typical_p": 0.5}, "typical_p", "only /completion runs it here, in llama-server's sampler chain"),
     ({"top_n_sigma": 1}, "top_n_sigma", "only /completion runs it here"),

@@ -152,7 +152,8 @@ def test_penalties_count_the_last_repeat_last_n_tokens_of_prompt_and_text(
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
-        ({"mirostat": 2}, "mirostat", "no such sampler"),
+        ({"mirostat": 1}, "mirostat", "mirostat: 2 (Mirostat 2.0) or 0 (off) here; got 1"),
+        ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
         ({"typical_p": "x"}, "typical_p", "typical_p: Input should be a valid number"),
         ({"repeat_last_n": -2}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -2"),
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
@@ -295,6 +296,31 @@ def test_the_samplers_only_llama_servers_chain_has_run_in_it(
     row[eos] = LOWEST
     kept = set(np.flatnonzero(chain(row, steps, chance=0.0) > LOWEST).tolist())
     assert {answer["tokens"][0] for answer in drawn[1]} <= kept
+
+
+def test_mirostat_2_picks_each_token_as_llama_cpps_from_the_seeds_draws(
+    served_lm, served_model, served_tokenizer
+):
+    """Mirostat 2.0 after the temperature, llama.cpp's whole chain then: the tokens are this test's loop
+    over the model's logits through llama.cpp's Mirostat (`tests/test_sampler_chain.mirostat_reference`),
+    mu from twice tau, the draw for a request's n-th token `np.random.default_rng([seed, n]).random()`."""
+    from tests.test_sampler_chain import mirostat_reference
+
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
+    tau, eta, temperature, seed = 3.0, 0.5, 0.8, 11
+    ids, mu, not_argmax = list(prompt), 2 * tau, 0
+    for n in range(8):
+        row = served_model.logits(np.array([ids]))[0, -1]
+        row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
+        draw = float(np.random.default_rng([seed, n]).random())
+        token, mu = mirostat_reference(chain(row, [("temperature", temperature)]), tau, eta, mu, draw)
+        ids.append(token)
+        not_argmax += token != int(np.argmax(row))
+    body = {"prompt": prompt, "n_predict": 8, "mirostat": 2, "mirostat_tau": tau, "mirostat_eta": eta}
+    body |= {"temperature": temperature, "seed": seed, "ignore_eos": True, "return_tokens": True}
+    body |= {"repeat_penalty": 1.5, "top_k": 1}  # left out of llama.cpp's chain beside Mirostat
+    status, answer = post(served_lm, "/completion", body)
+    assert status == 200 and answer["tokens"] == ids[len(prompt) :] and not_argmax > 0, answer
 
 
 def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
@@ -464,3 +490,21 @@ def test_llama_servers_xtc_leaves_the_top_choice_ours_leaves(served_model, serve
     body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "xtc_probability": 1.0, "ignore_eos": True}
     answer = post(llama_server, "/completion", {**body, "xtc_threshold": threshold, "return_tokens": True})[1]
     assert answer["tokens"][0] == ours != int(np.argmax(row))
+
+
+def test_llama_servers_mirostat_draws_what_ours_keeps(served_model, served_tokenizer, llama_server):
+    """Mirostat 2.0's first token, whose mu is twice tau: tau is set midway in the widest gap between
+    the five likeliest tokens' surprises (so that llama.cpp's logits, about 1e-3 from ours, keep the
+    same ones), and llama-server's draws over 24 seeds are among them, more than one."""
+    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
+    row = served_model.logits(np.array([prompt]))[0, -1]
+    row[eos] = LOWEST
+    ranked = np.sort(row[row > LOWEST].astype(np.float64))[::-1]
+    surprise = -np.log2(np.exp(ranked - ranked[0]) / np.exp(ranked - ranked[0]).sum())
+    widest = 1 + int(np.argmax(surprise[2:6] - surprise[1:5]))  # at least two kept
+    tau = float(surprise[widest] + surprise[widest + 1]) / 4
+    kept = set(np.argsort(-row)[: widest + 1].tolist())
+    body = {"prompt": prompt, "n_predict": 1, "mirostat": 2, "mirostat_tau": tau, "temperature": 1.0}
+    body |= {"ignore_eos": True, "return_tokens": True}
+    drawn = {post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)}
+    assert drawn <= kept and len(drawn) > 1, (drawn, kept)

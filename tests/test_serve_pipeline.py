@@ -419,11 +419,11 @@ def test_drafting_pauses_where_drafted_runs_make_fewer_tokens_a_second(seconds, 
 
 
 def test_xtcs_draw_is_the_same_for_the_same_seed_and_token_and_uniform():
-    from max_gpt2.serving.pipeline import xtc_chance
+    from max_gpt2.serving.pipeline import host_draw
 
     def draws(seed: int) -> list[float]:  # a request's first 8 tokens
         return [
-            xtc_chance(
+            host_draw(
                 SimpleNamespace(
                     sampling_params=SimpleNamespace(seed=seed), tokens=SimpleNamespace(generated_length=n)
                 )
@@ -434,3 +434,26 @@ def test_xtcs_draw_is_the_same_for_the_same_seed_and_token_and_uniform():
     assert draws(5) == draws(5) != draws(6) and len(set(draws(5))) == 8
     many = [chance for seed in range(50) for chance in draws(seed)]
     assert min(many) >= 0 and max(many) < 1 and abs(np.mean(many) - 0.5) < 0.05  # 3.5 standard errors
+
+
+def test_mirostat_keeps_its_pick_alone_and_its_mu_by_token_count():
+    """A step run again for the same token (its count of tokens unchanged) draws the same token from the
+    same mu; the next token's mu is the update of the first's, starting at twice tau."""
+    from max.pipelines.context.sampling_params import SamplingParams
+    from max.pipelines.context.tokens import TokenBuffer
+
+    from max_gpt2.inference.sampler_chain import LOWEST, mirostat_v2
+    from max_gpt2.serving.context import GPT2Context
+
+    context = GPT2Context(
+        max_length=16,
+        tokens=TokenBuffer(np.array([0, 1, 2], np.int64)),
+        sampling_params=SamplingParams(),
+        mirostat=(1.5, 0.5),
+    )
+    row = np.array([2.0, 1.9, 1.8, -1.0, 0.5], np.float32)
+    first = context.mirostat_pick(row, 0.6)
+    again = context.mirostat_pick(row, 0.6)
+    token, mu = mirostat_v2(row, 1.5, 0.5, 3.0, 0.6)
+    np.testing.assert_array_equal(first, again)
+    assert np.flatnonzero(first > LOWEST).tolist() == [token] and context.mirostat_mu == {0: 3.0, 1: mu}

@@ -1,8 +1,9 @@
 """llama.cpp's sampler chain on one row of logits: top-n-sigma, top-k, typical-p, top-p, min-p, XTC and
-temperature, in a given order.
+temperature, in a given order; and its Mirostat 2.0, which replaces the chain but for the temperature.
 
     row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
     row = chain(logits, (("xtc", 0.5, 0.1), ("temperature", 0.8)), chance=0.3)  # XTC's draw this token
+    token, mu = mirostat_v2(chain(logits, (("temperature", 0.8),)), tau=5.0, eta=0.1, mu=10.0, draw=0.4)
 
 llama.cpp cuts the distribution in its chain's order, by default the cuts first, at the
 model's own temperature, then the temperature; Hugging Face's, vLLM's and MAX's samplers
@@ -113,3 +114,19 @@ def excluded_top_choices(
         return kept, values
     rest = order[reaching - 1 :]
     return kept[rest], values[rest]
+
+
+def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: float) -> tuple[int, float]:
+    """Mirostat 2.0 as llama.cpp runs it over `logits` [V] (already tempered): the token `draw` (uniform
+    in [0, 1)) picks among the likeliest whose surprise, -log2 p, is at most `mu` (the likeliest at
+    least), renormalised, and the next `mu`: less `eta` times the picked token's surprise over `tau`."""
+    row = np.asarray(logits, dtype=np.float64)
+    kept = np.flatnonzero(row > LOWEST)
+    order = kept[np.argsort(-row[kept], kind="stable")]
+    probabilities = np.exp(row[order] - row[order[0]])
+    probabilities /= probabilities.sum()
+    beyond = np.flatnonzero(-np.log2(probabilities) > mu)  # the order's tail: surprise grows down it
+    within = max(1, int(beyond[0]) if beyond.size else probabilities.size)
+    chosen = probabilities[:within] / probabilities[:within].sum()
+    index = min(int(np.searchsorted(np.cumsum(chosen), draw, side="right")), within - 1)
+    return int(order[index]), mu - eta * (-np.log2(chosen[index]) - tau)

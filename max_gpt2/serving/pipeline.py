@@ -93,8 +93,9 @@ def chain_of(context: TextContext) -> tuple[Step, ...] | None:
     return getattr(context, "chain", None)  # MAX's own contexts (padding) have none
 
 
-def xtc_chance(context: TextContext) -> float:
-    """XTC's draw for `context`'s next token, uniform in [0, 1): the same for the same seed and token."""
+def host_draw(context: TextContext) -> float:
+    """The draw of XTC or Mirostat for `context`'s next token, uniform in [0, 1): the same for the same
+    seed and token."""
     generator = np.random.default_rng([context.sampling_params.seed or 0, context.tokens.generated_length])
     return float(generator.random())
 
@@ -178,7 +179,9 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
                 rows[row] = self._constraints.mask(context, rows[row])
             if (steps := chain_of(context)) is not None:  # over what the mask allows, as llama-server
                 drawn = any(step[0] == "xtc" for step in steps)  # a generator made only where it is read
-                rows[row] = chain(rows[row], steps, xtc_chance(context) if drawn else 1.0)
+                rows[row] = chain(rows[row], steps, host_draw(context) if drawn else 1.0)
+            if getattr(context, "mirostat", None) is not None:  # after the chain's temperature
+                rows[row] = context.mirostat_pick(rows[row], host_draw(context))
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(

@@ -1,9 +1,9 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (mirostat, DRY, adaptive-p, dynamic
-  temperature, ...): taken while set to what leaves it off, refused by the routes, naming the field,
-  otherwise (`first_acting`); typical-p, top-n-sigma and XTC too on the OpenAI routes, where MAX's
+- `OFF`: what llama-server reads and this server has not (DRY, adaptive-p, dynamic temperature,
+  ...): taken while set to what leaves it off, refused by the routes, naming the field, otherwise
+  (`first_acting`); typical-p, top-n-sigma, XTC and Mirostat too on the OpenAI routes, where MAX's
   sampler draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
 - `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
@@ -25,7 +25,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "mirostat": (lambda value: value == 0, "0"),
     "dynatemp_range": (lambda value: value <= 0, "0"),
     "dry_multiplier": (lambda value: value <= 0, "0"),
     "adaptive_target": (lambda value: value < 0, "-1"),
@@ -40,7 +39,7 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
 }
 INERT = (
-    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length",
+    "dynatemp_exponent", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "adaptive_decay", "min_keep", "n_keep", "n_discard",
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
@@ -52,6 +51,7 @@ CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "top_n_sigma": (lambda value: value <= 0, "-1", "top_n_sigma"),
     "typical_p": (lambda value: value >= 1, "1", "typ_p"),
     "xtc_probability": (lambda value: value <= 0, "0", "xtc"),  # with `xtc_threshold` (0.1 unset)
+    "mirostat": (lambda value: value == 0, "0", "mirostat"),  # not a step: the chain's in its place
 }
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -76,6 +76,9 @@ LlamaServerFields: Any = create_model(
     typical_p=(float | None, None),
     xtc_probability=(float | None, None),
     xtc_threshold=(float | None, None),
+    mirostat=(int | None, None),
+    mirostat_tau=(float | None, None),
+    mirostat_eta=(float | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 

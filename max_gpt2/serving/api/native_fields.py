@@ -168,6 +168,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
     temperature first and has no top-n-sigma, typical-p or XTC: with one of those, or with a cut and a
     temperature other than 0 and 1. MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
+    if native.mirostat:
+        return with_mirostat(asked, native)
     values = {name: getattr(asked.sampling, name, None) for name in STEPS}
     values |= {step: getattr(native, field) for field, (*_, step) in CHAIN_ONLY.items()}
     top_k, top_p, min_p, temperature = (values[name] for name in ("top_k", "top_p", "min_p", "temperature"))
@@ -183,6 +185,22 @@ def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
     neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # MAX's sampler then only draws
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
     return dataclasses.replace(asked, sampling=sampling, chain=chain)
+
+
+def with_mirostat(asked: Asked, native: NativeCompletion) -> Asked:
+    """`asked` picking each token by Mirostat 2.0 after the temperature, llama.cpp's whole chain where
+    `mirostat` is 2 (its other samplers and its penalties left out, as there); 1 is refused."""
+    if native.mirostat != 2:
+        raise Refusal("mirostat", f"mirostat: 2 (Mirostat 2.0) or 0 (off) here; got {native.mirostat}")
+    tau = 5.0 if native.mirostat_tau is None else native.mirostat_tau  # llama-server's defaults
+    eta = 0.1 if native.mirostat_eta is None else native.mirostat_eta
+    neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+    neutral |= {"frequency_penalty": 0.0, "presence_penalty": 0.0}  # MAX's sampler then takes its pick
+    sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
+    chain = (("temperature", float(native.temperature)),)
+    return dataclasses.replace(
+        asked, sampling=sampling, chain=chain, mirostat=(tau, eta), penalty_last_n=None
+    )
 
 
 def eos_banned(asked: Asked, native: NativeCompletion, eos_ids: Iterable[int]) -> Asked:

@@ -77,6 +77,7 @@ class Asked:
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
     chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
+    mirostat: tuple[float, float] | None = None  # llama-server's Mirostat 2.0: its (tau, eta)
 
     def request(
         self,
@@ -111,6 +112,7 @@ class Asked:
             cache_prompt=self.cache_prompt,
             chain=self.chain,
             penalty_last_n=self.penalty_last_n,
+            mirostat=self.mirostat,
         )
 
 

@@ -12,9 +12,11 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
 - the penalties (`repeat_penalty`, `frequency_penalty`, `presence_penalty`) count the last
   `repeat_last_n` tokens, prompt and text alike, as llama-server's (`requests.llama_penalties`);
 - `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused), and
-  top-k, top-p, min-p and temperature run in its order (llama-server's default order where not
-  given), on the host where that keeps other tokens than MAX's sampler would (`in_llama_order`);
-  the penalties always come first.
+  the chain's steps (`max_gpt2.inference.sampler_chain`) run in its order (llama-server's default
+  order where not given), on the host where that keeps other tokens than MAX's sampler would, or
+  where a step MAX's sampler has not acts (`in_llama_order`); the penalties always come first;
+- `mirostat: 2` is the temperature, then Mirostat 2.0 alone, as in llama-server (`with_mirostat`);
+- `ignore_eos` bans the end-of-text token, as llama-server does (`eos_banned`).
 """
 
 from __future__ import annotations

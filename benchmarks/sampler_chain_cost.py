@@ -1,0 +1,55 @@
+"""What llama-server's sampler chain costs a token on the host (`max_gpt2.inference.sampler_chain`), per
+setting, over rows of GPT-2's 50,257 logits.
+
+    python benchmarks/sampler_chain_cost.py [--rows 20] [--rounds 5]
+
+The rows are standard normal logits times 2, a flat distribution: the cuts that sort what they keep
+(top-p, typical-p, Mirostat's candidates) keep many tokens from it, so these are the slow side.
+Each case runs over every row, `--rounds` times; the milliseconds a row are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from max.driver import CPU
+
+from max_gpt2.bench.harness import machine_description
+from max_gpt2.inference.sampler_chain import chain, mirostat_v2
+
+DEFAULTS = [("top_k", 40), ("top_p", 0.95), ("min_p", 0.05)]  # llama-server's
+CASES = {
+    "llama-server's defaults, temperature 0.8": [*DEFAULTS, ("temperature", 0.8)],
+    "with top-n-sigma 1 and typical-p 0.9": [
+        ("top_n_sigma", 1.0), ("top_k", 40), ("typ_p", 0.9), *DEFAULTS[1:], ("temperature", 0.8)
+    ],
+    "with XTC drawn (threshold 0.01)": [*DEFAULTS, ("xtc", 1.0, 0.01), ("temperature", 0.8)],
+    "typical-p 0.9 alone, no top-k": [("typ_p", 0.9), ("temperature", 0.8)],
+}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    generator = np.random.default_rng(0)
+    rows = [(generator.standard_normal(50257) * 2).astype(np.float32) for _ in range(args.rows)]
+    runs = {name: lambda row, steps=steps: chain(row, steps, 0.0) for name, steps in CASES.items()}
+    runs["Mirostat 2.0 (tau 5, mu 10), temperature 0.8"] = lambda row: mirostat_v2(
+        chain(row, [("temperature", 0.8)]), 5.0, 0.1, 10.0, 0.4
+    )
+    print(machine_description(CPU()))
+    for name, run in runs.items():
+        run(rows[0])  # warm
+        started = time.perf_counter()
+        for _ in range(args.rounds):
+            for row in rows:
+                run(row)
+        print(f"{name}: {(time.perf_counter() - started) / (args.rounds * len(rows)) * 1e3:.2f} ms a row")
+
+
+if __name__ == "__main__":
+    main()

@@ -329,6 +329,7 @@ def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
     assert props["default_generation_settings"]["n_ctx"] == LM.n_positions
     settings = props["default_generation_settings"]["params"]
     assert (settings["temperature"], settings["top_k"], settings["n_predict"]) == (0.8, 40, -1)
+    assert (settings["typical_p"], settings["top_n_sigma"], settings["mirostat"]) == (1.0, -1.0, 0)
     assert props["chat_template"] == CHAT_TEMPLATE and props["model_alias"] == "gpt2", props
     assert props["total_slots"] == 16  # the batch a CPU decodes (`memory_planner.CPU_BATCH_SIZE`)
     for path in ("/health", "/v1/health"):
@@ -433,6 +434,13 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     }
     assert read <= ours.keys() & theirs.keys()
     assert ours["default_generation_settings"]["n_ctx"] == theirs["default_generation_settings"]["n_ctx"]
+    honoured = (
+        *("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability"),
+        *("xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "repeat_last_n", "repeat_penalty"),
+    )
+    mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
+    for name in honoured:  # the defaults of what both honour, which clients show and send back
+        assert mine[name] == pytest.approx(llamas[name]), name
 
 
 def test_llama_servers_own_draws_come_from_the_chain_we_run(served_model, served_tokenizer, llama_server):

@@ -44,6 +44,9 @@ from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
 from max_gpt2.serving.api.requests import Asked, refuse_acting
 
 PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")  # shown in results
+HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
+    "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta"
+)  # fmt: skip
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
 
@@ -75,6 +78,13 @@ class NativeCompletion(LlamaServerFields):
     json_schema: dict[str, Any] | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    top_n_sigma: float = -1.0  # the chain's samplers MAX's has not (`HOST_SAMPLERS`), off as by default
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False
@@ -159,6 +169,7 @@ def generation_settings(
         "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
         "n_probs": body.logprobs or 0,
         **{name: getattr(body, name) for name in PENALTIES},
+        **{name: getattr(native, name) for name in HOST_SAMPLERS},
         "stream": native.stream,
         "samplers": [name for name, (_, neutral) in SAMPLERS.items() if not neutral.keys() <= off.keys()],
     }
@@ -178,9 +189,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
     if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
-    threshold = 0.1 if native.xtc_threshold is None else native.xtc_threshold  # llama-server's default
     chain = tuple(
-        (name, float(values[name]), *([float(threshold)] if name == "xtc" else []))
+        (name, float(values[name]), *([float(native.xtc_threshold)] if name == "xtc" else []))
         for name in chain_order(native.samplers)
         if values[name] is not None
     )
@@ -194,15 +204,12 @@ def with_mirostat(asked: Asked, native: NativeCompletion) -> Asked:
     `mirostat` is 2 (its other samplers and its penalties left out, as there); 1 is refused."""
     if native.mirostat != 2:
         raise Refusal("mirostat", f"mirostat: 2 (Mirostat 2.0) or 0 (off) here; got {native.mirostat}")
-    tau = 5.0 if native.mirostat_tau is None else native.mirostat_tau  # llama-server's defaults
-    eta = 0.1 if native.mirostat_eta is None else native.mirostat_eta
     neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
     neutral |= {"frequency_penalty": 0.0, "presence_penalty": 0.0}  # MAX's sampler then takes its pick
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
     chain = (("temperature", float(native.temperature)),)
-    return dataclasses.replace(
-        asked, sampling=sampling, chain=chain, mirostat=(tau, eta), penalty_last_n=None
-    )
+    mirostat = (native.mirostat_tau, native.mirostat_eta)
+    return dataclasses.replace(asked, sampling=sampling, chain=chain, mirostat=mirostat, penalty_last_n=None)
 
 
 def eos_banned(asked: Asked, native: NativeCompletion, eos_ids: Iterable[int]) -> Asked:

@@ -39,6 +39,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -46,11 +47,12 @@ import pytest
 from max.engine import Model
 
 from max_gpt2 import CompiledAttention, CompiledLM, GPT2Config, cli, compile_attention, compile_lm
-from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.bench.server import ServerProcess, free_port, stop_group
 from max_gpt2.explorer.app import ExplorerApp
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import random_attention_weights, write_checkpoint
 from tests import op_graphs
+from tests.llama_cpp import llama_server_on
 from tests.support import LM, LM_PAGES, die_with_parent, serving_missing
 
 SERVERS = pytest.StashKey[dict[str, ServerProcess]]()
@@ -260,6 +262,18 @@ def served_pages_lm(request) -> ServerProcess:
     """`max-gpt2 serve --max-batch-size 4 --chat-template chatml` on LM_PAGES's seed-0 checkpoint with its
     tokenizer: prefix caching on (the default), a cache of 16 pages."""
     return ready_server(request)
+
+
+@pytest.fixture(scope="module")
+def llama_server(served_lm, tmp_path_factory):
+    """llama.cpp's llama-server (`LLAMA_CPP`; the test skips without it) on `served_lm`'s weights, as the
+    GGUF file `max-gpt2 convert` writes, one slot."""
+    directory = tmp_path_factory.mktemp("llama-server")
+    process, url = llama_server_on(served_lm.checkpoint, directory, "-c", str(LM.n_positions), "-np", "1")
+    try:
+        yield SimpleNamespace(url=url)
+    finally:
+        stop_group(process.pid, process.poll)
 
 
 @pytest.fixture(scope="session")

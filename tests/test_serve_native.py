@@ -10,17 +10,12 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from max_gpt2.bench.server import stop_group
-from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
-from max_gpt2.inference.tokenizer import END_OF_TEXT
 from tests.conftest import CHAT_TEMPLATE
-from tests.llama_cpp import llama_server_on
 from tests.support import LM, requires_serving
 from tests.test_serve import PROMPTS
 from tests.test_serve_api import render, stream_pieces
@@ -103,52 +98,6 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
         )
 
 
-def llama_penalised_greedy(
-    lm, prompt: list[int], new_tokens: int, penalties: dict[str, float], eos: int | None
-) -> list[int]:
-    """Greedy ids after `prompt` with llama.cpp's penalties, by this test's own loop: each token among
-    the last `repeat_last_n` of prompt and text divided (or, at 0 and below, multiplied) by
-    `repeat_penalty`, then less its count times `frequency_penalty` and `presence_penalty` once; the
-    end-of-text id `eos`, where given, never picked (llama-server's `ignore_eos`)."""
-    ids = list(prompt)
-    for _ in range(new_tokens):
-        row = lm.logits(np.array([ids]))[0, -1].astype(np.float64)
-        if eos is not None:
-            row[eos] = -np.inf
-        window = ids[-int(penalties["repeat_last_n"]) :]
-        for token in set(window):
-            row[token] = (
-                row[token] * penalties["repeat_penalty"]
-                if row[token] <= 0
-                else row[token] / penalties["repeat_penalty"]
-            )
-            row[token] -= window.count(token) * penalties["frequency_penalty"] + penalties["presence_penalty"]
-        ids.append(int(np.argmax(row)))
-    return ids[len(prompt) :]
-
-
-PENALTIES = {"repeat_penalty": 1.5, "repeat_last_n": 6, "frequency_penalty": 0.6, "presence_penalty": 0.4}
-
-
-def test_penalties_count_the_last_repeat_last_n_tokens_of_prompt_and_text(
-    served_lm, served_model, served_tokenizer
-):
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True, "return_tokens": True}
-    plain = post(served_lm, "/completion", body)[1]["tokens"]
-    for penalties in (PENALTIES, {**PENALTIES, "repeat_last_n": 40}):
-        status, answer = post(served_lm, "/completion", {**body, **penalties})
-        assert status == 200, answer
-        assert answer["tokens"] == llama_penalised_greedy(served_model, prompt, 12, penalties, eos) != plain
-        assert {name: answer["generation_settings"][name] for name in penalties} == penalties
-    # At /v1/completions llama-server's fields count as llama-server counts; without them, OpenAI's way.
-    v1 = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    status, answer = post(served_lm, "/v1/completions", {**v1, **PENALTIES, "return_token_ids": True})
-    assert answer["choices"][0]["token_ids"] == llama_penalised_greedy(
-        served_model, prompt, 12, PENALTIES, None
-    )
-
-
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
@@ -199,130 +148,6 @@ def test_samplers_left_off_and_their_parameters_are_taken(served_lm):
     assert again["content"] == answer["content"]  # seeded: the same sample
 
 
-CHAIN = {"top_k": 0, "top_p": 0.5, "min_p": 0.0, "temperature": 0.3}  # orders apart on this model
-
-
-def chain_sets(lm, tokenizer) -> tuple[set[int], set[int]]:
-    """The first tokens llama-server's chain keeps for `CHAIN` after `PROMPTS[1]`, and those cutting after
-    the temperature (MAX's and vLLM's order) keeps; a check that those apart are likely enough to show."""
-    row = lm.logits(np.array([tokenizer.encode(PROMPTS[1]).ids]))[0, -1]
-    llama = np.flatnonzero(chain(row, [(name, CHAIN[name]) for name in STEPS if name in CHAIN]) > LOWEST)
-    theirs = set(np.flatnonzero(chain(row, [("temperature", 0.3), ("top_p", 0.5)]) > LOWEST).tolist())
-    odds = np.exp(row[llama] / 0.3 - (row[llama] / 0.3).max())
-    beyond = odds[[token not in theirs for token in llama]].sum() / odds.sum()
-    assert beyond > 0.2, "the prompt's logits show the two orders apart"  # 48 draws miss all: < 1e-4
-    return set(llama.tolist()), theirs
-
-
-def test_samples_come_from_llama_servers_chain_cuts_before_the_temperature(
-    served_lm, served_model, served_tokenizer
-):
-    """At temperature 0.3 with top-p, llama-server cuts at the model's own temperature, then tempers:
-    every first token sampled is one its chain keeps (`sampler_chain`, checked against a reference of
-    llama.cpp's definitions in `tests/test_sampler_chain.py`, and against llama-server's own draws
-    below), and tokens come that cutting after the temperature would never give; with `samplers`
-    putting the temperature first, only those."""
-    llama, theirs = chain_sets(served_model, served_tokenizer)
-    for order, allowed, some_beyond in ((None, llama, True), ("tkp", theirs, False)):
-        seen = set()
-        for seed in range(3):
-            body = {"prompt": PROMPTS[1], "n_predict": 1, **CHAIN, "seed": seed, "n_cmpl": 16}
-            status, answers = post(
-                served_lm, "/completion", {**body, "samplers": order, "return_tokens": True}
-            )
-            assert status == 200, answers
-            seen |= {token for answer in answers for token in answer["tokens"][:1]}
-        assert seen <= allowed and bool(seen - theirs) == some_beyond, (order, seen)
-
-
-def test_ignore_eos_bans_the_end_of_text_as_llama_server_where_vllms_goes_past_it(
-    served_lm, served_tokenizer
-):
-    eos = served_tokenizer.token_to_id(END_OF_TEXT)
-    pushed = {
-        "prompt": PROMPTS[0],
-        "n_predict": 4,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_tokens": True,
-    }
-    status, answer = post(served_lm, "/completion", {**pushed, "logit_bias": [[eos, 100]]})
-    assert status == 200 and eos not in answer["tokens"] and answer["stop_type"] == "limit"
-    v1 = {
-        "prompt": PROMPTS[0],
-        "max_tokens": 4,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    status, answer = post(served_lm, "/v1/completions", {**v1, "logit_bias": {str(eos): 100}})
-    assert answer["choices"][0]["token_ids"] == [eos] * 4
-
-
-TYPICAL = {"typical_p": 0.3, "top_n_sigma": 1.0}  # each keeps other tokens than the argmax at times
-CHAIN_STEP = {"typical_p": "typ_p", "top_n_sigma": "top_n_sigma"}  # each field's step in the chain
-DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.7}  # llama-server's, tempered
-
-
-LLAMA_DEFAULTS = [("top_k", 40), ("top_p", 0.95), ("min_p", 0.05)]
-
-
-@pytest.mark.parametrize(
-    ("fields", "steps"),
-    [
-        (TYPICAL, [("top_n_sigma", 1.0), ("top_k", 40), ("typ_p", 0.3), ("top_p", 0.95), ("min_p", 0.05)]),
-        ({"xtc_probability": 1.0, "xtc_threshold": 0.02}, [*LLAMA_DEFAULTS, ("xtc", 1.0, 0.02)]),
-    ],
-    ids=["top_n_sigma, typical_p", "xtc"],
-)
-def test_the_samplers_only_llama_servers_chain_has_run_in_it(
-    served_lm, served_model, served_tokenizer, fields, steps
-):
-    """Greedy, the chain's temperature 0 takes the likeliest of what top-n-sigma and typical-p keep, or
-    what XTC leaves of the top choices, which need not be the argmax: the tokens are this test's loop
-    over the model's logits through the chain (XTC's probability 1: its draw always falls within)."""
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    body = {"prompt": prompt, "n_predict": 10, "temperature": 0, "ignore_eos": True, "return_tokens": True}
-    ids, cut_argmax = list(prompt), 0
-    for _ in range(10):
-        row = served_model.logits(np.array([ids]))[0, -1]
-        row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-        ids.append(int(np.argmax(chain(row, steps, chance=0.0))))
-        cut_argmax += ids[-1] != int(np.argmax(row))
-    status, answer = post(served_lm, "/completion", {**body, **fields})
-    assert status == 200 and answer["tokens"] == ids[len(prompt) :] and cut_argmax > 0, answer
-    drawn = post(served_lm, "/completion", {**body, **fields, "temperature": 0.7, "seed": 3, "n_cmpl": 8})
-    row = served_model.logits(np.array([prompt]))[0, -1]
-    row[eos] = LOWEST
-    kept = set(np.flatnonzero(chain(row, steps, chance=0.0) > LOWEST).tolist())
-    assert {answer["tokens"][0] for answer in drawn[1]} <= kept
-
-
-def test_mirostat_2_picks_each_token_as_llama_cpps_from_the_seeds_draws(
-    served_lm, served_model, served_tokenizer
-):
-    """Mirostat 2.0 after the temperature, llama.cpp's whole chain then: the tokens are this test's loop
-    over the model's logits through llama.cpp's Mirostat (`tests/test_sampler_chain.mirostat_reference`),
-    mu from twice tau, the draw for a request's n-th token `np.random.default_rng([seed, n]).random()`."""
-    from tests.test_sampler_chain import mirostat_reference
-
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    tau, eta, temperature, seed = 3.0, 0.5, 0.8, 11
-    ids, mu, not_argmax = list(prompt), 2 * tau, 0
-    for n in range(8):
-        row = served_model.logits(np.array([ids]))[0, -1]
-        row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-        draw = float(np.random.default_rng([seed, n]).random())
-        token, mu = mirostat_reference(chain(row, [("temperature", temperature)]), tau, eta, mu, draw)
-        ids.append(token)
-        not_argmax += token != int(np.argmax(row))
-    body = {"prompt": prompt, "n_predict": 8, "mirostat": 2, "mirostat_tau": tau, "mirostat_eta": eta}
-    body |= {"temperature": temperature, "seed": seed, "ignore_eos": True, "return_tokens": True}
-    body |= {"repeat_penalty": 1.5, "top_k": 1}  # left out of llama.cpp's chain beside Mirostat
-    status, answer = post(served_lm, "/completion", body)
-    assert status == 200 and answer["tokens"] == ids[len(prompt) :] and not_argmax > 0, answer
-
-
 def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
     with urllib.request.urlopen(f"{served_lm.url}/props") as response:
         props = json.loads(response.read())
@@ -355,22 +180,11 @@ def whole_characters(text: bytes) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def llama_server(served_lm, tmp_path_factory):
-    """llama.cpp's llama-server on the served weights, as the GGUF file `max-gpt2 convert` writes."""
-    directory = tmp_path_factory.mktemp("llama-server")
-    process, url = llama_server_on(served_lm.checkpoint, directory, "-c", str(LM.n_positions), "-np", "1")
-    try:
-        yield SimpleNamespace(url=url)
-    finally:
-        stop_group(process.pid, process.poll)
-
-
 def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, llama_server):
     """The same request to both on the same weights: the same greedy tokens, text, stop type and counts,
     every key of llama-server's answer that its README documents, and its /props keys clients read."""
     body = {"prompt": PROMPTS[1], "n_predict": 8, "temperature": 0, "return_tokens": True, "ignore_eos": True}
-    for request in (body, {**body, "stop": [" "]}, {**body, **PENALTIES}):
+    for request in (body, {**body, "stop": [" "]}):
         ours, theirs = (
             post(served_lm, "/completion", request)[1],
             post(llama_server, "/completion", request)[1],
@@ -441,78 +255,3 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
     for name in honoured:  # the defaults of what both honour, which clients show and send back
         assert mine[name] == pytest.approx(llamas[name]), name
-
-
-def test_llama_servers_own_draws_come_from_the_chain_we_run(served_model, served_tokenizer, llama_server):
-    """llama-server itself, sampling with `CHAIN` on the same weights, draws only tokens our chain keeps,
-    and some that cutting after the temperature would not."""
-    llama, theirs = chain_sets(served_model, served_tokenizer)
-    drawn = set()
-    for seed in range(48):
-        body = {"prompt": PROMPTS[1], "n_predict": 1, **CHAIN, "seed": seed, "return_tokens": True}
-        drawn |= set(post(llama_server, "/completion", body)[1]["tokens"][:1])
-    assert drawn <= llama and drawn - theirs, drawn
-
-
-def test_llama_servers_typical_p_and_top_n_sigma_draw_what_our_chain_keeps(
-    served_model, served_tokenizer, llama_server
-):
-    """Each alone, as llama-server runs it (after its top-n-sigma, which leaves the tokens it cuts in its
-    list at -inf, its typical-p's entropy is NaN, 0 * -inf, and what it keeps arbitrary): its first
-    tokens drawn at temperature 0.7 are among those our chain keeps, its greedy one the likeliest of them.
-    llama.cpp's float16 GELU moves its logits by about 1e-3, and this model's 40 likeliest tokens are near
-    alike, so that typical-p's ranking by surprise can swap neighbours: ours is taken at p + 0.1 there."""
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    row = served_model.logits(np.array([prompt]))[0, -1]
-    row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-    for name, value, margin in (
-        ("typical_p", TYPICAL["typical_p"], 0.1),
-        ("top_n_sigma", TYPICAL["top_n_sigma"], 0),
-    ):
-        ours = {"top_n_sigma": -1, "typ_p": 1, CHAIN_STEP[name]: value + margin}
-        values = {**DEFAULTS, **ours}
-        kept = np.flatnonzero(chain(row, [(step, values[step]) for step in STEPS if step in values]) > LOWEST)
-        body = {"prompt": prompt, "n_predict": 1, name: value, "temperature": 0.7, "ignore_eos": True}
-        body["return_tokens"] = True
-        drawn = {
-            post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)
-        }
-        assert drawn <= set(kept.tolist()) and len(drawn) > 1 and len(kept) < 40, (name, drawn)
-        greedy = post(llama_server, "/completion", {**body, "temperature": 0})[1]["tokens"][0]
-        assert greedy in kept.tolist() and (margin or greedy == int(kept[np.argmax(row[kept])]))
-
-
-def test_llama_servers_xtc_leaves_the_top_choice_ours_leaves(served_model, served_tokenizer, llama_server):
-    """XTC drawing at every token (probability 1), its threshold midway in the widest gap between the ten
-    likeliest probabilities (so that llama.cpp's logits, about 1e-3 from ours, put the same tokens above
-    it): llama-server's greedy token is ours, the least likely of those above, not the argmax."""
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    row = served_model.logits(np.array([prompt]))[0, -1]
-    row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-    cut = chain(row, LLAMA_DEFAULTS)  # what reaches XTC: its probabilities are over these
-    likeliest = np.sort(cut[cut > LOWEST].astype(np.float64))[::-1]
-    probabilities = np.exp(likeliest - likeliest[0]) / np.exp(likeliest - likeliest[0]).sum()
-    widest = 1 + int(np.argmax(probabilities[1:10] - probabilities[2:11]))  # at least two reach it
-    threshold = float(probabilities[widest] + probabilities[widest + 1]) / 2
-    ours = int(np.argmax(chain(row, [*LLAMA_DEFAULTS, ("xtc", 1.0, threshold)], chance=0.0)))
-    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "xtc_probability": 1.0, "ignore_eos": True}
-    answer = post(llama_server, "/completion", {**body, "xtc_threshold": threshold, "return_tokens": True})[1]
-    assert answer["tokens"][0] == ours != int(np.argmax(row))
-
-
-def test_llama_servers_mirostat_draws_what_ours_keeps(served_model, served_tokenizer, llama_server):
-    """Mirostat 2.0's first token, whose mu is twice tau: tau is set midway in the widest gap between
-    the five likeliest tokens' surprises (so that llama.cpp's logits, about 1e-3 from ours, keep the
-    same ones), and llama-server's draws over 24 seeds are among them, more than one."""
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    row = served_model.logits(np.array([prompt]))[0, -1]
-    row[eos] = LOWEST
-    ranked = np.sort(row[row > LOWEST].astype(np.float64))[::-1]
-    surprise = -np.log2(np.exp(ranked - ranked[0]) / np.exp(ranked - ranked[0]).sum())
-    widest = 1 + int(np.argmax(surprise[2:6] - surprise[1:5]))  # at least two kept
-    tau = float(surprise[widest] + surprise[widest + 1]) / 4
-    kept = set(np.argsort(-row)[: widest + 1].tolist())
-    body = {"prompt": prompt, "n_predict": 1, "mirostat": 2, "mirostat_tau": tau, "temperature": 1.0}
-    body |= {"ignore_eos": True, "return_tokens": True}
-    drawn = {post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)}
-    assert drawn <= kept and len(drawn) > 1, (drawn, kept)

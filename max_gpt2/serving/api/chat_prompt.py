@@ -16,27 +16,39 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
+from max_gpt2.serving.api.protocol import Refusal, unset
 from max_gpt2.serving.api.served import Served
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 
-def rendered(served: Served, body: ChatRequest) -> str:
-    """A chat request's messages, checked and rendered by the chat template, as text."""
+class Conversation(Protocol):
+    """A request that gives a chat: a chat completion's, or `/tokenize`'s or `/v1/embeddings`' with
+    `messages` (which have no tools)."""
+
+    messages: Any
+    add_generation_prompt: bool
+    continue_final_message: bool
+    chat_template_kwargs: dict[str, Any] | None
+
+
+def rendered(served: Served, body: Conversation) -> str:
+    """A request's messages, checked and rendered by the chat template with its flags and variables (and
+    a chat completion's tools), as text."""
     messages = checked_messages(body.messages)
     flags = body.add_generation_prompt, body.continue_final_message
-    return render(served, messages, *flags, body.chat_template_kwargs, body.tools)
+    return render(served, messages, *flags, body.chat_template_kwargs, getattr(body, "tools", None))
 
 
-def prompt_ids(served: Served, body: ChatRequest) -> list[int]:
-    """A chat request's prompt, `rendered`, as token ids (the template writes any special tokens itself)."""
-    return served.tokenizer.delegate.encode(rendered(served, body), add_special_tokens=False)
+def prompt_ids(served: Served, body: Conversation, special: bool = False) -> list[int]:
+    """A request's chat, `rendered`, as token ids; `special`: the tokenizer's special tokens added too (the
+    template writes its own)."""
+    return served.tokenizer.delegate.encode(rendered(served, body), add_special_tokens=special)
 
 
 def checked_messages(messages: Sequence[Any]) -> list[dict[str, str]]:

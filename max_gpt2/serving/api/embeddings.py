@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.inference.embeddings import normalized
-from max_gpt2.serving.api.chat_prompt import checked_messages, render
+from max_gpt2.serving.api.chat_prompt import prompt_ids
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import prompts
 from max_gpt2.serving.api.served import Served
@@ -161,20 +161,17 @@ def inputs(served: Served, body: EmbeddingRequest) -> tuple[str, list[list[int]]
             "or token ids; messages: a chat, as vLLM embeds one)",
         )
     if body.messages is not None:
-        flags = body.add_generation_prompt, body.continue_final_message
-        text = render(served, checked_messages(body.messages), *flags, body.chat_template_kwargs)
-        return "messages", [tokenized(served, text, bool(body.add_special_tokens))]
+        return "messages", [prompt_ids(served, body, bool(body.add_special_tokens))]
     if chat := sorted(CHAT_FIELDS & body.model_fields_set):
         raise Refusal(chat[0], f"{chat[0]}: for a chat (messages); this request gives input")
     given = prompts(body.input, "input")
     if len(given) > MOST_INPUTS:
         raise Refusal("input", f"input: at most {MOST_INPUTS} inputs a request, as OpenAI; got {len(given)}")
     special = body.add_special_tokens is not False  # vLLM's default for input; GPT-2 has none to add
-    return "input", [tokenized(served, x, special) if isinstance(x, str) else x for x in given]
-
-
-def tokenized(served: Served, text: str, special: bool) -> list[int]:
-    return served.tokenizer.delegate.encode(text, add_special_tokens=special)
+    return "input", [
+        served.tokenizer.delegate.encode(x, add_special_tokens=special) if isinstance(x, str) else x
+        for x in given
+    ]
 
 
 async def embedded(served: Served, name: str, prompts: list[list[int]], path: str) -> list[np.ndarray]:

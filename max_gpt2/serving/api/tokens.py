@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.inference.tokenizer import token_bytes
-from max_gpt2.serving.api.chat_prompt import checked_messages, render
+from max_gpt2.serving.api.chat_prompt import prompt_ids
 from max_gpt2.serving.api.choices import tokenizer_of
 from max_gpt2.serving.api.protocol import DetokenizeRequest, Refusal, TokenizeRequest, parse, refusal_response
 from max_gpt2.serving.api.served import Served
@@ -78,19 +78,11 @@ def tokenized(served: Served, body: TokenizeRequest) -> list[int]:
     add = [value for value in (body.add_special, body.add_special_tokens) if value is not None]
     if len(set(add)) > 1:
         raise Refusal("add_special_tokens", "add_special_tokens: says the opposite of add_special; give one")
-    if body.messages is not None:
-        text = render(
-            served,
-            checked_messages(body.messages),
-            body.add_generation_prompt,
-            body.continue_final_message,
-            body.chat_template_kwargs,
-        )
-        special = add[0] if add else False  # the template writes its own (vLLM's default for messages)
-    else:
-        text = body.content if body.content is not None else body.prompt
-        special = add[0] if add else body.prompt is not None  # llama-server adds none by default, vLLM does
+    if body.messages is not None:  # the template writes its own special tokens (vLLM's default: none)
+        return prompt_ids(served, body, add[0] if add else False)
+    text = body.content if body.content is not None else body.prompt
     assert text is not None
+    special = add[0] if add else body.prompt is not None  # llama-server adds none by default, vLLM does
     return served.tokenizer.delegate.encode(text, add_special_tokens=special)
 
 

@@ -44,6 +44,8 @@ from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
 from max_gpt2.serving.api.requests import Asked, refuse_acting
 
 PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")  # shown in results
+# MAX's sampler settings that leave it only drawing from what the host's chain kept.
+ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
     "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta"
 )  # fmt: skip
@@ -194,8 +196,7 @@ def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
         for name in chain_order(native.samplers)
         if values[name] is not None
     )
-    neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # MAX's sampler then only draws
-    sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
+    sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS})
     return dataclasses.replace(asked, sampling=sampling, chain=chain)
 
 
@@ -204,9 +205,8 @@ def with_mirostat(asked: Asked, native: NativeCompletion) -> Asked:
     `mirostat` is 2 (its other samplers and its penalties left out, as there); 1 is refused."""
     if native.mirostat != 2:
         raise Refusal("mirostat", f"mirostat: 2 (Mirostat 2.0) or 0 (off) here; got {native.mirostat}")
-    neutral = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
-    neutral |= {"frequency_penalty": 0.0, "presence_penalty": 0.0}  # MAX's sampler then takes its pick
-    sampling = SamplingParamsInput(**{**vars(asked.sampling), **neutral})
+    no_penalties = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS, **no_penalties})
     chain = (("temperature", float(native.temperature)),)
     mirostat = (native.mirostat_tau, native.mirostat_eta)
     return dataclasses.replace(asked, sampling=sampling, chain=chain, mirostat=mirostat, penalty_last_n=None)

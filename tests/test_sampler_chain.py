@@ -1,7 +1,8 @@
 """llama.cpp's sampler chain (`max_gpt2.inference.sampler_chain`) against a plain reference written here from
 llama.cpp's definitions (`src/llama-sampler.cpp`): sorted lists in float64, one token at a time, min-p's
 threshold in float32 as llama.cpp computes it. Random rows of logits, every order of the four steps
-llama-server runs by default, and top-n-sigma and typical-p among them."""
+llama-server runs by default, top-n-sigma and typical-p among them, the dynamic temperature, and both
+Mirostats (DRY's own comparison is `tests/test_dry.py`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import math
 import numpy as np
 import pytest
 
-from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain, mirostat_v2
+from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain, mirostat_v1, mirostat_v2
 
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
 CUTS = {"top_n_sigma": 1.5, "typ_p": 0.7}  # llama-server's are off (-1, 1): values that cut
-ONE_VALUE = tuple(step for step in STEPS if step != "xtc")  # the steps of one value, in llama.cpp's order
+ONE_VALUE = tuple(step for step in STEPS if step not in ("xtc", "dry"))  # one value each, llama.cpp's order
 
 
 def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> dict[int, float]:
@@ -65,7 +66,17 @@ def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> di
             floor = np.float32(kept[ranked[0]]) + np.log(np.float32(value))
             kept = {index: logit for index, logit in kept.items() if np.float32(logit) >= floor}
         elif name == "temperature":
-            kept = {index: logit / value for index, logit in kept.items()}
+            if more and more[0] > 0 and len(kept) > 1:  # dynamic: from the entropy over its largest
+                top = kept[ranked[0]]
+                total = sum(math.exp(kept[index] - top) for index in ranked)
+                probabilities = [math.exp(kept[index] - top) / total for index in ranked]
+                entropy = -sum(p * math.log(p) for p in probabilities if p > 0)
+                low, high = max(0.0, value - more[0]), value + more[0]
+                value = low + (high - low) * (entropy / -math.log(1 / len(kept))) ** more[1]
+            if value > 0:
+                kept = {index: logit / value for index, logit in kept.items()}
+            else:
+                kept = {ranked[0]: kept[ranked[0]]}
     return kept
 
 
@@ -174,6 +185,63 @@ def test_mirostat_picks_and_learns_as_llama_cpps(mu):
     assert mirostat_v2(rows(1)[0], 5.0, 0.1, 0.0, 0.9)[0] == int(np.argmax(rows(1)[0]))  # one at least
 
 
+@pytest.mark.parametrize("spread", [0.3, 0.8, 2.0])
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 3.0])
+def test_the_dynamic_temperature_follows_the_entropy_as_llama_cpps(spread, exponent):
+    for row in rows(4):
+        for steps in (
+            [("temperature", 0.8, spread, exponent)],
+            [("top_k", 40), ("temperature", 1.2, spread, exponent)],
+        ):
+            found, expected = kept_by(chain(row, steps)), reference(row, steps)
+            assert found.keys() == expected.keys()
+            assert np.allclose([found[i] for i in expected], list(expected.values()), rtol=1e-5)
+            plain = kept_by(chain(row, [*steps[:-1], steps[-1][:2]]))
+            assert not np.allclose([found[i] for i in plain], list(plain.values()))  # it changes something
+
+
+def mirostat_1_kept(logits: np.ndarray, mu: float, m: int = 100) -> tuple[list[int], list[float]]:
+    """The tokens llama.cpp's first Mirostat keeps, the likeliest first, with their probabilities: Zipf's
+    exponent s from the `m` likeliest (sum t_i b_i / sum t_i^2, t_i = log((i + 2) / (i + 1)), b_i =
+    log(p_i / p_(i+1))), then the k = (e 2^mu / (1 - V^-e))^(1/s) likeliest, e = s - 1."""
+    ranked = sorted(
+        (index for index in range(len(logits)) if logits[index] > LOWEST), key=lambda i: -logits[i]
+    )
+    top = float(logits[ranked[0]])
+    total = sum(math.exp(float(logits[i]) - top) for i in ranked)
+    p = [math.exp(float(logits[i]) - top) / total for i in ranked]
+    t = [math.log((i + 2) / (i + 1)) for i in range(min(m - 1, len(ranked) - 1))]
+    s = sum(ti * math.log(p[i] / p[i + 1]) for i, ti in enumerate(t)) / sum(ti * ti for ti in t)
+    k = max(int(((s - 1) * 2**mu / (1 - len(logits) ** (1 - s))) ** (1 / s)), 1)
+    return ranked[:k], p[:k]
+
+
+def mirostat_1_reference(
+    logits: np.ndarray, tau: float, eta: float, mu: float, draw: float
+) -> tuple[int, float]:
+    """llama.cpp's first Mirostat, a token at a time: what it keeps (`mirostat_1_kept`) renormalised, the
+    token where the running sum passes `draw`, and mu's update from its surprise."""
+    kept, p = mirostat_1_kept(logits, mu)
+    mass, running = sum(p), 0.0
+    for position in range(len(kept)):
+        running += p[position] / mass
+        if running > draw:
+            break
+    return kept[position], mu - eta * (-math.log2(p[position] / mass) - tau)
+
+
+@pytest.mark.parametrize("mu", [2.0, 6.0, 10.0, 14.0])
+def test_the_first_mirostat_picks_and_learns_as_llama_cpps(mu):
+    sizes = set()
+    for row in rows(3):
+        for draw in (0.0, 0.37, 0.999):
+            token, learned = mirostat_v1(row, 5.0, 0.1, mu, draw)
+            expected, expected_mu = mirostat_1_reference(row, 5.0, 0.1, mu, draw)
+            assert token == expected and learned == pytest.approx(expected_mu, rel=1e-6)
+            sizes.add(token)
+    assert len(sizes) > 1  # draws pick apart: the comparison can fail
+
+
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():
     row = rows(1)[0]
     row[100:] = LOWEST  # banned or masked: only the first 100 in play
@@ -192,5 +260,5 @@ def test_the_order_matters_so_the_comparison_can_fail():
 
 
 def test_an_unknown_step_is_named():
-    with pytest.raises(ValueError, match="no step 'dry'"):
-        chain(rows(1)[0], [("dry", 0.5)])
+    with pytest.raises(ValueError, match="no step 'tfs'"):
+        chain(rows(1)[0], [("tfs", 0.5)])

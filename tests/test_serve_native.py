@@ -101,8 +101,12 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
-        ({"mirostat": 1}, "mirostat", "mirostat: 2 (Mirostat 2.0) or 0 (off) here; got 1"),
-        ({"dry_multiplier": 0.8}, "dry_multiplier", "no such sampler"),
+        ({"mirostat": 3}, "mirostat", "mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got 3"),
+        ({"adaptive_target": 0.5}, "adaptive_target", "no such sampler or setting; leave it out or -1"),
+        ({"dry_multiplier": 0.8, "dry_sequence_breakers": []}, "dry_sequence_breakers", "a non-empty list"),
+        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers", "Input should be a valid array"),
+        ({"dry_allowed_length": -1}, "dry_allowed_length", "0 or more; got -1"),
+        ({"dry_penalty_last_n": -2}, "dry_penalty_last_n", "-1 (the context), 0 (off) or more; got -2"),
         ({"typical_p": "x"}, "typical_p", "typical_p: Input should be a valid number"),
         ({"repeat_last_n": -2}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -2"),
         ({"n_predict": 0}, "n_predict", "-1 (to the context's end) or at least 1"),
@@ -155,6 +159,7 @@ def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
     settings = props["default_generation_settings"]["params"]
     assert (settings["temperature"], settings["top_k"], settings["n_predict"]) == (0.8, 40, -1)
     assert (settings["typical_p"], settings["top_n_sigma"], settings["mirostat"]) == (1.0, -1.0, 0)
+    assert (settings["dry_multiplier"], settings["dynatemp_range"]) == (0.0, 0.0)
     assert props["chat_template"] == CHAT_TEMPLATE and props["model_alias"] == "gpt2", props
     assert props["total_slots"] == 16  # the batch a CPU decodes (`memory_planner.CPU_BATCH_SIZE`)
     for path in ("/health", "/v1/health"):
@@ -209,6 +214,8 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
         }
         assert documented <= ours.keys() & theirs.keys()
         assert set(theirs["timings"]) <= set(ours["timings"])
+        breakers = (side["generation_settings"]["dry_sequence_breakers"] for side in (ours, theirs))
+        assert next(breakers) == next(breakers)
     compared = (
         0  # llama-server gives a token that is part of a character no entry of its own: the tokens before
     )
@@ -251,6 +258,8 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     honoured = (
         *("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability"),
         *("xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "repeat_last_n", "repeat_penalty"),
+        *("dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length"),
+        "dry_penalty_last_n",
     )
     mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
     for name in honoured:  # the defaults of what both honour, which clients show and send back

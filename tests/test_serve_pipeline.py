@@ -449,7 +449,7 @@ def test_mirostat_keeps_its_pick_alone_and_its_mu_by_token_count():
         max_length=16,
         tokens=TokenBuffer(np.array([0, 1, 2], np.int64)),
         sampling_params=SamplingParams(),
-        mirostat=(1.5, 0.5),
+        mirostat=(2, 1.5, 0.5),
     )
     row = np.array([2.0, 1.9, 1.8, -1.0, 0.5], np.float32)
     first = context.mirostat_pick(row, 0.6)

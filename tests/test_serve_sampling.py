@@ -1,9 +1,9 @@
-"""llama-server's sampling on its `POST /completion`, through the real server: its penalties over the
-last `repeat_last_n` tokens, its sampler chain (the cuts before the temperature, top-n-sigma,
-typical-p, XTC), Mirostat 2.0, and `ignore_eos` banning the end-of-text. The tokens each must give come
-from the tests' own loops over the served weights' logits, through references written from
-llama.cpp's code (`tests/test_sampler_chain.py`); where llama.cpp is built (`LLAMA_CPP`), llama-server
-itself samples on the same weights, its tokens ours or among those ours keeps."""
+"""llama-server's sampler chain on its `POST /completion`, through the real server: the cuts before the
+temperature, top-n-sigma, typical-p, XTC, the dynamic temperature, and `ignore_eos` banning the
+end-of-text (its penalties and DRY: `tests/test_serve_repeats.py`; Mirostat: `tests/test_serve_mirostat.py`).
+The tokens each must give come from the tests' own loops over the served weights' logits, through
+references written from llama.cpp's code (`tests/test_sampler_chain.py`); where llama.cpp is built
+(`LLAMA_CPP`), llama-server itself samples on the same weights, its tokens ours or among those ours keeps."""
 
 from __future__ import annotations
 
@@ -17,53 +17,6 @@ from tests.test_serve import PROMPTS
 from tests.test_serve_native import post
 
 pytestmark = requires_serving()
-
-
-def llama_penalised_greedy(
-    lm, prompt: list[int], new_tokens: int, penalties: dict[str, float], eos: int | None
-) -> list[int]:
-    """Greedy ids after `prompt` with llama.cpp's penalties, by this test's own loop: each token among
-    the last `repeat_last_n` of prompt and text divided (or, at 0 and below, multiplied) by
-    `repeat_penalty`, then less its count times `frequency_penalty` and `presence_penalty` once; the
-    end-of-text id `eos`, where given, never picked (llama-server's `ignore_eos`)."""
-    ids = list(prompt)
-    for _ in range(new_tokens):
-        row = lm.logits(np.array([ids]))[0, -1].astype(np.float64)
-        if eos is not None:
-            row[eos] = -np.inf
-        window = ids[-int(penalties["repeat_last_n"]) :]
-        for token in set(window):
-            row[token] = (
-                row[token] * penalties["repeat_penalty"]
-                if row[token] <= 0
-                else row[token] / penalties["repeat_penalty"]
-            )
-            row[token] -= window.count(token) * penalties["frequency_penalty"] + penalties["presence_penalty"]
-        ids.append(int(np.argmax(row)))
-    return ids[len(prompt) :]
-
-
-PENALTIES = {"repeat_penalty": 1.5, "repeat_last_n": 6, "frequency_penalty": 0.6, "presence_penalty": 0.4}
-
-
-def test_penalties_count_the_last_repeat_last_n_tokens_of_prompt_and_text(
-    served_lm, served_model, served_tokenizer
-):
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True, "return_tokens": True}
-    plain = post(served_lm, "/completion", body)[1]["tokens"]
-    for penalties in (PENALTIES, {**PENALTIES, "repeat_last_n": 40}):
-        status, answer = post(served_lm, "/completion", {**body, **penalties})
-        assert status == 200, answer
-        assert answer["tokens"] == llama_penalised_greedy(served_model, prompt, 12, penalties, eos) != plain
-        assert {name: answer["generation_settings"][name] for name in penalties} == penalties
-    # At /v1/completions llama-server's fields count as llama-server counts; without them, OpenAI's way.
-    v1 = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    status, answer = post(served_lm, "/v1/completions", {**v1, **PENALTIES, "return_token_ids": True})
-    assert answer["choices"][0]["token_ids"] == llama_penalised_greedy(
-        served_model, prompt, 12, PENALTIES, None
-    )
-
 
 CHAIN = {"top_k": 0, "top_p": 0.5, "min_p": 0.0, "temperature": 0.3}  # orders apart on this model
 
@@ -164,31 +117,6 @@ def test_the_samplers_only_llama_servers_chain_has_run_in_it(
     assert {answer["tokens"][0] for answer in drawn[1]} <= kept
 
 
-def test_mirostat_2_picks_each_token_as_llama_cpps_from_the_seeds_draws(
-    served_lm, served_model, served_tokenizer
-):
-    """Mirostat 2.0 after the temperature, llama.cpp's whole chain then: the tokens are this test's loop
-    over the model's logits through llama.cpp's Mirostat (`tests/test_sampler_chain.mirostat_reference`),
-    mu from twice tau, the draw for a request's n-th token `np.random.default_rng([seed, n]).random()`."""
-    from tests.test_sampler_chain import mirostat_reference
-
-    prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
-    tau, eta, temperature, seed = 3.0, 0.5, 0.8, 11
-    ids, mu, not_argmax = list(prompt), 2 * tau, 0
-    for n in range(8):
-        row = served_model.logits(np.array([ids]))[0, -1]
-        row[eos] = LOWEST  # `ignore_eos`, as llama-server bans it
-        draw = float(np.random.default_rng([seed, n]).random())
-        token, mu = mirostat_reference(chain(row, [("temperature", temperature)]), tau, eta, mu, draw)
-        ids.append(token)
-        not_argmax += token != int(np.argmax(row))
-    body = {"prompt": prompt, "n_predict": 8, "mirostat": 2, "mirostat_tau": tau, "mirostat_eta": eta}
-    body |= {"temperature": temperature, "seed": seed, "ignore_eos": True, "return_tokens": True}
-    body |= {"repeat_penalty": 1.5, "top_k": 1}  # left out of llama.cpp's chain beside Mirostat
-    status, answer = post(served_lm, "/completion", body)
-    assert status == 200 and answer["tokens"] == ids[len(prompt) :] and not_argmax > 0, answer
-
-
 def test_llama_servers_own_draws_come_from_the_chain_we_run(served_model, served_tokenizer, llama_server):
     """llama-server itself, sampling with `CHAIN` on the same weights, draws only tokens our chain keeps,
     and some that cutting after the temperature would not."""
@@ -246,25 +174,31 @@ def test_llama_servers_xtc_leaves_the_top_choice_ours_leaves(served_model, serve
     assert answer["tokens"][0] == ours != int(np.argmax(row))
 
 
-def test_llama_servers_mirostat_draws_what_ours_keeps(served_model, served_tokenizer, llama_server):
-    """Mirostat 2.0's first token, whose mu is twice tau: tau is set midway in the widest gap between
-    the five likeliest tokens' surprises (so that llama.cpp's logits, about 1e-3 from ours, keep the
-    same ones), and llama-server's draws over 24 seeds are among them, more than one."""
+def test_the_dynamic_temperature_is_the_entropys(served_lm, served_model, served_tokenizer):
+    """Each seed's first token with `dynatemp_range` is the one drawn at the temperature this test works
+    out from the entropy of what llama-server's default cuts keep, and not the one at the base one."""
     prompt, eos = served_tokenizer.encode(PROMPTS[1]).ids, served_tokenizer.token_to_id(END_OF_TEXT)
     row = served_model.logits(np.array([prompt]))[0, -1]
     row[eos] = LOWEST
-    ranked = np.sort(row[row > LOWEST].astype(np.float64))[::-1]
-    surprise = -np.log2(np.exp(ranked - ranked[0]) / np.exp(ranked - ranked[0]).sum())
-    widest = 1 + int(np.argmax(surprise[2:6] - surprise[1:5]))  # at least two kept
-    tau = float(surprise[widest] + surprise[widest + 1]) / 4
-    kept = set(np.argsort(-row)[: widest + 1].tolist())
-    body = {"prompt": prompt, "n_predict": 1, "mirostat": 2, "mirostat_tau": tau, "temperature": 1.0}
-    body |= {"ignore_eos": True, "return_tokens": True}
-    drawn = {post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)}
-    assert drawn <= kept and len(drawn) > 1, (drawn, kept)
-
-
-def test_llama_servers_penalised_greedy_tokens_are_ours(served_lm, llama_server):
-    body = {"prompt": PROMPTS[1], "n_predict": 8, "temperature": 0, "return_tokens": True, "ignore_eos": True}
-    ours, theirs = (post(side, "/completion", {**body, **PENALTIES})[1] for side in (served_lm, llama_server))
-    assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
+    cut = chain(row, LLAMA_DEFAULTS)
+    kept = cut[cut > LOWEST].astype(np.float64)
+    probabilities = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+    entropy = -(probabilities * np.log(probabilities)).sum() / np.log(kept.size)
+    temperature = 0.1 + 1.8 * entropy**0.5  # from 1 - 0.9 to 1 + 0.9
+    body = {
+        "prompt": prompt,
+        "n_predict": 1,
+        "seed": 5,
+        "n_cmpl": 16,
+        "ignore_eos": True,
+        "return_tokens": True,
+    }
+    first = {
+        name: [answer["tokens"][0] for answer in post(served_lm, "/completion", {**body, **fields})[1]]
+        for name, fields in (
+            ("dynamic", {"temperature": 1.0, "dynatemp_range": 0.9, "dynatemp_exponent": 0.5}),
+            ("worked out", {"temperature": temperature}),
+            ("base", {"temperature": 1.0}),
+        )
+    }
+    assert first["dynamic"] == first["worked out"] != first["base"], (temperature, first)

@@ -1,20 +1,26 @@
-"""llama.cpp's sampler chain on one row of logits: top-n-sigma, top-k, typical-p, top-p, min-p, XTC and
-temperature, in a given order; and its Mirostat 2.0, which replaces the chain but for the temperature.
+"""llama.cpp's sampler chain on one row of logits: DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC
+and temperature, in a given order; and its Mirostat (1 and 2.0), which replaces the chain but for the
+temperature.
 
     row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
     row = chain(logits, (("xtc", 0.5, 0.1), ("temperature", 0.8)), chance=0.3)  # XTC's draw this token
+    row = chain(logits, (("dry", 0.8, 1.75, 2, 64), ("temperature", 0.8, 0.5, 1.0)), history=ids, heads=heads)
     token, mu = mirostat_v2(chain(logits, (("temperature", 0.8),)), tau=5.0, eta=0.1, mu=10.0, draw=0.4)
 
 llama.cpp cuts the distribution in its chain's order, by default the cuts first, at the
 model's own temperature, then the temperature; Hugging Face's, vLLM's and MAX's samplers
 apply the temperature first. Where the two orders keep different tokens (a temperature
-other than 0 or 1 beside a cut), or a step MAX's sampler has not acts (top-n-sigma, typical-p,
-XTC), `max-gpt2 serve` runs llama-server's chain here for its
+other than 0 or 1 beside a cut), or a step MAX's sampler has not acts (DRY, top-n-sigma, typical-p,
+XTC, a dynamic temperature), `max-gpt2 serve` runs llama-server's chain here for its
 `/completion` route and lets MAX's sampler draw from the result at temperature 1. Each step
 is llama.cpp's (`src/llama-sampler.cpp`): top-k keeps the `k` highest logits (0: all);
 top-p keeps the likeliest tokens until their probability, over what is still kept, reaches
 `p`; min-p keeps the tokens whose probability is at least `p` times the likeliest one's;
-temperature divides what is kept (0 keeps the likeliest alone); top-n-sigma keeps the logits within
+temperature divides what is kept (0 keeps the likeliest alone), and where it has a range and an
+exponent (llama.cpp's dynamic temperature), it is the temperature less the range plus twice the range
+times the kept distribution's entropy over its largest, to the exponent (at least 0); DRY subtracts
+`max_gpt2.inference.dry.penalties` over the `history` of ids (multiplier, base, allowed length and
+window its values, `heads` its breakers); top-n-sigma keeps the logits within
 `n` standard deviations (of what is kept) of the highest (0 or less: all); typical-p ranks what is kept
 by how far each token's surprise, -log p, lies from the entropy, and keeps the closest until their
 probability passes `p` (1: all); XTC ("exclude top choices"), where this token's `chance` (a uniform
@@ -30,21 +36,30 @@ from collections.abc import Sequence
 
 import numpy as np
 
-STEPS = ("top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp's order
-Step = tuple[str | float, ...]  # a name of `STEPS`, its value (XTC's two); one type, as msgspec needs
+from max_gpt2.inference.dry import Heads, penalties
+
+STEPS = ("dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp's order
+Step = tuple[str | float, ...]  # a name of `STEPS`, its values; one type, as msgspec needs
 LOWEST = np.finfo(np.float32).min
 NUCLEUS_FIRST = 256  # top-p looks among this many likeliest first, as llama.cpp does
 
 
-def chain(logits: np.ndarray, steps: Sequence[Step], chance: float = 1.0) -> np.ndarray:
-    """`logits` [V] after each step of `steps` (a name of `STEPS` and its value: XTC's probability and
-    threshold), in their order; `chance` is XTC's draw for this token."""
+def chain(
+    logits: np.ndarray,
+    steps: Sequence[Step],
+    chance: float = 1.0,
+    history: Sequence[int] | np.ndarray = (),
+    heads: Heads | None = None,
+) -> np.ndarray:
+    """`logits` [V] after each step of `steps` (a name of `STEPS` and its values: XTC's probability and
+    threshold, DRY's four, a temperature's range and exponent where dynamic), in their order; `chance` is
+    XTC's draw for this token, `history` the ids before it and `heads` the breakers DRY reads."""
     row = np.asarray(logits, dtype=np.float32)
     kept = np.flatnonzero(row > LOWEST)  # ids still in play: what a ban or a constraint left
     if kept.size == 0:
         return row.copy()
     values = row[kept]
-    for name, value, *threshold in steps:
+    for name, value, *more in steps:
         if name == "top_k" and 0 < value < kept.size:
             best = np.argpartition(-values, int(value) - 1)[: int(value)]
             kept, values = kept[best], values[best]
@@ -55,21 +70,38 @@ def chain(logits: np.ndarray, steps: Sequence[Step], chance: float = 1.0) -> np.
             kept, values = kept[close], values[close]
         elif name == "typ_p" and value < 1:
             kept, values = typical(kept, values, value)
-        elif name == "xtc" and chance <= value and threshold[0] <= 0.5 and kept.size > 1:
-            kept, values = excluded_top_choices(kept, values, threshold[0])
+        elif name == "xtc" and chance <= value and more[0] <= 0.5 and kept.size > 1:
+            kept, values = excluded_top_choices(kept, values, more[0])
         elif name == "min_p" and value > 0:
             close = values >= values.max() + np.log(np.float32(value))
             kept, values = kept[close], values[close]
-        elif name == "temperature" and value > 0:
-            values = values / np.float32(value)
-        elif name == "temperature":  # 0: the likeliest alone, as llama.cpp's greedy temperature
-            best = np.argmax(values)
-            kept, values = kept[best : best + 1], values[best : best + 1]
+        elif name == "dry" and (lost := penalties(history, value, more[0], *map(int, more[1:]), heads or {})):
+            loss = np.zeros(row.size, np.float32)
+            loss[list(lost)] = list(lost.values())
+            values = values - loss[kept]
+        elif name == "temperature":
+            temperature = dynamic(values, value, *more) if more and more[0] > 0 and kept.size > 1 else value
+            if temperature > 0:
+                values = values / np.float32(temperature)
+            else:  # the likeliest alone, as llama.cpp's greedy temperature
+                best = np.argmax(values)
+                kept, values = kept[best : best + 1], values[best : best + 1]
         elif name not in STEPS:
             raise ValueError(f"sampler chain: no step {name!r}; the steps are {', '.join(STEPS)}")
     out = np.full_like(row, LOWEST)
     out[kept] = values
     return out
+
+
+def dynamic(values: np.ndarray, temperature: float, spread: float, exponent: float) -> float:
+    """llama.cpp's dynamic temperature for the kept `values`: from `temperature` less `spread` (at least
+    0) to `temperature` plus it, as their entropy over its largest, to the `exponent`."""
+    probabilities = np.exp(values.astype(np.float64) - values.max())
+    probabilities /= probabilities.sum()
+    within = probabilities[probabilities > 0]
+    entropy = -(within * np.log(within)).sum() / np.log(values.size)
+    low, high = max(0.0, temperature - spread), temperature + spread
+    return float(low + (high - low) * entropy**exponent)
 
 
 def nucleus(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +146,36 @@ def excluded_top_choices(
         return kept, values
     rest = order[reaching - 1 :]
     return kept[rest], values[rest]
+
+
+def mirostat_v1(
+    logits: np.ndarray, tau: float, eta: float, mu: float, draw: float, m: int = 100
+) -> tuple[int, float]:
+    """The first Mirostat as llama.cpp runs it over `logits` [V] (already tempered): Zipf's exponent
+    estimated from the `m` likeliest tokens, the top-k that would give a surprise of `mu` by it, the
+    token `draw` (uniform in [0, 1)) picks among those k, renormalised, and the next `mu`, as 2.0's."""
+    row = np.asarray(logits, dtype=np.float64)
+    kept = np.flatnonzero(row > LOWEST)
+    probabilities = np.exp(row[kept] - row[kept].max())
+    probabilities /= probabilities.sum()
+    ranked = probabilities[likeliest(probabilities, m)]
+    steps = np.log(np.arange(2, ranked.size + 1) / np.arange(1, ranked.size))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        exponent = (steps * np.log(ranked[:-1] / ranked[1:])).sum() / (steps * steps).sum()
+        k = ((exponent - 1) * 2.0**mu / (1 - float(row.size) ** (1 - exponent))) ** (1 / exponent)
+    # A k that is no number, or past int32, converts to INT_MIN on x86 and so to 1, as llama.cpp's does.
+    chosen = likeliest(probabilities, max(int(k), 1) if np.isfinite(k) and abs(k) < 2**31 else 1)
+    picked = probabilities[chosen] / probabilities[chosen].sum()
+    index = min(int(np.searchsorted(np.cumsum(picked), draw, side="right")), chosen.size - 1)
+    return int(kept[chosen[index]]), mu - eta * (-np.log2(picked[index]) - tau)
+
+
+def likeliest(probabilities: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the `count` largest `probabilities` (all where fewer), the largest first."""
+    if count < probabilities.size:
+        top = np.argpartition(-probabilities, count - 1)[:count]
+        return top[np.argsort(-probabilities[top], kind="stable")]
+    return np.argsort(-probabilities, kind="stable")
 
 
 def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: float) -> tuple[int, float]:

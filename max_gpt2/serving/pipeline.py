@@ -179,7 +179,9 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
                 rows[row] = self._constraints.mask(context, rows[row])
             if (steps := chain_of(context)) is not None:  # over what the mask allows, as llama-server
                 drawn = any(step[0] == "xtc" for step in steps)  # a generator made only where it is read
-                rows[row] = chain(rows[row], steps, host_draw(context) if drawn else 1.0)
+                heads = self.tokenizer.dry_heads(breakers) if (breakers := context.dry_breakers) else None
+                chance = host_draw(context) if drawn else 1.0
+                rows[row] = chain(rows[row], steps, chance, context.tokens.all, heads)
             if getattr(context, "mirostat", None) is not None:  # after the chain's temperature
                 rows[row] = context.mirostat_pick(rows[row], host_draw(context))
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))

@@ -14,7 +14,8 @@ raise ValueError, which its route answers with "Value error." alone: they are
 passed on as an `InputError`, so the client reads what was wrong. The context it makes is a
 `GPT2Context`, carrying a `GPT2Request`'s `logit_bias` and constraint to the worker
 (`max_gpt2.serving.context`). `grammars` is the grammar engine for the model's vocabulary: the
-route checks a constraint with it, the worker's pipeline masks with it.
+route checks a constraint with it, the worker's pipeline masks with it; `dry_heads` finds DRY's
+sequence breakers among the vocabulary's tokens for the worker's sampler chain.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import numpy as np
 from max.pipelines.context.exceptions import InputError, PromptTooLongError
 from max.pipelines.lib import PipelineConfig, TextTokenizer
 from max.pipelines.modeling.types import TextGenerationRequest
+from tokenizers import Tokenizer
 
 from max_gpt2.inference.constraints import GrammarEngine
-from max_gpt2.inference.tokenizer import load_tokenizer
+from max_gpt2.inference.dry import Heads, breaker_heads
+from max_gpt2.inference.tokenizer import load_tokenizer, token_bytes
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.serving.context import GPT2Context, GPT2Request
 
@@ -55,6 +58,7 @@ class GPT2TextTokenizer(TextTokenizer):
     """`TextTokenizer` that refuses, with a 400 naming the field, prompts the model cannot run."""
 
     ROOM: ClassVar[int] = 1  # tokens a prompt must leave free in the context: the one it generates
+    DRY_SETS: ClassVar[int] = 8  # sets of DRY breakers kept found (each a few thousand ids at most)
 
     def __init__(self, model_path: str, pipeline_config: PipelineConfig, **kwargs: Any) -> None:
         super().__init__(model_path, pipeline_config, **kwargs)
@@ -63,13 +67,38 @@ class GPT2TextTokenizer(TextTokenizer):
         self.model_vocab_size, self.n_positions = config.vocab_size, config.n_positions
         self.n_embd = config.n_embd  # an embedding's width
         self.model_path = model_path
+        self._dry_heads: dict[tuple[str, ...], Heads] = {}  # by breakers, the latest `DRY_SETS` asked for
+
+    @cached_property
+    def vocabulary(self) -> Tokenizer:
+        """The model's own tokenizer (`tokenizers`'), loaded at its first use."""
+        tokenizer = load_tokenizer(self.model_path)
+        assert tokenizer is not None, "max-gpt2 serve refuses a checkpoint without a tokenizer"
+        return tokenizer
 
     @cached_property
     def grammars(self) -> GrammarEngine:
         """The grammar engine for the model's vocabulary and end-of-text ids, made at its first use."""
-        tokenizer = load_tokenizer(self.model_path)
-        assert tokenizer is not None, "max-gpt2 serve refuses a checkpoint without a tokenizer"
-        return GrammarEngine(tokenizer, self.model_vocab_size, sorted(self.eos_token_ids))
+        return GrammarEngine(self.vocabulary, self.model_vocab_size, sorted(self.eos_token_ids))
+
+    @cached_property
+    def pieces(self) -> list[bytes]:
+        """Each token's bytes, by id (none for an id the model has and the tokenizer not)."""
+        known = self.vocabulary.get_vocab_size(with_added_tokens=True)
+        return [token_bytes(self.vocabulary, i) if i < known else b"" for i in range(self.model_vocab_size)]
+
+    def dry_heads(self, breakers: tuple[str, ...]) -> Heads:
+        """DRY's sequence `breakers` among the vocabulary's tokens (`max_gpt2.inference.dry`), each set
+        found once while it is among the latest asked for."""
+
+        def encode(text: str) -> list[int]:
+            return self.vocabulary.encode(text, add_special_tokens=False).ids
+
+        if breakers not in self._dry_heads:
+            if len(self._dry_heads) >= self.DRY_SETS:
+                del self._dry_heads[next(iter(self._dry_heads))]
+            self._dry_heads[breakers] = breaker_heads(breakers, self.pieces, encode)
+        return self._dry_heads[breakers]
 
     async def new_context(self, request: TextGenerationRequest) -> GPT2Context:
         if request.echo and request.logprobs and not self.echo_enabled:

@@ -1,10 +1,10 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (DRY, adaptive-p, dynamic temperature,
-  ...): taken while set to what leaves it off, refused by the routes, naming the field, otherwise
-  (`first_acting`); typical-p, top-n-sigma, XTC and Mirostat too on the OpenAI routes, where MAX's
-  sampler draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
+- `OFF`: what llama-server reads and this server has not (adaptive-p, ...): taken while set to what
+  leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY, typical-p,
+  top-n-sigma, XTC, the dynamic temperature and Mirostat too on the OpenAI routes, where MAX's sampler
+  draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
 - `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
   what shapes only llama-server's logs, progress events and timings.
@@ -25,8 +25,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "dynatemp_range": (lambda value: value <= 0, "0"),
-    "dry_multiplier": (lambda value: value <= 0, "0"),
     "adaptive_target": (lambda value: value < 0, "-1"),
     "n_indent": (lambda value: value == 0, "0"),
     "t_max_predict_ms": (lambda value: value <= 0, "0"),
@@ -39,30 +37,32 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
 }
 INERT = (
-    "dynatemp_exponent", "dry_base", "dry_allowed_length",
-    "dry_penalty_last_n", "dry_sequence_breakers", "adaptive_decay", "min_keep", "n_keep", "n_discard",
+    "adaptive_decay", "min_keep", "n_keep", "n_discard",
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
     "generation_prompt", "parse_tool_calls",
 )  # fmt: skip
-# The samplers only llama-server's chain runs (`/completion`): each field, what leaves it off, its step.
-CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str, str]] = {
-    "top_n_sigma": (lambda value: value <= 0, "-1", "top_n_sigma"),
-    "typical_p": (lambda value: value >= 1, "1", "typ_p"),
-    "xtc_probability": (lambda value: value <= 0, "0", "xtc"),  # with `xtc_threshold` (0.1 unset)
-    "mirostat": (lambda value: value == 0, "0", "mirostat"),  # not a step: the chain's in its place
+# The samplers only llama-server's chain runs (`/completion`): each field, and what leaves it off.
+CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dry_multiplier": (lambda value: value == 0, "0"),  # below 0 it acts too: it rewards repeats
+    "top_n_sigma": (lambda value: value <= 0, "-1"),
+    "typical_p": (lambda value: value >= 1, "1"),
+    "xtc_probability": (lambda value: value <= 0, "0"),  # with `xtc_threshold` (0.1 unset)
+    "dynatemp_range": (lambda value: value <= 0, "0"),  # with `dynatemp_exponent`
+    "mirostat": (lambda value: value == 0, "0"),  # not a step: the chain's in its place
 }
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
+    "dry": ("d", {"dry_multiplier": 0.0}),
     "top_n_sigma": ("s", {"top_n_sigma": -1.0}),
     "top_k": ("k", {"top_k": 0}),
     "typ_p": ("y", {"typical_p": 1.0}),
     "xtc": ("x", {"xtc_probability": 0.0}),
     "top_p": ("p", {"top_p": 1.0}),
     "min_p": ("m", {"min_p": 0.0}),
-    "temperature": ("t", {"temperature": 1.0}),
+    "temperature": ("t", {"temperature": 1.0, "dynatemp_range": 0.0}),
 }
 
 LlamaServerFields: Any = create_model(
@@ -79,14 +79,23 @@ LlamaServerFields: Any = create_model(
     mirostat=(int | None, None),
     mirostat_tau=(float | None, None),
     mirostat_eta=(float | None, None),
+    dry_multiplier=(float | None, None),
+    dry_base=(float | None, None),
+    dry_allowed_length=(int | None, None),
+    dry_penalty_last_n=(int | None, None),
+    dry_sequence_breakers=(list[str] | None, None),
+    dynatemp_range=(float | None, None),
+    dynatemp_exponent=(float | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 
 
-def first_acting(body: Any, table: dict[str, tuple[Any, ...]] = OFF) -> tuple[str, str] | None:
+def first_acting(
+    body: Any, table: dict[str, tuple[Callable[[Any], bool], str]] = OFF
+) -> tuple[str, str] | None:
     """The first of `table`'s fields (`OFF`'s, or `CHAIN_ONLY`'s) `body` sets to act, and what would leave
     it off; None if none does."""
-    for field, (off, value, *_) in table.items():
+    for field, (off, value) in table.items():
         given = getattr(body, field)
         try:
             acts = given is not None and not off(given)

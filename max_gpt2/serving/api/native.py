@@ -55,7 +55,9 @@ async def create_native_completion(request: Request) -> Response:
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
         asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
-        asked = eos_banned(in_llama_order(asked, native), native, served.tokenizer.eos_token_ids)
+        asked = eos_banned(
+            in_llama_order(asked, native, served.context_length), native, served.tokenizer.eos_token_ids
+        )
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")

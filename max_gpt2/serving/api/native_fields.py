@@ -15,7 +15,8 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
   the chain's steps (`max_gpt2.inference.sampler_chain`) run in its order (llama-server's default
   order where not given), on the host where that keeps other tokens than MAX's sampler would, or
   where a step MAX's sampler has not acts (`in_llama_order`); the penalties always come first;
-- `mirostat: 2` is the temperature, then Mirostat 2.0 alone, as in llama-server (`with_mirostat`);
+- DRY and the dynamic temperature take their parameters as llama-server does (`dry_step`);
+- `mirostat` (1 or 2) is the temperature, then Mirostat alone, as in llama-server (`with_mirostat`);
 - `ignore_eos` bans the end-of-text token, as llama-server does (`eos_banned`).
 """
 
@@ -29,7 +30,7 @@ from max.pipelines.context.sampling_params import SamplingParamsInput
 from pydantic import ConfigDict, Field
 
 from max_gpt2.inference.logit_controls import LOWEST
-from max_gpt2.inference.sampler_chain import STEPS
+from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.serving.api.llama_samplers import (
     CHAIN_ONLY,
     INERT,
@@ -47,8 +48,12 @@ PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_p
 # MAX's sampler settings that leave it only drawing from what the host's chain kept.
 ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
-    "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta"
+    "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability",
+    "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",
 )  # fmt: skip
+DRY_BREAKERS = ["\n", ":", '"', "*"]  # llama-server's
+DRY_BASE = 1.75  # llama-server's, which a base below 1 is read as
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
 
@@ -80,7 +85,14 @@ class NativeCompletion(LlamaServerFields):
     json_schema: dict[str, Any] | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
-    top_n_sigma: float = -1.0  # the chain's samplers MAX's has not (`HOST_SAMPLERS`), off as by default
+    dynatemp_range: float = 0.0  # the chain's samplers MAX's has not (`HOST_SAMPLERS`), off as by default
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = DRY_BASE
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: list[str] = Field(default_factory=lambda: list(DRY_BREAKERS))
+    top_n_sigma: float = -1.0
     typical_p: float = 1.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
@@ -177,38 +189,69 @@ def generation_settings(
     }
 
 
-def in_llama_order(asked: Asked, native: NativeCompletion) -> Asked:
+def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) -> Asked:
     """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `native`'s
     `samplers` order) run on the host where it keeps other tokens than MAX's sampler, which applies the
-    temperature first and has no top-n-sigma, typical-p or XTC: with one of those, or with a cut and a
+    temperature first and has none of the steps of `CHAIN_ONLY`: with one of those, or with a cut and a
     temperature other than 0 and 1. MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
+    dry = dry_step(native, context_length)
     if native.mirostat:
         return with_mirostat(asked, native)
-    values = {name: getattr(asked.sampling, name, None) for name in STEPS}
-    values |= {step: getattr(native, field) for field, (*_, step) in CHAIN_ONLY.items()}
-    top_k, top_p, min_p, temperature = (values[name] for name in ("top_k", "top_p", "min_p", "temperature"))
+    sampled = {name: getattr(asked.sampling, name) for name in ("top_k", "top_p", "min_p", "temperature")}
+    top_k, top_p, min_p, temperature = sampled.values()
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
     if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
-    chain = tuple(
-        (name, float(values[name]), *([float(native.xtc_threshold)] if name == "xtc" else []))
-        for name in chain_order(native.samplers)
-        if values[name] is not None
-    )
+    steps: dict[str, Step] = {
+        name: (name, float(value)) for name, value in sampled.items() if value is not None
+    }
+    if native.dynatemp_range > 0 and "temperature" in steps:
+        steps["temperature"] += (native.dynatemp_range, native.dynatemp_exponent)
+    if dry:
+        steps["dry"] = dry
+    steps |= {
+        "top_n_sigma": ("top_n_sigma", native.top_n_sigma),
+        "typ_p": ("typ_p", native.typical_p),
+        "xtc": ("xtc", native.xtc_probability, native.xtc_threshold),
+    }
+    chain = tuple(steps[name] for name in chain_order(native.samplers) if name in steps)
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS})
-    return dataclasses.replace(asked, sampling=sampling, chain=chain)
+    breakers = tuple(native.dry_sequence_breakers) if dry else None
+    return dataclasses.replace(asked, sampling=sampling, chain=chain, dry_breakers=breakers)
+
+
+def dry_step(native: NativeCompletion, context_length: int) -> Step | None:
+    """DRY's step of the chain (multiplier, base, allowed length, window), None where it is off; a
+    `Refusal` for a parameter llama-server refuses too. A base below 1 is llama-server's 1.75, a window
+    of -1 the whole context (as llama-server had it)."""
+    if native.dry_allowed_length < 0:
+        raise Refusal("dry_allowed_length", f"dry_allowed_length: 0 or more; got {native.dry_allowed_length}")
+    if native.dry_penalty_last_n < -1:
+        last_n = native.dry_penalty_last_n
+        raise Refusal(
+            "dry_penalty_last_n", f"dry_penalty_last_n: -1 (the context), 0 (off) or more; got {last_n}"
+        )
+    if not native.dry_sequence_breakers:
+        raise Refusal(
+            "dry_sequence_breakers", "dry_sequence_breakers: a non-empty list of strings, as llama-server"
+        )
+    if native.dry_multiplier == 0:
+        return None
+    base = native.dry_base if native.dry_base >= 1 else DRY_BASE
+    last_n = context_length if native.dry_penalty_last_n == -1 else native.dry_penalty_last_n
+    return ("dry", native.dry_multiplier, base, native.dry_allowed_length, last_n)
 
 
 def with_mirostat(asked: Asked, native: NativeCompletion) -> Asked:
-    """`asked` picking each token by Mirostat 2.0 after the temperature, llama.cpp's whole chain where
-    `mirostat` is 2 (its other samplers and its penalties left out, as there); 1 is refused."""
-    if native.mirostat != 2:
-        raise Refusal("mirostat", f"mirostat: 2 (Mirostat 2.0) or 0 (off) here; got {native.mirostat}")
+    """`asked` picking each token by Mirostat (`mirostat` 1, the first, or 2, Mirostat 2.0) after the
+    temperature, llama.cpp's whole chain then (its other samplers and its penalties left out, as there)."""
+    if native.mirostat not in (1, 2):
+        raise Refusal("mirostat", f"mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got {native.mirostat}")
     no_penalties = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS, **no_penalties})
     chain = (("temperature", float(native.temperature)),)
-    mirostat = (native.mirostat_tau, native.mirostat_eta)
+    mirostat = (native.mirostat, native.mirostat_tau, native.mirostat_eta)
     return dataclasses.replace(asked, sampling=sampling, chain=chain, mirostat=mirostat, penalty_last_n=None)
 
 

@@ -77,7 +77,8 @@ class Asked:
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
     chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
-    mirostat: tuple[float, float] | None = None  # llama-server's Mirostat 2.0: its (tau, eta)
+    mirostat: tuple[int, float, float] | None = None  # llama-server's Mirostat: its (version, tau, eta)
+    dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
 
     def request(
         self,
@@ -113,6 +114,7 @@ class Asked:
             chain=self.chain,
             penalty_last_n=self.penalty_last_n,
             mirostat=self.mirostat,
+            dry_breakers=self.dry_breakers,
         )
 
 

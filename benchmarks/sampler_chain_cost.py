@@ -22,7 +22,8 @@ from max.driver import CPU
 
 from max_gpt2.bench.harness import machine_description
 from max_gpt2.inference.dry import breaker_heads
-from max_gpt2.inference.sampler_chain import chain, mirostat_v1, mirostat_v2
+from max_gpt2.inference.sampler_chain import chain
+from max_gpt2.inference.token_pickers import adaptive_p, mirostat_v1, mirostat_v2
 from max_gpt2.inference.tokenizer import load_tokenizer, token_bytes
 
 DEFAULTS = [("top_k", 40), ("top_p", 0.95), ("min_p", 0.05)]  # llama-server's
@@ -66,6 +67,9 @@ def main() -> None:
         runs[f"Mirostat {version} (tau 5, mu 10), temperature 0.8"] = lambda row, pick=pick: pick(
             chain(row, [("temperature", 0.8)]), 5.0, 0.1, 10.0, 0.4
         )
+    runs["adaptive-p (target 0.3) after the defaults"] = lambda row: adaptive_p(
+        chain(row, [*DEFAULTS, ("temperature", 0.8)]), 0.3, 3.0, 10.0, 0.4
+    )
     for name, run in runs.items():
         run(rows[0])  # warm
         started = time.perf_counter()

@@ -1,8 +1,8 @@
-"""llama.cpp's sampler chain (`max_gpt2.inference.sampler_chain`) against a plain reference written here from
-llama.cpp's definitions (`src/llama-sampler.cpp`): sorted lists in float64, one token at a time, min-p's
-threshold in float32 as llama.cpp computes it. Random rows of logits, every order of the four steps
-llama-server runs by default, top-n-sigma and typical-p among them, the dynamic temperature, and both
-Mirostats (DRY's own comparison is `tests/test_dry.py`)."""
+"""llama.cpp's sampler chain (`max_gpt2.inference.sampler_chain`) and token pickers (`token_pickers`)
+against a plain reference written here from llama.cpp's definitions (`src/llama-sampler.cpp`): sorted
+lists in float64, one token at a time, min-p's threshold in float32 as llama.cpp computes it. Random
+rows of logits, every order of the four steps llama-server runs by default, top-n-sigma and typical-p
+among them, the dynamic temperature, both Mirostats and adaptive-p (DRY's: `tests/test_dry.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain, mirostat_v1, mirostat_v2
+from max_gpt2.inference.sampler_chain import LOWEST, STEPS, chain
+from max_gpt2.inference.token_pickers import adaptive_p, first_state, mirostat_v1, mirostat_v2, pick
 
 DEFAULTS = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}  # llama-server's
 CUTS = {"top_n_sigma": 1.5, "typ_p": 0.7}  # llama-server's are off (-1, 1): values that cut
@@ -240,6 +241,45 @@ def test_the_first_mirostat_picks_and_learns_as_llama_cpps(mu):
             assert token == expected and learned == pytest.approx(expected_mu, rel=1e-6)
             sizes.add(token)
     assert len(sizes) > 1  # draws pick apart: the comparison can fail
+
+
+def adaptive_reference(
+    logits: np.ndarray, target: float, decay: float, state: tuple[float, float], draw: float
+) -> tuple[int, tuple[float, float]]:
+    """llama.cpp's adaptive-p, a token at a time: the target adapted by the decayed average so far (2 *
+    target - sum / weight, within 0 and 1), each probability's logit 5 - 10 d^2 / (1 + d) with d its
+    distance to it over 0.3, the token where the running sum of their softmax passes `draw` (in id
+    order), and the state's update with the token's probability before the transform."""
+    weighted, total = state
+    kept = [index for index in range(len(logits)) if logits[index] > LOWEST]
+    top = max(float(logits[i]) for i in kept)
+    mass = sum(math.exp(float(logits[i]) - top) for i in kept)
+    p = [math.exp(float(logits[i]) - top) / mass for i in kept]
+    clamped = min(max(target, 0.0), 1.0)
+    adapted = min(max(clamped if total == 0 else 2 * clamped - weighted / total, 0.0), 1.0)
+    new = [5 - 10 * (d := abs(q - adapted) / 0.3) ** 2 / (1 + d) for q in p]
+    scale = sum(math.exp(value - 5) for value in new)
+    running = 0.0
+    for position in range(len(new)):
+        running += math.exp(new[position] - 5) / scale
+        if running > draw:
+            break
+    return kept[position], (p[position] + decay * weighted, 1 + decay * total)
+
+
+@pytest.mark.parametrize("target", [0.0, 0.05, 0.5, 2.0])
+def test_adaptive_p_picks_and_learns_as_llama_cpps(target):
+    picker, picks = ("adaptive_p", target, 0.9), set()
+    for row in rows(3, vocab=300):
+        tempered = row * 3  # peaked enough that the likeliest reach the targets
+        state = first_state(picker)
+        assert state == pytest.approx((target / 0.1, 10.0))  # as llama.cpp's reset: the target unclamped
+        for draw in (0.0, 0.37, 0.999):
+            token, learned = pick(picker, tempered, state, draw)
+            expected, expected_state = adaptive_reference(tempered, target, 0.9, state, draw)
+            assert token == expected and learned == pytest.approx(expected_state, rel=1e-9)
+            state, picks = learned, picks | {token}
+    assert len(picks) > 3 and adaptive_p(rows(1)[0], 0.5, 0.0, 0.0, 0.5)[0] >= 0
 
 
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():

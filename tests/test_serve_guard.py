@@ -37,11 +37,8 @@ REFUSED = [
     ({"prompt": None}, "prompt", "a string, token ids"),
     ({"max_tokens": -2}, "max_tokens", "at least 1"),
     ({"mirostat": 2}, "mirostat", "mirostat: only /completion runs it here, in llama-server's sampler chain"),
-    (
-        {"adaptive_target": 0.5},
-        "adaptive_target",
-        "this server has no such sampler or setting; leave it out or -1",
-    ),
+    ({"n_indent": 2}, "n_indent", "this server has no such sampler or setting; leave it out or 0"),
+    ({"adaptive_target": 0.5, "samplers": ["Adaptive-P"]}, "adaptive_target", "only /completion runs it"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "sampler chain; leave it out or 0"),
     ({"dynatemp_range": 0.5}, "dynatemp_range", "only /completion runs it here"),
     ({"typical_p": 0.5}, "typical_p", "only /completion runs it here, in llama-server's sampler chain"),
@@ -221,6 +218,9 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     )
     assert (cut.sampling.top_k, cut.sampling.top_p, cut.sampling.min_p) == (5, 1.0, 0.0)  # "p", "m" out
     assert cut.constraint is None
+    spelled = checked({"samplers": ["TOP-K", "temp", "nucleus"], "top_k": 5, "top_p": 0.5, "min_p": 0.2})
+    assert (spelled.sampling.top_k, spelled.sampling.top_p, spelled.sampling.min_p) == (5, 0.5, 0.0)
+    assert checked({"adaptive_target": 0.5}).picker is None  # not in the default chain: it does nothing
     penalty = checked({"repeat_penalty": 1.2, "repeat_last_n": -1, "sse_ping_interval": 2})
     assert penalty.sampling.repetition_penalty == 1.2 and penalty.ping_s == 2
     assert penalty.penalty_last_n == CONTEXT  # -1: the whole context, as llama-server reads it

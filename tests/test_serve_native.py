@@ -102,7 +102,8 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
     ("change", "field", "says"),
     [
         ({"mirostat": 3}, "mirostat", "mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got 3"),
-        ({"adaptive_target": 0.5}, "adaptive_target", "no such sampler or setting; leave it out or -1"),
+        ({"n_indent": 2}, "n_indent", "no such sampler or setting; leave it out or 0"),
+        ({"adaptive_decay": 1.5}, "adaptive_decay", "adaptive_decay: 0 to 0.99; got 1.5"),
         ({"dry_multiplier": 0.8, "dry_sequence_breakers": []}, "dry_sequence_breakers", "a non-empty list"),
         ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers", "Input should be a valid array"),
         ({"dry_allowed_length": -1}, "dry_allowed_length", "0 or more; got -1"),
@@ -214,8 +215,8 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
         }
         assert documented <= ours.keys() & theirs.keys()
         assert set(theirs["timings"]) <= set(ours["timings"])
-        breakers = (side["generation_settings"]["dry_sequence_breakers"] for side in (ours, theirs))
-        assert next(breakers) == next(breakers)
+        for setting in ("dry_sequence_breakers", "samplers"):  # the default chain, in its order
+            assert ours["generation_settings"][setting] == theirs["generation_settings"][setting], setting
     compared = (
         0  # llama-server gives a token that is part of a character no entry of its own: the tokens before
     )
@@ -259,7 +260,7 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
         *("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability"),
         *("xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "repeat_last_n", "repeat_penalty"),
         *("dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length"),
-        "dry_penalty_last_n",
+        *("dry_penalty_last_n", "adaptive_target", "adaptive_decay"),
     )
     mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
     for name in honoured:  # the defaults of what both honour, which clients show and send back

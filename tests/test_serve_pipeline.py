@@ -442,18 +442,22 @@ def test_mirostat_keeps_its_pick_alone_and_its_mu_by_token_count():
     from max.pipelines.context.sampling_params import SamplingParams
     from max.pipelines.context.tokens import TokenBuffer
 
-    from max_gpt2.inference.sampler_chain import LOWEST, mirostat_v2
+    from max_gpt2.inference.sampler_chain import LOWEST
+    from max_gpt2.inference.token_pickers import mirostat_v2
     from max_gpt2.serving.context import GPT2Context
 
     context = GPT2Context(
         max_length=16,
         tokens=TokenBuffer(np.array([0, 1, 2], np.int64)),
         sampling_params=SamplingParams(),
-        mirostat=(2, 1.5, 0.5),
+        picker=("mirostat", 2, 1.5, 0.5),
     )
     row = np.array([2.0, 1.9, 1.8, -1.0, 0.5], np.float32)
-    first = context.mirostat_pick(row, 0.6)
-    again = context.mirostat_pick(row, 0.6)
+    first = context.picked(row, 0.6)
+    again = context.picked(row, 0.6)
     token, mu = mirostat_v2(row, 1.5, 0.5, 3.0, 0.6)
     np.testing.assert_array_equal(first, again)
-    assert np.flatnonzero(first > LOWEST).tolist() == [token] and context.mirostat_mu == {0: 3.0, 1: mu}
+    assert np.flatnonzero(first > LOWEST).tolist() == [token] and context.picker_states == {
+        0: (3.0,),
+        1: (mu,),
+    }

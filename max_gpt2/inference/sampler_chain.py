@@ -1,11 +1,10 @@
 """llama.cpp's sampler chain on one row of logits: DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC
-and temperature, in a given order; and its Mirostat (1 and 2.0), which replaces the chain but for the
-temperature.
+and temperature, in a given order (what picks the token from it, where not a draw:
+`max_gpt2.inference.token_pickers`).
 
     row = chain(logits, (("top_k", 40), ("top_p", 0.95), ("min_p", 0.05), ("temperature", 0.8)))  # [V]
     row = chain(logits, (("xtc", 0.5, 0.1), ("temperature", 0.8)), chance=0.3)  # XTC's draw this token
     row = chain(logits, (("dry", 0.8, 1.75, 2, 64), ("temperature", 0.8, 0.5, 1.0)), history=ids, heads=heads)
-    token, mu = mirostat_v2(chain(logits, (("temperature", 0.8),)), tau=5.0, eta=0.1, mu=10.0, draw=0.4)
 
 llama.cpp cuts the distribution in its chain's order, by default the cuts first, at the
 model's own temperature, then the temperature; Hugging Face's, vLLM's and MAX's samplers
@@ -146,52 +145,3 @@ def excluded_top_choices(
         return kept, values
     rest = order[reaching - 1 :]
     return kept[rest], values[rest]
-
-
-def mirostat_v1(
-    logits: np.ndarray, tau: float, eta: float, mu: float, draw: float, m: int = 100
-) -> tuple[int, float]:
-    """The first Mirostat as llama.cpp runs it over `logits` [V] (already tempered): Zipf's exponent
-    estimated from the `m` likeliest tokens, the top-k that would give a surprise of `mu` by it, the
-    token `draw` (uniform in [0, 1)) picks among those k, renormalised, and the next `mu`, as 2.0's."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    probabilities = np.exp(row[kept] - row[kept].max())
-    probabilities /= probabilities.sum()
-    ranked = probabilities[likeliest(probabilities, m)]
-    steps = np.log(np.arange(2, ranked.size + 1) / np.arange(1, ranked.size))
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        exponent = (steps * np.log(ranked[:-1] / ranked[1:])).sum() / (steps * steps).sum()
-        k = ((exponent - 1) * 2.0**mu / (1 - float(row.size) ** (1 - exponent))) ** (1 / exponent)
-    # A k that is no number, or past int32, converts to INT_MIN on x86 and so to 1, as llama.cpp's does.
-    chosen = likeliest(probabilities, max(int(k), 1) if np.isfinite(k) and abs(k) < 2**31 else 1)
-    picked = probabilities[chosen] / probabilities[chosen].sum()
-    index = min(int(np.searchsorted(np.cumsum(picked), draw, side="right")), chosen.size - 1)
-    return int(kept[chosen[index]]), mu - eta * (-np.log2(picked[index]) - tau)
-
-
-def likeliest(probabilities: np.ndarray, count: int) -> np.ndarray:
-    """The indices of the `count` largest `probabilities` (all where fewer), the largest first."""
-    if count < probabilities.size:
-        top = np.argpartition(-probabilities, count - 1)[:count]
-        return top[np.argsort(-probabilities[top], kind="stable")]
-    return np.argsort(-probabilities, kind="stable")
-
-
-def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: float) -> tuple[int, float]:
-    """Mirostat 2.0 as llama.cpp runs it over `logits` [V] (already tempered): the token `draw` (uniform
-    in [0, 1)) picks among the likeliest whose surprise, -log2 p, is at most `mu` (the likeliest at
-    least), renormalised, and the next `mu`: less `eta` times the picked token's surprise over `tau`."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    probabilities = np.exp(row[kept] - row[kept].max())
-    probabilities /= probabilities.sum()
-    # The likeliest tokens up to the first whose surprise passes mu are those within it: only they are
-    # sorted (a whole vocabulary's sort cost 11 ms a token, 2-3 ms with it; docs/llama-server.md).
-    within = np.flatnonzero(probabilities >= 2.0**-mu)  # -log2 p <= mu
-    if within.size == 0:
-        within = np.array([np.argmax(probabilities)])
-    within = within[np.argsort(-probabilities[within], kind="stable")]
-    chosen = probabilities[within] / probabilities[within].sum()
-    index = min(int(np.searchsorted(np.cumsum(chosen), draw, side="right")), within.size - 1)
-    return int(kept[within[index]]), mu - eta * (-np.log2(chosen[index]) - tau)

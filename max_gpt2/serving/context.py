@@ -20,7 +20,8 @@ import numpy as np
 from max.pipelines.context import TextContext
 from max.pipelines.modeling.types import TextGenerationRequest
 
-from max_gpt2.inference.sampler_chain import LOWEST, Step, mirostat_v1, mirostat_v2
+from max_gpt2.inference.sampler_chain import LOWEST, Step
+from max_gpt2.inference.token_pickers import Picker, first_state, pick
 
 
 @dataclass(frozen=True)
@@ -31,31 +32,32 @@ class GPT2Request(TextGenerationRequest):
     of `max_gpt2.inference.sampler_chain` its logits go through before MAX's sampler, or None, and
     `penalty_last_n`: where given, the penalties count the context's last n tokens, as llama-server's
     (None: the repetition penalty the whole context, the others the text, as Hugging Face and OpenAI),
-    `mirostat`: Mirostat's (version, tau, eta), which picks each token after the chain, or None, and
-    `dry_breakers`: the sequence breakers of the chain's DRY step, where it has one."""
+    `picker`: what picks each token after the chain (`max_gpt2.inference.token_pickers`: Mirostat,
+    adaptive-p), or None, and `dry_breakers`: the sequence breakers of the chain's DRY step, where it
+    has one."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
     cache_prompt: bool = True
     chain: tuple[Step, ...] | None = None
     penalty_last_n: int | None = None
-    mirostat: tuple[int, float, float] | None = None
+    picker: Picker | None = None
     dry_breakers: tuple[str, ...] | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
-    """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `mirostat`
-    and `dry_breakers`, and Mirostat's `mu` before each token, by its count of tokens generated (the
+    """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`
+    and `dry_breakers`, and the picker's state before each token, by its count of tokens generated (the
     worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
     chain: tuple[Step, ...] | None = field(default=None)
     penalty_last_n: int | None = field(default=None)
-    mirostat: tuple[int, float, float] | None = field(default=None)
+    picker: Picker | None = field(default=None)
     dry_breakers: tuple[str, ...] | None = field(default=None)
-    mirostat_mu: dict[int, float] | None = field(default=None)
+    picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
 
     @classmethod
     def of(cls, context: TextContext, request: TextGenerationRequest) -> GPT2Context:
@@ -63,18 +65,16 @@ class GPT2Context(TextContext):
         values = {each.name: getattr(context, each.name) for each in fields(TextContext) if each.init}
         if not isinstance(request, GPT2Request):
             return cls(**values)
-        ours = ("logit_bias", "constraint", "chain", "penalty_last_n", "mirostat", "dry_breakers")
+        ours = ("logit_bias", "constraint", "chain", "penalty_last_n", "picker", "dry_breakers")
         return cls(**values, **{name: getattr(request, name) for name in ours})
 
-    def mirostat_pick(self, row: np.ndarray, draw: float) -> np.ndarray:
-        """`row` [V] (the chain's, tempered) with Mirostat's token alone kept (`draw`: uniform in [0, 1)),
-        its next `mu` kept: a step run again for the same token draws the same one."""
-        assert self.mirostat is not None
-        version, tau, eta = self.mirostat
+    def picked(self, row: np.ndarray, draw: float) -> np.ndarray:
+        """`row` [V] (the chain's) with the picker's token alone kept (`draw`: uniform in [0, 1)), its next
+        state kept: a step run again for the same token picks the same one."""
+        assert self.picker is not None
         generated = self.tokens.generated_length
-        self.mirostat_mu = self.mirostat_mu or {0: 2 * tau}  # llama.cpp's first mu
-        pick = mirostat_v1 if version == 1 else mirostat_v2
-        token, self.mirostat_mu[generated + 1] = pick(row, tau, eta, self.mirostat_mu[generated], draw)
+        self.picker_states = self.picker_states or {0: first_state(self.picker)}
+        token, self.picker_states[generated + 1] = pick(self.picker, row, self.picker_states[generated], draw)
         picked = np.full_like(row, LOWEST)
         picked[token] = 0.0
         return picked

@@ -94,8 +94,8 @@ def chain_of(context: TextContext) -> tuple[Step, ...] | None:
 
 
 def host_draw(context: TextContext) -> float:
-    """The draw of XTC or Mirostat for `context`'s next token, uniform in [0, 1): the same for the same
-    seed and token."""
+    """The draw of XTC or of a token picker for `context`'s next token, uniform in [0, 1): the same for
+    the same seed and token."""
     generator = np.random.default_rng([context.sampling_params.seed or 0, context.tokens.generated_length])
     return float(generator.random())
 
@@ -182,8 +182,8 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
                 heads = self.tokenizer.dry_heads(breakers) if (breakers := context.dry_breakers) else None
                 chance = host_draw(context) if drawn else 1.0
                 rows[row] = chain(rows[row], steps, chance, context.tokens.all, heads)
-            if getattr(context, "mirostat", None) is not None:  # after the chain's temperature
-                rows[row] = context.mirostat_pick(rows[row], host_draw(context))
+            if getattr(context, "picker", None) is not None:  # Mirostat, adaptive-p: after the chain
+                rows[row] = context.picked(rows[row], host_draw(context))
         return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
 
     def _execute(

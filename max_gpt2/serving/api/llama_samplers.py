@@ -1,15 +1,18 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (adaptive-p, ...): taken while set to what
-  leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY, typical-p,
-  top-n-sigma, XTC, the dynamic temperature and Mirostat too on the OpenAI routes, where MAX's sampler
-  draws: only `/completion` runs them, in llama-server's chain (`CHAIN_ONLY`).
+- `OFF`: what llama-server reads and this server has not (`n_indent`, LoRA, ...): taken while set to
+  what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY,
+  typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat and adaptive-p too on the OpenAI
+  routes, where MAX's sampler draws: only `/completion` runs them, in llama-server's chain
+  (`CHAIN_ONLY`).
 - `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
   a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
   what shapes only llama-server's logs, progress events and timings.
 - `SAMPLERS`: the samplers this server has, by llama-server's name and letter; `samplers` leaving
-  one out turns it off (`left_out`), as in llama-server, and its order is the chain's (`chain_order`).
+  one out turns it off (`left_out`), as in llama-server, and its order is the chain's (`chain_order`);
+  its names are read as llama.cpp reads them, in any case, `-` for `_` or neither, and its aliases
+  (`named`). Adaptive-p runs only where `samplers` names it, as there.
 
 `LlamaServerFields` declares them all, of any JSON type, for the routes' request models.
 """
@@ -25,7 +28,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "adaptive_target": (lambda value: value < 0, "-1"),
     "n_indent": (lambda value: value == 0, "0"),
     "t_max_predict_ms": (lambda value: value <= 0, "0"),
     "post_sampling_probs": (lambda value: not value, "false"),
@@ -37,7 +39,7 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
 }
 INERT = (
-    "adaptive_decay", "min_keep", "n_keep", "n_discard",
+    "min_keep", "n_keep", "n_discard",
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
@@ -51,19 +53,24 @@ CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "xtc_probability": (lambda value: value <= 0, "0"),  # with `xtc_threshold` (0.1 unset)
     "dynatemp_range": (lambda value: value <= 0, "0"),  # with `dynatemp_exponent`
     "mirostat": (lambda value: value == 0, "0"),  # not a step: the chain's in its place
+    "adaptive_target": (lambda value: value < 0, "-1"),  # where `samplers` names it: it picks the token
 }
-# Each sampler's letter in a `samplers` string, and the values of the fields that leave it off.
+# Each sampler's letter in a `samplers` string, and the values of the fields that leave it off, in
+# llama-server's default order.
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "penalties": ("e", {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}),
     "dry": ("d", {"dry_multiplier": 0.0}),
     "top_n_sigma": ("s", {"top_n_sigma": -1.0}),
     "top_k": ("k", {"top_k": 0}),
     "typ_p": ("y", {"typical_p": 1.0}),
-    "xtc": ("x", {"xtc_probability": 0.0}),
     "top_p": ("p", {"top_p": 1.0}),
     "min_p": ("m", {"min_p": 0.0}),
+    "xtc": ("x", {"xtc_probability": 0.0}),
     "temperature": ("t", {"temperature": 1.0, "dynatemp_range": 0.0}),
+    "adaptive_p": ("a", {"adaptive_target": -1.0}),  # not in llama-server's default chain
 }
+DEFAULT_CHAIN = tuple(name for name in SAMPLERS if name != "adaptive_p")
+ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}  # llama.cpp's, beside each name's
 
 LlamaServerFields: Any = create_model(
     "LlamaServerFields",
@@ -86,6 +93,8 @@ LlamaServerFields: Any = create_model(
     dry_sequence_breakers=(list[str] | None, None),
     dynatemp_range=(float | None, None),
     dynatemp_exponent=(float | None, None),
+    adaptive_target=(float | None, None),
+    adaptive_decay=(float | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 
@@ -106,23 +115,34 @@ def first_acting(
     return None
 
 
-def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
-    """The fields that leave off each sampler `samplers` (names, or a string of their letters) leaves out,
-    as llama-server leaves them off; nothing where `samplers` is not given."""
+def named(samplers: list[str] | str | None) -> tuple[str, ...]:
+    """The samplers `samplers` gives, by `SAMPLERS`' names, in its order: names (in any case, with `-`
+    or nothing for `_`, or llama.cpp's aliases) or a string of letters, those llama.cpp does not know
+    left out as it leaves them; llama-server's default chain where it is not given."""
     if samplers is None:
-        return {}
-    off: dict[str, Any] = {}
-    for name, (letter, neutral) in SAMPLERS.items():
-        if (letter not in samplers) if isinstance(samplers, str) else (name not in samplers):
-            off |= neutral
-    return off
+        return DEFAULT_CHAIN
+    if isinstance(samplers, str):
+        letters = {letter: name for name, (letter, _) in SAMPLERS.items()}
+        return tuple(letters[letter] for letter in samplers if letter in letters)
+    spelled = {
+        form: name for name in SAMPLERS for form in (name, name.replace("_", "-"), name.replace("_", ""))
+    }
+    known = spelled | ALIASES
+    return tuple(known[name.lower()] for name in samplers if name.lower() in known)
+
+
+def left_out(samplers: list[str] | str | None) -> dict[str, Any]:
+    """The fields that leave off each sampler `samplers` (`named`) leaves out, as llama-server leaves them
+    off: adaptive-p alone where it is not given."""
+    given = named(samplers)
+    return {
+        field: value
+        for name, (_, off) in SAMPLERS.items()
+        if name not in given
+        for field, value in off.items()
+    }
 
 
 def chain_order(samplers: list[str] | str | None) -> tuple[str, ...]:
-    """The chain's steps (`sampler_chain.STEPS`) in the order `samplers` (names, or a string of their
-    letters) gives them, llama-server's default order where it is not given."""
-    if samplers is None:
-        return STEPS
-    letters = {letter: name for name, (letter, _) in SAMPLERS.items()}
-    names = [letters.get(letter) for letter in samplers] if isinstance(samplers, str) else samplers
-    return tuple(dict.fromkeys(name for name in names if name in STEPS))
+    """The chain's steps (`sampler_chain.STEPS`) in the order `samplers` (`named`) gives them."""
+    return tuple(dict.fromkeys(name for name in named(samplers) if name in STEPS))

@@ -17,6 +17,7 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
   where a step MAX's sampler has not acts (`in_llama_order`); the penalties always come first;
 - DRY and the dynamic temperature take their parameters as llama-server does (`dry_step`);
 - `mirostat` (1 or 2) is the temperature, then Mirostat alone, as in llama-server (`with_mirostat`);
+  adaptive-p, where `samplers` names it, picks each token from what the chain keeps (`adaptive_picker`);
 - `ignore_eos` bans the end-of-text token, as llama-server does (`eos_banned`).
 """
 
@@ -31,6 +32,7 @@ from pydantic import ConfigDict, Field
 
 from max_gpt2.inference.logit_controls import LOWEST
 from max_gpt2.inference.sampler_chain import Step
+from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.llama_samplers import (
     CHAIN_ONLY,
     INERT,
@@ -50,7 +52,7 @@ ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
     "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability",
-    "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",
+    "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay",
 )  # fmt: skip
 DRY_BREAKERS = ["\n", ":", '"', "*"]  # llama-server's
 DRY_BASE = 1.75  # llama-server's, which a base below 1 is read as
@@ -99,6 +101,8 @@ class NativeCompletion(LlamaServerFields):
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False
@@ -195,7 +199,7 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     temperature first and has none of the steps of `CHAIN_ONLY`: with one of those, or with a cut and a
     temperature other than 0 and 1. MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
-    dry = dry_step(native, context_length)
+    dry, picker = dry_step(native, context_length), adaptive_picker(native)
     if native.mirostat:
         return with_mirostat(asked, native)
     sampled = {name: getattr(asked.sampling, name) for name in ("top_k", "top_p", "min_p", "temperature")}
@@ -218,7 +222,17 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     chain = tuple(steps[name] for name in chain_order(native.samplers) if name in steps)
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS})
     breakers = tuple(native.dry_sequence_breakers) if dry else None
-    return dataclasses.replace(asked, sampling=sampling, chain=chain, dry_breakers=breakers)
+    return dataclasses.replace(asked, sampling=sampling, chain=chain, dry_breakers=breakers, picker=picker)
+
+
+def adaptive_picker(native: NativeCompletion) -> Picker | None:
+    """Adaptive-p's picker (`max_gpt2.inference.token_pickers`) where it acts (a target of 0 or more, and
+    `samplers` naming it: `left_out`), None where not; a decay outside 0 to 0.99 refused, as there."""
+    if not 0 <= native.adaptive_decay <= 0.99:
+        raise Refusal("adaptive_decay", f"adaptive_decay: 0 to 0.99; got {native.adaptive_decay}")
+    return (
+        None if native.adaptive_target < 0 else ("adaptive_p", native.adaptive_target, native.adaptive_decay)
+    )
 
 
 def dry_step(native: NativeCompletion, context_length: int) -> Step | None:
@@ -251,8 +265,8 @@ def with_mirostat(asked: Asked, native: NativeCompletion) -> Asked:
     no_penalties = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS, **no_penalties})
     chain = (("temperature", float(native.temperature)),)
-    mirostat = (native.mirostat, native.mirostat_tau, native.mirostat_eta)
-    return dataclasses.replace(asked, sampling=sampling, chain=chain, mirostat=mirostat, penalty_last_n=None)
+    picker = ("mirostat", native.mirostat, native.mirostat_tau, native.mirostat_eta)
+    return dataclasses.replace(asked, sampling=sampling, chain=chain, picker=picker, penalty_last_n=None)
 
 
 def eos_banned(asked: Asked, native: NativeCompletion, eos_ids: Iterable[int]) -> Asked:

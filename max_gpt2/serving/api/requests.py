@@ -22,6 +22,7 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.inference.sampler_chain import Step
+from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, first_acting, left_out
@@ -77,7 +78,7 @@ class Asked:
     ping_s: float | None = None  # llama-server's `sse_ping_interval`: seconds between pings of a stream
     chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
-    mirostat: tuple[int, float, float] | None = None  # llama-server's Mirostat: its (version, tau, eta)
+    picker: Picker | None = None  # llama-server's Mirostat or adaptive-p, picking each token on the host
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
 
     def request(
@@ -113,7 +114,7 @@ class Asked:
             cache_prompt=self.cache_prompt,
             chain=self.chain,
             penalty_last_n=self.penalty_last_n,
-            mirostat=self.mirostat,
+            picker=self.picker,
             dry_breakers=self.dry_breakers,
         )
 
@@ -127,11 +128,11 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
     if body.stream_options is not None and not body.stream:
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
+    body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
     if found := first_acting(body, CHAIN_ONLY):
         field, off = found
         why = "only /completion runs it here, in llama-server's sampler chain"
         raise Refusal(field, f"{field}: {why}; leave it out or {off}")
-    body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
     penalty_last_n = llama_penalties(body, context_length)
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})

@@ -1,14 +1,15 @@
 """Embeddings through the real server (`max-gpt2 serve --embeddings --pooling mean`) and the `openai`
 client: each vector is the float64 reference's final hidden states of the text, averaged over its tokens
 and divided by its length, by this test's own arithmetic; alike whether sent as floats or base64, as
-text or ids, alone or batched; llama-server's norms; truncation; a chat's messages as its template
-renders them; MAX's request metrics; the generating routes refused; and,
-where llama.cpp is built (`LLAMA_CPP`), llama-server's own vectors on the same weights, pooled either
-way. The refusals that need no model: test_serve_guard.py."""
+text or ids, alone or batched, in vLLM's dtypes and bytes; llama-server's norms; truncation; a chat's
+messages as its template renders them; MAX's request metrics; the generating routes refused; and, where
+llama.cpp is built (`LLAMA_CPP`), llama-server's own vectors on the same weights, pooled either way. The
+refusals that need no model: test_serve_guard.py; the dtypes' rounding: test_embedding_bytes.py."""
 
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import time
 
@@ -80,12 +81,34 @@ def test_floats_and_base64_ids_and_text_alone_and_batched_are_one_vector(server)
     np.testing.assert_allclose([item["embedding"] for item in many], floats * 3, atol=1e-6)
 
 
-def test_base64_is_a_vectors_little_endian_float32_bytes():
-    from max_gpt2.serving.api.embeddings import encoded
-
-    vector = np.random.default_rng(0).normal(size=LM.n_embd).astype(np.float32)
-    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(encoded(vector, "base64")), "<f4"), vector)
-    assert encoded(vector, "float") == vector.tolist()
+def test_vllms_dtypes_endianness_and_bytes_carry_the_same_vectors(server, expected):
+    """base64 in float16, big-endian, is the float answer rounded to float16; "bytes" sends every vector's
+    bfloat16 bytes as the body, each where vLLM's `metadata` header says; "bytes_only" the body alone;
+    vLLM's fields beside floats refused, naming them."""
+    tokenizer = load_tokenizer(server.checkpoint)
+    floats = np.array([item["embedding"] for item in post(server, input=TEXTS)["data"]], np.float32)
+    half = post(server, input=TEXTS, encoding_format="base64", embed_dtype="float16", endianness="big")
+    decoded = [np.frombuffer(base64.b64decode(item["embedding"]), ">f2") for item in half["data"]]
+    np.testing.assert_allclose(np.array(decoded, np.float32), floats.astype(np.float16), atol=1e-3)
+    body = {"model": "gpt2", "input": TEXTS, "encoding_format": "bytes", "embed_dtype": "bfloat16"}
+    answer = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=600)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/octet-stream"
+    metadata = json.loads(answer.headers["metadata"])
+    assert metadata["model"] == "gpt2" and metadata["usage"]["prompt_tokens"] == sum(
+        len(tokenizer.encode(text).ids) for text in TEXTS
+    )
+    for item, tokens in zip(metadata["data"], (tokenizer.encode(text).ids for text in TEXTS), strict=True):
+        assert (item["embed_dtype"], item["endianness"], item["shape"]) == ("bfloat16", "native", [LM.n_embd])
+        upper = np.frombuffer(answer.content[item["start"] : item["end"]], np.uint16).astype(np.uint32) << 16
+        np.testing.assert_allclose(upper.view(np.float32), expected(tokens)[1], rtol=2**-8, atol=1e-5)
+    only = httpx.post(
+        f"{server.url}/v1/embeddings", json={**body, "encoding_format": "bytes_only"}, timeout=600
+    )
+    assert only.content == answer.content and "metadata" not in only.headers
+    refused = httpx.post(
+        f"{server.url}/v1/embeddings", json={"input": "a", "embed_dtype": "float16"}, timeout=60
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "embed_dtype", refused.text
 
 
 def test_llama_servers_norms_and_vllms_normalize(server, expected):

@@ -455,7 +455,11 @@ EMBEDDING_REFUSED = [
         f"maximum context length is {CONTEXT} tokens, however you requested",
     ),
     ({"dimensions": 8}, "dimensions", "GPT-2's embeddings have 60"),
-    ({"encoding_format": "bytes"}, "encoding_format", "'float' or 'base64'"),
+    ({"encoding_format": "binary"}, "encoding_format", "'float', 'base64', 'bytes' or 'bytes_only'"),
+    ({"embed_dtype": "int8", "encoding_format": "base64"}, "embed_dtype", "'float32', 'float16', 'bfloat16'"),
+    ({"endianness": "middle", "encoding_format": "bytes"}, "endianness", "'native', 'big' or 'little'"),
+    ({"embed_dtype": "float16"}, "embed_dtype", "embed_dtype: for encoding_format base64 or bytes"),
+    ({"endianness": "big"}, "endianness", "endianness: for encoding_format base64 or bytes"),
     (
         {"truncate_prompt_tokens": 0},
         "truncate_prompt_tokens",

@@ -8,11 +8,13 @@ with `--embeddings` (MAX's embeddings pipeline: `max_gpt2.serving.embeddings_mod
 Each input (a text, or token ids) is one vector of `n_embd` floats: its final hidden states pooled
 as the server pools (`--pooling`), then divided by its Euclidean length, as vLLM and llama-server
 return them (`normalize: false`, vLLM's, or llama-server's `embd_normalize` say otherwise).
-`encoding_format` "base64" sends each vector's little-endian float32 bytes, as OpenAI's and the
-`openai` client's default. An input longer than the context is refused, as OpenAI refuses it,
-unless vLLM's `truncate_prompt_tokens` keeps its last tokens. vLLM's chat embeddings give `messages`
-for `input`: the chat, rendered by the served chat template as `/v1/chat/completions` renders it
-(without the generation prompt unless asked), is one vector. The worker pools; the norm is applied
+`encoding_format` "base64" sends each vector's float32 bytes, little-endian here, as OpenAI's and the
+`openai` client's default; vLLM's `embed_dtype` and `endianness` change them, and its "bytes" sends
+them all as the body, where they lie in a `metadata` header (`max_gpt2.serving.api.embedding_bytes`).
+An input longer than the context is refused, as OpenAI refuses it, unless vLLM's
+`truncate_prompt_tokens` keeps its last tokens. vLLM's chat embeddings give `messages` for `input`:
+the chat, rendered by the served chat template as `/v1/chat/completions` renders it (without the
+generation prompt unless asked), is one vector. The worker pools; the norm is applied
 here, per request. Each request counts in MAX's request metrics, its tokens as input tokens.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -34,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 
 from max_gpt2.inference.embeddings import normalized
 from max_gpt2.serving.api.chat_prompt import prompt_ids
+from max_gpt2.serving.api.embedding_bytes import EMBED_DTYPES, raw
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import prompts
 from max_gpt2.serving.api.served import Served
@@ -52,7 +56,9 @@ class EmbeddingRequest(BaseModel):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]] | None = None
     messages: list[Any] | None = None  # one vector for the chat, as the chat template renders it
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
+    embed_dtype: Literal[EMBED_DTYPES] = "float32"  # vLLM's, for base64 and bytes
+    endianness: Literal["native", "big", "little"] = "native"
     dimensions: int | None = None
     user: str | None = None  # an end-user id OpenAI keeps for abuse monitoring; nothing here reads it
     normalize: bool | None = None
@@ -65,6 +71,7 @@ class EmbeddingRequest(BaseModel):
 
 
 CHAT_FIELDS = {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
+FOR_BYTES = {"embed_dtype", "endianness"}
 
 
 async def create_embedding(request: Request) -> Response:
@@ -79,6 +86,9 @@ async def create_embedding(request: Request) -> Response:
                 f"dimensions: GPT-2's embeddings have {width}; it was not trained to shorten them "
                 f"(vLLM refuses the same for models without Matryoshka training); got {body.dimensions}",
             )
+        if body.encoding_format == "float" and (unused := FOR_BYTES & body.model_fields_set):
+            field = sorted(unused)[0]
+            raise Refusal(field, f"{field}: for encoding_format base64 or bytes; floats are JSON's numbers")
         ids = await asyncio.to_thread(token_ids, served, body)
         vectors = await embedded(served, name, ids, request.url.path)
     except Refusal as refusal:
@@ -88,21 +98,27 @@ async def create_embedding(request: Request) -> Response:
 
 
 def answer(name: str, vectors: np.ndarray, prompts: list[list[int]], body: EmbeddingRequest) -> Response:
-    """OpenAI's list of embeddings, with vLLM's `id` and `created`."""
+    """OpenAI's list of embeddings, with vLLM's `id` and `created`; or, for "bytes", vLLM's body of every
+    vector's bytes, their places and the rest in its `metadata` header ("bytes_only": none)."""
     tokens = sum(len(prompt) for prompt in prompts)
-    return JSONResponse(
-        {
-            "id": f"embd-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": name,
-            "data": [
-                {"object": "embedding", "index": index, "embedding": encoded(vector, body.encoding_format)}
-                for index, vector in enumerate(vectors)
-            ],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
+    head = {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": name}
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    if body.encoding_format in ("float", "base64"):
+        data = [
+            {"object": "embedding", "index": index, "embedding": encoded(vector, body)}
+            for index, vector in enumerate(vectors)
+        ]
+        return JSONResponse({**head, "data": data, "usage": usage})
+    each = [raw(vector, body.embed_dtype, body.endianness) for vector in vectors]
+    ends = np.cumsum([len(part) for part in each]).tolist()
+    items = [
+        {"index": index, "embed_dtype": body.embed_dtype, "endianness": body.endianness}
+        | {"start": end - len(part), "end": end, "shape": [len(vector)]}
+        for index, (part, end, vector) in enumerate(zip(each, ends, vectors, strict=True))
+    ]
+    metadata = {"metadata": json.dumps({**head, "data": items, "usage": usage})}
+    headers = None if body.encoding_format == "bytes_only" else metadata
+    return Response(b"".join(each), media_type="application/octet-stream", headers=headers)
 
 
 def norm_of(body: EmbeddingRequest) -> int:
@@ -192,8 +208,8 @@ async def embedded(served: Served, name: str, prompts: list[list[int]], path: st
     return [np.asarray(output.embeddings, np.float32) for output in outputs]
 
 
-def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    """A vector as JSON carries it: floats, or base64 of its little-endian float32 bytes."""
-    if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+def encoded(vector: np.ndarray, body: EmbeddingRequest) -> list[float] | str:
+    """A vector as JSON carries it: floats, or base64 of its bytes in `embed_dtype` and `endianness`."""
+    if body.encoding_format == "base64":
+        return base64.b64encode(raw(vector, body.embed_dtype, body.endianness)).decode("ascii")
     return vector.tolist()

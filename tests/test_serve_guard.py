@@ -45,6 +45,18 @@ REFUSED = [
     ({"top_n_sigma": 1}, "top_n_sigma", "only /completion runs it here"),
     ({"xtc_probability": 0.5}, "xtc_probability", "only /completion runs it here"),
     ({"repeat_last_n": -3}, "repeat_last_n", "-1 (the whole context), 0 (none) or more; got -3"),
+    ({"priority": 1}, "priority", "priority: 0 here (requests run first come, first served); got 1"),
+    (
+        {"truncate_prompt_tokens": 0},
+        "truncate_prompt_tokens",
+        f"-1 (the context's {CONTEXT}) or 1 to {CONTEXT}",
+    ),
+    ({"allowed_token_ids": []}, "allowed_token_ids", "allowed_token_ids: empty; no token could come"),
+    (
+        {"allowed_token_ids": [1, VOCAB]},
+        "allowed_token_ids",
+        f"allowed_token_ids[1]: {VOCAB} is not a token id",
+    ),
     ({"repeat_penalty": 1.2, "repetition_penalty": 1.1}, "repeat_penalty", "give one"),
     ({"repeat_penalty": 0}, "repetition_penalty", "above 0"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
@@ -218,6 +230,9 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     )
     assert (cut.sampling.top_k, cut.sampling.top_p, cut.sampling.min_p) == (5, 1.0, 0.0)  # "p", "m" out
     assert cut.constraint is None
+    vllm = checked({"allowed_token_ids": [5, 3, 5], "spaces_between_special_tokens": False, "priority": 0})
+    assert vllm.allowed_ids == (3, 5) and vllm.rules.skip_special and vllm.prompt_cut is None
+    assert checked({"truncate_prompt_tokens": -1, "skip_special_tokens": False}).prompt_cut == CONTEXT
     spelled = checked({"samplers": ["TOP-K", "temp", "nucleus"], "top_k": 5, "top_p": 0.5, "min_p": 0.2})
     assert (spelled.sampling.top_k, spelled.sampling.top_p, spelled.sampling.min_p) == (5, 0.5, 0.0)
     assert checked({"adaptive_target": 0.5}).picker is None  # not in the default chain: it does nothing

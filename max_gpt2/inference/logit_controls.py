@@ -3,6 +3,7 @@
     logits = penalize(logits, seen, generated, repetition=1.3, frequency=0.5, presence=0.2)  # [..., V]
     logits = ban(logits, eos_ids)                                                           # [..., V]
     logits = add_bias(logits, {50256: -100.0})                                              # [..., V]
+    logits = only(logits, allowed_ids)                                                      # [..., V]
 
 Every function takes logits of any leading shape, `[V]` for one row or `[B, V]` for a
 batch, and returns a new float32 array: the work is a few vectorised passes over
@@ -19,7 +20,7 @@ generated tokens only: a token's logit loses `frequency` for each time it was
 generated and `presence` once if it was. Repetition goes first, then the other
 two, as MAX's sampler orders them. llama.cpp's penalties count otherwise: all three over the last
 `n` tokens of the prompt and the text alike (`last_counts`, for both `seen` and `generated`), with the
-same arithmetic. `ban` gives ids the lowest float32 logit, so
+same arithmetic. `ban` gives ids the lowest float32 logit (`only`: every id but those given), so
 no sampler or argmax picks them (Hugging Face bans with -inf; the lowest finite
 value keeps a softmax over a row whose every token is banned defined).
 """
@@ -81,4 +82,13 @@ def ban(logits: np.ndarray, ids: np.ndarray | Sequence[int]) -> np.ndarray:
     scores = np.array(logits, dtype=np.float32)
     ids = np.asarray(list(ids), dtype=np.int64)
     scores[..., ids[(ids >= 0) & (ids < scores.shape[-1])]] = LOWEST
+    return scores
+
+
+def only(logits: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """`logits` (float [..., V]) with every id but `ids` banned (vLLM's `allowed_token_ids`), as a new
+    float32 array."""
+    scores = np.full_like(np.asarray(logits, dtype=np.float32), LOWEST)
+    kept = np.asarray(ids, dtype=np.int64)
+    scores[..., kept] = np.asarray(logits, dtype=np.float32)[..., kept]
     return scores

@@ -32,6 +32,7 @@ class GPT2Request(TextGenerationRequest):
     of `max_gpt2.inference.sampler_chain` its logits go through before MAX's sampler, or None, and
     `penalty_last_n`: where given, the penalties count the context's last n tokens, as llama-server's
     (None: the repetition penalty the whole context, the others the text, as Hugging Face and OpenAI),
+    `allowed_ids`: the only ids that may come (vLLM's `allowed_token_ids`), or None,
     `picker`: what picks each token after the chain (`max_gpt2.inference.token_pickers`: Mirostat,
     adaptive-p), or None, and `dry_breakers`: the sequence breakers of the chain's DRY step, where it
     has one."""
@@ -43,13 +44,14 @@ class GPT2Request(TextGenerationRequest):
     penalty_last_n: int | None = None
     picker: Picker | None = None
     dry_breakers: tuple[str, ...] | None = None
+    allowed_ids: tuple[int, ...] | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
-    """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`
-    and `dry_breakers`, and the picker's state before each token, by its count of tokens generated (the
-    worker's)."""
+    """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`,
+    `dry_breakers` and `allowed_ids`, and the picker's state before each token, by its count of tokens
+    generated (the worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
@@ -57,6 +59,7 @@ class GPT2Context(TextContext):
     penalty_last_n: int | None = field(default=None)
     picker: Picker | None = field(default=None)
     dry_breakers: tuple[str, ...] | None = field(default=None)
+    allowed_ids: tuple[int, ...] | None = field(default=None)
     picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
 
     @classmethod
@@ -65,7 +68,15 @@ class GPT2Context(TextContext):
         values = {each.name: getattr(context, each.name) for each in fields(TextContext) if each.init}
         if not isinstance(request, GPT2Request):
             return cls(**values)
-        ours = ("logit_bias", "constraint", "chain", "penalty_last_n", "picker", "dry_breakers")
+        ours = (
+            "logit_bias",
+            "constraint",
+            "chain",
+            "penalty_last_n",
+            "picker",
+            "dry_breakers",
+            "allowed_ids",
+        )
         return cls(**values, **{name: getattr(request, name) for name in ours})
 
     def picked(self, row: np.ndarray, draw: float) -> np.ndarray:

@@ -53,7 +53,7 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
-from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, penalize, token_counts
+from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, only, penalize, token_counts
 from max_gpt2.inference.sampler_chain import Step, chain
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
@@ -74,10 +74,11 @@ def greedy_as_is(params: SamplingParams) -> bool:
 
 
 def needs_controls(context: TextContext) -> bool:
-    """Whether `context`'s next logits are penalised, biased or have end-of-text banned (`controlled`)."""
+    """Whether `context`'s logits are penalised, biased, held to some ids or EOS banned (`controlled`)."""
     return (
         context.sampling_params.needs_penalties
         or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
+        or getattr(context, "allowed_ids", None) is not None
         or context.tokens.generated_length < context.min_tokens
     )
 
@@ -108,6 +109,8 @@ def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
     OpenAI; or, where it has a `penalty_last_n`, all three over the context's last n tokens, as
     llama-server."""
     params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
+    if (allowed := getattr(context, "allowed_ids", None)) is not None:  # before all else, as vLLM
+        row = only(row, allowed)
     if bias := getattr(context, "logit_bias", None):  # first, as Hugging Face's order and the library's
         row = add_bias(row, bias)
     if (last_n := getattr(context, "penalty_last_n", None)) is None:  # MAX's own contexts have none

@@ -1,12 +1,11 @@
 """How completions and chat completions answer: every choice started, then streamed or gathered.
 
-Both routes ask the same of MAX's engine (`n` choices of each prompt, `Choice`) and differ
-only in the JSON they write around each choice, which a `Shape` says (`completions.py`,
-`chat.py`). `answer` starts every choice first, so a prompt the tokenizer refuses is a 400
-before any response begins, then either streams the choices' chunks as server-sent events,
-side by side as they come, or waits for all of them and answers once. A client that leaves
-stops its choices (the worker is told); a choice that fails once streaming has begun ends
-the stream with OpenAI's error object.
+Both routes ask the same of MAX's engine (`n` choices of each prompt, `Choice`) and differ only in the
+JSON they write around each choice, which a `Shape` says (`completions.py`, `chat.py`). `answer` starts
+every choice first, so a prompt the tokenizer refuses is a 400 before any response begins, then streams
+the choices' chunks as server-sent events, side by side as they come, or waits for all and answers once.
+A client that leaves stops its choices (the worker is told); a choice that fails once streaming has
+begun ends the stream with OpenAI's error object.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenName
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.vllm_fields import cut
 from max_gpt2.serving.tokenizer import ContextExceeded
 
 logger = logging.getLogger("max.serve")
@@ -88,8 +88,9 @@ async def respond(
         # A grammar's first compile and a chat template's rendering take a while: off the event loop.
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
-        prompts = await asyncio.to_thread(prompts_of, served, body)
-        return await answer(request, served, shape(asked, TokenNames(served.engine)), asked, model, prompts)
+        prompts = await asyncio.to_thread(lambda: cut(prompts_of(served, body), asked.prompt_cut, served))
+        shaped = shape(asked, TokenNames(served.engine, asked.ids_as_names))
+        return await answer(request, served, shaped, asked, model, prompts)
     except Refusal as refusal:
         return refusal_response(refusal)
 
@@ -99,7 +100,7 @@ async def answer(
 ) -> Response:
     """Starts every choice of `prompts` (`asked.n` each), then streams or gathers them."""
     choices = await start(request, served, asked, model, prompts, shape.prompt_field)
-    ident, created = f"{shape.id_prefix}-{request.state.request_id}", int(time.time())
+    ident, created = f"{shape.id_prefix}-{asked.answer_id or request.state.request_id}", int(time.time())
     head = {"id": ident, "created": created, "model": model}
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
@@ -198,8 +199,7 @@ async def events(
 
 
 def streamed(stream: AsyncIterator[Any], asked: Asked) -> EventSourceResponse:
-    """A route's stream as server-sent events, pinged only as asked (`sse_ping_interval`)."""
-    return EventSourceResponse(stream, ping=asked.ping_s or 100000, sep="\n")
+    return EventSourceResponse(stream, ping=asked.ping_s or 100000, sep="\n")  # pinged as asked
 
 
 def record_end(path: str, started: float, choices: Sequence[Choice], asked: Asked) -> None:

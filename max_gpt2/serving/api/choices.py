@@ -35,13 +35,15 @@ from max_gpt2.serving.api.stops import StopCut
 
 @dataclass(frozen=True)
 class Rules:
-    """How a choice ends besides its length: stop strings (`keep`: with the match), stop token ids, and
-    `min_tokens` (no stop string counts before that many tokens)."""
+    """How a choice ends besides its length: stop strings (`keep`: with the match, and a stop token's
+    text), stop token ids, and `min_tokens` (no stop string counts before that many tokens); and whether
+    its text leaves special tokens out (`skip_special`, vLLM's `skip_special_tokens`)."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     keep: bool = False
     min_tokens: int = 0
+    skip_special: bool = True
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class Choice:
                 if decoder is None:
                     given = output.prompt_token_ids
                     prompt = [] if given is None else [int(token) for token in given]
-                    decoder = TextStream(tokenizer_of(self.engine), skip_special_tokens=True)
+                    decoder = TextStream(tokenizer_of(self.engine), self.rules.skip_special)
                     self.prompt = self._prompt_tokens(prompt, output)
                     self.cached = output.cached_token_count or 0  # the first output alone carries it
                 for chunk in self._chunks(output, decoder):
@@ -133,8 +135,8 @@ class Choice:
         done = output.status.is_done
         for index, token in enumerate(ids):
             last = done and index == len(ids) - 1
-            stopped_by_id = last and output.status == GenerationStatus.END_OF_SEQUENCE
-            if stopped_by_id and token in self.rules.stop_token_ids and not self.rules.keep:
+            stopped_by_id = last and output.status == GenerationStatus.END_OF_SEQUENCE  # a stop id or EOS
+            if stopped_by_id and not self.rules.keep:
                 piece = decoder.flush()  # vLLM leaves a stop token's text out: only what waited before it
             else:  # the last token brings whatever still waits for a whole character
                 piece = decoder(token) + (decoder.flush() if last else "")
@@ -160,7 +162,7 @@ class Choice:
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
         """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""
-        decoder = TextStream(tokenizer_of(self.engine), skip_special_tokens=True)
+        decoder = TextStream(tokenizer_of(self.engine), self.rules.skip_special)
         pieces = [decoder(token) for token in prompt]
         if pieces:
             pieces[-1] += decoder.flush()  # the prompt's text whole: `decode` of its ids
@@ -191,19 +193,22 @@ def tokenizer_of(engine: TokenGeneratorPipeline) -> Tokenizer:
 
 class TokenNames:
     """Each token id's own text, special tokens spelled out (`<|endoftext|>`), as a log-probability entry
-    names it, and its bytes (a byte-level token may hold part of a character); each found once."""
+    names it, and its bytes (a byte-level token may hold part of a character); each found once. With
+    `as_ids` (vLLM's `return_tokens_as_token_ids`) the name is `token_id:N`, and the bytes its own."""
 
-    def __init__(self, engine: TokenGeneratorPipeline) -> None:
-        self.tokenizer = tokenizer_of(engine)
+    def __init__(self, engine: TokenGeneratorPipeline, as_ids: bool = False) -> None:
+        self.tokenizer, self.as_ids = tokenizer_of(engine), as_ids
         self.names: dict[int, str] = {}
         self.spelled: dict[int, list[int]] = {}
 
     def __call__(self, token: int) -> str:
         if token not in self.names:
-            self.names[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+            name = f"token_id:{token}" if self.as_ids else None
+            self.names[token] = name or self.tokenizer.decode([token], skip_special_tokens=False)
         return self.names[token]
 
     def bytes(self, token: int) -> list[int]:
         if token not in self.spelled:
-            self.spelled[token] = list(token_bytes(self.tokenizer, token))
+            spelled = self(token).encode("utf-8") if self.as_ids else token_bytes(self.tokenizer, token)
+            self.spelled[token] = list(spelled)
         return self.spelled[token]

@@ -40,6 +40,8 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
         str,
         "OpenAI routes prompt caching by it; here a prompt's pages are reused by tokens",
     ),
+    "spaces_between_special_tokens": (bool, "GPT-2's fast tokenizer writes none either way, as vLLM's"),
+    "add_special_tokens": (bool, "GPT-2's tokenizer has no special token (no BOS) to add"),
 }
 CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
 # Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.
@@ -163,6 +165,12 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     return_token_ids: bool | None = False
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX)
     cache_prompt: bool = True
+    skip_special_tokens: bool = True  # vLLM's, with the four below (`vllm_fields`)
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    priority: int = 0
+    request_id: str | None = None
 
 
 class CompletionRequest(Sampling):

@@ -37,6 +37,7 @@ from max_gpt2.serving.api.protocol import (
 )
 from max_gpt2.serving.api.token_fields import logit_bias, token_id
 from max_gpt2.serving.api.tools import ToolCalls, tool_calls_of
+from max_gpt2.serving.api.vllm_fields import vllm_asks
 from max_gpt2.serving.context import GPT2Request
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
@@ -79,6 +80,10 @@ class Asked:
     chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
     picker: Picker | None = None  # llama-server's Mirostat or adaptive-p, picking each token on the host
+    prompt_cut: int | None = None  # vLLM's `truncate_prompt_tokens`, with the three below (`vllm_fields`)
+    allowed_ids: tuple[int, ...] | None = None
+    ids_as_names: bool = False
+    answer_id: str | None = None
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
 
     def request(
@@ -116,6 +121,7 @@ class Asked:
             penalty_last_n=self.penalty_last_n,
             picker=self.picker,
             dry_breakers=self.dry_breakers,
+            allowed_ids=self.allowed_ids,
         )
 
 
@@ -176,9 +182,12 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         seed=None if body.seed == RANDOM_SEED else body.seed,
         stop_token_ids=body.stop_token_ids,
     )
-    rules = Rules(
-        tuple(stops), frozenset(body.stop_token_ids or ()), body.include_stop_str_in_output, body.min_tokens
+    keep, ids, special = (
+        body.include_stop_str_in_output,
+        frozenset(body.stop_token_ids or ()),
+        body.skip_special_tokens,
     )
+    rules = Rules(tuple(stops), ids, keep, body.min_tokens, special)
     return Asked(
         n=n,
         sampling=sampling,
@@ -197,6 +206,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         cache_prompt=body.cache_prompt,
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
         penalty_last_n=penalty_last_n,
+        **vllm_asks(body, vocab_size, context_length),
     )
 
 

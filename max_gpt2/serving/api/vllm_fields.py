@@ -1,0 +1,62 @@
+"""vLLM's own sampling and output fields on the OpenAI routes (`/v1/completions`, chat), read as vLLM
+reads them (its `CompletionRequest` and `ChatCompletionRequest`):
+
+- `skip_special_tokens` (true): false writes special tokens' text (`<|endoftext|>`, past an
+  `ignore_eos`) into the choice's text, as Hugging Face's `decode` does (`choices.Rules`);
+- `truncate_prompt_tokens`: each prompt cut to its last N tokens before it runs (-1: the context's
+  length), as vLLM cuts it (`cut`);
+- `allowed_token_ids`: only those ids may come, every other banned before any other control
+  (`max_gpt2.serving.pipeline.controlled`);
+- `return_tokens_as_token_ids`: log-probability entries name each token `token_id:N`, so that one
+  that is part of a character stays told apart (`choices.TokenNames`);
+- `priority`: 0 alone: requests run first come, first served (vLLM refuses the rest too unless
+  started with priority scheduling);
+- `request_id`: the answer's `id` is the route's prefix and it (MAX's own id still names the request
+  inside, so two clients giving the same one cannot collide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal
+from max_gpt2.serving.api.token_fields import token_id
+
+if TYPE_CHECKING:  # the served model's route state, which imports this module's importer
+    from max_gpt2.serving.api.served import Served
+
+
+def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_length: int) -> dict[str, Any]:
+    """`Asked`'s fields for `body`'s vLLM fields, each checked; a `Refusal` naming the first out of range."""
+    if body.priority:
+        raise Refusal(
+            "priority", f"priority: 0 here (requests run first come, first served); got {body.priority}"
+        )
+    keep = body.truncate_prompt_tokens
+    if keep is not None and not (keep == -1 or 1 <= keep <= context_length):
+        raise Refusal(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens: -1 (the context's {context_length}) or 1 to {context_length}; "
+            f"got {keep}",
+        )
+    allowed = body.allowed_token_ids
+    if allowed is not None and not allowed:
+        raise Refusal("allowed_token_ids", "allowed_token_ids: empty; no token could come")
+    for index, token in enumerate(allowed or ()):
+        token_id("allowed_token_ids", f"allowed_token_ids[{index}]", token, vocab_size)
+    return {
+        "prompt_cut": None if keep is None else context_length if keep == -1 else keep,
+        "allowed_ids": None if allowed is None else tuple(sorted(set(allowed))),
+        "ids_as_names": bool(body.return_tokens_as_token_ids),
+        "answer_id": body.request_id,
+    }
+
+
+def cut(prompts: Sequence[Any], keep: int | None, served: Served) -> list[Any]:
+    """Each of `prompts` (a text or ids) cut to its last `keep` tokens, as ids; as given where `keep` is
+    None."""
+    if keep is None:
+        return list(prompts)
+    encode = served.tokenizer.delegate.encode
+    return [list((encode(prompt) if isinstance(prompt, str) else prompt)[-keep:]) for prompt in prompts]

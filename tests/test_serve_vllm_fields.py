@@ -1,0 +1,91 @@
+"""vLLM's own fields on the OpenAI routes, through the real server (`max_gpt2.serving.api.vllm_fields`):
+`allowed_token_ids` (the tokens this test's loop takes from the served weights' logits over those ids
+alone), `skip_special_tokens: false` (the text Hugging Face's `decode` writes with its special
+tokens), `truncate_prompt_tokens` (the prompt's last tokens, a prompt past the context included),
+`return_tokens_as_token_ids` and `request_id`. Their refusals, which need no model: test_serve_guard.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from max_gpt2.inference.tokenizer import END_OF_TEXT
+from tests.support import LM, requires_serving
+from tests.test_serve import PROMPTS
+from tests.test_serve_native import greedy, post
+
+pytestmark = requires_serving()
+
+GREEDY = {"temperature": 0, "ignore_eos": True, "return_token_ids": True}
+
+
+def test_allowed_token_ids_leave_only_those_ids_to_come(served_lm, served_model, served_tokenizer):
+    prompt = served_tokenizer.encode(PROMPTS[0]).ids
+    plain, _ = greedy(served_model, served_tokenizer, prompt, 8)
+    allowed = sorted({7, 42, 99, 150, 200, 250} - set(plain))  # none of the plain choices
+    ids = list(prompt)
+    for _ in range(8):
+        row = served_model.logits(np.array([ids]))[0, -1]
+        ids.append(allowed[int(np.argmax(row[allowed]))])
+    for path, body in (
+        ("/v1/completions", {"prompt": prompt, "max_tokens": 8}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 8}),
+    ):
+        status, answer = post(served_lm, path, {**body, **GREEDY, "allowed_token_ids": allowed})
+        assert status == 200, answer
+        made = answer["choices"][0]["token_ids"]
+        assert set(made) <= set(allowed) and (
+            path != "/v1/completions" or made == ids[len(prompt) :] != plain
+        )
+
+
+def test_special_tokens_are_written_where_skip_special_tokens_is_false(served_lm, served_tokenizer):
+    eos = served_tokenizer.token_to_id(END_OF_TEXT)
+    body = {"prompt": PROMPTS[0], "max_tokens": 5, **GREEDY, "logit_bias": {str(eos): 100}}
+    skipped = post(served_lm, "/v1/completions", body)[1]["choices"][0]
+    written = post(served_lm, "/v1/completions", {**body, "skip_special_tokens": False})[1]["choices"][0]
+    assert skipped["token_ids"] == written["token_ids"] == [eos] * 5
+    assert skipped["text"] == "" and written["text"] == END_OF_TEXT * 5
+    assert written["text"] == served_tokenizer.decode(written["token_ids"], skip_special_tokens=False)
+    # Ended by end-of-text (ignore_eos off), its own text is left out unless include_stop_str_in_output.
+    ended = {**body, "ignore_eos": False, "skip_special_tokens": False}
+    assert post(served_lm, "/v1/completions", ended)[1]["choices"][0]["text"] == ""
+    kept = post(served_lm, "/v1/completions", {**ended, "include_stop_str_in_output": True})[1]
+    assert kept["choices"][0]["text"] == END_OF_TEXT and kept["choices"][0]["finish_reason"] == "stop"
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(served_lm, served_model, served_tokenizer):
+    long = served_tokenizer.encode(" ".join(PROMPTS) * 12).ids
+    assert len(long) > LM.n_positions
+    last = long[-20:]
+    ids, _ = greedy(served_model, served_tokenizer, last, 6)
+    for prompt in (long, served_tokenizer.decode(long)):
+        body = {"prompt": prompt, "max_tokens": 6, **GREEDY, "truncate_prompt_tokens": 20}
+        status, answer = post(served_lm, "/v1/completions", body)
+        assert status == 200 and answer["choices"][0]["token_ids"] == ids, answer
+        assert answer["choices"][0]["prompt_token_ids"] == last and answer["usage"]["prompt_tokens"] == 20
+    status, refused = post(served_lm, "/v1/completions", {"prompt": long, "max_tokens": 6})
+    assert status == 400 and refused["error"]["param"] == "prompt"
+
+
+def test_tokens_as_token_ids_and_the_answers_id(served_lm):
+    body = {
+        "prompt": PROMPTS[1],
+        "max_tokens": 4,
+        **GREEDY,
+        "logprobs": 2,
+        "return_tokens_as_token_ids": True,
+    }
+    answer = post(served_lm, "/v1/completions", {**body, "request_id": "mine-1"})[1]
+    choice = answer["choices"][0]
+    assert answer["id"] == "cmpl-mine-1"
+    assert choice["logprobs"]["tokens"] == [f"token_id:{token}" for token in choice["token_ids"]]
+    assert all(key.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for key in top)
+    chat = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 3, **GREEDY}
+    chat |= {"logprobs": True, "top_logprobs": 1, "return_tokens_as_token_ids": True, "request_id": "mine-2"}
+    answer = post(served_lm, "/v1/chat/completions", chat)[1]
+    entries = answer["choices"][0]["logprobs"]["content"]
+    assert answer["id"] == "chatcmpl-mine-2"
+    assert [entry["token"] for entry in entries] == [
+        f"token_id:{t}" for t in answer["choices"][0]["token_ids"]
+    ]
+    assert all(bytes(entry["bytes"]).decode() == entry["token"] for entry in entries)

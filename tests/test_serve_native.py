@@ -265,3 +265,32 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
     mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
     for name in honoured:  # the defaults of what both honour, which clients show and send back
         assert mine[name] == pytest.approx(llamas[name]), name
+
+
+def test_response_fields_pick_the_results_fields_as_llama_server_picks_them(served_lm, served_tokenizer):
+    """Each path's value under the path as its key (`a/b` inside `a`), one leading nowhere left out, as
+    llama-server's `json_get_nested_values`; streamed, the last object alone; no effect at `/v1`."""
+    fields = ["content", "tokens", "generation_settings/n_predict", "timings/prompt_n", "nothing/here"]
+    body = {"prompt": PROMPTS[1], "n_predict": 3, "temperature": 0, "return_tokens": True, "ignore_eos": True}
+    whole = post(served_lm, "/completion", body)[1]
+    picked = post(served_lm, "/completion", {**body, "response_fields": fields})[1]
+    assert picked == {
+        "content": whole["content"],
+        "tokens": whole["tokens"],
+        "generation_settings/n_predict": 3,
+        "timings/prompt_n": len(served_tokenizer.encode(PROMPTS[1]).ids),
+    }
+    events = post(served_lm, "/completion", {**body, "response_fields": ["stop_type"], "stream": True})[1]
+    assert events[-1] == {"stop_type": "limit"} and events[0]["content"]
+    v1 = {"prompt": PROMPTS[1], "max_tokens": 2, "response_fields": ["content"]}
+    assert "choices" in post(served_lm, "/v1/completions", v1)[1]
+
+
+def test_llama_servers_response_fields_are_ours(served_lm, llama_server):
+    fields = ["content", "tokens", "generation_settings/n_predict", "stop_type", "nothing/here"]
+    body = {"prompt": PROMPTS[1], "n_predict": 4, "temperature": 0, "return_tokens": True, "ignore_eos": True}
+    ours, theirs = (
+        post(side, "/completion", {**body, "response_fields": fields})[1]
+        for side in (served_lm, llama_server)
+    )
+    assert ours == theirs and len(ours) == 4, (ours, theirs)

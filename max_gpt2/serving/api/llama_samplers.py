@@ -31,7 +31,6 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n_indent": (lambda value: value == 0, "0"),
     "t_max_predict_ms": (lambda value: value <= 0, "0"),
     "post_sampling_probs": (lambda value: not value, "false"),
-    "response_fields": (lambda value: not value, "[]"),
     "lora": (lambda value: not value, "[]"),
     "grammar_lazy": (lambda value: not value, "false"),
     "grammar_triggers": (lambda value: not value, "[]"),
@@ -43,7 +42,7 @@ INERT = (
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
-    "generation_prompt", "parse_tool_calls",
+    "generation_prompt", "parse_tool_calls", "response_fields",
 )  # fmt: skip
 # The samplers only llama-server's chain runs (`/completion`): each field, and what leaves it off.
 CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {

@@ -4,9 +4,10 @@ The request is read as llama-server reads it and run as the `/v1/completions` re
 the same (`max_gpt2.serving.api.native_fields`); the answer comes in llama-server's shape
 (`Results`): `content`, `tokens`, `stop`, `stop_type` ("eos", "limit" or "word"), `stopping_word`,
 `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `generation_settings`, `timings` and, with
-`n_probs`, `completion_probabilities`. Streamed, each event is one such object with `stop: false`,
-carrying its tokens' ids, the last with `stop: true`, and no `[DONE]`, as llama-server streams;
-`sse_ping_interval` sets the seconds between pings while nothing comes (none by default).
+`n_probs`, `completion_probabilities` (`response_fields` picks some, `picked`). Streamed, each event is
+one such object with `stop: false`, carrying its tokens' ids, the last with `stop: true`, and no
+`[DONE]`, as llama-server streams; `sse_ping_interval` sets the seconds between pings while nothing
+comes (none by default).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ async def create_native_completion(request: Request) -> Response:
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")
     except Refusal as refusal:
         return refusal_response(refusal)
-    results = Results(asked, TokenNames(served.engine), model, choices, settings, native.timings_per_token)
+    results = Results(asked, TokenNames(served.engine), model, choices, settings, native)
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
     if asked.stream:
         return streamed(results.events(request.url.path), asked)
@@ -96,10 +97,11 @@ class Results:
         model: str,
         choices: list[Choice],
         settings: dict[str, Any],
-        timings_per_token: bool,
+        native: NativeCompletion,
     ) -> None:
         self.asked, self.names, self.model, self.choices = asked, names, model, choices
-        self.settings, self.timings_per_token = settings, timings_per_token
+        self.settings, self.timings_per_token = settings, native.timings_per_token
+        self.response_fields = native.response_fields
         self.started = time.perf_counter()
         self.first: dict[int, float] = {}  # when each result's first token came
         self.text: dict[int, list[str]] = {index: [] for index in range(len(choices))}
@@ -158,18 +160,21 @@ class Results:
     def _final(self, index: int, text: str, tokens: Sequence[Token], finish: Finish) -> dict[str, Any]:
         """A result's last object; streamed (`text` ""), its text and tokens came in the partial ones."""
         choice, word = self.choices[index], isinstance(finish.stop_reason, str)
-        return {
-            **self._partial(index, text, tokens, last=True),
-            "stop": True,
-            "prompt": "".join(token.text for token in choice.prompt),
-            "has_new_line": "\n" in "".join(self.text[index]),
-            "truncated": False,
-            "stop_type": "limit" if finish.reason == "length" else "word" if word else "eos",
-            "stopping_word": finish.stop_reason if word else "",
-            "tokens_cached": choice.cached,
-            "generation_settings": self.settings,
-            "timings": self._timings(index),
-        }
+        return picked(
+            self.response_fields,
+            {
+                **self._partial(index, text, tokens, last=True),
+                "stop": True,
+                "prompt": "".join(token.text for token in choice.prompt),
+                "has_new_line": "\n" in "".join(self.text[index]),
+                "truncated": False,
+                "stop_type": "limit" if finish.reason == "length" else "word" if word else "eos",
+                "stopping_word": finish.stop_reason if word else "",
+                "tokens_cached": choice.cached,
+                "generation_settings": self.settings,
+                "timings": self._timings(index),
+            },
+        )
 
     def _timings(self, index: int) -> dict[str, Any]:
         """llama-server's `timings` so far: the prompt's until the first token (queueing included)."""
@@ -206,3 +211,18 @@ class Results:
             ranked = list(of.top.items())[: self.asked.logprobs]
             entry["top_logprobs"] = [self._entry(alternative, logprob) for alternative, logprob in ranked]
         return entry
+
+
+def picked(paths: Sequence[str], result: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's `response_fields`: the fields of `result` at `paths` alone (`a/b` one inside `a`,
+    under its path as its key), a path that leads nowhere left out; all of `result` where none given."""
+    if not paths:
+        return result
+    found: dict[str, Any] = {}
+    for path in paths:
+        value: Any = result
+        for key in path.split("/"):
+            value = value.get(key, picked) if isinstance(value, dict) else picked  # `picked`: none there
+        if value is not picked:
+            found[path] = value
+    return found

@@ -106,6 +106,7 @@ class NativeCompletion(LlamaServerFields):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False
+    response_fields: list[str] = Field(default_factory=list)  # INERT at the OpenAI routes, as there
     echo: bool = False
     model: str | None = None
 

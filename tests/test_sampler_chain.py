@@ -21,10 +21,14 @@ ONE_VALUE = tuple(step for step in STEPS if step not in ("xtc", "dry"))  # one v
 
 
 def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> dict[int, float]:
-    """The tokens each step keeps, by id, with their logits (`chance`: XTC's draw)."""
+    """The tokens each step keeps, by id, with their logits (`chance`: XTC's draw; a cut's last value,
+    where given, its `min_keep`)."""
     kept = {index: float(value) for index, value in enumerate(logits) if value > LOWEST}
     for name, value, *more in steps:
         ranked = sorted(kept, key=lambda index: -kept[index])
+        least = int(more[-1]) if more and name in ("top_p", "min_p", "typ_p", "xtc") else 0
+        if name == "xtc" and len(more) < 2:
+            least = 0
         if name == "top_k" and value > 0:
             kept = {index: kept[index] for index in ranked[: int(value)]}
         elif name == "top_p" and value < 1:
@@ -34,7 +38,7 @@ def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> di
             for index in ranked:
                 chosen.append(index)
                 mass += math.exp(kept[index] - top) / total
-                if mass >= value:
+                if mass >= value and len(chosen) >= least:
                     break
             kept = {index: kept[index] for index in chosen}
         elif name == "top_n_sigma" and value > 0 and len(kept) > 1:
@@ -51,7 +55,7 @@ def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> di
             for index in typical:
                 chosen.append(index)
                 mass += probability[index]
-                if mass > value:
+                if mass > value and len(chosen) >= least:
                     break
             kept = {index: kept[index] for index in chosen}
         elif name == "xtc" and chance <= value and more[0] <= 0.5 and len(kept) > 1:
@@ -62,10 +66,12 @@ def reference(logits: np.ndarray, steps: list[tuple], chance: float = 1.0) -> di
                 if math.exp(kept[index] - top) / total < more[0]:
                     break
                 last = position
-            kept = {index: kept[index] for index in ranked[last:]}
+            if len(ranked) - last >= least:
+                kept = {index: kept[index] for index in ranked[last:]}
         elif name == "min_p" and value > 0:
             floor = np.float32(kept[ranked[0]]) + np.log(np.float32(value))
-            kept = {index: logit for index, logit in kept.items() if np.float32(logit) >= floor}
+            passing = {index: logit for index, logit in kept.items() if np.float32(logit) >= floor}
+            kept = passing if len(passing) >= least else {index: kept[index] for index in ranked[:least]}
         elif name == "temperature":
             if more and more[0] > 0 and len(kept) > 1:  # dynamic: from the entropy over its largest
                 top = kept[ranked[0]]
@@ -280,6 +286,18 @@ def test_adaptive_p_picks_and_learns_as_llama_cpps(target):
             assert token == expected and learned == pytest.approx(expected_state, rel=1e-9)
             state, picks = learned, picks | {token}
     assert len(picks) > 3 and adaptive_p(rows(1)[0], 0.5, 0.0, 0.0, 0.5)[0] >= 0
+
+
+@pytest.mark.parametrize("least", [0, 5, 80])
+def test_min_keep_keeps_at_least_that_many_as_llama_cpps_cuts_do(least):
+    cuts = [("top_p", 0.3, least), ("min_p", 0.5, least), ("typ_p", 0.2, least), ("xtc", 1.0, 0.001, least)]
+    sizes = []
+    for row in rows(4):
+        for steps in ([step] for step in cuts):
+            found, expected = kept_by(chain(row * 3, steps, 0.0)), reference(row * 3, steps, 0.0)
+            assert found.keys() == expected.keys(), steps
+            sizes.append(len(found))
+    assert min(sizes) >= max(least, 1) and (least or min(sizes) < 5)  # without it, some cut below 5
 
 
 def test_what_a_ban_or_mask_left_out_stays_out_and_one_token_always_stays():

@@ -41,6 +41,7 @@ REFUSED = [
     ({"adaptive_target": 0.5, "samplers": ["Adaptive-P"]}, "adaptive_target", "only /completion runs it"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "sampler chain; leave it out or 0"),
     ({"dynatemp_range": 0.5}, "dynatemp_range", "only /completion runs it here"),
+    ({"min_keep": 4}, "min_keep", "only /completion runs it here"),
     ({"typical_p": 0.5}, "typical_p", "only /completion runs it here, in llama-server's sampler chain"),
     ({"top_n_sigma": 1}, "top_n_sigma", "only /completion runs it here"),
     ({"xtc_probability": 0.5}, "xtc_probability", "only /completion runs it here"),

@@ -104,6 +104,7 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
         ({"mirostat": 3}, "mirostat", "mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got 3"),
         ({"n_indent": 2}, "n_indent", "no such sampler or setting; leave it out or 0"),
         ({"adaptive_decay": 1.5}, "adaptive_decay", "adaptive_decay: 0 to 0.99; got 1.5"),
+        ({"min_keep": -1}, "min_keep", "min_keep: 0 or more; got -1"),
         ({"dry_multiplier": 0.8, "dry_sequence_breakers": []}, "dry_sequence_breakers", "a non-empty list"),
         ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers", "Input should be a valid array"),
         ({"dry_allowed_length": -1}, "dry_allowed_length", "0 or more; got -1"),
@@ -260,7 +261,7 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
         *("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability"),
         *("xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "repeat_last_n", "repeat_penalty"),
         *("dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length"),
-        *("dry_penalty_last_n", "adaptive_target", "adaptive_decay"),
+        *("dry_penalty_last_n", "adaptive_target", "adaptive_decay", "min_keep"),
     )
     mine, llamas = (side["default_generation_settings"]["params"] for side in (ours, theirs))
     for name in honoured:  # the defaults of what both honour, which clients show and send back

@@ -202,3 +202,30 @@ def test_the_dynamic_temperature_is_the_entropys(served_lm, served_model, served
         )
     }
     assert first["dynamic"] == first["worked out"] != first["base"], (temperature, first)
+
+
+KEEP = {"min_p": 0.99, "min_keep": 6, "top_k": 0, "top_p": 1.0, "temperature": 1.5}  # min-p alone keeps 1
+
+
+def test_min_keep_leaves_the_cuts_that_many_tokens(served_lm, served_model, served_tokenizer):
+    """min-p at 0.99 keeps the likeliest token alone; with `min_keep` 6, the six likeliest, which the
+    first tokens drawn over several seeds come from, more than one of them."""
+    row = served_model.logits(np.array([served_tokenizer.encode(PROMPTS[1]).ids]))[0, -1]
+    six = set(np.argsort(-row)[:6].tolist())
+    body = {"prompt": PROMPTS[1], "n_predict": 1, **KEEP, "n_cmpl": 16, "return_tokens": True}
+    drawn = {
+        answer["tokens"][0]
+        for seed in range(2)
+        for answer in post(served_lm, "/completion", {**body, "seed": seed})[1]
+    }
+    assert drawn <= six and len(drawn) > 2, (drawn, six)
+    alone = post(served_lm, "/completion", {**body, "min_keep": 0, "seed": 0})[1]
+    assert {answer["tokens"][0] for answer in alone} == {int(np.argmax(row))}
+
+
+def test_llama_servers_min_keep_draws_what_ours_keeps(served_model, served_tokenizer, llama_server):
+    row = served_model.logits(np.array([served_tokenizer.encode(PROMPTS[1]).ids]))[0, -1]
+    six = set(np.argsort(-row)[:6].tolist())
+    body = {"prompt": PROMPTS[1], "n_predict": 1, **KEEP, "return_tokens": True}
+    drawn = {post(llama_server, "/completion", {**body, "seed": seed})[1]["tokens"][0] for seed in range(24)}
+    assert drawn <= six and len(drawn) > 2, (drawn, six)

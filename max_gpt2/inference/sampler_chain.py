@@ -51,8 +51,9 @@ def chain(
     heads: Heads | None = None,
 ) -> np.ndarray:
     """`logits` [V] after each step of `steps` (a name of `STEPS` and its values: XTC's probability and
-    threshold, DRY's four, a temperature's range and exponent where dynamic), in their order; `chance` is
-    XTC's draw for this token, `history` the ids before it and `heads` the breakers DRY reads."""
+    threshold, DRY's four, a temperature's range and exponent where dynamic; top-p's, min-p's,
+    typical-p's and XTC's last, where given, llama.cpp's `min_keep`: what each leaves at least), in their
+    order; `chance` is XTC's draw for this token, `history` the ids before it and `heads` DRY's breakers."""
     row = np.asarray(logits, dtype=np.float32)
     kept = np.flatnonzero(row > LOWEST)  # ids still in play: what a ban or a constraint left
     if kept.size == 0:
@@ -63,16 +64,18 @@ def chain(
             best = np.argpartition(-values, int(value) - 1)[: int(value)]
             kept, values = kept[best], values[best]
         elif name == "top_p" and value < 1:
-            kept, values = nucleus(kept, values, value)
+            kept, values = nucleus(kept, values, value, *more)
         elif name == "top_n_sigma" and value > 0 and kept.size > 1:
             close = values >= values.max() - np.float32(value) * values.std()
             kept, values = kept[close], values[close]
         elif name == "typ_p" and value < 1:
-            kept, values = typical(kept, values, value)
+            kept, values = typical(kept, values, value, *more)
         elif name == "xtc" and chance <= value and more[0] <= 0.5 and kept.size > 1:
-            kept, values = excluded_top_choices(kept, values, more[0])
+            kept, values = excluded_top_choices(kept, values, *more)
         elif name == "min_p" and value > 0:
             close = values >= values.max() + np.log(np.float32(value))
+            if np.count_nonzero(close) < (least := int(more[0]) if more else 0):  # the likeliest `min_keep`
+                close = np.isin(np.arange(kept.size), np.argsort(-values, kind="stable")[:least])
             kept, values = kept[close], values[close]
         elif name == "dry" and (lost := penalties(history, value, more[0], *map(int, more[1:]), heads or {})):
             loss = np.zeros(row.size, np.float32)
@@ -103,45 +106,51 @@ def dynamic(values: np.ndarray, temperature: float, spread: float, exponent: flo
     return float(low + (high - low) * entropy**exponent)
 
 
-def nucleus(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """The likeliest of `kept` (with their `values`) whose probability over all of `kept` reaches `p`."""
+def nucleus(
+    kept: np.ndarray, values: np.ndarray, p: float, least: float = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The likeliest of `kept` (with their `values`) whose probability over all of `kept` reaches `p`, at
+    least `least` of them (llama.cpp's `min_keep`)."""
     probabilities = np.exp(values.astype(np.float64) - values.max())
     probabilities /= probabilities.sum()
-    first = kept.size if kept.size <= NUCLEUS_FIRST else NUCLEUS_FIRST
+    least = int(least)
+    first = kept.size if kept.size <= max(NUCLEUS_FIRST, least) else max(NUCLEUS_FIRST, least)
     while True:
         likeliest = (
             np.argpartition(-probabilities, first - 1)[:first] if first < kept.size else np.arange(first)
         )
         order = likeliest[np.argsort(-probabilities[likeliest], kind="stable")]
-        reached = np.flatnonzero(np.cumsum(probabilities[order]) >= p)
+        reached = np.flatnonzero((np.cumsum(probabilities[order]) >= p) & (np.arange(first) + 1 >= least))
         if reached.size or first == kept.size:
             last = reached[0] + 1 if reached.size else first
             return kept[order[:last]], values[order[:last]]
         first = kept.size
 
 
-def typical(kept: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+def typical(
+    kept: np.ndarray, values: np.ndarray, p: float, least: float = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """The tokens of `kept` (with their `values`) whose surprise is closest to the entropy, until their
-    probability over all of `kept` passes `p` (at least one)."""
+    probability over all of `kept` passes `p` (at least one, and at least `least`: `min_keep`)."""
     probabilities = np.exp(values.astype(np.float64) - values.max())
     probabilities /= probabilities.sum()
     surprise = -np.log(probabilities)
     order = np.argsort(np.abs(surprise - (probabilities * surprise).sum()), kind="stable")
-    passed = np.flatnonzero(np.cumsum(probabilities[order]) > p)
+    passed = np.flatnonzero((np.cumsum(probabilities[order]) > p) & (np.arange(kept.size) + 1 >= least))
     last = passed[0] + 1 if passed.size else kept.size
     return kept[order[:last]], values[order[:last]]
 
 
 def excluded_top_choices(
-    kept: np.ndarray, values: np.ndarray, threshold: float
+    kept: np.ndarray, values: np.ndarray, threshold: float, least: float = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """`kept` (with their `values`) less the tokens of probability at least `threshold`, all but the least
-    likely of them; as it is where fewer than two reach it."""
+    likely of them; as it is where fewer than two reach it, or fewer than `least` would stay."""
     probabilities = np.exp(values.astype(np.float64) - values.max())
     probabilities /= probabilities.sum()
     order = np.argsort(-values, kind="stable")
     reaching = int(np.count_nonzero(probabilities >= threshold))  # the likeliest, a prefix of `order`
-    if reaching < 2:
+    if reaching < 2 or kept.size - (reaching - 1) < least:
         return kept, values
     rest = order[reaching - 1 :]
     return kept[rest], values[rest]

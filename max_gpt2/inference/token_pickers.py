@@ -22,7 +22,7 @@ import numpy as np
 from max_gpt2.inference.sampler_chain import LOWEST
 
 Picker = tuple[str | float, ...]  # its name and parameters; one type, as msgspec needs
-WIDTH, PEAK, SHARPNESS = 0.3, 5.0, 10.0  # adaptive-p's transform (llama.cpp's constants)
+WIDTH, SHARPNESS = 0.3, 10.0  # adaptive-p's transform (llama.cpp's; its peak, 5, cancels in the softmax)
 
 
 def first_state(picker: Picker) -> tuple[float, ...]:
@@ -60,7 +60,7 @@ def adaptive_p(
     target = min(max(target, 0.0), 1.0)
     adapted = target if total_weight == 0 else 2 * target - weighted_sum / total_weight
     distance = np.abs(probabilities - min(max(adapted, 0.0), 1.0)) / WIDTH
-    transformed = np.exp(-SHARPNESS * distance**2 / (1 + distance))  # exp(PEAK - ...), over a constant
+    transformed = np.exp(-SHARPNESS * distance**2 / (1 + distance))
     chances = transformed / transformed.sum()
     index = min(int(np.searchsorted(np.cumsum(chances), draw, side="right")), kept.size - 1)
     return int(kept[index]), float(probabilities[index])

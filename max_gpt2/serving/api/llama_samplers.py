@@ -3,12 +3,12 @@ has, which it has not, and what leaves each off.
 
 - `OFF`: what llama-server reads and this server has not (`n_indent`, LoRA, ...): taken while set to
   what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY,
-  typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat and adaptive-p too on the OpenAI
-  routes, where MAX's sampler draws: only `/completion` runs them, in llama-server's chain
-  (`CHAIN_ONLY`).
-- `INERT`: what changes nothing here, with any value: the parameters of those samplers (then off),
-  a slot (one prefix cache serves every request), the reasoning settings (GPT-2 does not reason),
-  what shapes only llama-server's logs, progress events and timings.
+  typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat, adaptive-p and the cuts' `min_keep`
+  too on the OpenAI routes, where MAX's sampler draws: only `/completion` runs them, in llama-server's
+  chain (`CHAIN_ONLY`).
+- `INERT`: what changes nothing here, with any value: a slot (one prefix cache serves every request),
+  the reasoning settings (GPT-2 does not reason), what shapes only llama-server's logs, progress events
+  and timings, and `response_fields` (which shapes `/completion`'s answer alone).
 - `SAMPLERS`: the samplers this server has, by llama-server's name and letter; `samplers` leaving
   one out turns it off (`left_out`), as in llama-server, and its order is the chain's (`chain_order`);
   its names are read as llama.cpp reads them, in any case, `-` for `_` or neither, and its aliases
@@ -38,7 +38,7 @@ OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_budget_tokens": (lambda value: value < 0, "-1 (GPT-2 does not reason)"),
 }
 INERT = (
-    "min_keep", "n_keep", "n_discard",
+    "n_keep", "n_discard",
     "id_slot", "n_cache_reuse", "backend_sampling", "verbose", "t_max_prompt_ms", "return_progress",
     "timings_per_token", "reasoning_format", "reasoning_control", "reasoning_budget_message",
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
@@ -53,6 +53,7 @@ CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dynatemp_range": (lambda value: value <= 0, "0"),  # with `dynatemp_exponent`
     "mirostat": (lambda value: value == 0, "0"),  # not a step: the chain's in its place
     "adaptive_target": (lambda value: value < 0, "-1"),  # where `samplers` names it: it picks the token
+    "min_keep": (lambda value: value <= 1, "0"),  # what top-p, min-p, typical-p and XTC leave at least
 }
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off, in
 # llama-server's default order.
@@ -94,6 +95,7 @@ LlamaServerFields: Any = create_model(
     dynatemp_exponent=(float | None, None),
     adaptive_target=(float | None, None),
     adaptive_decay=(float | None, None),
+    min_keep=(int | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 

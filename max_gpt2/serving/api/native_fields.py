@@ -53,6 +53,7 @@ HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
     "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability",
     "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay",
+    "min_keep",
 )  # fmt: skip
 DRY_BREAKERS = ["\n", ":", '"', "*"]  # llama-server's
 DRY_BASE = 1.75  # llama-server's, which a base below 1 is read as
@@ -103,6 +104,7 @@ class NativeCompletion(LlamaServerFields):
     mirostat_eta: float = 0.1
     adaptive_target: float = -1.0
     adaptive_decay: float = 0.9
+    min_keep: int = 0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False
@@ -208,8 +210,13 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
     if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
+    if native.min_keep < 0:
+        raise Refusal("min_keep", f"min_keep: 0 or more; got {native.min_keep}")
+    least = (float(native.min_keep),) if native.min_keep > 1 else ()  # what the cuts keep at least
     steps: dict[str, Step] = {
-        name: (name, float(value)) for name, value in sampled.items() if value is not None
+        name: (name, float(value), *(least if name in ("top_p", "min_p") else ()))
+        for name, value in sampled.items()
+        if value is not None
     }
     if native.dynatemp_range > 0 and "temperature" in steps:
         steps["temperature"] += (native.dynatemp_range, native.dynatemp_exponent)
@@ -217,8 +224,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
         steps["dry"] = dry
     steps |= {
         "top_n_sigma": ("top_n_sigma", native.top_n_sigma),
-        "typ_p": ("typ_p", native.typical_p),
-        "xtc": ("xtc", native.xtc_probability, native.xtc_threshold),
+        "typ_p": ("typ_p", native.typical_p, *least),
+        "xtc": ("xtc", native.xtc_probability, native.xtc_threshold, *least),
     }
     chain = tuple(steps[name] for name in chain_order(native.samplers) if name in steps)
     sampling = SamplingParamsInput(**{**vars(asked.sampling), **ONLY_DRAWS})

@@ -102,7 +102,9 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
     ("change", "field", "says"),
     [
         ({"mirostat": 3}, "mirostat", "mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got 3"),
-        ({"n_indent": 2}, "n_indent", "no such sampler or setting; leave it out or 0"),
+        ({"lora": [{"id": 0, "scale": 1}]}, "lora", "no such sampler or setting; leave it out or []"),
+        ({"n_indent": -1}, "n_indent", "n_indent: 0 or more; got -1"),
+        ({"t_max_predict_ms": -2}, "t_max_predict_ms", "t_max_predict_ms: -1 (none) or more; got -2"),
         ({"adaptive_decay": 1.5}, "adaptive_decay", "adaptive_decay: 0 to 0.99; got 1.5"),
         ({"min_keep": -1}, "min_keep", "min_keep: 0 or more; got -1"),
         ({"dry_multiplier": 0.8, "dry_sequence_breakers": []}, "dry_sequence_breakers", "a non-empty list"),
@@ -295,3 +297,36 @@ def test_llama_servers_response_fields_are_ours(served_lm, llama_server):
         for side in (served_lm, llama_server)
     )
     assert ours == theirs and len(ours) == 4, (ours, theirs)
+
+
+INDENTED = {"prompt": "def f():", "n_predict": 12, "temperature": 0, "grammar": 'root ::= "a\\n  b\\nc"'}
+
+
+def test_n_indent_ends_the_text_at_a_line_indented_less(served_lm):
+    """Held to "a\\n  b\\nc" by its grammar, the text ends before "c", whose line has no indentation,
+    where `n_indent` asks for 2 (stop type "limit", as llama-server's); without it, the whole text."""
+    whole = post(served_lm, "/completion", INDENTED)[1]
+    cut = post(served_lm, "/completion", {**INDENTED, "n_indent": 2})[1]
+    assert (whole["content"], cut["content"], cut["stop_type"]) == ("a\n  b\nc", "a\n  b\n", "limit"), cut
+    streamed = post(served_lm, "/completion", {**INDENTED, "n_indent": 2, "stream": True})[1]
+    assert "".join(event["content"] for event in streamed) == "a\n  b\n"
+
+
+def test_t_max_predict_ms_ends_the_text_at_a_newline_past_its_time(served_lm, served_tokenizer):
+    newline = served_tokenizer.encode("\n").ids[0]
+    body = {"prompt": PROMPTS[0], "n_predict": 40, "temperature": 0, "logit_bias": [[newline, 100]]}
+    assert post(served_lm, "/completion", body)[1]["tokens_predicted"] == 40
+    timed = post(served_lm, "/completion", {**body, "t_max_predict_ms": 1})[1]
+    assert timed["stop_type"] == "limit" and 1 < timed["tokens_predicted"] < 40
+    assert timed["content"] == "\n" * timed["tokens_predicted"]
+
+
+def test_llama_servers_n_indent_cuts_where_ours_does(served_lm, llama_server):
+    ours, theirs = (
+        post(side, "/completion", {**INDENTED, "n_indent": 2})[1] for side in (served_lm, llama_server)
+    )
+    assert (
+        (ours["content"], ours["stop_type"])
+        == (theirs["content"], theirs["stop_type"])
+        == ("a\n  b\n", "limit")
+    )

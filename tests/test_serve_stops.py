@@ -4,7 +4,8 @@ The reference reads the whole text at once: the first stop string to end, among 
 in the text of a token past the first `min_tokens`, ends the text (before it, or after it with
 `keep`); the token whose text completed it is the last one kept. `StopCut` sees one token at a
 time and streams: what it shows, joined, must be the reference's text, and no prefix it shows
-may be taken back (each is a prefix of the final text). No server, no graph.
+may be taken back (each is a prefix of the final text). llama-server's `n_indent` likewise: the
+reference cuts the whole text at the first line past the first indented less. No server, no graph.
 """
 
 from __future__ import annotations
@@ -84,3 +85,33 @@ def test_text_that_could_begin_a_stop_string_waits_for_the_next_token():
     assert cut.add(" cat") == "The cat"
     assert cut.add(". The En") == ". "
     assert cut.add("d.") == "" and cut.matched == "The End"
+
+
+def indented_reference(text: str, indent: int) -> tuple[str, bool]:
+    """The text up to the first character, past its first line, that is not a space or tab and starts a
+    line less indented than `indent` (a newline starting an empty one too), and whether one did."""
+    starts = [position + 1 for position, character in enumerate(text) if character == "\n"]
+    for start in starts:
+        blank = 0
+        while start + blank < len(text) and text[start + blank] in " \t":
+            blank += 1
+        if start + blank < len(text) and blank < indent:
+            return text[: start + blank], True
+    return text, False
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="ab \t\n", max_size=4), max_size=12), indent=st.integers(1, 3))
+def test_indent_cuts_the_references_text_at_the_first_line_indented_less(pieces, indent):
+    cut, shown = StopCut([], indent=indent), []
+    for piece in pieces:
+        shown.append(cut.add(piece))
+        if cut.short:
+            break
+    shown.append(cut.flush())
+    text, short = indented_reference("".join(pieces), indent)
+    assert ("".join(shown), cut.short) == (text, short)
+    so_far = ""
+    for part in shown:
+        so_far += part
+        assert text.startswith(so_far)

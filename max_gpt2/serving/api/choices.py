@@ -20,6 +20,7 @@ several), as llama-server and vLLM stream; the last one carries the `Finish`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,14 +37,18 @@ from max_gpt2.serving.api.stops import StopCut
 @dataclass(frozen=True)
 class Rules:
     """How a choice ends besides its length: stop strings (`keep`: with the match, and a stop token's
-    text), stop token ids, and `min_tokens` (no stop string counts before that many tokens); and whether
-    its text leaves special tokens out (`skip_special`, vLLM's `skip_special_tokens`)."""
+    text), stop token ids, and `min_tokens` (no stop string counts before that many tokens); whether its
+    text leaves special tokens out (`skip_special`, vLLM's `skip_special_tokens`); and llama-server's
+    limits, which end it as its length would: lines indented less than `indent` (`StopCut`), and a
+    newline past `predict_s` seconds from the first token."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     keep: bool = False
     min_tokens: int = 0
     skip_special: bool = True
+    indent: int = 0
+    predict_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ class Choice:
         self, engine: TokenGeneratorPipeline, request: TextGenerationRequest, rules: Rules, stream: Any
     ) -> None:
         self.engine, self.request, self.rules, self._stream = engine, request, rules, stream
-        self.cut = StopCut(rules.stop, rules.keep, rules.min_tokens)
+        self.cut = StopCut(rules.stop, rules.keep, rules.min_tokens, rules.indent)
+        self.first_at: float | None = None  # when the first token came (`Rules.predict_s`)
         self.prompt: tuple[Token, ...] = ()  # with the prompt's log-probabilities where `echo` asked
         self.made = 0  # tokens kept, for `usage`
         self.cached = 0  # prompt tokens MAX's prefix cache held (`usage.prompt_tokens_details`)
@@ -143,8 +149,12 @@ class Choice:
             made = Token(token, piece, values[index] if values else None, tops[index] if tops else {})
             shown = self.cut.add(piece)
             self.made += 1
+            self.first_at = self.first_at or time.perf_counter()
             if self.cut.matched is not None:
                 yield Chunk(shown, (made,), Finish("stop", self.cut.matched))
+                return
+            if self.cut.short or (self._late(piece) and not last):
+                yield Chunk(shown + self.cut.flush(), (made,), Finish("length"))
                 return
             if last:
                 yield Chunk(shown + self.cut.flush(), (made,), self._finish(output, ids))
@@ -152,6 +162,11 @@ class Choice:
             yield Chunk(shown, (made,))
         if done and not ids:
             yield Chunk(self.cut.flush(), (), self._finish(output, ids))
+
+    def _late(self, piece: str) -> bool:
+        """Whether `piece` brings a newline past `Rules.predict_s` from the first token."""
+        limit = self.rules.predict_s
+        return limit is not None and "\n" in piece and time.perf_counter() - (self.first_at or 0.0) > limit
 
     def _finish(self, output: TokenGeneratorOutput, ids: list[int]) -> Finish:
         if output.status == GenerationStatus.MAXIMUM_LENGTH:

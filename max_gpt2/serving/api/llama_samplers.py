@@ -1,11 +1,11 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (`n_indent`, LoRA, ...): taken while set to
-  what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY,
+- `OFF`: what llama-server reads and this server has not (LoRA, lazy grammars, ...): taken while set
+  to what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY,
   typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat, adaptive-p and the cuts' `min_keep`
   too on the OpenAI routes, where MAX's sampler draws: only `/completion` runs them, in llama-server's
-  chain (`CHAIN_ONLY`).
+  chain (`CHAIN_ONLY`), and ends a text by its lines' indentation or a time (`TEXT_LIMITS`).
 - `INERT`: what changes nothing here, with any value: a slot (one prefix cache serves every request),
   the reasoning settings (GPT-2 does not reason), what shapes only llama-server's logs, progress events
   and timings, and `response_fields` (which shapes `/completion`'s answer alone).
@@ -28,8 +28,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n_indent": (lambda value: value == 0, "0"),
-    "t_max_predict_ms": (lambda value: value <= 0, "0"),
     "post_sampling_probs": (lambda value: not value, "false"),
     "lora": (lambda value: not value, "[]"),
     "grammar_lazy": (lambda value: not value, "false"),
@@ -54,6 +52,11 @@ CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mirostat": (lambda value: value == 0, "0"),  # not a step: the chain's in its place
     "adaptive_target": (lambda value: value < 0, "-1"),  # where `samplers` names it: it picks the token
     "min_keep": (lambda value: value <= 1, "0"),  # what top-p, min-p, typical-p and XTC leave at least
+}
+# What else only `/completion` honours: how a text's lines must be indented, and when it ends after a time.
+TEXT_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n_indent": (lambda value: value <= 0, "0"),
+    "t_max_predict_ms": (lambda value: value <= 0, "-1"),
 }
 # Each sampler's letter in a `samplers` string, and the values of the fields that leave it off, in
 # llama-server's default order.
@@ -96,6 +99,8 @@ LlamaServerFields: Any = create_model(
     adaptive_target=(float | None, None),
     adaptive_decay=(float | None, None),
     min_keep=(int | None, None),
+    n_indent=(int | None, None),
+    t_max_predict_ms=(int | None, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 
@@ -103,8 +108,8 @@ LlamaServerFields: Any = create_model(
 def first_acting(
     body: Any, table: dict[str, tuple[Callable[[Any], bool], str]] = OFF
 ) -> tuple[str, str] | None:
-    """The first of `table`'s fields (`OFF`'s, or `CHAIN_ONLY`'s) `body` sets to act, and what would leave
-    it off; None if none does."""
+    """The first of `table`'s fields (`OFF`'s, `CHAIN_ONLY`'s, `TEXT_LIMITS`') `body` sets to act, and what
+    would leave it off; None if none does."""
     for field, (off, value) in table.items():
         given = getattr(body, field)
         try:

@@ -13,6 +13,7 @@ comes (none by default).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -56,9 +57,8 @@ async def create_native_completion(request: Request) -> Response:
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
         asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
-        asked = eos_banned(
-            in_llama_order(asked, native, served.context_length), native, served.tokenizer.eos_token_ids
-        )
+        asked = in_llama_order(text_limits(asked, native), native, served.context_length)
+        asked = eos_banned(asked, native, served.tokenizer.eos_token_ids)
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)
         choices = await start(request, served, asked, model, prompts(body.prompt), "prompt")
@@ -85,6 +85,20 @@ def named_natively(check_fields: Callable[[], Asked]) -> Asked:
         refusal.message = refusal.message.replace(f"{refusal.param}:", f"{theirs}:", 1)
         refusal.param = theirs
         raise
+
+
+def text_limits(asked: Asked, native: NativeCompletion) -> Asked:
+    """`asked` ending its text as llama-server's `n_indent` (a line past the first indented less) and
+    `t_max_predict_ms` (a newline past that long from the first token) end it (`choices.Rules`)."""
+    if native.n_indent < 0:
+        raise Refusal("n_indent", f"n_indent: 0 or more; got {native.n_indent}")
+    if native.t_max_predict_ms < -1:
+        raise Refusal(
+            "t_max_predict_ms", f"t_max_predict_ms: -1 (none) or more; got {native.t_max_predict_ms}"
+        )
+    limit = native.t_max_predict_ms / 1000 if native.t_max_predict_ms > 0 else None
+    rules = dataclasses.replace(asked.rules, indent=native.n_indent, predict_s=limit)
+    return dataclasses.replace(asked, rules=rules)
 
 
 class Results:

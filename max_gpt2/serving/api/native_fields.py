@@ -18,7 +18,8 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
 - DRY and the dynamic temperature take their parameters as llama-server does (`dry_step`);
 - `mirostat` (1 or 2) is the temperature, then Mirostat alone, as in llama-server (`with_mirostat`);
   adaptive-p, where `samplers` names it, picks each token from what the chain keeps (`adaptive_picker`);
-- `ignore_eos` bans the end-of-text token, as llama-server does (`eos_banned`).
+- `ignore_eos` bans the end-of-text token, as llama-server does (`eos_banned`);
+- `n_indent` and `t_max_predict_ms` end a text as there (`native.text_limits`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class NativeCompletion(LlamaServerFields):
     adaptive_target: float = -1.0
     adaptive_decay: float = 0.9
     min_keep: int = 0
+    n_indent: int = 0  # what ends a text besides its length (`native.text_limits`)
+    t_max_predict_ms: int = -1
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     timings_per_token: bool = False

@@ -25,7 +25,7 @@ from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
-from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, first_acting, left_out
+from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, TEXT_LIMITS, first_acting, left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
     REFUSED,
@@ -135,10 +135,11 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
-    if found := first_acting(body, CHAIN_ONLY):
+    if found := first_acting(body, CHAIN_ONLY | TEXT_LIMITS):
         field, off = found
-        why = "only /completion runs it here, in llama-server's sampler chain"
-        raise Refusal(field, f"{field}: {why}; leave it out or {off}")
+        raise Refusal(
+            field, f"{field}: only /completion runs it here (llama-server's own); leave it out or {off}"
+        )
     penalty_last_n = llama_penalties(body, context_length)
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})

@@ -106,7 +106,7 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
         ({"n_indent": -1}, "n_indent", "n_indent: 0 or more; got -1"),
         ({"t_max_predict_ms": -2}, "t_max_predict_ms", "t_max_predict_ms: -1 (none) or more; got -2"),
         ({"adaptive_decay": 1.5}, "adaptive_decay", "adaptive_decay: 0 to 0.99; got 1.5"),
-        ({"min_keep": -1}, "min_keep", "min_keep: 0 or more; got -1"),
+        ({"min_keep": -1, "temperature": 1.0}, "min_keep", "min_keep: 0 or more; got -1"),
         ({"dry_multiplier": 0.8, "dry_sequence_breakers": []}, "dry_sequence_breakers", "a non-empty list"),
         ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers", "Input should be a valid array"),
         ({"dry_allowed_length": -1}, "dry_allowed_length", "0 or more; got -1"),

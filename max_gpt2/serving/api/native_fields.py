@@ -206,6 +206,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     temperature other than 0 and 1. MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
     dry, picker = dry_step(native, context_length), adaptive_picker(native)
+    if native.min_keep < 0:
+        raise Refusal("min_keep", f"min_keep: 0 or more; got {native.min_keep}")
     if native.mirostat:
         return with_mirostat(asked, native)
     sampled = {name: getattr(asked.sampling, name) for name in ("top_k", "top_p", "min_p", "temperature")}
@@ -213,8 +215,6 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
     if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
         return asked
-    if native.min_keep < 0:
-        raise Refusal("min_keep", f"min_keep: 0 or more; got {native.min_keep}")
     least = (float(native.min_keep),) if native.min_keep > 1 else ()  # what the cuts keep at least
     steps: dict[str, Step] = {
         name: (name, float(value), *(least if name in ("top_p", "min_p") else ()))

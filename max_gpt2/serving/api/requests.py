@@ -183,12 +183,8 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         seed=None if body.seed == RANDOM_SEED else body.seed,
         stop_token_ids=body.stop_token_ids,
     )
-    keep, ids, special = (
-        body.include_stop_str_in_output,
-        frozenset(body.stop_token_ids or ()),
-        body.skip_special_tokens,
-    )
-    rules = Rules(tuple(stops), ids, keep, body.min_tokens, special)
+    stop_ids, special = frozenset(body.stop_token_ids or ()), body.skip_special_tokens
+    rules = Rules(tuple(stops), stop_ids, body.include_stop_str_in_output, body.min_tokens, special)
     return Asked(
         n=n,
         sampling=sampling,

@@ -41,6 +41,7 @@ from max_gpt2.serving.api.embedding_bytes import EMBED_DTYPES, raw
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import prompts
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.vllm_fields import prompt_cut
 from max_gpt2.serving.tokenizer import ContextExceeded
 
 MOST_INPUTS = 2048  # inputs one request may give, as OpenAI allows
@@ -145,17 +146,12 @@ def norm_of(body: EmbeddingRequest) -> int:
 def token_ids(served: Served, body: EmbeddingRequest) -> list[list[int]]:
     """Each input's token ids, checked as the tokenizer checks a prompt, or cut to
     `truncate_prompt_tokens`' last tokens."""
-    context, keep = served.context_length, body.truncate_prompt_tokens
-    if keep is not None and not (keep == -1 or 1 <= keep <= context):
-        raise Refusal(
-            "truncate_prompt_tokens",
-            f"truncate_prompt_tokens: -1 (the context's {context}) or 1 to {context}; got {keep}",
-        )
+    keep = prompt_cut(body.truncate_prompt_tokens, served.context_length)
     field, given = inputs(served, body)
     checked = []
     for index, ids in enumerate(given):
         if keep is not None:
-            ids = ids[-(context if keep == -1 else keep) :]
+            ids = ids[-keep:]
         try:
             served.tokenizer.check_ids(ids, field if len(given) == 1 else f"{field}[{index}]")
         except ContextExceeded as error:

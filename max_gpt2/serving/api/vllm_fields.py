@@ -33,24 +33,29 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         raise Refusal(
             "priority", f"priority: 0 here (requests run first come, first served); got {body.priority}"
         )
-    keep = body.truncate_prompt_tokens
-    if keep is not None and not (keep == -1 or 1 <= keep <= context_length):
-        raise Refusal(
-            "truncate_prompt_tokens",
-            f"truncate_prompt_tokens: -1 (the context's {context_length}) or 1 to {context_length}; "
-            f"got {keep}",
-        )
     allowed = body.allowed_token_ids
     if allowed is not None and not allowed:
         raise Refusal("allowed_token_ids", "allowed_token_ids: empty; no token could come")
     for index, token in enumerate(allowed or ()):
         token_id("allowed_token_ids", f"allowed_token_ids[{index}]", token, vocab_size)
     return {
-        "prompt_cut": None if keep is None else context_length if keep == -1 else keep,
+        "prompt_cut": prompt_cut(body.truncate_prompt_tokens, context_length),
         "allowed_ids": None if allowed is None else tuple(sorted(set(allowed))),
         "ids_as_names": bool(body.return_tokens_as_token_ids),
         "answer_id": body.request_id,
     }
+
+
+def prompt_cut(keep: int | None, context_length: int) -> int | None:
+    """How many of a prompt's last tokens `truncate_prompt_tokens` (`keep`) keeps, -1 the context's
+    length; None where it is not given, and a `Refusal` where it is out of range."""
+    if keep is not None and not (keep == -1 or 1 <= keep <= context_length):
+        raise Refusal(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens: -1 (the context's {context_length}) or 1 to {context_length}; "
+            f"got {keep}",
+        )
+    return context_length if keep == -1 else keep
 
 
 def cut(prompts: Sequence[Any], keep: int | None, served: Served) -> list[Any]:

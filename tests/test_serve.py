@@ -226,6 +226,26 @@ def test_echo_gives_the_prompts_log_probabilities(server, lm):
         np.testing.assert_allclose(served_logprobs[1:], ours[1:], atol=1e-4)
 
 
+def test_echo_with_no_new_tokens_gives_the_prompt_alone(server, lm):
+    """OpenAI's and vLLM's `echo` with `max_tokens: 0`, a scorer's way: the prompt's text and its tokens'
+    log-probabilities alone (the first null), streamed too; without `echo`, 0 stays refused."""
+    import openai
+
+    tokenizer = load_tokenizer(server.checkpoint)
+    prompt_ids = tokenizer.encode(PROMPTS[3]).ids
+    answer = complete(server, PROMPTS[3], echo=True, logprobs=1, max_tokens=0)
+    choice = answer.choices[0]
+    assert choice.text == PROMPTS[3] and len(choice.logprobs.token_logprobs) == len(prompt_ids)
+    np.testing.assert_allclose(
+        choice.logprobs.token_logprobs[1:], lm.logprobs(np.array([prompt_ids]))[0, 1:], atol=1e-4
+    )
+    assert served(choice).ids == [] and answer.usage.completion_tokens == 1  # made, as vLLM counts it
+    chunks = list(complete(server, PROMPTS[3], echo=True, logprobs=1, max_tokens=0, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == PROMPTS[3]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        complete(server, PROMPTS[3], max_tokens=0)
+
+
 def test_requests_it_cannot_answer_get_a_400_and_the_server_goes_on(server, expected):
     import openai
 

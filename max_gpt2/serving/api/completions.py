@@ -1,10 +1,11 @@
 """`POST /v1/completions`: OpenAI's legacy completions, with vLLM's and MAX's extensions.
 
-Each choice's text ends before its first stop string (`stop_reason` names it), with
-`echo` the prompt's text in front; `logprobs` in OpenAI's legacy shape (`tokens`,
-`token_logprobs`, `top_logprobs` keyed by each alternative's text, `text_offset` into the
-text returned), streamed chunks included; `return_token_ids` adds the ids (MAX's and
-vLLM's extension). The fields and their checks: `max_gpt2.serving.api.requests`.
+Each choice's text ends before its first stop string (`stop_reason` names it), with `echo` the
+prompt's text in front (with `max_tokens: 0` the prompt's alone, as OpenAI's and vLLM's `echo` answer
+it: one token is made, counted in `usage`, and not shown); `logprobs` in OpenAI's legacy shape
+(`tokens`, `token_logprobs`, `top_logprobs` keyed by each alternative's text, `text_offset` into the
+text returned), streamed chunks included; `return_token_ids` adds the ids (MAX's and vLLM's
+extension). The fields and their checks: `max_gpt2.serving.api.requests`.
 """
 
 from __future__ import annotations
@@ -37,33 +38,36 @@ class CompletionShape(Shape):
         self.offsets: dict[int, int] = {}  # each streamed choice's text so far
 
     def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
-        prompt = self._prompt(choice)
-        text = "".join(token.text for token in prompt) + gathered.text
+        prompt, made = self._prompt(choice), self._made(gathered.tokens)
+        text = "".join(token.text for token in prompt) + ("" if self.asked.echo_only else gathered.text)
         return {
             "index": index,
             "text": text,
-            "logprobs": self._logprobs([*prompt, *gathered.tokens], 0, len(text)),
+            "logprobs": self._logprobs([*prompt, *made], 0, len(text)),
             "finish_reason": gathered.finish.reason,
             "stop_reason": gathered.finish.stop_reason,
-            **token_ids(self.asked, choice, gathered.tokens, True),
+            **token_ids(self.asked, choice, made, True),
         }
 
     def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
-        prompt = self._prompt(choice) if first else ()
-        text = "".join(token.text for token in prompt) + chunk.text
+        prompt, made = self._prompt(choice) if first else (), self._made(chunk.tokens)
+        text = "".join(token.text for token in prompt) + ("" if self.asked.echo_only else chunk.text)
         start = self.offsets.get(index, 0)
         self.offsets[index] = start + len(text)
         return {
             "index": index,
             "text": text,
-            "logprobs": self._logprobs([*prompt, *chunk.tokens], start, start + len(text)),
+            "logprobs": self._logprobs([*prompt, *made], start, start + len(text)),
             "finish_reason": chunk.finish.reason if chunk.finish else None,
             "stop_reason": chunk.finish.stop_reason if chunk.finish else None,
-            **token_ids(self.asked, choice, chunk.tokens, first),
+            **token_ids(self.asked, choice, made, first),
         }
 
     def _prompt(self, choice: Choice) -> Sequence[Token]:
         return choice.prompt if self.asked.echo else ()
+
+    def _made(self, tokens: Sequence[Token]) -> Sequence[Token]:
+        return () if self.asked.echo_only else tokens
 
     def _logprobs(self, tokens: Sequence[Token], start: int, end: int) -> dict[str, Any] | None:
         """OpenAI's legacy logprobs of `tokens`, whose text runs from `start` to `end` of the choice's

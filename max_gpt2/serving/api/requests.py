@@ -66,6 +66,7 @@ class Asked:
     rules: Rules
     logprobs: int | None
     echo: bool
+    echo_only: bool  # `echo` with `max_tokens: 0`: the prompt alone, one token made and not shown
     logit_bias: dict[int, float]
     stream: bool
     include_usage: bool
@@ -144,7 +145,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
-    length_field, called = "max_tokens", None
+    length_field, called, echo_only = "max_tokens", None, False
     if isinstance(body, ChatRequest):
         if body.max_completion_tokens is not None:
             length_field = "max_completion_tokens"
@@ -153,6 +154,8 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         called = tool_calls_of(body)
     else:
         max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
+        if echo and max_tokens == 0:  # the prompt alone (its log-probabilities), as OpenAI's and vLLM's
+            max_tokens, echo_only = 1, True
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
             raise Refusal(
                 "logprobs",
@@ -191,6 +194,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         rules=rules,
         logprobs=logprobs,
         echo=echo,
+        echo_only=echo_only,
         logit_bias=logit_bias(body.logit_bias, vocab_size),
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),

@@ -95,11 +95,16 @@ def chain(
     return out
 
 
+def softmax(values: np.ndarray) -> np.ndarray:
+    """The probabilities of the logits `values`, in float64."""
+    probabilities = np.exp(values.astype(np.float64) - values.max())
+    return probabilities / probabilities.sum()
+
+
 def dynamic(values: np.ndarray, temperature: float, spread: float, exponent: float) -> float:
     """llama.cpp's dynamic temperature for the kept `values`: from `temperature` less `spread` (at least
     0) to `temperature` plus it, as their entropy over its largest, to the `exponent`."""
-    probabilities = np.exp(values.astype(np.float64) - values.max())
-    probabilities /= probabilities.sum()
+    probabilities = softmax(values)
     within = probabilities[probabilities > 0]
     entropy = -(within * np.log(within)).sum() / np.log(values.size)
     low, high = max(0.0, temperature - spread), temperature + spread
@@ -111,8 +116,7 @@ def nucleus(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The likeliest of `kept` (with their `values`) whose probability over all of `kept` reaches `p`, at
     least `least` of them (llama.cpp's `min_keep`)."""
-    probabilities = np.exp(values.astype(np.float64) - values.max())
-    probabilities /= probabilities.sum()
+    probabilities = softmax(values)
     least = int(least)
     first = kept.size if kept.size <= max(NUCLEUS_FIRST, least) else max(NUCLEUS_FIRST, least)
     while True:
@@ -132,8 +136,7 @@ def typical(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The tokens of `kept` (with their `values`) whose surprise is closest to the entropy, until their
     probability over all of `kept` passes `p` (at least one, and at least `least`: `min_keep`)."""
-    probabilities = np.exp(values.astype(np.float64) - values.max())
-    probabilities /= probabilities.sum()
+    probabilities = softmax(values)
     surprise = -np.log(probabilities)
     order = np.argsort(np.abs(surprise - (probabilities * surprise).sum()), kind="stable")
     passed = np.flatnonzero((np.cumsum(probabilities[order]) > p) & (np.arange(kept.size) + 1 >= least))
@@ -146,8 +149,7 @@ def excluded_top_choices(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`kept` (with their `values`) less the tokens of probability at least `threshold`, all but the least
     likely of them; as it is where fewer than two reach it, or fewer than `least` would stay."""
-    probabilities = np.exp(values.astype(np.float64) - values.max())
-    probabilities /= probabilities.sum()
+    probabilities = softmax(values)
     order = np.argsort(-values, kind="stable")
     reaching = int(np.count_nonzero(probabilities >= threshold))  # the likeliest, a prefix of `order`
     if reaching < 2 or kept.size - (reaching - 1) < least:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from max_gpt2.inference.sampler_chain import LOWEST
+from max_gpt2.inference.sampler_chain import LOWEST, softmax
 
 Picker = tuple[str | float, ...]  # its name and parameters; one type, as msgspec needs
 WIDTH, SHARPNESS = 0.3, 10.0  # adaptive-p's transform (llama.cpp's; its peak, 5, cancels in the softmax)
@@ -53,16 +53,13 @@ def adaptive_p(
     logits: np.ndarray, target: float, weighted_sum: float, total_weight: float, draw: float
 ) -> tuple[int, float]:
     """Adaptive-p's token from `logits` [V] with `draw`, and its probability before the transform."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    probabilities = np.exp(row[kept] - row[kept].max())
-    probabilities /= probabilities.sum()
+    kept, probabilities = in_play(logits)
     target = min(max(target, 0.0), 1.0)
     adapted = target if total_weight == 0 else 2 * target - weighted_sum / total_weight
     distance = np.abs(probabilities - min(max(adapted, 0.0), 1.0)) / WIDTH
     transformed = np.exp(-SHARPNESS * distance**2 / (1 + distance))
     chances = transformed / transformed.sum()
-    index = min(int(np.searchsorted(np.cumsum(chances), draw, side="right")), kept.size - 1)
+    index = drawn(chances, draw)
     return int(kept[index]), float(probabilities[index])
 
 
@@ -72,19 +69,16 @@ def mirostat_v1(
     """The first Mirostat as llama.cpp runs it over `logits` [V] (already tempered): Zipf's exponent
     estimated from the `m` likeliest tokens, the top-k that would give a surprise of `mu` by it, the
     token `draw` (uniform in [0, 1)) picks among those k, renormalised, and the next `mu`, as 2.0's."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    probabilities = np.exp(row[kept] - row[kept].max())
-    probabilities /= probabilities.sum()
+    kept, probabilities = in_play(logits)
     ranked = probabilities[likeliest(probabilities, m)]
     steps = np.log(np.arange(2, ranked.size + 1) / np.arange(1, ranked.size))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         exponent = (steps * np.log(ranked[:-1] / ranked[1:])).sum() / (steps * steps).sum()
-        k = ((exponent - 1) * 2.0**mu / (1 - float(row.size) ** (1 - exponent))) ** (1 / exponent)
+        k = ((exponent - 1) * 2.0**mu / (1 - float(np.size(logits)) ** (1 - exponent))) ** (1 / exponent)
     # A k that is no number, or past int32, converts to INT_MIN on x86 and so to 1, as llama.cpp's does.
     chosen = likeliest(probabilities, max(int(k), 1) if np.isfinite(k) and abs(k) < 2**31 else 1)
     picked = probabilities[chosen] / probabilities[chosen].sum()
-    index = min(int(np.searchsorted(np.cumsum(picked), draw, side="right")), chosen.size - 1)
+    index = drawn(picked, draw)
     return int(kept[chosen[index]]), mu - eta * (-np.log2(picked[index]) - tau)
 
 
@@ -100,10 +94,7 @@ def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: flo
     """Mirostat 2.0 as llama.cpp runs it over `logits` [V] (already tempered): the token `draw` (uniform
     in [0, 1)) picks among the likeliest whose surprise, -log2 p, is at most `mu` (the likeliest at
     least), renormalised, and the next `mu`: less `eta` times the picked token's surprise over `tau`."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    probabilities = np.exp(row[kept] - row[kept].max())
-    probabilities /= probabilities.sum()
+    kept, probabilities = in_play(logits)
     # The likeliest tokens up to the first whose surprise passes mu are those within it: only they are
     # sorted (a whole vocabulary's sort cost 11 ms a token, 2-3 ms with it; docs/llama-server.md).
     within = np.flatnonzero(probabilities >= 2.0**-mu)  # -log2 p <= mu
@@ -111,5 +102,18 @@ def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: flo
         within = np.array([np.argmax(probabilities)])
     within = within[np.argsort(-probabilities[within], kind="stable")]
     chosen = probabilities[within] / probabilities[within].sum()
-    index = min(int(np.searchsorted(np.cumsum(chosen), draw, side="right")), within.size - 1)
+    index = drawn(chosen, draw)
     return int(kept[within[index]]), mu - eta * (-np.log2(chosen[index]) - tau)
+
+
+def in_play(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids `logits` [V] leave in play (above the lowest float32: not cut, banned or masked), and
+    their probabilities."""
+    row = np.asarray(logits, dtype=np.float64)
+    kept = np.flatnonzero(row > LOWEST)
+    return kept, softmax(row[kept])
+
+
+def drawn(chances: np.ndarray, draw: float) -> int:
+    """The index `draw` (uniform in [0, 1)) picks among `chances`, which sum to 1, in their order."""
+    return min(int(np.searchsorted(np.cumsum(chances), draw, side="right")), chances.size - 1)

@@ -186,10 +186,14 @@ def mirostat_reference(
 def test_mirostat_picks_and_learns_as_llama_cpps(mu):
     for row in rows(3):
         for draw in (0.0, 0.37, 0.999):
-            token, learned = mirostat_v2(row, 5.0, 0.1, mu, draw)
+            drawn, learned = mirostat_v2(row, 5.0, 0.1, mu, draw)
             expected, expected_mu = mirostat_reference(row, 5.0, 0.1, mu, draw)
-            assert token == expected and learned == pytest.approx(expected_mu, abs=1e-9)
-    assert mirostat_v2(rows(1)[0], 5.0, 0.1, 0.0, 0.9)[0] == int(np.argmax(rows(1)[0]))  # one at least
+            assert drawn.token == expected and learned == pytest.approx(expected_mu, abs=1e-9)
+            p = np.exp(row.astype(np.float64) - row.max()) / np.exp(row.astype(np.float64) - row.max()).sum()
+            within = np.flatnonzero(-np.log2(p) <= mu) if (-np.log2(p) <= mu).any() else [np.argmax(p)]
+            assert sorted(drawn.ids.tolist()) == sorted(np.asarray(within).tolist())  # what it drew from
+            assert np.allclose(drawn.chances, p[drawn.ids] / p[drawn.ids].sum(), rtol=1e-9)
+    assert mirostat_v2(rows(1)[0], 5.0, 0.1, 0.0, 0.9)[0].token == int(np.argmax(rows(1)[0]))  # one at least
 
 
 @pytest.mark.parametrize("spread", [0.3, 0.8, 2.0])
@@ -242,10 +246,12 @@ def test_the_first_mirostat_picks_and_learns_as_llama_cpps(mu):
     sizes = set()
     for row in rows(3):
         for draw in (0.0, 0.37, 0.999):
-            token, learned = mirostat_v1(row, 5.0, 0.1, mu, draw)
+            drawn, learned = mirostat_v1(row, 5.0, 0.1, mu, draw)
             expected, expected_mu = mirostat_1_reference(row, 5.0, 0.1, mu, draw)
-            assert token == expected and learned == pytest.approx(expected_mu, rel=1e-6)
-            sizes.add(token)
+            assert drawn.token == expected and learned == pytest.approx(expected_mu, rel=1e-6)
+            kept, p = mirostat_1_kept(row, mu)  # what it drew from, renormalised
+            assert drawn.ids.tolist() == kept and np.allclose(drawn.chances, np.array(p) / sum(p), rtol=1e-9)
+            sizes.add(drawn.token)
     assert len(sizes) > 1  # draws pick apart: the comparison can fail
 
 
@@ -281,11 +287,11 @@ def test_adaptive_p_picks_and_learns_as_llama_cpps(target):
         state = first_state(picker)
         assert state == pytest.approx((target / 0.1, 10.0))  # as llama.cpp's reset: the target unclamped
         for draw in (0.0, 0.37, 0.999):
-            token, learned = pick(picker, tempered, state, draw)
+            drawn, learned = pick(picker, tempered, state, draw)
             expected, expected_state = adaptive_reference(tempered, target, 0.9, state, draw)
-            assert token == expected and learned == pytest.approx(expected_state, rel=1e-9)
-            state, picks = learned, picks | {token}
-    assert len(picks) > 3 and adaptive_p(rows(1)[0], 0.5, 0.0, 0.0, 0.5)[0] >= 0
+            assert drawn.token == expected and learned == pytest.approx(expected_state, rel=1e-9)
+            state, picks = learned, picks | {drawn.token}
+    assert len(picks) > 3 and adaptive_p(rows(1)[0], 0.5, 0.0, 0.0, 0.5)[0].token >= 0
 
 
 @pytest.mark.parametrize("least", [0, 5, 80])

@@ -21,6 +21,16 @@ from tests.support import requires_serving
 pytestmark = requires_serving()
 
 
+def bare(kind: type) -> Any:
+    """A pipeline of `kind` with no model and nothing compiled: no constraint's grammar, no DRY's breakers."""
+    from max_gpt2.serving.constraints import ServedConstraints
+
+    pipeline = kind.__new__(kind)
+    pipeline._constraints = ServedConstraints(lambda: None)
+    pipeline._tokenizer = SimpleNamespace(dry_heads=lambda breakers: {})
+    return pipeline
+
+
 def text_context(
     sampling: dict[str, Any], max_length: int = 16, prompt: Sequence[int] = (0, 1, 2), **asks: Any
 ) -> Any:
@@ -77,7 +87,7 @@ def test_penalties_and_a_minimum_length_edit_only_their_own_requests_logits(monk
         "_launch_forward_pass",
         lambda self, *args, **kwargs: ModelOutputs(given, given),
     )
-    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)  # no model, no compile
+    pipeline = bare(GPT2TextGenerationPipeline)
     contexts = [
         text_context({"temperature": 0, "repetition_penalty": 2.0}),
         text_context({"temperature": 0}),
@@ -104,7 +114,7 @@ def test_llama_servers_penalties_count_only_the_contexts_last_tokens(monkeypatch
     monkeypatch.setattr(
         TextGenerationPipeline, "_launch_forward_pass", lambda self, *a, **k: ModelOutputs(given, given)
     )
-    pipeline = GPT2TextGenerationPipeline.__new__(GPT2TextGenerationPipeline)
+    pipeline = bare(GPT2TextGenerationPipeline)
     penalties = {
         "temperature": 0,
         "repetition_penalty": 2.0,
@@ -419,7 +429,7 @@ def test_drafting_pauses_where_drafted_runs_make_fewer_tokens_a_second(seconds, 
 
 
 def test_xtcs_draw_is_the_same_for_the_same_seed_and_token_and_uniform():
-    from max_gpt2.serving.pipeline import host_draw
+    from max_gpt2.serving.logit_edits import host_draw
 
     def draws(seed: int) -> list[float]:  # a request's first 8 tokens
         return [
@@ -453,11 +463,12 @@ def test_mirostat_keeps_its_pick_alone_and_its_mu_by_token_count():
         picker=("mirostat", 2, 1.5, 0.5),
     )
     row = np.array([2.0, 1.9, 1.8, -1.0, 0.5], np.float32)
-    first = context.picked(row, 0.6)
-    again = context.picked(row, 0.6)
-    token, mu = mirostat_v2(row, 1.5, 0.5, 3.0, 0.6)
+    first, drawn = context.picked(row, 0.6)
+    again, _ = context.picked(row, 0.6)
+    expected, mu = mirostat_v2(row, 1.5, 0.5, 3.0, 0.6)
     np.testing.assert_array_equal(first, again)
-    assert np.flatnonzero(first > LOWEST).tolist() == [token] and context.picker_states == {
+    assert drawn.token == expected.token and drawn.ids.tolist() == expected.ids.tolist()
+    assert np.flatnonzero(first > LOWEST).tolist() == [drawn.token] and context.picker_states == {
         0: (3.0,),
         1: (mu,),
     }

@@ -3,7 +3,8 @@ place of a draw: Mirostat (the first, and 2.0) and adaptive-p, each learning fro
 
     picker = ("mirostat", 2, 5.0, 0.1)   # version, tau, eta; or ("adaptive_p", 0.5, 0.9): target, decay
     state = first_state(picker)
-    token, state = pick(picker, chain(logits, steps), state, draw)   # draw: uniform in [0, 1)
+    drawn, state = pick(picker, chain(logits, steps), state, draw)   # draw: uniform in [0, 1)
+    drawn.token, drawn.ids, drawn.chances   # the token, and what it was drawn from
 
 As llama.cpp's `src/llama-sampler.cpp` defines them. Both Mirostats steer the surprise, -log2 p, of
 the tokens picked toward tau: 2.0 keeps the likeliest tokens whose surprise is within mu, the first the
@@ -17,12 +18,23 @@ sum of the picked tokens' probabilities and of their weights.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from max_gpt2.inference.sampler_chain import LOWEST, softmax
 
 Picker = tuple[str | float, ...]  # its name and parameters; one type, as msgspec needs
 WIDTH, SHARPNESS = 0.3, 10.0  # adaptive-p's transform (llama.cpp's; its peak, 5, cancels in the softmax)
+
+
+class Drawn(NamedTuple):
+    """A picker's token, and what it was drawn from: the ids in its order and their chances (summing to 1),
+    as llama-server's `post_sampling_probs` reports them."""
+
+    token: int
+    ids: np.ndarray
+    chances: np.ndarray
 
 
 def first_state(picker: Picker) -> tuple[float, ...]:
@@ -35,23 +47,23 @@ def first_state(picker: Picker) -> tuple[float, ...]:
 
 def pick(
     picker: Picker, logits: np.ndarray, state: tuple[float, ...], draw: float
-) -> tuple[int, tuple[float, ...]]:
+) -> tuple[Drawn, tuple[float, ...]]:
     """The token `picker` picks from `logits` [V] (what the chain left) with `draw`, and its next state."""
     if picker[0] == "mirostat":
         _, version, tau, eta = picker
         choose = mirostat_v1 if version == 1 else mirostat_v2
-        token, mu = choose(logits, float(tau), float(eta), state[0], draw)
-        return token, (mu,)
+        drawn, mu = choose(logits, float(tau), float(eta), state[0], draw)
+        return drawn, (mu,)
     if picker[0] == "adaptive_p":
         _, target, decay = picker
-        token, probability = adaptive_p(logits, float(target), *state, draw)
-        return token, (probability + float(decay) * state[0], 1 + float(decay) * state[1])
+        drawn, probability = adaptive_p(logits, float(target), *state, draw)
+        return drawn, (probability + float(decay) * state[0], 1 + float(decay) * state[1])
     raise ValueError(f"no token picker {picker[0]!r}; the pickers are mirostat and adaptive_p")
 
 
 def adaptive_p(
     logits: np.ndarray, target: float, weighted_sum: float, total_weight: float, draw: float
-) -> tuple[int, float]:
+) -> tuple[Drawn, float]:
     """Adaptive-p's token from `logits` [V] with `draw`, and its probability before the transform."""
     kept, probabilities = in_play(logits)
     target = min(max(target, 0.0), 1.0)
@@ -60,12 +72,12 @@ def adaptive_p(
     transformed = np.exp(-SHARPNESS * distance**2 / (1 + distance))
     chances = transformed / transformed.sum()
     index = drawn(chances, draw)
-    return int(kept[index]), float(probabilities[index])
+    return Drawn(int(kept[index]), kept, chances), float(probabilities[index])
 
 
 def mirostat_v1(
     logits: np.ndarray, tau: float, eta: float, mu: float, draw: float, m: int = 100
-) -> tuple[int, float]:
+) -> tuple[Drawn, float]:
     """The first Mirostat as llama.cpp runs it over `logits` [V] (already tempered): Zipf's exponent
     estimated from the `m` likeliest tokens, the top-k that would give a surprise of `mu` by it, the
     token `draw` (uniform in [0, 1)) picks among those k, renormalised, and the next `mu`, as 2.0's."""
@@ -79,7 +91,7 @@ def mirostat_v1(
     chosen = likeliest(probabilities, max(int(k), 1) if np.isfinite(k) and abs(k) < 2**31 else 1)
     picked = probabilities[chosen] / probabilities[chosen].sum()
     index = drawn(picked, draw)
-    return int(kept[chosen[index]]), mu - eta * (-np.log2(picked[index]) - tau)
+    return Drawn(int(kept[chosen[index]]), kept[chosen], picked), mu - eta * (-np.log2(picked[index]) - tau)
 
 
 def likeliest(probabilities: np.ndarray, count: int) -> np.ndarray:
@@ -90,7 +102,7 @@ def likeliest(probabilities: np.ndarray, count: int) -> np.ndarray:
     return np.argsort(-probabilities, kind="stable")
 
 
-def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: float) -> tuple[int, float]:
+def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: float) -> tuple[Drawn, float]:
     """Mirostat 2.0 as llama.cpp runs it over `logits` [V] (already tempered): the token `draw` (uniform
     in [0, 1)) picks among the likeliest whose surprise, -log2 p, is at most `mu` (the likeliest at
     least), renormalised, and the next `mu`: less `eta` times the picked token's surprise over `tau`."""
@@ -103,7 +115,7 @@ def mirostat_v2(logits: np.ndarray, tau: float, eta: float, mu: float, draw: flo
     within = within[np.argsort(-probabilities[within], kind="stable")]
     chosen = probabilities[within] / probabilities[within].sum()
     index = drawn(chosen, draw)
-    return int(kept[within[index]]), mu - eta * (-np.log2(chosen[index]) - tau)
+    return Drawn(int(kept[within[index]]), kept[within], chosen), mu - eta * (-np.log2(chosen[index]) - tau)
 
 
 def in_play(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

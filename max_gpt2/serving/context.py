@@ -1,6 +1,7 @@
 """What a served request carries beyond MAX's own, from the route to the worker: OpenAI's `logit_bias`,
 the constraint its text is held to, llama-server's sampler chain where it runs on the host (its DRY's
-breakers, and its Mirostat, with its state), and the tokens llama-server's penalties count.
+breakers, and its Mirostat, with its state), the tokens llama-server's penalties count, and whether the
+token's log-probabilities are of what it was drawn from (llama-server's `post_sampling_probs`).
 
 MAX's request (`TextGenerationRequest`, in the HTTP process) and context (`TextContext`, sent
 to the model worker) have no field for a per-token bias, and their grammar fields ask MAX's own
@@ -21,7 +22,7 @@ from max.pipelines.context import TextContext
 from max.pipelines.modeling.types import TextGenerationRequest
 
 from max_gpt2.inference.sampler_chain import LOWEST, Step
-from max_gpt2.inference.token_pickers import Picker, first_state, pick
+from max_gpt2.inference.token_pickers import Drawn, Picker, first_state, pick
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ class GPT2Request(TextGenerationRequest):
     (None: the repetition penalty the whole context, the others the text, as Hugging Face and OpenAI),
     `allowed_ids`: the only ids that may come (vLLM's `allowed_token_ids`), or None,
     `picker`: what picks each token after the chain (`max_gpt2.inference.token_pickers`: Mirostat,
-    adaptive-p), or None, and `dry_breakers`: the sequence breakers of the chain's DRY step, where it
-    has one."""
+    adaptive-p), or None, `dry_breakers`: the sequence breakers of the chain's DRY step, where it
+    has one, and `post_sampling`: whether its log-probabilities are of the distribution its token was
+    drawn from (after the chain and picker), not of the model's logits."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
@@ -45,13 +47,14 @@ class GPT2Request(TextGenerationRequest):
     picker: Picker | None = None
     dry_breakers: tuple[str, ...] | None = None
     allowed_ids: tuple[int, ...] | None = None
+    post_sampling: bool = False
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
     """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`,
-    `dry_breakers` and `allowed_ids`, and the picker's state before each token, by its count of tokens
-    generated (the worker's)."""
+    `dry_breakers`, `allowed_ids` and `post_sampling`, and the picker's state before each token, by its
+    count of tokens generated (the worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
@@ -60,6 +63,7 @@ class GPT2Context(TextContext):
     picker: Picker | None = field(default=None)
     dry_breakers: tuple[str, ...] | None = field(default=None)
     allowed_ids: tuple[int, ...] | None = field(default=None)
+    post_sampling: bool = field(default=False)
     picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
 
     @classmethod
@@ -76,16 +80,17 @@ class GPT2Context(TextContext):
             "picker",
             "dry_breakers",
             "allowed_ids",
+            "post_sampling",
         )
         return cls(**values, **{name: getattr(request, name) for name in ours})
 
-    def picked(self, row: np.ndarray, draw: float) -> np.ndarray:
-        """`row` [V] (the chain's) with the picker's token alone kept (`draw`: uniform in [0, 1)), its next
-        state kept: a step run again for the same token picks the same one."""
+    def picked(self, row: np.ndarray, draw: float) -> tuple[np.ndarray, Drawn]:
+        """`row` [V] (the chain's) with the picker's token alone kept (`draw`: uniform in [0, 1)), and what
+        it was drawn from; its next state kept: a step run again for the same token picks the same one."""
         assert self.picker is not None
         generated = self.tokens.generated_length
         self.picker_states = self.picker_states or {0: first_state(self.picker)}
-        token, self.picker_states[generated + 1] = pick(self.picker, row, self.picker_states[generated], draw)
+        drawn, self.picker_states[generated + 1] = pick(self.picker, row, self.picker_states[generated], draw)
         picked = np.full_like(row, LOWEST)
-        picked[token] = 0.0
-        return picked
+        picked[drawn.token] = 0.0
+        return picked, drawn

@@ -71,6 +71,7 @@ from max_gpt2.model.layers.kernel_layers import SKINNY_ROWS, KernelLinear
 from max_gpt2.model.layers.packed_linear import take_formats
 from max_gpt2.model.layers.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
 from max_gpt2.serving.drafts import CheckedDrafts
+from max_gpt2.serving.drawn_from import DrawnOutputs, drawn_log_probabilities
 from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 from max_gpt2.serving.settings import ServingSettings
@@ -245,7 +246,8 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         batch_echo: list[bool],
     ) -> list[LogProbabilities | None]:
         """Each request's log-probabilities (MAX's ragged graph, as `LogProbabilitiesMixin` computes them),
-        with the first prompt token's (there is none: NaN) put in front.
+        with the first prompt token's (there is none: NaN) put in front; a request's that reports what its
+        token was drawn from, of that (`max_gpt2.serving.drawn_from`).
 
         OpenAI's `echo` lists every prompt token, the first with no log-probability
         (null), and clients such as lm-evaluation-harness index the list by prompt
@@ -264,6 +266,10 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
             batch_top_n=batch_top_n,
             batch_echo=batch_echo,
         )
+        if isinstance(model_outputs, DrawnOutputs):  # `post_sampling_probs`: what each token is drawn from
+            sampled = next_tokens.to_numpy()
+            for row, logits in model_outputs.drawn.items():
+                results[row] = drawn_log_probabilities(logits, int(sampled[row]), batch_top_n[row])
         if not any(batch_echo):
             return results
         (cache,) = tree.leaves(model_inputs.kv_cache_inputs, leaf=KVCacheInputsPerDevice)

@@ -6,13 +6,12 @@ inputs, the model's graph, then MAX's sampler, a second graph that takes
 temperature, top-k, top-p, min-p and seeds for every request. Four things change here:
 
 - Penalties, `logit_bias` and `min_tokens`: each request's next-token logits are
-  edited before any token is picked (`controlled`): Hugging Face's repetition penalty
-  over the prompt and the tokens so far, OpenAI's frequency and presence penalties over
-  the generated ones, OpenAI's biases (`max_gpt2.serving.context`), end-of-text banned
-  until `min_tokens`; then a constraint's mask (`max_gpt2.serving.constraints`); then, for
-  llama-server's route, its sampler chain where its order differs from MAX's sampler's
-  (`max_gpt2.inference.sampler_chain`, MAX then drawing at temperature 1). MAX's own
-  support for penalties is left off: in MAX 26.7 it cannot be built beside `--enable-echo`.
+  edited before any token is picked (`max_gpt2.serving.logit_edits`): its controls, a
+  constraint's mask, llama-server's sampler chain where it runs on the host (MAX then drawing
+  at temperature 1) and its token picker; where a request reports what its token is drawn
+  from (`post_sampling_probs`), the step's outputs carry it (`max_gpt2.serving.drawn_from`).
+  MAX's own support for penalties is left off: in MAX 26.7 it cannot be built beside
+  `--enable-echo`.
 - Greedy steps: when every request of a step is greedy and asks for nothing the
   sampler alone gives (log-probabilities, a grammar, logits processors, label
   scores), its token is the argmax of its row of logits `[R, V]`, which NumPy finds
@@ -39,7 +38,6 @@ temperature, top-k, top-p, min-p and seeds for every request. Four things change
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -53,10 +51,10 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
-from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, only, penalize, token_counts
-from max_gpt2.inference.sampler_chain import Step, chain
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
+from max_gpt2.serving.drawn_from import DrawnOutputs
+from max_gpt2.serving.logit_edits import edited, edits_logits, needs_controls, reports_drawn
 from max_gpt2.serving.settings import ServingSettings
 
 # Seconds one scheduler step may spend decoding: MAX's ~2 ms between scheduler steps stays a few
@@ -65,7 +63,7 @@ DECODE_BUDGET_S = 0.05
 
 
 def greedy_as_is(params: SamplingParams) -> bool:
-    """Whether MAX's sampler would pick the argmax of the logits (penalised by `controlled` first) for a
+    """Whether MAX's sampler would pick the argmax of the logits (edited by `logit_edits` first) for a
     request with `params`."""
     return (
         params.top_k == 1  # temperature 0 sets it; top-p and min-p then keep the top token
@@ -73,63 +71,10 @@ def greedy_as_is(params: SamplingParams) -> bool:
     )
 
 
-def needs_controls(context: TextContext) -> bool:
-    """Whether `context`'s logits are penalised, biased, held to some ids or EOS banned (`controlled`)."""
-    return (
-        context.sampling_params.needs_penalties
-        or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
-        or getattr(context, "allowed_ids", None) is not None
-        or context.tokens.generated_length < context.min_tokens
-    )
-
-
-def edits_logits(context: TextContext) -> bool:
-    """Whether the pipeline edits `context`'s next logits: its controls (then its step drafts nothing),
-    its constraint's mask (`max_gpt2.serving.constraints`), or llama-server's sampler chain."""
-    return needs_controls(context) or constraint_of(context) is not None or chain_of(context) is not None
-
-
-def chain_of(context: TextContext) -> tuple[Step, ...] | None:
-    """The steps of llama-server's sampler chain `context`'s logits go through on the host, or None."""
-    return getattr(context, "chain", None)  # MAX's own contexts (padding) have none
-
-
-def host_draw(context: TextContext) -> float:
-    """The draw of XTC or of a token picker for `context`'s next token, uniform in [0, 1): the same for
-    the same seed and token."""
-    generator = np.random.default_rng([context.sampling_params.seed or 0, context.tokens.generated_length])
-    return float(generator.random())
-
-
-def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
-    """`context`'s next-token logits [V] with its penalties and biases applied and, until it has
-    `min_tokens` tokens, its end-of-text ids banned (`max_gpt2.inference.logit_controls`): repetition
-    over the prompt and the tokens generated so far, as Hugging Face; `logit_bias` added (first, as
-    `max_gpt2.inference.sampling` orders it) and frequency and presence over the generated ones, as
-    OpenAI; or, where it has a `penalty_last_n`, all three over the context's last n tokens, as
-    llama-server."""
-    params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
-    if (allowed := getattr(context, "allowed_ids", None)) is not None:  # before all else, as vLLM
-        row = only(row, allowed)
-    if bias := getattr(context, "logit_bias", None):  # first, as Hugging Face's order and the library's
-        row = add_bias(row, bias)
-    if (last_n := getattr(context, "penalty_last_n", None)) is None:  # MAX's own contexts have none
-        seen, counts = token_counts(tokens.all, vocab) > 0, token_counts(tokens.generated, vocab)
-    else:
-        counts = last_counts(tokens.all, last_n, vocab)
-        seen = counts > 0
-    row = penalize(
-        row, seen, counts, params.repetition_penalty, params.frequency_penalty, params.presence_penalty
-    )
-    if tokens.generated_length < context.min_tokens:
-        row = ban(row, sorted(context.eos_tracker.eos_token_ids))
-    return row
-
-
 class _ControlsApplied(logging.Filter):
     """Drops MAX's warnings that penalties and min_tokens are ignored: this pipeline applies them
-    (`controlled`), and MAX's own support is left off (MAX 26.7 cannot build its penalties into the
-    sampler beside `--enable-echo`'s variable logits)."""
+    (`max_gpt2.serving.logit_edits`), and MAX's own support is left off (MAX 26.7 cannot build its
+    penalties into the sampler beside `--enable-echo`'s variable logits)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -166,28 +111,23 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
     def _launch_forward_pass(
         self, curr_step_inputs: ModelInputs, flat_batch: list[TextContext], step: int
     ) -> ModelOutputs:
-        """The model's outputs for a step, each request's next-token logits `controlled` where it asks
-        for penalties or a minimum length, masked where it has a constraint, and cut and tempered by its
-        sampler chain where it has one: MAX's sampler and our argmax both pick from those."""
+        """The model's outputs for a step, each request's next-token logits edited as it asks
+        (`max_gpt2.serving.logit_edits`): MAX's sampler and our argmax both pick from those. Where a
+        request reports what its token is drawn from, the outputs carry it (`DrawnOutputs`)."""
         outputs = super()._launch_forward_pass(curr_step_inputs, flat_batch, step)
         if isinstance(curr_step_inputs, CheckedDrafts) or not any(edits_logits(c) for c in flat_batch):
             return outputs  # a run of drafts is masked where its tokens are chosen (`_check_drafts`)
         last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
         assert last_rows is not None
         rows = np.array(last_rows.to(CPU()).to_numpy())  # [R, V], ours to edit
+        drawn: dict[int, np.ndarray] = {}  # row -> what its token is drawn from, where it reports it
+        mask, dry_heads = self._constraints.mask, self.tokenizer.dry_heads
         for row, context in enumerate(flat_batch):
-            if needs_controls(context):
-                rows[row] = controlled(rows[row], context)
-            if constraint_of(context) is not None:
-                rows[row] = self._constraints.mask(context, rows[row])
-            if (steps := chain_of(context)) is not None:  # over what the mask allows, as llama-server
-                drawn = any(step[0] == "xtc" for step in steps)  # a generator made only where it is read
-                heads = self.tokenizer.dry_heads(breakers) if (breakers := context.dry_breakers) else None
-                chance = host_draw(context) if drawn else 1.0
-                rows[row] = chain(rows[row], steps, chance, context.tokens.all, heads)
-            if getattr(context, "picker", None) is not None:  # Mirostat, adaptive-p: after the chain
-                rows[row] = context.picked(rows[row], host_draw(context))
-        return dataclasses.replace(outputs, next_token_logits=Buffer.from_numpy(rows).to(last_rows.device))
+            rows[row], drawn_from = edited(rows[row], context, mask, dry_heads)
+            if reports_drawn(context):
+                drawn[row] = drawn_from
+        next_rows = Buffer.from_numpy(rows).to(last_rows.device)
+        return DrawnOutputs.of(outputs, drawn, next_token_logits=next_rows)
 
     def _execute(
         self, inputs: TextGenerationInputs[TextContext]

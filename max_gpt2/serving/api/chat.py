@@ -159,6 +159,8 @@ class ChatShape(Shape):
     def _logprobs(self, tokens: Sequence[Token]) -> dict[str, Any] | None:
         if self.asked.logprobs is None:
             return None
+        if self.asked.post_sampling:  # llama-server's entries, of what each token was drawn from
+            return {"content": self.names.llama_entries(tokens, self.asked.logprobs, True)}
         return {"content": self.entries(tokens)}
 
     def entries(self, tokens: Sequence[Token]) -> list[dict[str, Any]]:

@@ -20,8 +20,9 @@ several), as llama-server and vLLM stream; the last one carries the `Finish`.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,3 +228,21 @@ class TokenNames:
             spelled = self(token).encode("utf-8") if self.as_ids else token_bytes(self.tokenizer, token)
             self.spelled[token] = list(spelled)
         return self.spelled[token]
+
+    def llama_entries(self, tokens: Sequence[Token], alternatives: int, drawn: bool) -> list[dict[str, Any]]:
+        """llama-server's entries for `tokens`: each one's id, name, bytes and log-probability, and its
+        `alternatives` likeliest in `top_logprobs`; with `drawn` (its `post_sampling_probs`), `prob` and
+        `top_probs`: probabilities in what each token was drawn from."""
+        value, top = ("prob", "top_probs") if drawn else ("logprob", "top_logprobs")
+
+        def entry(token: int, logprob: float | None) -> dict[str, Any]:
+            shown = math.exp(logprob) if drawn and logprob is not None else logprob
+            return {"id": token, "token": self(token), "bytes": self.bytes(token), value: shown}
+
+        return [
+            {
+                **entry(token.id, token.logprob),
+                top: [entry(*each) for each in list(token.top.items())[:alternatives]],
+            }
+            for token in tokens
+        ]

@@ -74,6 +74,8 @@ class CompletionShape(Shape):
         text (a token past a stop string's cut starts at its end); None where none were asked for."""
         if self.asked.logprobs is None:
             return None
+        if self.asked.post_sampling:  # llama-server's entries, of what each token was drawn from
+            return {"content": self.names.llama_entries(tokens, self.asked.logprobs, True)}
         offsets, at = [], start
         for token in tokens:
             offsets.append(min(at, end))

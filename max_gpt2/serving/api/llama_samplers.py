@@ -14,7 +14,10 @@ has, which it has not, and what leaves each off.
   its names are read as llama.cpp reads them, in any case, `-` for `_` or neither, and its aliases
   (`named`). Adaptive-p runs only where `samplers` names it, as there.
 
-`LlamaServerFields` declares them all, of any JSON type, for the routes' request models.
+`post_sampling_probs` is honoured on every route: the log-probabilities asked for are of what each token
+is drawn from (`max_gpt2.serving.drawn_from`), in llama-server's shape (`TokenNames.llama_entries`).
+
+`LlamaServerFields` declares them all, for the routes' request models.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "post_sampling_probs": (lambda value: not value, "false"),
     "lora": (lambda value: not value, "[]"),
     "grammar_lazy": (lambda value: not value, "false"),
     "grammar_triggers": (lambda value: not value, "[]"),
@@ -79,6 +81,7 @@ LlamaServerFields: Any = create_model(
     "LlamaServerFields",
     __base__=BaseModel,
     samplers=(list[str] | str | None, None),
+    post_sampling_probs=(bool | None, None),
     sse_ping_interval=(float | None, None),
     repeat_penalty=(float | None, None),
     repeat_last_n=(int | None, None),

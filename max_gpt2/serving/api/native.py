@@ -212,19 +212,8 @@ class Results:
         """llama-server's `completion_probabilities` of `tokens`, where `n_probs` asked for them."""
         if self.asked.logprobs is None or not tokens:
             return {}
-        return {"completion_probabilities": [self._entry(token.id, token.logprob, token) for token in tokens]}
-
-    def _entry(self, token: int, value: float | None, of: Token | None = None) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "id": token,
-            "token": self.names(token),
-            "bytes": self.names.bytes(token),
-            "logprob": value,
-        }
-        if of is not None:
-            ranked = list(of.top.items())[: self.asked.logprobs]
-            entry["top_logprobs"] = [self._entry(alternative, logprob) for alternative, logprob in ranked]
-        return entry
+        entries = self.names.llama_entries(tokens, self.asked.logprobs, self.asked.post_sampling)
+        return {"completion_probabilities": entries}
 
 
 def picked(paths: Sequence[str], result: dict[str, Any]) -> dict[str, Any]:

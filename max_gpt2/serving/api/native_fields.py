@@ -10,7 +10,7 @@ Those it reads are honoured, or refused, naming them, where set to what this ser
 - the samplers and settings this server has not (`max_gpt2.serving.api.llama_samplers`), taken
   while they leave them off, their own parameters then with any value;
 - the penalties (`repeat_penalty`, `frequency_penalty`, `presence_penalty`) count the last
-  `repeat_last_n` tokens, prompt and text alike, as llama-server's (`requests.llama_penalties`);
+  `repeat_last_n` tokens, prompt and text alike, as llama-server's (`llama_fields.llama_penalties`);
 - `samplers`: a sampler it leaves out is off, as in llama-server (its field's value unused), and
   the chain's steps (`max_gpt2.inference.sampler_chain`) run in its order (llama-server's default
   order where not given), on the host where that keeps other tokens than MAX's sampler would, or
@@ -34,6 +34,7 @@ from pydantic import ConfigDict, Field
 from max_gpt2.inference.logit_controls import LOWEST
 from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
+from max_gpt2.serving.api.llama_fields import refuse_acting
 from max_gpt2.serving.api.llama_samplers import (
     CHAIN_ONLY,
     INERT,
@@ -45,11 +46,10 @@ from max_gpt2.serving.api.llama_samplers import (
     left_out,
 )
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
-from max_gpt2.serving.api.requests import Asked, refuse_acting
+from max_gpt2.serving.api.requests import Asked
+from max_gpt2.serving.drawn_from import ONLY_DRAWS
 
 PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")  # shown in results
-# MAX's sampler settings that leave it only drawing from what the host's chain kept.
-ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
     "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability",
@@ -81,6 +81,7 @@ class NativeCompletion(LlamaServerFields):
     return_tokens: bool = False
     n_probs: int | None = None  # `logprobs` its alias
     logprobs: int | None = None
+    post_sampling_probs: bool = False
     n_cmpl: int | None = None  # `n` its alias
     n: int | None = None
     logit_bias: dict[str, float | bool] | list[tuple[int | str, float | bool]] | None = None
@@ -167,6 +168,7 @@ def as_completion(native: NativeCompletion) -> CompletionRequest:
         cache_prompt=native.cache_prompt,
         return_token_ids=native.return_tokens,
         logprobs=probabilities or None,
+        post_sampling_probs=native.post_sampling_probs,
         n=native.n_cmpl if native.n_cmpl is not None else native.n,
         logit_bias=native.logit_bias,
         ignore_eos=native.ignore_eos,
@@ -203,7 +205,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     """`asked` with llama-server's sampler chain (`max_gpt2.inference.sampler_chain`, in `native`'s
     `samplers` order) run on the host where it keeps other tokens than MAX's sampler, which applies the
     temperature first and has none of the steps of `CHAIN_ONLY`: with one of those, or with a cut and a
-    temperature other than 0 and 1. MAX then draws at temperature 1."""
+    temperature other than 0 and 1; or where what each token is drawn from is reported
+    (`post_sampling_probs`). MAX then draws at temperature 1."""
     native = native.model_copy(update=left_out(native.samplers))
     dry, picker = dry_step(native, context_length), adaptive_picker(native)
     if native.min_keep < 0:
@@ -213,7 +216,8 @@ def in_llama_order(asked: Asked, native: NativeCompletion, context_length: int) 
     sampled = {name: getattr(asked.sampling, name) for name in ("top_k", "top_p", "min_p", "temperature")}
     top_k, top_p, min_p, temperature = sampled.values()
     cuts = (top_k or 0) > 0 or (top_p is not None and top_p < 1) or (min_p or 0) > 0
-    if not first_acting(native, CHAIN_ONLY) and (temperature in (None, 0, 1) or not cuts):
+    mixed = cuts and temperature not in (None, 0, 1)  # the orders keep other tokens
+    if not (mixed or first_acting(native, CHAIN_ONLY) or asked.post_sampling):
         return asked
     least = (float(native.min_keep),) if native.min_keep > 1 else ()  # what the cuts keep at least
     steps: dict[str, Step] = {

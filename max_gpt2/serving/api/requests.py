@@ -25,6 +25,7 @@ from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
+from max_gpt2.serving.api.llama_fields import llama_penalties, post_sampling, refuse_acting
 from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, TEXT_LIMITS, first_acting, left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
@@ -39,6 +40,7 @@ from max_gpt2.serving.api.token_fields import logit_bias, token_id
 from max_gpt2.serving.api.tools import ToolCalls, tool_calls_of
 from max_gpt2.serving.api.vllm_fields import vllm_asks
 from max_gpt2.serving.context import GPT2Request
+from max_gpt2.serving.drawn_from import in_max_order
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
 MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.model`'s graph gives up to 31)
@@ -86,6 +88,7 @@ class Asked:
     ids_as_names: bool = False
     answer_id: str | None = None
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
+    post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
 
     def request(
         self,
@@ -105,6 +108,9 @@ class Asked:
         sampling = SamplingParams.from_input_and_generation_config(
             SamplingParamsInput(**{**vars(self.sampling), "seed": seed}), sampling_params_defaults=defaults
         )
+        chain = self.chain
+        if self.post_sampling and chain is None:  # the chain in MAX's order: what is drawn from is known
+            sampling, chain = in_max_order(sampling)
         return GPT2Request(
             request_id=RequestID(request_id),
             model_name=model,
@@ -118,11 +124,12 @@ class Asked:
             constraint=None if self.constraint is None else (self.constraint.kind, self.constraint.source),
             cache_salt=self.cache_salt,
             cache_prompt=self.cache_prompt,
-            chain=self.chain,
+            chain=chain,
             penalty_last_n=self.penalty_last_n,
             picker=self.picker,
             dry_breakers=self.dry_breakers,
             allowed_ids=self.allowed_ids,
+            post_sampling=self.post_sampling,
         )
 
 
@@ -207,33 +214,9 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         cache_prompt=body.cache_prompt,
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
         penalty_last_n=penalty_last_n,
+        post_sampling=post_sampling(body, logprobs, echo),
         **vllm_asks(body, vocab_size, context_length),
     )
-
-
-def llama_penalties(body: CompletionRequest | ChatRequest, context_length: int) -> int | None:
-    """How many of the context's last tokens the penalties count where `body` asks in llama-server's
-    fields (`repeat_penalty`, `repeat_last_n`: 64 unset, -1 the whole context, 0 none), as llama-server
-    counts them, the frequency and presence penalties too; None where it does not."""
-    if body.repeat_penalty is None and body.repeat_last_n is None:
-        return None
-    if body.repeat_penalty is not None and body.repetition_penalty is not None:
-        raise Refusal(
-            "repeat_penalty",
-            "repeat_penalty: llama-server's, over the last repeat_last_n tokens; repetition_penalty is "
-            "Hugging Face's and vLLM's, over the whole context: give one",
-        )
-    last = 64 if body.repeat_last_n is None else body.repeat_last_n
-    if last < -1:
-        raise Refusal("repeat_last_n", f"repeat_last_n: -1 (the whole context), 0 (none) or more; got {last}")
-    return context_length if last == -1 else last
-
-
-def refuse_acting(body: Any) -> None:
-    """A `Refusal` for the first sampler or setting this server lacks that `body` sets (`llama_samplers`)."""
-    if found := first_acting(body):
-        field, off = found
-        raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")
 
 
 def prompts(given: str | list[Any], field: str = "prompt") -> list[str | list[int]]:

@@ -122,6 +122,30 @@ def test_llama_servers_norms_and_vllms_normalize(server, expected):
     np.testing.assert_allclose(largest, mean * 32760 / np.abs(mean).max(), rtol=1e-4)
 
 
+def test_llama_servers_own_routes_answer_in_its_shape(server, expected):
+    """`/embedding` and `/embeddings` with `content` (or `input`), and `/v1/embeddings` given `content`: a
+    list of `{index, embedding: [vector]}`, the vectors the reference's, norms as at `/v1/embeddings`."""
+    ids = [load_tokenizer(server.checkpoint).encode(text).ids for text in TEXTS]
+    for path, field in (("/embedding", "content"), ("/embeddings", "input"), ("/v1/embeddings", "content")):
+        answer = httpx.post(f"{server.url}{path}", json={field: TEXTS}, timeout=600)
+        assert answer.status_code == 200, answer.text
+        assert [item["index"] for item in answer.json()] == [0, 1, 2] and {*answer.json()[0]} == {
+            "index",
+            "embedding",
+        }
+        for item, tokens in zip(answer.json(), ids, strict=True):
+            (vector,) = item["embedding"]
+            np.testing.assert_allclose(vector, expected(tokens)[1], atol=2e-5)
+    raw = httpx.post(f"{server.url}/embedding", json={"content": ids[0], "embd_normalize": -1}, timeout=60)
+    np.testing.assert_allclose(raw.json()[0]["embedding"][0], expected(ids[0])[0], atol=1e-4)
+    for body, field in (
+        ({"content": "a", "input": "b"}, "content"),
+        ({"content": "a", "encoding_format": "base64"}, "encoding_format"),
+    ):
+        refused = httpx.post(f"{server.url}/embedding", json=body, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+
+
 def test_a_whole_context_embeds_and_truncation_keeps_the_last_tokens(server, expected):
     ids = np.random.default_rng(3).integers(0, LM.vocab_size, LM.n_positions + 5).tolist()
     whole = post(server, input=ids[-LM.n_positions :])["data"][0]["embedding"]
@@ -228,7 +252,13 @@ def test_llama_server_embeds_the_same_weights_alike(server, llama_server, compil
     theirs = np.array([item["embedding"] for item in theirs])
     assert ((theirs * np.array(ours)).sum(axis=1) > 0.99999).all()
     np.testing.assert_allclose(theirs, ours, atol=1e-3)
-    if pooling is Pooling.MEAN:  # llama-server's norms, through ours
+    if pooling is Pooling.MEAN:  # its own route's shape and its norms, through ours
+        shapes = [
+            httpx.post(f"{at}/embedding", json={"content": ids}, timeout=120).json()
+            for at in (url, server.url)
+        ]
+        assert [{*item} for item in shapes[0]] == [{*item} for item in shapes[1]]
+        np.testing.assert_allclose(*([item["embedding"] for item in shape] for shape in shapes), atol=1e-3)
         for norm in (-1, 0, 1, 3):
             body = {"input": ids[:1], "embd_normalize": norm}
             their = httpx.post(f"{url}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]

@@ -458,8 +458,8 @@ def test_a_server_of_embeddings_answers_embeddings_and_no_generating_route():
         assert "was started with --embeddings and generates no text" in refused.json()["error"]["message"]
     assert client.get("/tokenize").status_code == 405  # served, for POST
     assert client.get("/v1/models").json()["data"][0]["max_model_len"] == CONTEXT
-    llamas = client.post("/embedding", json={"content": "hi"}).json()["error"]["message"]
-    assert "answers POST /v1/embeddings, OpenAI's" in llamas
+    pooling = client.post("/pooling", json={"input": "hi"}).json()["error"]["message"]
+    assert "answers POST /v1/embeddings, OpenAI's, and llama-server's /embedding" in pooling
 
 
 EMBEDDING = {"model": "gpt2", "input": [[1, 2, 3]]}

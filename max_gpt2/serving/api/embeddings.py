@@ -16,6 +16,10 @@ An input longer than the context is refused, as OpenAI refuses it, unless vLLM's
 the chat, rendered by the served chat template as `/v1/chat/completions` renders it (without the
 generation prompt unless asked), is one vector. The worker pools; the norm is applied
 here, per request. Each request counts in MAX's request metrics, its tokens as input tokens.
+
+llama-server's own routes, `POST /embedding` and `/embeddings`, answer in its shape, a list of
+`{"index", "embedding": [vector]}` (one pooled vector a text, as its pooled models give), and so does
+`/v1/embeddings` given llama-server's `content` for `input`, as llama-server answers it.
 """
 
 from __future__ import annotations
@@ -45,17 +49,19 @@ from max_gpt2.serving.api.vllm_fields import prompt_cut
 from max_gpt2.serving.tokenizer import ContextExceeded
 
 MOST_INPUTS = 2048  # inputs one request may give, as OpenAI allows
+LLAMA_PATHS = ("/embedding", "/embeddings")  # llama-server's own routes, answered in its shape
 
 
 class EmbeddingRequest(BaseModel):
     """OpenAI's embeddings request, with vLLM's `normalize`, `truncate_prompt_tokens`,
     `add_special_tokens` and chat embeddings (`messages` for `input`, with its template's fields) and
-    llama-server's `embd_normalize`."""
+    llama-server's `embd_normalize` and `content` (for `input`, asking for its shape of answer)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]] | None = None
+    content: str | list[str] | list[int] | list[list[int]] | None = None  # llama-server's, for input
     messages: list[Any] | None = None  # one vector for the chat, as the chat template renders it
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     embed_dtype: Literal[EMBED_DTYPES] = "float32"  # vLLM's, for base64 and bytes
@@ -90,12 +96,24 @@ async def create_embedding(request: Request) -> Response:
         if body.encoding_format == "float" and (unused := FOR_BYTES & body.model_fields_set):
             field = sorted(unused)[0]
             raise Refusal(field, f"{field}: for encoding_format base64 or bytes; floats are JSON's numbers")
+        llama_shape = request.url.path in LLAMA_PATHS or body.content is not None
+        if llama_shape and body.encoding_format != "float":
+            raise Refusal(
+                "encoding_format",
+                "encoding_format: llama-server's shape of answer (its /embedding, or content) holds floats; "
+                "/v1/embeddings with input gives base64 and bytes",
+            )
         ids = await asyncio.to_thread(token_ids, served, body)
         vectors = await embedded(served, name, ids, request.url.path)
     except Refusal as refusal:
         return refusal_response(refusal)
+    unit = normalized(np.stack(vectors), norm)
+    if llama_shape:  # llama-server's list, one pooled vector a text
+        return JSONResponse(
+            [{"index": index, "embedding": [vector.tolist()]} for index, vector in enumerate(unit)]
+        )
     # Thousands of vectors' JSON: off the event loop, which other requests share.
-    return await asyncio.to_thread(answer, name, normalized(np.stack(vectors), norm), ids, body)
+    return await asyncio.to_thread(answer, name, unit, ids, body)
 
 
 def answer(name: str, vectors: np.ndarray, prompts: list[list[int]], body: EmbeddingRequest) -> Response:
@@ -163,24 +181,30 @@ def token_ids(served: Served, body: EmbeddingRequest) -> list[list[int]]:
 
 
 def inputs(served: Served, body: EmbeddingRequest) -> tuple[str, list[list[int]]]:
-    """The field the inputs came in, and their token ids: `input`'s texts tokenized and id lists as
-    given, or `messages` rendered by the chat template into one text, as vLLM's chat embeddings."""
-    if (body.input is None) == (body.messages is None):
-        both = body.input is not None
+    """The field the inputs came in, and their token ids: `input`'s (or llama-server's `content`'s) texts
+    tokenized and id lists as given, or `messages` rendered by the chat template into one text, as
+    vLLM's chat embeddings."""
+    given_in = [name for name in ("input", "content", "messages") if getattr(body, name) is not None]
+    if len(given_in) != 1:
+        said = (
+            f"{given_in[1]}: give {given_in[0]} or {given_in[1]}, not both" if given_in else "input: required"
+        )
         raise Refusal(
-            "messages" if both else "input",
-            f"{'messages: give input or messages, not both' if both else 'input: required'} (input: texts "
-            "or token ids; messages: a chat, as vLLM embeds one)",
+            given_in[1] if given_in else "input",
+            f"{said} (input: texts or token ids; messages: a chat, as vLLM embeds one; content: "
+            "llama-server's input)",
         )
     if body.messages is not None:
         return "messages", [prompt_ids(served, body, bool(body.add_special_tokens))]
     if chat := sorted(CHAT_FIELDS & body.model_fields_set):
-        raise Refusal(chat[0], f"{chat[0]}: for a chat (messages); this request gives input")
-    given = prompts(body.input, "input")
+        raise Refusal(chat[0], f"{chat[0]}: for a chat (messages); this request gives {given_in[0]}")
+    given = prompts(getattr(body, given_in[0]), given_in[0])
     if len(given) > MOST_INPUTS:
-        raise Refusal("input", f"input: at most {MOST_INPUTS} inputs a request, as OpenAI; got {len(given)}")
+        raise Refusal(
+            given_in[0], f"{given_in[0]}: at most {MOST_INPUTS} inputs a request, as OpenAI; got {len(given)}"
+        )
     special = body.add_special_tokens is not False  # vLLM's default for input; GPT-2 has none to add
-    return "input", [
+    return given_in[0], [
         served.tokenizer.delegate.encode(x, add_special_tokens=special) if isinstance(x, str) else x
         for x in given
     ]

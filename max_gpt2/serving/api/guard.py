@@ -41,11 +41,8 @@ RERANKS = "GPT-2 has no reranking or classifying head (llama-server and vLLM nee
 # Routes of llama-server and vLLM that no server of ours answers, and why.
 NOT_SERVED = {
     "/infill": "GPT-2 has no fill-in-the-middle tokens (llama-server refuses such models too)",
-    **dict.fromkeys(
-        ("/embeddings", "/embedding", "/pooling"),
-        "llama-server's and vLLM's own shapes of embeddings are not served; a server started with "
-        "--embeddings answers POST /v1/embeddings, OpenAI's",
-    ),
+    "/pooling": "vLLM's pooling route is not served; a server started with --embeddings answers POST "
+    "/v1/embeddings, OpenAI's, and llama-server's /embedding",
     **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/score", "/v1/score"), RERANKS),
     "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
     "/lora-adapters": "GPT-2 is served without adapters",

@@ -8,7 +8,7 @@
 | `POST /completion`, `POST /completions` (llama-server's own) | `native` |
 | `POST /v1/responses` (and `/responses`), `POST /v1/responses/input_tokens` | `responses` |
 | `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic's) | `messages` |
-| `POST /v1/embeddings`, in place of all the above on a server of embeddings (`--embeddings`) | `embeddings` |
+| `POST /v1/embeddings` (and `/embedding`), in place of the above on a server of embeddings | `embeddings` |
 | `POST /tokenize`, `POST /detokenize` | `tokens` |
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
@@ -121,7 +121,11 @@ GENERATING = [
     Route("/v1/messages", create_message, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]
-EMBEDDING = [Route("/v1/embeddings", create_embedding, methods=["POST"])]
+EMBEDDING = [
+    Route("/v1/embeddings", create_embedding, methods=["POST"]),
+    Route("/embedding", create_embedding, methods=["POST"]),  # llama-server's, in its shape
+    Route("/embeddings", create_embedding, methods=["POST"]),
+]
 COMMON = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),

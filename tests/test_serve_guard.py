@@ -400,7 +400,9 @@ def test_routes_gpt2_cannot_answer_are_refused_with_openais_body():
     said = embeddings.json()["error"]["message"]
     assert "/v1/chat/completions" in said and "a server started with --embeddings" in said
     reranked = client.post("/v1/rerank", json={"query": "a", "documents": ["b"]}).json()["error"]["message"]
-    assert "no reranking or classifying head" in reranked
+    assert "a server started with --embeddings" in reranked and "reranks texts by them" in reranked
+    llamas = client.post("/reranking", json={"query": "a", "documents": ["b"]}).json()["error"]["message"]
+    assert "reranking model's head" in llamas
     not_allowed = client.get("/v1/completions")
     assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "POST"  # HTTP asks for it
     assert "answers POST, not GET" in client.get("/tokenize").json()["error"]["message"]

@@ -164,9 +164,14 @@ def norm_of(body: EmbeddingRequest) -> int:
 def token_ids(served: Served, body: EmbeddingRequest) -> list[list[int]]:
     """Each input's token ids, checked as the tokenizer checks a prompt, or cut to
     `truncate_prompt_tokens`' last tokens."""
-    keep = prompt_cut(body.truncate_prompt_tokens, served.context_length)
     field, given = inputs(served, body)
-    checked = []
+    return checked(served, given, field, prompt_cut(body.truncate_prompt_tokens, served.context_length))
+
+
+def checked(served: Served, given: list[list[int]], field: str, keep: int | None) -> list[list[int]]:
+    """The token ids `given` in `field`, each cut to its last `keep` (None: whole) and checked as the
+    tokenizer checks a prompt: a refusal naming the field (and its index, among several) otherwise."""
+    ids_checked = []
     for index, ids in enumerate(given):
         if keep is not None:
             ids = ids[-keep:]
@@ -176,8 +181,8 @@ def token_ids(served: Served, body: EmbeddingRequest) -> list[list[int]]:
             raise Refusal(field, f"{error} Or give truncate_prompt_tokens.", extra=error.fields) from None
         except InputError as error:
             raise Refusal(field, str(error)) from None
-        checked.append(list(ids))
-    return checked
+        ids_checked.append(list(ids))
+    return ids_checked
 
 
 def inputs(served: Served, body: EmbeddingRequest) -> tuple[str, list[list[int]]]:

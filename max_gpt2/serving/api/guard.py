@@ -37,13 +37,16 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 EXPLORER = "/explore"  # the head explorer's page, and its routes under it
-RERANKS = "GPT-2 has no reranking or classifying head (llama-server and vLLM need a model with one)"
+RERANKS = (
+    "llama-server reranks with a reranking model's head, which GPT-2 has not; a server started with "
+    "--embeddings answers /rerank by its vectors' cosines, as vLLM reranks with an embedding model"
+)
 # Routes of llama-server and vLLM that no server of ours answers, and why.
 NOT_SERVED = {
     "/infill": "GPT-2 has no fill-in-the-middle tokens (llama-server refuses such models too)",
     "/pooling": "vLLM's pooling route is not served; a server started with --embeddings answers POST "
     "/v1/embeddings, OpenAI's, and llama-server's /embedding",
-    **dict.fromkeys(("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/score", "/v1/score"), RERANKS),
+    **dict.fromkeys(("/reranking", "/v1/reranking"), RERANKS),
     "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
     "/lora-adapters": "GPT-2 is served without adapters",
     "/v1/audio/transcriptions": "GPT-2 reads text only",

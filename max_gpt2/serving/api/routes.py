@@ -9,6 +9,7 @@
 | `POST /v1/responses` (and `/responses`), `POST /v1/responses/input_tokens` | `responses` |
 | `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic's) | `messages` |
 | `POST /v1/embeddings` (and `/embedding`), in place of the above on a server of embeddings | `embeddings` |
+| `POST /score`, `POST /rerank` (vLLM's, and their `/v1/`, `/v2/rerank`) there too | `scores` |
 | `POST /tokenize`, `POST /detokenize` | `tokens` |
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
@@ -42,6 +43,7 @@ from max_gpt2.serving.api.native import create_native_completion
 from max_gpt2.serving.api.native_fields import defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.responses import count_input_tokens, create_response
+from max_gpt2.serving.api.scores import create_rerank, create_score
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tokens import detokenize, tokenize
 from max_gpt2.serving.memory_planner import planned_batch_size
@@ -125,6 +127,8 @@ EMBEDDING = [
     Route("/v1/embeddings", create_embedding, methods=["POST"]),
     Route("/embedding", create_embedding, methods=["POST"]),  # llama-server's, in its shape
     Route("/embeddings", create_embedding, methods=["POST"]),
+    *(Route(path, create_score, methods=["POST"]) for path in ("/score", "/v1/score")),  # vLLM's
+    *(Route(path, create_rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
 ]
 COMMON = [
     Route("/tokenize", tokenize, methods=["POST"]),
@@ -140,7 +144,7 @@ COMMON = [
 ]
 GENERATES = (
     "this server generates text; a server started with --embeddings (llama-server's option; vLLM's "
-    "--runner pooling) serves embeddings"
+    "--runner pooling) serves embeddings, and scores and reranks texts by them"
 )
 EMBEDS = "this server was started with --embeddings and generates no text (as vLLM's pooling runner)"
 

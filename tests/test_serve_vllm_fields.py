@@ -38,6 +38,46 @@ def test_allowed_token_ids_leave_only_those_ids_to_come(served_lm, served_model,
         )
 
 
+def vllm_word_ids(tokenizer, word: str) -> list[list[int]]:
+    """vLLM's ids for a bad word: as it begins a text, and after a space where that gives as many
+    tokens, the first another."""
+    bare = tokenizer.encode(word.lstrip(), add_special_tokens=False).ids
+    spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False).ids
+    return [bare, *([spaced] if len(spaced) == len(bare) and spaced[0] != bare[0] else [])]
+
+
+def test_bad_words_never_come_as_vllm_bans_them(served_lm, served_model, served_tokenizer):
+    """A word of two tokens of the plain greedy text (its first still free to come), and one of one token
+    where one decodes: each step's argmax, a word's last token banned where the text so far ends with
+    the rest of it (the prompt not counted), is the served text, and differs from the plain one."""
+    prompt = served_tokenizer.encode("Once upon a time").ids  # random weights: text that re-encodes
+    plain, _ = greedy(served_model, served_tokenizer, prompt, 8)
+
+    def word(start: int, size: int) -> str | None:  # the text of plain's tokens there, where it bans them
+        text = served_tokenizer.decode(plain[start : start + size])
+        return text if plain[start : start + size] in vllm_word_ids(served_tokenizer, text) else None
+
+    two = next(found for i in range(7) if (found := word(i, 2)))
+    ones = [found for j in range(8) if (found := word(j, 1)) and plain[j] not in plain[:2]]
+    words = [two, *ones[:1]]
+    banned = [ids for text in words for ids in vllm_word_ids(served_tokenizer, text)]
+    ids = list(prompt)
+    for _ in range(8):
+        row = served_model.logits(np.array([ids]))[0, -1]
+        made = ids[len(prompt) :]
+        for each in banned:
+            if len(each) == 1 or made[-(len(each) - 1) :] == each[:-1]:
+                row[each[-1]] = -np.inf
+        ids.append(int(np.argmax(row)))
+    body = {"prompt": prompt, "max_tokens": 8, **GREEDY, "bad_words": words}
+    status, answer = post(served_lm, "/v1/completions", body)
+    assert status == 200, answer
+    assert answer["choices"][0]["token_ids"] == ids[len(prompt) :] != plain
+    status, answer = post(served_lm, "/v1/completions", {**body, "bad_words": ["fine", " "]})
+    assert status == 400 and answer["error"]["param"] == "bad_words", answer
+    assert "bad_words[1]: no word" in answer["error"]["message"]
+
+
 def test_special_tokens_are_written_where_skip_special_tokens_is_false(served_lm, served_tokenizer):
     eos = served_tokenizer.token_to_id(END_OF_TEXT)
     body = {"prompt": PROMPTS[0], "max_tokens": 5, **GREEDY, "logit_bias": {str(eos): 100}}

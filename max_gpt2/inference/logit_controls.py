@@ -4,6 +4,7 @@
     logits = ban(logits, eos_ids)                                                           # [..., V]
     logits = add_bias(logits, {50256: -100.0})                                              # [..., V]
     logits = only(logits, allowed_ids)                                                      # [..., V]
+    logits = banned_words(logits, [(262, 3797), (3797,)], generated_ids)                    # [V]
 
 Every function takes logits of any leading shape, `[V]` for one row or `[B, V]` for a
 batch, and returns a new float32 array: the work is a few vectorised passes over
@@ -20,8 +21,9 @@ generated tokens only: a token's logit loses `frequency` for each time it was
 generated and `presence` once if it was. Repetition goes first, then the other
 two, as MAX's sampler orders them. llama.cpp's penalties count otherwise: all three over the last
 `n` tokens of the prompt and the text alike (`last_counts`, for both `seen` and `generated`), with the
-same arithmetic. `ban` gives ids the lowest float32 logit (`only`: every id but those given), so
-no sampler or argmax picks them (Hugging Face bans with -inf; the lowest finite
+same arithmetic. `ban` gives ids the lowest float32 logit (`only`: every id but those given;
+`banned_words`: each word's last token where the text so far ends with the rest, as vLLM's
+`bad_words`), so no sampler or argmax picks them (Hugging Face bans with -inf; the lowest finite
 value keeps a softmax over a row whose every token is banned defined).
 """
 
@@ -92,3 +94,13 @@ def only(logits: np.ndarray, ids: Sequence[int]) -> np.ndarray:
     kept = np.asarray(ids, dtype=np.int64)
     scores[..., kept] = np.asarray(logits, dtype=np.float32)[..., kept]
     return scores
+
+
+def banned_words(logits: np.ndarray, words: Sequence[Sequence[int]], generated: Sequence[int]) -> np.ndarray:
+    """`logits` [V] with the last id of each of `words` (ids, at least one) banned where the `generated`
+    ids end with the rest of it (a word of one id always), as vLLM bans its `bad_words`, as a new float32
+    array."""
+    tail = list(generated)
+    return ban(
+        logits, [word[-1] for word in words if len(word) == 1 or tail[-(len(word) - 1) :] == list(word[:-1])]
+    )

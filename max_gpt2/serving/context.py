@@ -37,7 +37,8 @@ class GPT2Request(TextGenerationRequest):
     `picker`: what picks each token after the chain (`max_gpt2.inference.token_pickers`: Mirostat,
     adaptive-p), or None, `dry_breakers`: the sequence breakers of the chain's DRY step, where it
     has one, and `post_sampling`: whether its log-probabilities are of the distribution its token was
-    drawn from (after the chain and picker), not of the model's logits."""
+    drawn from (after the chain and picker), not of the model's logits, and `bad_words`: vLLM's, the
+    words its text may not come to hold (the tokenizer gives the context their ids)."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
@@ -48,13 +49,14 @@ class GPT2Request(TextGenerationRequest):
     dry_breakers: tuple[str, ...] | None = None
     allowed_ids: tuple[int, ...] | None = None
     post_sampling: bool = False
+    bad_words: tuple[str, ...] | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
     """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`,
-    `dry_breakers`, `allowed_ids` and `post_sampling`, and the picker's state before each token, by its
-    count of tokens generated (the worker's)."""
+    `dry_breakers`, `allowed_ids` and `post_sampling`, the ids of its `bad_words` (each word's tokens),
+    and the picker's state before each token, by its count of tokens generated (the worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
@@ -64,6 +66,7 @@ class GPT2Context(TextContext):
     dry_breakers: tuple[str, ...] | None = field(default=None)
     allowed_ids: tuple[int, ...] | None = field(default=None)
     post_sampling: bool = field(default=False)
+    bad_word_ids: tuple[tuple[int, ...], ...] | None = field(default=None)
     picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
 
     @classmethod

@@ -1,7 +1,7 @@
 """What the model worker does to one request's next-token logits [V] before a token is picked, in order:
 
-1. its controls (`controlled`): vLLM's allowed ids, OpenAI's biases, the penalties, and end-of-text
-   banned until `min_tokens` (`max_gpt2.inference.logit_controls`);
+1. its controls (`controlled`): vLLM's allowed ids and bad words, OpenAI's biases, the penalties, and
+   end-of-text banned until `min_tokens` (`max_gpt2.inference.logit_controls`);
 2. its constraint's mask (`max_gpt2.serving.constraints`);
 3. llama-server's sampler chain, where it runs on the host (`max_gpt2.inference.sampler_chain`): MAX's
    sampler then draws from what it leaves at temperature 1;
@@ -19,7 +19,15 @@ import numpy as np
 from max.pipelines.context import TextContext
 
 from max_gpt2.inference.dry import Heads
-from max_gpt2.inference.logit_controls import add_bias, ban, last_counts, only, penalize, token_counts
+from max_gpt2.inference.logit_controls import (
+    add_bias,
+    ban,
+    banned_words,
+    last_counts,
+    only,
+    penalize,
+    token_counts,
+)
 from max_gpt2.inference.sampler_chain import LOWEST, Step, chain
 from max_gpt2.serving.constraints import constraint_of
 
@@ -30,6 +38,7 @@ def needs_controls(context: TextContext) -> bool:
         context.sampling_params.needs_penalties
         or bool(getattr(context, "logit_bias", None))  # MAX's own contexts (padding) have none
         or getattr(context, "allowed_ids", None) is not None
+        or bool(getattr(context, "bad_word_ids", None))
         or context.tokens.generated_length < context.min_tokens
     )
 
@@ -67,6 +76,8 @@ def controlled(row: np.ndarray, context: TextContext) -> np.ndarray:
     params, tokens, vocab = context.sampling_params, context.tokens, row.shape[-1]
     if (allowed := getattr(context, "allowed_ids", None)) is not None:  # before all else, as vLLM
         row = only(row, allowed)
+    if words := getattr(context, "bad_word_ids", None):  # then vLLM's bad words, over the text
+        row = banned_words(row, words, tokens.generated)
     if bias := getattr(context, "logit_bias", None):  # first, as Hugging Face's order and the library's
         row = add_bias(row, bias)
     if (last_n := getattr(context, "penalty_last_n", None)) is None:  # MAX's own contexts have none

@@ -100,6 +100,21 @@ class GPT2TextTokenizer(TextTokenizer):
             self._dry_heads[breakers] = breaker_heads(breakers, self.pieces, encode)
         return self._dry_heads[breakers]
 
+    def bad_word_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """vLLM's `bad_words` as token ids, as vLLM encodes them: each word, its leading spaces stripped,
+        as it would begin a text, and after a space too where that gives as many tokens, the first
+        another (a word within a text)."""
+        found: list[tuple[int, ...]] = []
+        for word in words:
+            bare, spaced = (
+                self.vocabulary.encode(text, add_special_tokens=False).ids
+                for text in (word.lstrip(), " " + word.lstrip())
+            )
+            found.append(tuple(bare))
+            if len(spaced) == len(bare) and spaced[0] != bare[0]:
+                found.append(tuple(spaced))
+        return tuple(found)
+
     async def new_context(self, request: TextGenerationRequest) -> GPT2Context:
         if request.echo and request.logprobs and not self.echo_enabled:
             raise InputError(
@@ -116,6 +131,8 @@ class GPT2TextTokenizer(TextTokenizer):
             raise InputError(str(error)) from None
         self.check_ids(context.tokens.prompt)
         context = GPT2Context.of(context, request)
+        if words := getattr(request, "bad_words", None):
+            context.bad_word_ids = self.bad_word_ids(words)
         if not reads_cached_prompt(request):
             context.cache_salt = f"unshared {request.request_id}"  # no other request's pages match it
         return context

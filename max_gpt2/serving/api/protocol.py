@@ -168,6 +168,7 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     skip_special_tokens: bool = True  # vLLM's, with the four below (`vllm_fields`)
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool | None = None
     priority: int = 0
     request_id: str | None = None

@@ -89,6 +89,7 @@ class Asked:
     answer_id: str | None = None
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
     post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
+    bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
 
     def request(
         self,
@@ -130,6 +131,7 @@ class Asked:
             dry_breakers=self.dry_breakers,
             allowed_ids=self.allowed_ids,
             post_sampling=self.post_sampling,
+            bad_words=self.bad_words,
         )
 
 

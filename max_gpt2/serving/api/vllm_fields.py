@@ -6,7 +6,9 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
 - `truncate_prompt_tokens`: each prompt cut to its last N tokens before it runs (-1: the context's
   length), as vLLM cuts it (`cut`);
 - `allowed_token_ids`: only those ids may come, every other banned before any other control
-  (`max_gpt2.serving.pipeline.controlled`);
+  (`max_gpt2.serving.logit_edits.controlled`);
+- `bad_words`: a word's last token is banned where the text so far ends with the rest of it, as
+  vLLM encodes the words (`GPT2TextTokenizer.bad_word_ids`) and bans them;
 - `return_tokens_as_token_ids`: log-probability entries name each token `token_id:N`, so that one
   that is part of a character stays told apart (`choices.TokenNames`);
 - `priority`: 0 alone: requests run first come, first served (vLLM refuses the rest too unless
@@ -38,11 +40,14 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         raise Refusal("allowed_token_ids", "allowed_token_ids: empty; no token could come")
     for index, token in enumerate(allowed or ()):
         token_id("allowed_token_ids", f"allowed_token_ids[{index}]", token, vocab_size)
+    if blank := [index for index, word in enumerate(body.bad_words or ()) if not word.strip()]:
+        raise Refusal("bad_words", f"bad_words[{blank[0]}]: no word (empty, or spaces alone)")
     return {
         "prompt_cut": prompt_cut(body.truncate_prompt_tokens, context_length),
         "allowed_ids": None if allowed is None else tuple(sorted(set(allowed))),
         "ids_as_names": bool(body.return_tokens_as_token_ids),
         "answer_id": body.request_id,
+        "bad_words": tuple(body.bad_words) if body.bad_words else None,
     }
 
 

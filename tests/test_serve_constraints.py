@@ -79,6 +79,10 @@ ASKED: list[tuple[str, dict[str, Any], Any]] = [
     ("vllm regex", {"structured_outputs": {"regex": "[a-c]{2,4}"}}, letters),
     ("vllm choice", {"structured_outputs": {"choice": CHOICES}}, chosen),
     ("vllm grammar", {"structured_outputs": {"grammar": GRAMMAR}}, sums),
+    ("vllm guided_json", {"guided_json": SCHEMA, "guided_decoding_backend": "outlines"}, valid_json),
+    ("vllm guided_regex", {"guided_regex": "[a-c]{2,4}"}, letters),
+    ("vllm guided_choice", {"guided_choice": CHOICES}, chosen),
+    ("vllm guided_grammar", {"guided_grammar": GRAMMAR}, sums),
     ("llama-server json_schema", {"json_schema": SCHEMA}, valid_json),
     ("llama-server grammar", {"grammar": GRAMMAR}, sums),
 ]
@@ -183,6 +187,15 @@ REFUSED = [
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "choice needs a list of non-empty"),
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern", "not a"),
     ({"grammar": "root ::= "}, "grammar", "grammar: grammar: "),
+    ({"guided_regex": "(a"}, "guided_regex", "guided_regex: regex: "),
+    ({"guided_choice": []}, "guided_choice", "guided_choice: choice needs a list of non-empty"),
+    ({"guided_json": SCHEMA, "guided_decoding_backend": "mine"}, "guided_decoding_backend", "one of vLLM's"),
+    (
+        {"guided_regex": "a", "guided_whitespace_pattern": " "},
+        "guided_whitespace_pattern",
+        "takes no pattern",
+    ),
+    ({"guided_json": SCHEMA, "structured_outputs": {"regex": "a"}}, "guided_json", "structured_outputs sets"),
     ({"json_schema": SCHEMA, "grammar": GRAMMAR}, "grammar", "one constraint a request; json_schema sets"),
     ({"json_schema": SCHEMA, "min_tokens": 2}, "min_tokens", "a constrained text ends once complete"),
 ]

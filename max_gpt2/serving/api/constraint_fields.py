@@ -1,9 +1,11 @@
 """What a request's text must be: the one constraint its fields set, and the field that set it.
 
-OpenAI's `response_format`, vLLM's `structured_outputs`, llama-server's `json_schema` and
-`grammar`, and a chat's tools called by name or as required (`max_gpt2.serving.api.tools`) each
-make a `Constraint`; a request may set one. Whether the engine compiles it is the route's to
-check (`Served.check_constraint`).
+OpenAI's `response_format`, vLLM's `structured_outputs` (or its older `guided_json`, `guided_regex`,
+`guided_choice` and `guided_grammar`, which vLLM's clients still send), llama-server's `json_schema`
+and `grammar`, and a chat's tools called by name or as required (`max_gpt2.serving.api.tools`) each
+make a `Constraint`; a request may set one. vLLM's `guided_decoding_backend` names how vLLM would hold
+the text to it: any of vLLM's is taken, the text held to the same constraint by xgrammar here. Whether
+the engine compiles it is the route's to check (`Served.check_constraint`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.protocol import Refusal, Sampling
 from max_gpt2.serving.api.tools import ToolCalls
+
+GUIDED_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")  # vLLM's names
 
 
 def constraint_of(
@@ -36,6 +40,7 @@ def constraint_of(
             Constraint.grammar(outputs.grammar) if outputs.grammar is not None else None,
         ]
         given += [("structured_outputs", each) for each in asked if each is not None]
+    given += [(field, each) for field, each in _guided(body) if each is not None]
     if body.json_schema:  # llama-server's: empty, none
         given.append(("json_schema", Constraint.json_schema(body.json_schema)))
     if body.grammar:
@@ -45,8 +50,28 @@ def constraint_of(
     return given[0] if given else None
 
 
-def _choice(choices: list[str]) -> Constraint:
+def _guided(body: Sampling) -> list[tuple[str, Constraint | None]]:
+    """The constraints of vLLM's `guided_*` fields, by field (None: not given)."""
+    if (backend := body.guided_decoding_backend) is not None and backend not in GUIDED_BACKENDS:
+        raise Refusal(
+            "guided_decoding_backend",
+            f"guided_decoding_backend: one of vLLM's, {', '.join(GUIDED_BACKENDS)} (xgrammar holds the text "
+            f"here whichever is named); got {backend!r}",
+        )
+    return [
+        ("guided_json", None if body.guided_json is None else Constraint.json_schema(body.guided_json)),
+        ("guided_regex", None if body.guided_regex is None else Constraint.regex(body.guided_regex)),
+        (
+            "guided_choice",
+            None if body.guided_choice is None else _choice(body.guided_choice, "guided_choice"),
+        ),
+        ("guided_grammar", None if body.guided_grammar is None else Constraint.grammar(body.guided_grammar)),
+    ]
+
+
+def _choice(choices: list[str], field: str = "structured_outputs") -> Constraint:
     try:
         return Constraint.choice(choices)
     except ValueError as error:
-        raise Refusal("structured_outputs", f"structured_outputs.{error}") from None
+        where = f"{field}." if field == "structured_outputs" else f"{field}: "
+        raise Refusal(field, f"{where}{error}") from None

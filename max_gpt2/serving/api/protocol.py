@@ -60,6 +60,7 @@ REFUSED = {
     "store": "completions are not stored here",
     "web_search_options": "this server searches nothing",
     "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
+    "guided_whitespace_pattern": "xgrammar, which holds a text to its constraint here, takes no pattern",
 }
 HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
 
@@ -136,6 +137,11 @@ class Constrained(BaseModel):
     structured_outputs: StructuredOutputs | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for `structured_outputs`' own
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
 
 class Sampling(Ignored, Constrained, LlamaServerFields):

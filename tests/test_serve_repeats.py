@@ -96,6 +96,10 @@ def test_dry_takes_from_the_tokens_that_would_repeat_a_run(served_lm, served_mod
     status, answer = post(served_lm, "/completion", {**body, **DRY})
     assert status == 200 and answer["tokens"] == ids[len(prompt) :] != plain, answer
     assert post(served_lm, "/completion", {**body, **DRY, "samplers": "kt"})[1]["tokens"] == plain  # no d
+    # The OpenAI routes run llama-server's chain too where a request sets one of its samplers, as it does.
+    v1 = {"prompt": prompt, "max_tokens": 20, "temperature": 0, "logit_bias": [[eos, False]], **DRY}
+    status, answer = post(served_lm, "/v1/completions", {**v1, "return_token_ids": True})
+    assert status == 200 and answer["choices"][0]["token_ids"] == ids[len(prompt) :], answer
 
 
 def test_llama_servers_dry_greedy_tokens_are_ours(served_lm, llama_server):

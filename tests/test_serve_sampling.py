@@ -110,6 +110,15 @@ def test_the_samplers_only_llama_servers_chain_has_run_in_it(
         cut_argmax += ids[-1] != int(np.argmax(row))
     status, answer = post(served_lm, "/completion", {**body, **fields})
     assert status == 200 and answer["tokens"] == ids[len(prompt) :] and cut_argmax > 0, answer
+    chat = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 3, "temperature": 0}
+    v1 = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "logit_bias": [[eos, False]]}  # banned
+    for path, each in (("/v1/completions", v1), ("/v1/chat/completions", chat)):  # llama-server's chain too
+        status, answer = post(
+            served_lm, path, {**each, **fields, **dict(LLAMA_DEFAULTS), "return_token_ids": True}
+        )
+        assert status == 200 and (
+            path != "/v1/completions" or answer["choices"][0]["token_ids"] == ids[len(prompt) :]
+        )
     drawn = post(served_lm, "/completion", {**body, **fields, "temperature": 0.7, "seed": 3, "n_cmpl": 8})
     row = served_model.logits(np.array([prompt]))[0, -1]
     row[eos] = LOWEST

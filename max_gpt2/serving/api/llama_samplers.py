@@ -2,10 +2,11 @@
 has, which it has not, and what leaves each off.
 
 - `OFF`: what llama-server reads and this server has not (LoRA, lazy grammars, ...): taken while set
-  to what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`); DRY,
-  typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat, adaptive-p and the cuts' `min_keep`
-  too on the OpenAI routes, where MAX's sampler draws: only `/completion` runs them, in llama-server's
-  chain (`CHAIN_ONLY`), and ends a text by its lines' indentation or a time (`TEXT_LIMITS`).
+  to what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`).
+- `CHAIN_ONLY`: DRY, typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat, adaptive-p and the
+  cuts' `min_keep`, which only llama-server's chain has: where one acts, that chain runs on the host, on
+  every route (`max_gpt2.serving.api.llama_chain`); `TEXT_LIMITS`: what ends a text by its lines'
+  indentation or a time.
 - `INERT`: what changes nothing here, with any value: a slot (one prefix cache serves every request),
   the reasoning settings (GPT-2 does not reason), what shapes only llama-server's logs, progress events
   and timings, and `response_fields` (which shapes `/completion`'s answer alone).
@@ -44,7 +45,7 @@ INERT = (
     "reasoning_budget_start_tag", "reasoning_budget_end_tags", "chat_format", "chat_parser",
     "generation_prompt", "parse_tool_calls", "response_fields",
 )  # fmt: skip
-# The samplers only llama-server's chain runs (`/completion`): each field, and what leaves it off.
+# The samplers only llama-server's chain has (it then runs on the host): each field, and what leaves it off.
 CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dry_multiplier": (lambda value: value == 0, "0"),  # below 0 it acts too: it rewards repeats
     "top_n_sigma": (lambda value: value <= 0, "-1"),
@@ -55,7 +56,7 @@ CHAIN_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "adaptive_target": (lambda value: value < 0, "-1"),  # where `samplers` names it: it picks the token
     "min_keep": (lambda value: value <= 1, "0"),  # what top-p, min-p, typical-p and XTC leave at least
 }
-# What else only `/completion` honours: how a text's lines must be indented, and when it ends after a time.
+# llama-server's limits on a text: how its lines must be indented, and when it ends after a time.
 TEXT_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n_indent": (lambda value: value <= 0, "0"),
     "t_max_predict_ms": (lambda value: value <= 0, "-1"),

@@ -13,7 +13,6 @@ comes (none by default).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,13 +33,13 @@ from max_gpt2.serving.api.answer import (
     withdraw,
 )
 from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
+from max_gpt2.serving.api.llama_chain import in_llama_order, text_limits
 from max_gpt2.serving.api.native_fields import (
     RENAMED,
     NativeCompletion,
     as_completion,
     eos_banned,
     generation_settings,
-    in_llama_order,
 )
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check, prompts
@@ -85,20 +84,6 @@ def named_natively(check_fields: Callable[[], Asked]) -> Asked:
         refusal.message = refusal.message.replace(f"{refusal.param}:", f"{theirs}:", 1)
         refusal.param = theirs
         raise
-
-
-def text_limits(asked: Asked, native: NativeCompletion) -> Asked:
-    """`asked` ending its text as llama-server's `n_indent` (a line past the first indented less) and
-    `t_max_predict_ms` (a newline past that long from the first token) end it (`choices.Rules`)."""
-    if native.n_indent < 0:
-        raise Refusal("n_indent", f"n_indent: 0 or more; got {native.n_indent}")
-    if native.t_max_predict_ms < -1:
-        raise Refusal(
-            "t_max_predict_ms", f"t_max_predict_ms: -1 (none) or more; got {native.t_max_predict_ms}"
-        )
-    limit = native.t_max_predict_ms / 1000 if native.t_max_predict_ms > 0 else None
-    rules = dataclasses.replace(asked.rules, indent=native.n_indent, predict_s=limit)
-    return dataclasses.replace(asked, rules=rules)
 
 
 class Results:

@@ -25,8 +25,9 @@ from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
+from max_gpt2.serving.api.llama_chain import on_openai_route
 from max_gpt2.serving.api.llama_fields import llama_penalties, post_sampling, refuse_acting
-from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, TEXT_LIMITS, first_acting, left_out
+from max_gpt2.serving.api.llama_samplers import left_out
 from max_gpt2.serving.api.protocol import (
     HARMLESS,
     REFUSED,
@@ -145,11 +146,6 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
     refuse_acting(body)
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
-    if found := first_acting(body, CHAIN_ONLY | TEXT_LIMITS):
-        field, off = found
-        raise Refusal(
-            field, f"{field}: only /completion runs it here (llama-server's own); leave it out or {off}"
-        )
     penalty_last_n = llama_penalties(body, context_length)
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
@@ -197,7 +193,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
     )
     stop_ids, special = frozenset(body.stop_token_ids or ()), body.skip_special_tokens
     rules = Rules(tuple(stops), stop_ids, body.include_stop_str_in_output, body.min_tokens, special)
-    return Asked(
+    asked = Asked(
         n=n,
         sampling=sampling,
         rules=rules,
@@ -219,6 +215,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         post_sampling=post_sampling(body, logprobs, echo),
         **vllm_asks(body, vocab_size, context_length),
     )
+    return on_openai_route(asked, body, context_length)  # llama-server's chain, where asked for
 
 
 def prompts(given: str | list[Any], field: str = "prompt") -> list[str | list[int]]:

@@ -105,6 +105,8 @@ REFUSED = [
     ({"stop_token_ids": [5, 320]}, "stop_token_ids", "stop_token_ids[1]: 320 is not a token id"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only with stream: true"),
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+    ({"use_beam_search": True, "n": 3}, "use_beam_search", "runs no beam search"),
+    ({"length_penalty": 1.5}, "length_penalty", "runs no beam search"),
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -214,9 +216,11 @@ def test_each_refusal_names_the_field_and_what_it_may_be(change, param, says, ch
 
 
 def test_what_clients_send_as_defaults_and_empty_fields_is_taken():
-    """OpenAI's default `modalities`, a `top_k` past the vocabulary (all of it, as vLLM), and a message as
-    the `openai` client dumps it, its empty fields included: taken, not refused."""
+    """OpenAI's default `modalities`, a `top_k` past the vocabulary (all of it, as vLLM), vLLM's beam search
+    settings left off (its clients send them so), and a message as the `openai` client dumps it, its empty
+    fields included: taken, not refused."""
     assert checked({"modalities": ["text"], "top_k": 2**31}).sampling.top_k == VOCAB
+    assert checked({"use_beam_search": False, "length_penalty": 1.0, "early_stopping": False, "best_of": 1})
     dumped = {"role": "assistant", "content": "a", "refusal": None, "tool_calls": [], "annotations": []}
     checked({"messages": [dumped, {"role": "user", "content": "b"}]}, chat=True)
 

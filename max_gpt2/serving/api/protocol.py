@@ -61,8 +61,12 @@ REFUSED = {
     "web_search_options": "this server searches nothing",
     "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
     "guided_whitespace_pattern": "xgrammar, which holds a text to its constraint here, takes no pattern",
+    "use_beam_search": "this server samples or takes the likeliest token; it runs no beam search",
+    "length_penalty": "a length penalty ranks beams, and this server runs no beam search",
+    "early_stopping": "it ends a beam search, and this server runs none",
 }
-HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
+# Values of a `REFUSED` field that ask for what is done anyway (vLLM's clients send its beam defaults).
+HARMLESS = {"modalities": (["text"],), "length_penalty": (1, 1.0)}
 
 
 class StreamOptions(BaseModel):

@@ -1,12 +1,10 @@
 """How completions and chat completions answer: every choice started, then streamed or gathered.
 
-Both routes ask the same of MAX's engine (`n` choices of each prompt, `Choice`) and differ only in the
-JSON they write around each choice, which a `Shape` says (`completions.py`, `chat.py`). `answer` starts
-every choice first, so a prompt the tokenizer refuses is a 400 before any response begins, then streams
-the choices' chunks as server-sent events, side by side as they come, or waits for all and answers once.
-A client that leaves stops its choices (the worker is told); a choice that fails once streaming has
-begun ends the stream with OpenAI's error object.
-"""
+Both routes ask the same of MAX's engine (`n` choices of each prompt, `Choice`, or its `n` best beams,
+`beams.BeamChoice`) and differ only in the JSON around each choice, which a `Shape` says. `answer`
+starts every choice first, so a prompt the tokenizer refuses is a 400 before any response begins, then
+streams the choices' chunks as server-sent events, side by side, or waits for all and answers once. A
+client that leaves stops its choices; one that fails mid-stream ends it with OpenAI's error object."""
 
 from __future__ import annotations
 
@@ -25,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.max_internals import client_left, error_body
+from max_gpt2.serving.api.beams import beam_choices
 from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
@@ -128,6 +127,8 @@ async def start(
 ) -> list[Choice]:
     """Every choice submitted, in OpenAI's order (each prompt's `n` together); a `Refusal` naming
     `prompt_field` for a prompt the tokenizer refuses, with those already submitted withdrawn."""
+    if asked.beam_penalty is not None:
+        return await beam_choices(request, served, asked, model, prompts, prompt_field)
     defaults = served.config.model.sampling_params_defaults
     timestamp, path, ident = request.state.request_timer.start_ns, request.url.path, request.state.request_id
     choices: list[Choice] = []
@@ -283,12 +284,8 @@ def usage(choices: Sequence[Choice], asked: Asked) -> dict[str, Any]:
     prompt = sum(len(choice.prompt) for choice in choices[:: asked.n])
     cached = sum(choice.cached for choice in choices[:: asked.n])
     made = sum(choice.made for choice in choices)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": made,
-        "total_tokens": prompt + made,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
+    totals = {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+    return {**totals, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def token_ids(asked: Asked, choice: Choice, tokens: Sequence[Token], first: bool) -> dict[str, Any]:

@@ -61,12 +61,9 @@ REFUSED = {
     "web_search_options": "this server searches nothing",
     "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
     "guided_whitespace_pattern": "xgrammar, which holds a text to its constraint here, takes no pattern",
-    "use_beam_search": "this server samples or takes the likeliest token; it runs no beam search",
-    "length_penalty": "a length penalty ranks beams, and this server runs no beam search",
-    "early_stopping": "it ends a beam search, and this server runs none",
+    "early_stopping": "vLLM's older beam search took it; its beam search here runs to max_tokens, as vLLM's",
 }
-# Values of a `REFUSED` field that ask for what is done anyway (vLLM's clients send its beam defaults).
-HARMLESS = {"modalities": (["text"],), "length_penalty": (1, 1.0)}
+HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
 
 
 class StreamOptions(BaseModel):
@@ -179,6 +176,8 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    use_beam_search: bool = False  # vLLM's, with `n` beams (`max_gpt2.serving.api.beams`)
+    length_penalty: float = 1.0
     return_tokens_as_token_ids: bool | None = None
     priority: int = 0
     request_id: str | None = None

@@ -23,6 +23,7 @@ from max.pipelines.modeling.types import RequestID, TextGenerationRequest
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
+from max_gpt2.serving.api.beams import searched
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_chain import on_openai_route
@@ -91,6 +92,7 @@ class Asked:
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
     post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
     bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
+    beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
 
     def request(
         self,
@@ -215,7 +217,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         post_sampling=post_sampling(body, logprobs, echo),
         **vllm_asks(body, vocab_size, context_length),
     )
-    return on_openai_route(asked, body, context_length)  # llama-server's chain, where asked for
+    return searched(on_openai_route(asked, body, context_length), body)  # llama-server's chain, a beam search
 
 
 def prompts(given: str | list[Any], field: str = "prompt") -> list[str | list[int]]:

@@ -129,3 +129,29 @@ def test_tokens_as_token_ids_and_the_answers_id(served_lm):
         f"token_id:{t}" for t in answer["choices"][0]["token_ids"]
     ]
     assert all(bytes(entry["bytes"]).decode() == entry["token"] for entry in entries)
+
+
+def test_chat_echo_puts_the_last_message_before_the_answer_where_their_roles_match(served_lm):
+    """vLLM's chat `echo`: an assistant's last message (continued, or closed by a new turn) is put before
+    the answer, whole or streamed; a user's last message is not (the answer's role is the assistant's)."""
+    from tests.test_serve import client
+
+    last = {"role": "assistant", "content": [{"type": "text", "text": "The cat"}]}
+    continued = {"add_generation_prompt": False, "continue_final_message": True}
+    for messages, extra, before in (
+        ([{"role": "user", "content": PROMPTS[0]}, last], continued, "The cat"),
+        ([{"role": "user", "content": PROMPTS[0]}, last], {}, "The cat"),
+        ([{"role": "user", "content": PROMPTS[0]}], {}, ""),
+    ):
+        body = {"messages": messages, "max_tokens": 4, "temperature": 0, **extra}
+        plain = post(served_lm, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        echoed = post(served_lm, "/v1/chat/completions", {**body, "echo": True})[1]["choices"][0]["message"]
+        assert echoed["content"] == before + plain, (echoed, plain)
+        stream = client(served_lm).chat.completions.create(
+            model="gpt2", stream=True, **{k: body[k] for k in ("messages", "max_tokens", "temperature")},
+            extra_body={**extra, "echo": True},
+        )  # fmt: skip
+        assert (
+            "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+            == echoed["content"]
+        )

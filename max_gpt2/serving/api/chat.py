@@ -118,7 +118,10 @@ class ChatShape(Shape):
         self.calls: dict[int, ToolStream] = {}  # each streamed choice's tool calls, where it makes them
 
     def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": gathered.text}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": (self.asked.echo_text or "") + gathered.text,
+        }
         finish = gathered.finish.reason
         if (tools := self.asked.tools) is not None:
             message |= {"content": None, "tool_calls": tools.calls(gathered.text)}
@@ -142,7 +145,8 @@ class ChatShape(Shape):
         }
 
     def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:
-        delta = {} if chunk.finish and not chunk.text else {"content": chunk.text}  # as OpenAI's
+        text = (self.asked.echo_text or "") + chunk.text if first else chunk.text  # vLLM's echo: first
+        delta = {} if chunk.finish and not text else {"content": text}  # as OpenAI's
         finish = chunk.finish.reason if chunk.finish else None
         if (tools := self.asked.tools) is not None:
             calls = self.calls.setdefault(index, ToolStream(tools)).delta(chunk.text)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import TemplateError
 
-from max_gpt2.serving.api.protocol import Refusal, unset
-from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
+
+if TYPE_CHECKING:  # the served model, whose module imports the checks that import this one
+    from max_gpt2.serving.api.served import Served
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
@@ -118,6 +120,19 @@ def parsed_call(made: Any) -> dict[str, Any]:
         "type": "function",
         "function": {"name": function["name"], "arguments": parsed},
     }
+
+
+def echoed(body: ChatRequest) -> str | None:
+    """vLLM's chat `echo`: the last message's content where its role is the answer's (the assistant's, or
+    with `add_generation_prompt` false the last message's own), else ""; None where not asked."""
+    if not body.echo:
+        return None
+    if body.tools and body.tool_choice not in (None, "none"):
+        raise Refusal("echo", "echo: a tool call's message has no content to put the last message's before")
+    last = body.messages[-1] if body.messages and isinstance(body.messages[-1], dict) else {}
+    if last.get("role") != ("assistant" if body.add_generation_prompt else last.get("role")):
+        return ""
+    return content(last.get("content") or "", f"messages[{len(body.messages) - 1}]")
 
 
 def content(value: Any, where: str) -> str:

@@ -201,6 +201,7 @@ class ChatRequest(Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False  # vLLM's: the last message's content before the answer's, where their roles match
     tools: list[Any] | None = None  # called only as `tool_choice` asks (`max_gpt2.serving.api.tools`)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

@@ -24,6 +24,7 @@ from max_gpt2.inference.constraints import Constraint
 from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.beams import searched
+from max_gpt2.serving.api.chat_prompt import echoed
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_chain import on_openai_route
@@ -93,6 +94,7 @@ class Asked:
     post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
     bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
     beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
+    echo_text: str | None = None  # vLLM's chat `echo`: the text put before each choice's
 
     def request(
         self,
@@ -152,12 +154,12 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
-    length_field, called, echo_only = "max_tokens", None, False
+    length_field, called, echo_only, echo_text = "max_tokens", None, False, None
     if isinstance(body, ChatRequest):
         if body.max_completion_tokens is not None:
             length_field = "max_completion_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        logprobs, echo = _chat_logprobs(body), False
+        logprobs, echo, echo_text = _chat_logprobs(body), False, echoed(body)
         called = tool_calls_of(body)
     else:
         max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
@@ -215,6 +217,7 @@ def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
         penalty_last_n=penalty_last_n,
         post_sampling=post_sampling(body, logprobs, echo),
+        echo_text=echo_text,
         **vllm_asks(body, vocab_size, context_length),
     )
     return searched(on_openai_route(asked, body, context_length), body)  # llama-server's chain, a beam search

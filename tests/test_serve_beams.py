@@ -85,7 +85,8 @@ def test_a_chats_beams_stream_and_answer_alike(served_lm):
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"echo": True, "logprobs": 1}, "echo"),
         ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-        ({"dry_multiplier": 0.8}, "samplers"),
+        ({"dry_multiplier": 0.8}, "dry_multiplier"),
+        ({"n_indent": 2}, "n_indent"),
     ],
 )
 def test_what_a_beam_search_takes_nothing_from_is_refused(served_lm, fields, field):

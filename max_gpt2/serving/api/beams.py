@@ -21,11 +21,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from max.pipelines.context.exceptions import InputError
 from max.pipelines.context.sampling_params import SamplingParamsInput
 from starlette.requests import Request
 
 from max_gpt2.inference.tokenizer import TextStream
 from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Rules, Token, tokenizer_of
+from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, TEXT_LIMITS, first_acting
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, unset
 
 if TYPE_CHECKING:  # the checked request and the served model, whose modules import this one
@@ -72,18 +74,24 @@ def searched(asked: Asked, body: CompletionRequest | ChatRequest) -> Asked:
             set_field,
             f"{set_field}: a beam search ranks beams by their log-probabilities alone; leave it out",
         )
-    refused_beside(asked)
+    refused_beside(asked, body)
     return dataclasses.replace(asked, beam_penalty=float(body.length_penalty))
 
 
-def refused_beside(asked: Asked) -> None:
+def refused_beside(asked: Asked, body: CompletionRequest | ChatRequest) -> None:
     """A `Refusal` for what a beam search cannot take that checking left in `asked`: a constraint,
-    llama-server's samplers or limits, and the prompt's log-probabilities (its echo's text is taken)."""
+    llama-server's samplers, limits and `post_sampling_probs`, and the prompt's log-probabilities (its
+    echo's text is taken)."""
     if asked.constraint is not None:
         field = asked.constraint_field or "structured_outputs"
         raise Refusal(field, f"{field}: a beam search holds no constraint here; leave it out")
-    if asked.chain is not None or asked.picker is not None or asked.rules.indent or asked.rules.predict_s:
-        raise Refusal("samplers", "samplers: llama-server's samplers and limits do not run in a beam search")
+    if found := first_acting(body, CHAIN_ONLY | TEXT_LIMITS) or (
+        body.post_sampling_probs and ("post_sampling_probs", "false")
+    ):
+        raise Refusal(
+            found[0],
+            f"{found[0]}: llama-server's, which a beam search does not run; leave it out or {found[1]}",
+        )
     if asked.echo and asked.logprobs is not None:
         raise Refusal(
             "echo", "echo: a beam search gives no log-probabilities for the prompt; leave out logprobs"
@@ -120,7 +128,7 @@ async def beam_choices(
     for index, ids in enumerate(given):
         try:
             served.tokenizer.check_ids(ids, field if len(given) == 1 else f"{field}[{index}]")
-        except Exception as error:  # MAX's InputError, or the context exceeded
+        except InputError as error:  # the context exceeded among them, with its numbers
             raise Refusal(field, str(error), extra=getattr(error, "fields", None)) from None
     searches = [
         asyncio.create_task(search(request, served, asked, model, ids, f"{request.state.request_id}-{index}"))

@@ -29,23 +29,13 @@ from pydantic import ConfigDict, Field
 from max_gpt2.inference.logit_controls import LOWEST
 from max_gpt2.serving.api.llama_chain import ChainFields
 from max_gpt2.serving.api.llama_fields import refuse_acting
-from max_gpt2.serving.api.llama_samplers import (
-    INERT,
-    OFF,
-    SAMPLERS,
-    LlamaServerFields,
-    left_out,
-)
+from max_gpt2.serving.api.llama_samplers import INERT, OFF, SAMPLERS, TEXT_LIMITS, LlamaServerFields, left_out
 from max_gpt2.serving.api.protocol import CompletionRequest, Refusal
 from max_gpt2.serving.api.requests import Asked
 
 PENALTIES = ("repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")  # shown in results
-HOST_SAMPLERS = (  # shown too: the chain's samplers MAX's has not
-    "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
-    "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability",
-    "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay",
-    "min_keep",
-)  # fmt: skip
+# Shown too: the settings of the chain's samplers MAX's has not (its limits on a text are not).
+HOST_SAMPLERS = tuple(name for name in ChainFields.model_fields if name not in ("samplers", *TEXT_LIMITS))
 RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
 

@@ -105,8 +105,8 @@ REFUSED = [
     ({"stop_token_ids": [5, 320]}, "stop_token_ids", "stop_token_ids[1]: 320 is not a token id"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only with stream: true"),
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
-    ({"use_beam_search": True, "n": 3}, "use_beam_search", "runs no beam search"),
-    ({"length_penalty": 1.5}, "length_penalty", "runs no beam search"),
+    ({"use_beam_search": True, "n": 11}, "n", "n: 1 to 10 beams with use_beam_search"),
+    ({"length_penalty": 1.5}, "length_penalty", "ranks the beams of use_beam_search"),
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -177,7 +177,15 @@ CHAT_REFUSED = [
     ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens", "more than max_completion_tokens (4)"),
     ({"store": True}, "store", "not stored"),
     ({"audio": {"voice": "x"}}, "audio", "text only"),
-    ({"echo": True}, "echo", "not a field this route takes"),
+    (
+        {
+            "echo": True,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tool_choice": "required",
+        },
+        "echo",
+        "no content",
+    ),
     ({"messages": [{"role": "user", "content": "a", "name": 7}]}, "messages", "messages[0].name: must be"),
 ]
 

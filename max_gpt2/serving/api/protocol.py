@@ -1,9 +1,8 @@
 """The request bodies the server reads, as typed models: OpenAI's fields, vLLM's and MAX's extensions.
 
-Each route validates its body here first (`parse`): a field of the wrong type, or one no
-model here knows, is a `Refusal` naming it, as OpenAI answers (vLLM and llama-server log it and go
-on, which a misspelt field would pass unseen). llama-server's own sampler fields are known
-(`max_gpt2.serving.api.llama_samplers`).
+Each route validates its body here first (`parse`): a field of the wrong type, or one no model here
+knows, is a `Refusal` naming it, as OpenAI answers (vLLM and llama-server log it and go on, which a
+misspelt field would pass unseen). llama-server's own sampler fields are known (`llama_samplers`).
 What the values may be, and what each means, is decided after (`max_gpt2.serving.api.requests`).
 Some fields are accepted with no effect (`NO_EFFECT`), some refused whenever set (`REFUSED`):
 each with why, which the refusal and docs/serving.md repeat.

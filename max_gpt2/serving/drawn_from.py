@@ -20,7 +20,8 @@ from max.pipelines.context import LogProbabilities
 from max.pipelines.context.sampling_params import SamplingParams
 from max.pipelines.lib import ModelOutputs
 
-from max_gpt2.inference.sampler_chain import LOWEST, Step
+from max_gpt2.inference.sampler_chain import Step
+from max_gpt2.inference.token_pickers import in_play
 
 # MAX's sampler settings that leave it only drawing from what the host's chain kept.
 ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
@@ -44,12 +45,11 @@ def drawn_log_probabilities(logits: np.ndarray, token: int, top_n: int) -> LogPr
     """MAX's log-probabilities of `token` drawn from `logits` [V] (what the chain left: the lowest float32
     for a token it cut) and of its `top_n` likeliest, the likeliest first, then `token` where it is not
     among them, as MAX's own. A token whose probability is 0 in float32 is left out of the likeliest."""
-    row = np.asarray(logits, dtype=np.float64)
-    kept = np.flatnonzero(row > LOWEST)
-    values = row[kept] - row[kept].max()
-    logs = values - np.log(np.exp(values).sum())
+    kept, chances = in_play(logits)
+    with np.errstate(divide="ignore"):  # a chance that is 0 in float64 has no logarithm
+        logs = np.log(chances)
     value = float(logs[kept == token][0])  # it was drawn: among those kept
-    shown = np.exp(logs).astype(np.float32) > 0  # as llama-server's float32 probabilities, filtered at 0
+    shown = chances.astype(np.float32) > 0  # as llama-server's float32 probabilities, filtered at 0
     kept, logs = kept[shown], logs[shown]
     order = np.argsort(-logs, kind="stable")[:top_n]
     top = {int(kept[index]): float(logs[index]) for index in order}

@@ -25,8 +25,7 @@ from max.pipelines.context.exceptions import InputError
 from max.pipelines.context.sampling_params import SamplingParamsInput
 from starlette.requests import Request
 
-from max_gpt2.inference.tokenizer import TextStream
-from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Rules, Token, tokenizer_of
+from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Rules, Token, texts_of, tokenizer_of
 from max_gpt2.serving.api.llama_samplers import CHAIN_ONLY, TEXT_LIMITS, first_acting
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, unset
 
@@ -221,10 +220,7 @@ async def next_token(
 
 def written(beam: Beam, served: Served, rules: Rules) -> Beam:
     """`beam` with each token's text, as a choice's text shows it."""
-    decoder = TextStream(tokenizer_of(served.engine), rules.skip_special)
-    pieces = [decoder(token.id) for token in beam.tokens]
-    if pieces:
-        pieces[-1] += decoder.flush()
+    pieces = texts_of(tokenizer_of(served.engine), [token.id for token in beam.tokens], rules.skip_special)
     tokens = tuple(
         dataclasses.replace(token, text=piece) for token, piece in zip(beam.tokens, pieces, strict=True)
     )

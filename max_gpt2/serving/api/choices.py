@@ -178,10 +178,7 @@ class Choice:
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
         """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""
-        decoder = TextStream(tokenizer_of(self.engine), self.rules.skip_special)
-        pieces = [decoder(token) for token in prompt]
-        if pieces:
-            pieces[-1] += decoder.flush()  # the prompt's text whole: `decode` of its ids
+        pieces = texts_of(tokenizer_of(self.engine), prompt, self.rules.skip_special)
         values, tops = log_probabilities(output) if self.request.echo else ([], [])
         if len(values) < len(prompt):
             return tuple(Token(token, piece) for token, piece in zip(prompt, pieces, strict=True))
@@ -189,6 +186,16 @@ class Choice:
             Token(token, piece, None if index == 0 else values[index], {} if index == 0 else tops[index])
             for index, (token, piece) in enumerate(zip(prompt, pieces, strict=True))
         )
+
+
+def texts_of(tokenizer: Tokenizer, ids: Sequence[int], skip_special: bool) -> list[str]:
+    """The text each of `ids` adds, the last with whatever waited for a whole character: together, the
+    decode of them all (`TextStream`)."""
+    decoder = TextStream(tokenizer, skip_special)
+    pieces = [decoder(token) for token in ids]
+    if pieces:
+        pieces[-1] += decoder.flush()
+    return pieces
 
 
 def log_probabilities(output: TokenGeneratorOutput) -> tuple[list[float], list[dict[int, float]]]:

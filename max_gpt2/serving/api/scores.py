@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from max_gpt2.inference.embeddings import normalized
 from max_gpt2.serving.api.embeddings import checked, embedded
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.served import Served
@@ -166,14 +167,8 @@ async def scored(
             side, checked(served, [encode(text) for text in side], field, keep), strict=True
         )
     }
-    vectors = dict(zip(ids, await embedded(served, name, list(ids.values()), path), strict=True))
+    units = normalized(np.stack(await embedded(served, name, list(ids.values()), path)))  # unit length
+    vectors = dict(zip(ids, units.astype(np.float64), strict=True))
     pairs = list(zip(queries * len(documents) if len(queries) == 1 else queries, documents, strict=True))
-    scores = [cosine(vectors[query], vectors[document]) for query, document in pairs]
+    scores = [float(vectors[query] @ vectors[document]) for query, document in pairs]  # their cosines
     return scores, sum(len(ids[query]) + len(ids[document]) for query, document in pairs)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """The cosine of the angle between `a` and `b` (0 where either is all zeros)."""
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    lengths = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b) / lengths if lengths else 0.0

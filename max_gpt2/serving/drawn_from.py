@@ -21,31 +21,31 @@ from max.pipelines.context.sampling_params import SamplingParams
 from max.pipelines.lib import ModelOutputs
 
 from max_gpt2.inference.sampler_chain import Step
-from max_gpt2.inference.token_pickers import in_play
 
+Among = tuple[np.ndarray, np.ndarray]  # the ids a token is drawn among, and their chances (summing to 1)
 # MAX's sampler settings that leave it only drawing from what the host's chain kept.
 ONLY_DRAWS = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 
 
 @dataclass
 class DrawnOutputs(ModelOutputs):
-    """A step's outputs, with `drawn`: batch row -> the logits [V] of what that request's token is drawn
-    from, for the requests that report it."""
+    """A step's outputs, with `drawn`: batch row -> what that request's token is drawn among (`Among`), for
+    the requests that report it."""
 
-    drawn: dict[int, np.ndarray] = field(default_factory=dict)
+    drawn: dict[int, Among] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, outputs: ModelOutputs, drawn: dict[int, np.ndarray], **changed: object) -> ModelOutputs:
+    def of(cls, outputs: ModelOutputs, drawn: dict[int, Among], **changed: object) -> ModelOutputs:
         """`outputs` with `changed` fields, and `drawn` where any request reports it."""
         values = {each.name: getattr(outputs, each.name) for each in fields(outputs)} | changed
         return cls(**values, drawn=drawn) if drawn else type(outputs)(**values)
 
 
-def drawn_log_probabilities(logits: np.ndarray, token: int, top_n: int) -> LogProbabilities:
-    """MAX's log-probabilities of `token` drawn from `logits` [V] (what the chain left: the lowest float32
-    for a token it cut) and of its `top_n` likeliest, the likeliest first, then `token` where it is not
-    among them, as MAX's own. A token whose probability is 0 in float32 is left out of the likeliest."""
-    kept, chances = in_play(logits)
+def drawn_log_probabilities(among: Among, token: int, top_n: int) -> LogProbabilities:
+    """MAX's log-probabilities of `token` drawn `among` those ids with those chances, and of its `top_n`
+    likeliest, the likeliest first, then `token` where it is not among them, as MAX's own. A token whose
+    probability is 0 in float32 is left out of the likeliest."""
+    kept, chances = among
     with np.errstate(divide="ignore"):  # a chance that is 0 in float64 has no logarithm
         logs = np.log(chances)
     value = float(logs[kept == token][0])  # it was drawn: among those kept

@@ -7,8 +7,8 @@
    sampler then draws from what it leaves at temperature 1;
 4. a token picker (Mirostat, adaptive-p: `max_gpt2.inference.token_pickers`), which keeps its token alone.
 
-`edited` runs them, and gives what the token is drawn from beside the row MAX's sampler takes: the same
-row, or a picker's chances (llama-server's `post_sampling_probs` reports it: `max_gpt2.serving.drawn_from`).
+`edited` runs them, and gives beside the row MAX's sampler takes what a picker drew among, where one
+picks (llama-server's `post_sampling_probs` reports what a token is drawn from: `serving.drawn_from`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from max_gpt2.inference.logit_controls import (
     penalize,
     token_counts,
 )
-from max_gpt2.inference.sampler_chain import LOWEST, Step, chain
+from max_gpt2.inference.sampler_chain import Step, chain
+from max_gpt2.inference.token_pickers import Drawn
 from max_gpt2.serving.constraints import constraint_of
 
 
@@ -98,11 +99,10 @@ def edited(
     context: TextContext,
     masked: Callable[[TextContext, np.ndarray], np.ndarray],
     dry_heads: Callable[[tuple[str, ...]], Heads],
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, Drawn | None]:
     """`context`'s next-token logits `row` [V] after its edits (module docstring; `masked` applies its
-    constraint, `dry_heads` finds DRY's breakers), and the logits [V] of what its token is drawn from:
-    the same row, or where a picker picks it, the log of its chances (the lowest float32 for the ids it
-    did not draw among)."""
+    constraint, `dry_heads` finds DRY's breakers), and where a picker picks its token, what it drew among
+    (else the row's own softmax is what the token is drawn from)."""
     if needs_controls(context):
         row = controlled(row, context)
     if constraint_of(context) is not None:
@@ -112,9 +112,5 @@ def edited(
         heads = dry_heads(breakers) if (breakers := getattr(context, "dry_breakers", None)) else None
         row = chain(row, steps, host_draw(context) if drawn else 1.0, context.tokens.all, heads)
     if getattr(context, "picker", None) is None:
-        return row, row
-    picked, drawn_among = context.picked(row, host_draw(context))  # type: ignore[attr-defined]
-    chances = np.full_like(row, LOWEST)
-    with np.errstate(divide="ignore"):  # a chance that is 0 in float32 is LOWEST's, as the ids not drawn
-        chances[drawn_among.ids] = np.maximum(np.log(drawn_among.chances.astype(np.float32)), LOWEST)
-    return picked, chances
+        return row, None
+    return context.picked(row, host_draw(context))  # type: ignore[attr-defined]

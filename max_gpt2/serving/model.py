@@ -268,8 +268,8 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         )
         if isinstance(model_outputs, DrawnOutputs):  # `post_sampling_probs`: what each token is drawn from
             sampled = next_tokens.to_numpy()
-            for row, logits in model_outputs.drawn.items():
-                results[row] = drawn_log_probabilities(logits, int(sampled[row]), batch_top_n[row])
+            for row, among in model_outputs.drawn.items():
+                results[row] = drawn_log_probabilities(among, int(sampled[row]), batch_top_n[row])
         if not any(batch_echo):
             return results
         (cache,) = tree.leaves(model_inputs.kv_cache_inputs, leaf=KVCacheInputsPerDevice)

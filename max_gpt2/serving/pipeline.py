@@ -51,9 +51,10 @@ from max.pipelines.kv_cache import InsufficientBlocksError
 from max.pipelines.lib import ModelInputs, ModelOutputs, TextGenerationPipeline
 from max.pipelines.modeling.types import PipelineOutputsDict, TextGenerationInputs
 
+from max_gpt2.inference.token_pickers import in_play
 from max_gpt2.serving.constraints import ServedConstraints, constraint_of
 from max_gpt2.serving.drafts import CheckedDrafts, ServedDrafts
-from max_gpt2.serving.drawn_from import DrawnOutputs
+from max_gpt2.serving.drawn_from import Among, DrawnOutputs
 from max_gpt2.serving.logit_edits import edited, edits_logits, needs_controls, reports_drawn
 from max_gpt2.serving.settings import ServingSettings
 
@@ -120,12 +121,12 @@ class GPT2TextGenerationPipeline(TextGenerationPipeline[TextContext]):
         last_rows = outputs.next_token_logits  # [R, V]: GPT2PipelineModel always gives them
         assert last_rows is not None
         rows = np.array(last_rows.to(CPU()).to_numpy())  # [R, V], ours to edit
-        drawn: dict[int, np.ndarray] = {}  # row -> what its token is drawn from, where it reports it
+        drawn: dict[int, Among] = {}  # row -> what its token is drawn from, where it reports it
         mask, dry_heads = self._constraints.mask, self.tokenizer.dry_heads
         for row, context in enumerate(flat_batch):
-            rows[row], drawn_from = edited(rows[row], context, mask, dry_heads)
-            if reports_drawn(context):
-                drawn[row] = drawn_from
+            rows[row], picked = edited(rows[row], context, mask, dry_heads)
+            if reports_drawn(context):  # a picker's draw, or the softmax of what the row keeps
+                drawn[row] = (picked.ids, picked.chances) if picked else in_play(rows[row])
         next_rows = Buffer.from_numpy(rows).to(last_rows.device)
         return DrawnOutputs.of(outputs, drawn, next_token_logits=next_rows)
 

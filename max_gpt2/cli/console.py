@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.tokenizer import checkpoint_tokenizer, tokenizer_directory
 from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.lora import LoRA, MergedCheckpoint, with_adapters
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.formats import FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
@@ -111,10 +112,42 @@ def add_listen_arguments(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
 
 
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--lora` and `--lora-scaled` (llama-server's names): PEFT adapters merged as the weights load."""
+    parser.add_argument(
+        "--lora",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a PEFT LoRA adapter directory merged into the projections (repeatable)",
+    )
+    parser.add_argument(
+        "--lora-scaled",
+        action="append",
+        nargs=2,
+        default=[],
+        metavar=("DIR", "SCALE"),
+        help="an adapter merged at SCALE times its own update (repeatable)",
+    )
+
+
+def adapters(args: argparse.Namespace) -> list[LoRA]:
+    """The adapters `add_lora_arguments` parsed: `--lora`'s at scale 1, then `--lora-scaled`'s."""
+    scaled = []
+    for path, scale in args.lora_scaled:
+        try:
+            scaled.append(LoRA(Path(path), float(scale)))
+        except ValueError:
+            raise ValueError(f"--lora-scaled {path} {scale}: the scale must be a finite number") from None
+    return [LoRA(path) for path in args.lora] + scaled
+
+
 def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
-    """`--checkpoint`, `--prompt`, `--tokens` or `--prompt-file`, and `--cache-dir`: what `open_prompt`
-    reads."""
+    """`--checkpoint` with its adapters, `--prompt`, `--tokens` or `--prompt-file`, and `--cache-dir`:
+    what `open_prompt` reads."""
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    add_lora_arguments(parser)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help=f"text {purpose} (needs the checkpoint's tokenizer)")
     given.add_argument("--tokens", type=token_list, help=f"token ids {purpose}, e.g. 464,3290")
@@ -124,10 +157,12 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help=CACHE_DIR_HELP)
 
 
-def open_with_tokenizer(path: str | Path) -> tuple[OpenedCheckpoint, Tokenizer | None]:
-    """The checkpoint at `path` (`open_checkpoint`: its files and config checked, no tensor read) and its
-    tokenizer if it has one (files beside it, else a GGUF file's own)."""
-    checkpoint = open_checkpoint(path)
+def open_with_tokenizer(
+    path: str | Path, lora: list[LoRA] | None = None
+) -> tuple[OpenedCheckpoint | MergedCheckpoint, Tokenizer | None]:
+    """The checkpoint at `path` (`open_checkpoint`: its files and config checked, no tensor read) with
+    `lora` merged as it loads, and its tokenizer if it has one (files beside it, else a GGUF file's own)."""
+    checkpoint = with_adapters(open_checkpoint(path), lora or [])
     return checkpoint, checkpoint_tokenizer(checkpoint)
 
 
@@ -139,7 +174,7 @@ def open_prompt(
     Reads the config and the tokenizer, no tensor yet; a `--prompt` without a
     tokenizer is a `ValueError` naming the directory.
     """
-    checkpoint, tokenizer = open_with_tokenizer(checkpoint_path(args, progress))
+    checkpoint, tokenizer = open_with_tokenizer(checkpoint_path(args, progress), adapters(args))
     if args.tokens is not None:
         return checkpoint, tokenizer, args.tokens
     text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)

@@ -21,7 +21,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from max_gpt2.cli.console import CHECKPOINT_HELP, open_with_tokenizer
+from max_gpt2.cli.console import CHECKPOINT_HELP, adapters, add_lora_arguments, open_with_tokenizer
 from max_gpt2.inference.tokenizer import gguf_vocabulary
 from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_metadata, gguf_tensors, pure_formats
 from max_gpt2.model.checkpoints.gguf_writer import write_gguf
@@ -34,6 +34,7 @@ from max_gpt2.outputs import Progress
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's options (it takes no `--device` or `--dtype`: `max_gpt2.cli.HOST_ONLY`)."""
     parser.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP.split(" (")[0])
+    add_lora_arguments(parser)  # merged into the file written
     parser.add_argument(
         "--weight-format",
         choices=list(dict.fromkeys([*FORMATS, *MIXES])),  # q6_k is both: the preset's mix is what it writes
@@ -56,7 +57,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
             pass
     except OSError as error:
         raise OSError(f"--out {args.out}: cannot write in {args.out.parent} ({error.strerror})") from None
-    checkpoint, tokenizer = open_with_tokenizer(args.checkpoint)
+    checkpoint, tokenizer = open_with_tokenizer(args.checkpoint, adapters(args))
     config, tied = checkpoint.config, checkpoint.tied
     mix = MIXES.get(args.weight_format)
     if mix is None:

@@ -25,6 +25,8 @@ from pathlib import Path
 from max_gpt2.cli.console import (
     CACHE_DIR_HELP,
     CHECKPOINT_HELP,
+    adapters,
+    add_lora_arguments,
     add_storage_arguments,
     checkpoint_path,
     open_with_tokenizer,
@@ -41,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path, help="UTF-8 text files to score")
     add_storage_arguments(parser)
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    add_lora_arguments(parser)
     windows = parser.add_mutually_exclusive_group()
     windows.add_argument(
         "--stride", type=positive_int, help="tokens between windows (default: n_positions / 2)"
@@ -70,7 +73,7 @@ def main(args: argparse.Namespace, progress: Progress) -> int:
     """Reads every file and checks the stride first, then compiles and scores each file."""
     texts = read_texts(args.files)
     path = checkpoint_path(args, progress)
-    checkpoint, tokenizer = open_with_tokenizer(path)
+    checkpoint, tokenizer = open_with_tokenizer(path, adapters(args))
     if tokenizer is None:
         raise ValueError(f"{tokenizer_directory(checkpoint.path)} has no tokenizer to read the text with")
     window = checkpoint.config.n_positions

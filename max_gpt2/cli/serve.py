@@ -42,13 +42,14 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from max_gpt2.cli.console import check_port_free, checkpoint_path, is_loopback
+from max_gpt2.cli.console import adapters, check_port_free, checkpoint_path, is_loopback
 from max_gpt2.cli.serve_gguf import WEIGHTS, model_directory
 from max_gpt2.cli.serve_options import add_arguments, check_host, pooling_of
 from max_gpt2.explorer.loading import ExplorerSettings
 from max_gpt2.inference.devices import device_name, resolve_device
 from max_gpt2.inference.loading import plan_load
-from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.lora import with_adapters
 from max_gpt2.model.formats import FLOAT32, FORMATS
 from max_gpt2.outputs import Progress, default_cache_dir
 from max_gpt2.serving.chat_templates import chat_template_file
@@ -149,8 +150,16 @@ def serve_command(
     path = checkpoint_path(args, progress)
     devices = device_name(resolve_device(args.device))
     # With the explorer, also what its attention-weights graph needs of the device.
+    lora = adapters(args)
+    if lora and args.explorer:
+        raise ValueError("--explorer: the head explorer loads the checkpoint alone; leave out --lora")
+    base = open_checkpoint(path)
     plan = plan_load(
-        path, args.device, args.dtype, weight_format=args.weight_format, output_attentions=args.explorer
+        with_adapters(base, lora),
+        args.device,
+        args.dtype,
+        weight_format=args.weight_format,
+        output_attentions=args.explorer,
     )
     checkpoint, device, weight_format = plan.checkpoint, plan.options.device, plan.options.weight_format
     # With the explorer, a file's own mix is what it loads as by default (None).
@@ -166,9 +175,10 @@ def serve_command(
         explorer=explorer.to_json() if args.explorer else None,
         metrics_socket=f"{runtime_directory}/metrics.sock" if runtime_directory else None,
         pooling=pooling_of(args),
+        lora=tuple((str(adapter.path.resolve()), adapter.scale) for adapter in lora),
     )
     check_device(settings, args.dtype, device.is_host, device_name(device))
-    model = served_model(checkpoint, plan.tokenizer(), path)
+    model = served_model(base, plan.tokenizer(), path)
     command = [
         sys.executable,
         "-m",

@@ -14,6 +14,7 @@ from pathlib import Path
 from max_gpt2.cli.console import (
     CHECKPOINT_HELP,
     add_listen_arguments,
+    add_lora_arguments,
     add_weight_format_argument,
     positive_int,
 )
@@ -23,6 +24,7 @@ from max_gpt2.inference.embeddings import Pooling
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own options (`--device` and `--dtype` come from the CLI's shared parent)."""
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    add_lora_arguments(parser)
     add_listen_arguments(parser, 8000)
     parser.add_argument(
         "--served-model-name",

@@ -27,8 +27,7 @@ from max.pipelines.modeling.config_enums import supported_encoding_dtype
 from max_gpt2.inference.embeddings import Pooling, embed
 from max_gpt2.inference.loading import compiled_with, plan_load
 from max_gpt2.max_internals import served_encoding
-from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
-from max_gpt2.serving.model_config import served_checkpoint, served_weight_format
+from max_gpt2.serving.model_config import opened_served, served_weight_format
 from max_gpt2.serving.settings import ServingSettings
 
 
@@ -50,8 +49,7 @@ class GPT2EmbeddingsModel:
         settings = ServingSettings.from_environment()
         # Our route normalises per request; under plain `max serve` MAX's route answers, which does not.
         self.pooling, self.norm = (settings.pooling, -1) if settings.pooling else (Pooling.LAST, 2)
-        path = served_checkpoint(pipeline_config.model)
-        checkpoint = open_checkpoint(path)
+        checkpoint = opened_served(pipeline_config.model)
         weight_format = served_weight_format(lambda: checkpoint)
         dtype = supported_encoding_dtype(served_encoding(pipeline_config.model, "float32"))
         plan = plan_load(checkpoint, devices[0], dtype, weight_format=weight_format)

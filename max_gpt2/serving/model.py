@@ -63,7 +63,6 @@ from max_gpt2.inference.compiled import compile_together
 from max_gpt2.inference.devices import kernels_run_on, weight_buffers
 from max_gpt2.inference.lm_options import check_weight_format
 from max_gpt2.inference.threads import AfterFirstRun
-from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
 from max_gpt2.model.checkpoints.stored_weights import StoredWeights
 from max_gpt2.model.layers.block import LinearFactory
 from max_gpt2.model.layers.gpt2 import embedding_for, linear_for
@@ -72,7 +71,7 @@ from max_gpt2.model.layers.packed_linear import take_formats
 from max_gpt2.model.layers.variants import LAST_LOGITS, LAST_LOGITS_DECODE, PLAIN, Variant
 from max_gpt2.serving.drafts import CheckedDrafts
 from max_gpt2.serving.drawn_from import DrawnOutputs, drawn_log_probabilities
-from max_gpt2.serving.model_config import GPT2ServingConfig, served_checkpoint
+from max_gpt2.serving.model_config import GPT2ServingConfig, opened_served
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
 from max_gpt2.serving.settings import ServingSettings
 
@@ -111,11 +110,11 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         self._logprobs_model = session.load(log_probabilities_ragged_graph(device, levels=LOGPROB_LEVELS))
 
     def _checkpoint_weights(self) -> StoredWeights:
-        """The checkpoint's parameters as bound in the served weight format, through the adapter `arch.py`
-        registers for its files: a GGUF file given as MAX's weight path, else the model directory."""
+        """The checkpoint's parameters as bound in the served weight format (LoRA adapters merged), through
+        the adapter `arch.py` registers for its files: a GGUF file given as MAX's weight path, else the
+        model directory."""
         assert self.adapter is not None, "arch.py registers an adapter for safetensors and GGUF"
-        path = served_checkpoint(self.pipeline_config.model)
-        return self.adapter(open_checkpoint(path), self.arch_config.weight_format)
+        return self.adapter(opened_served(self.pipeline_config.model), self.arch_config.weight_format)
 
     def _bound_buffers(self, state_dict: dict[str, Any], model_config: GPT2ServingConfig) -> dict[str, Any]:
         """The host buffers bound: the stored arrays as they are, the rest in the compute dtype

@@ -29,7 +29,8 @@ from transformers import AutoConfig
 from typing_extensions import Self
 
 from max_gpt2.max_internals import served_encoding
-from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, open_checkpoint
+from max_gpt2.model.checkpoints.lora import MergedCheckpoint, with_adapters
 from max_gpt2.model.checkpoints.stored_weights import Stored
 from max_gpt2.model.config import GPT2Config
 from max_gpt2.model.formats import FLOAT32, FORMATS, WeightFormat, format_named
@@ -102,6 +103,12 @@ def served_checkpoint(model_config: MAXModelConfig) -> Path:
     """What MAX serves: a GGUF file given as its weight path, else the model directory."""
     gguf = (Path(file) for file in model_config.weight_path if Path(file).suffix == ".gguf")
     return next(gguf, Path(model_config.model_path))
+
+
+def opened_served(model_config: MAXModelConfig) -> OpenedCheckpoint | MergedCheckpoint:
+    """The served checkpoint, opened, with the adapters our serving settings name merged as it loads."""
+    adapters = ServingSettings.from_environment().adapters()
+    return with_adapters(open_checkpoint(served_checkpoint(model_config)), adapters)
 
 
 def served_weight_format(checkpoint: Callable[[], Stored]) -> WeightFormat:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from max_gpt2.inference.embeddings import Pooling
+from max_gpt2.model.checkpoints.lora import LoRA
 
 VARIABLE = "MAX_GPT2_SERVING"
 API_KEY_VARIABLE = "MAX_GPT2_API_KEY"
@@ -38,7 +40,8 @@ class ServingSettings:
     settings as its JSON (`max_gpt2.explorer.loading.ExplorerSettings`), or None;
     `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None;
     `pooling`: how a server of embeddings pools each text (`max_gpt2.inference.embeddings.Pooling`),
-    None for one that generates.
+    None for one that generates; `lora`: the LoRA adapters merged into the weights, each its directory
+    and scale (`max_gpt2.model.checkpoints.lora`).
     """
 
     served_names: tuple[str, ...] = ("gpt2",)
@@ -49,6 +52,7 @@ class ServingSettings:
     explorer: str | None = None
     metrics_socket: str | None = None
     pooling: Pooling | None = None
+    lora: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.served_names or not all(isinstance(name, str) and name for name in self.served_names):
@@ -83,6 +87,7 @@ class ServingSettings:
             for name in ("served_names", "allowed_origins"):
                 if name in values:
                     values[name] = tuple(values[name])
+            values["lora"] = tuple((str(path), float(scale)) for path, scale in values.get("lora", ()))
             if values.get("pooling") is not None:
                 values["pooling"] = Pooling(values["pooling"])
             return cls(**values)
@@ -95,6 +100,10 @@ class ServingSettings:
         (plain `max serve --custom-architectures max_gpt2.serving`)."""
         text = os.environ.get(VARIABLE)
         return cls.from_json(text) if text else cls()
+
+    def adapters(self) -> list[LoRA]:
+        """The LoRA adapters merged into the served weights."""
+        return [LoRA(Path(path), scale) for path, scale in self.lora]
 
     def environment(self) -> dict[str, str]:
         """The variable that hands these settings to MAX's processes."""

@@ -159,6 +159,7 @@ class Checkpoint:
     weight_format = FLOAT32  # what it loads as
     source_formats = frozenset({FLOAT32})  # what `tensor` hands out
     maps_as_bound = False  # Conv1D weights are transposed: nothing binds as it lies in the files
+    merges = ()  # the weights are the files' alone
     one_file = False  # config, tokenizer and weights are files of a directory
     tokenizer_metadata = None  # a tokenizer is only ever in files beside the weights
 

@@ -180,6 +180,7 @@ class GGUFCheckpoint:
             self.weight_format = mixed(packed) or FLOAT32
 
     one_file = True  # its config, tokenizer and weights
+    merges = ()  # the weights are the file's alone
 
     @property
     def tokenizer_metadata(self) -> dict[str, Any]:

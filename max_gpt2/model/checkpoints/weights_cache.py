@@ -152,12 +152,14 @@ def read_stored(file: Path, layout: Layout) -> dict[str, np.ndarray]:
 
 
 class Source(WeightSource, Protocol):
-    """A checkpoint `bound_weights` reads: its tensors (`WeightSource`) and files, and whether a float32
-    load binds them as they lie (`GGUFCheckpoint.maps_as_bound`)."""
+    """A checkpoint `bound_weights` reads: its tensors (`WeightSource`) and files, whether a float32
+    load binds them as they lie (`GGUFCheckpoint.maps_as_bound`), and what its tensors merge beyond the
+    files' bytes (`lora.MergedCheckpoint.merges`: the adapters' scales), part of the cache's key."""
 
     path: Path
     files: list[Path]
     maps_as_bound: bool
+    merges: tuple[str, ...]
 
 
 def bound_weights(
@@ -185,6 +187,8 @@ def cached_weights(
     config: GPT2Config = source.config
     layout = stored_layout(config, weight_format, source.tied)
     digest = content_digest(source.files, cache)
+    if source.merges:
+        digest = hashlib.sha256(json.dumps([digest, *source.merges]).encode()).hexdigest()
     file = cache / "weights" / f"{digest[:32]}-{weight_format}-v{LAYOUT}.safetensors"
     if file.is_file():
         try:

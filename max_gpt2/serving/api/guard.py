@@ -48,7 +48,6 @@ NOT_SERVED = {
     "/v1/embeddings, OpenAI's, and llama-server's /embedding",
     **dict.fromkeys(("/reranking", "/v1/reranking"), RERANKS),
     "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
-    "/lora-adapters": "GPT-2 is served without adapters",
     "/v1/audio/transcriptions": "GPT-2 reads text only",
 }
 

@@ -14,6 +14,7 @@
 | `GET /v1/models`, `GET /v1/models/{name}` (and `/models`) | here: each served name, its context length |
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
+| `GET /lora-adapters`, `POST /lora-adapters` (llama-server's) | `adapters` |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts the routes served
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -33,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from max_gpt2.serving.api.adapters import list_adapters, set_adapters
 from max_gpt2.serving.api.chat import apply_template, count_chat_tokens, create_chat_completion
 from max_gpt2.serving.api.completions import create_completion
 from max_gpt2.serving.api.embeddings import create_embedding
@@ -141,6 +143,8 @@ COMMON = [
     Route("/v1/health", health, methods=["GET"]),
     Route("/version", version, methods=["GET"]),
     Route("/props", props, methods=["GET"]),
+    Route("/lora-adapters", list_adapters, methods=["GET"]),  # llama-server's: those merged at start
+    Route("/lora-adapters", set_adapters, methods=["POST"]),
 ]
 GENERATES = (
     "this server generates text; a server started with --embeddings (llama-server's option; vLLM's "

@@ -5,7 +5,8 @@ alpha / r * (B @ A).T`, PEFT's `merge_and_unload` for GPT-2's `fan_in_fan_out` p
 to disk and run by the float64 reference; the loaded model must give its logits. A scale of 0 gives
 the checkpoint's own logits (so the weights cache keys the scale), a packed format the very logits of
 the merged checkpoint packed, and what cannot merge is refused, naming the file and what is wrong.
-The server merges them too and lists them in llama-server's `/lora-adapters`.
+PEFT's own `PeftModel` gives the same logits (`tests/test_peers.py`). The server merges them too
+and lists them in llama-server's `/lora-adapters`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from max_gpt2 import CheckpointError, load_lm, reference
+from max_gpt2 import CheckpointError, GPT2Config, load_lm, reference
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.cli.serve_options import add_arguments
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from max_gpt2.model.checkpoints.lora import LoRA, with_adapters
+from max_gpt2.model.parameters import model_parameter_shapes
 from max_gpt2.serving.api.adapters import scales
 from max_gpt2.serving.settings import ServingSettings
 from tests.gguf_files import write_gguf_file
@@ -36,20 +38,20 @@ RANKS = {"attn.c_attn": 4, "attn.c_proj": 4, "mlp.c_fc": 2, "mlp.c_proj": 4}
 ALPHA, C_PROJ_ALPHA = 8.0, 3.0  # lora_alpha, and alpha_pattern's for mlp.c_proj
 
 
-def write_adapter(directory: Path, checkpoint: Path, seed: int = 1, **config: object) -> Path:
-    """A PEFT adapter for `checkpoint`'s layer 0 with random A and B (PEFT starts B at 0; a trained one
-    is not), as `save_pretrained` writes it."""
+def write_adapter(directory: Path, config: GPT2Config, seed: int = 1, **settings: object) -> Path:
+    """A PEFT adapter for layer 0 of a model of `config`, with random A and B (PEFT starts B at 0; a
+    trained one is not), as `save_pretrained` writes it; `settings` change its config."""
     rng = np.random.default_rng(seed)
-    stored = load_file(str(checkpoint / "model.safetensors"))
+    shapes = model_parameter_shapes(config)
     tensors = {}
     for module, rank in RANKS.items():
-        width, out = stored[f"h.0.{module}.weight"].shape  # Conv1D: [in, out]
+        out, width = shapes[f"transformer.h.0.{module}.weight"]
         key = f"base_model.model.transformer.h.0.{module}"
         tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.3, (rank, width)).astype(np.float32)
         tensors[f"{key}.lora_B.weight"] = rng.normal(0, 0.3, (out, rank)).astype(np.float32)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "adapter_model.safetensors"))
-    settings = {
+    peft = {
         "peft_type": "LORA",
         "r": 4,
         "lora_alpha": ALPHA,
@@ -60,7 +62,7 @@ def write_adapter(directory: Path, checkpoint: Path, seed: int = 1, **config: ob
         "bias": "none",
         "use_dora": False,
     }
-    (directory / "adapter_config.json").write_text(json.dumps(settings | config))
+    (directory / "adapter_config.json").write_text(json.dumps(peft | settings))
     return directory
 
 
@@ -88,7 +90,7 @@ def test_merged_adapter_gives_the_reference_logits_of_the_weights_merged_by_hand
     lm_checkpoint, tmp_path, scale, rslora
 ):
     base = lm_checkpoint(LM_ONE_LAYER)
-    adapter = write_adapter(tmp_path / "adapter", base, use_rslora=rslora)
+    adapter = write_adapter(tmp_path / "adapter", LM_ONE_LAYER, use_rslora=rslora)
     lm = load_lm(with_adapters(open_checkpoint(base), [LoRA(adapter, scale)]), cache_dir=tmp_path / "cache")
     ids = prompts(LM_ONE_LAYER, 2, 9)
     got = lm.prefill(ids, lm.new_cache(2, 9), all_logits=True)
@@ -103,7 +105,7 @@ def test_a_scale_of_zero_is_the_checkpoint_and_a_packed_format_packs_the_merged_
     lm_checkpoint, tmp_path
 ):
     base = lm_checkpoint(LM_ONE_LAYER)
-    adapter = write_adapter(tmp_path / "adapter", base)
+    adapter = write_adapter(tmp_path / "adapter", LM_ONE_LAYER)
     cache, ids = tmp_path / "cache", prompts(LM_ONE_LAYER, 1, 7)
 
     def logits(checkpoint, **options):
@@ -139,7 +141,7 @@ def test_a_scale_of_zero_is_the_checkpoint_and_a_packed_format_packs_the_merged_
 )
 def test_an_adapter_that_cannot_merge_is_refused_naming_what(lm_checkpoint, tmp_path, change, message):
     base = lm_checkpoint(LM_ONE_LAYER)
-    adapter = write_adapter(tmp_path / "adapter", base, **change.get("config", {}))
+    adapter = write_adapter(tmp_path / "adapter", LM_ONE_LAYER, **change.get("config", {}))
     tensors = load_file(str(adapter / "adapter_model.safetensors"))
     if "key" in change:
         tensors[change["key"]] = np.zeros((4, 32), np.float32)
@@ -164,7 +166,7 @@ def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_doe
     from tests.test_serve import client
 
     base = lm_checkpoint(LM)
-    adapter = write_adapter(tmp_path / "adapter", base)
+    adapter = write_adapter(tmp_path / "adapter", LM)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--lora-scaled", str(adapter), "0.5"])

@@ -132,6 +132,29 @@ def hugging_face_lm(path: Path, head: str):
     return transformers.GPT2LMHeadModel.from_pretrained(path).eval()
 
 
+def test_a_peft_adapter_merges_as_peft_applies_it(tmp_path, compiled_lm):
+    """A LoRA adapter in PEFT's saved form (rank and alpha patterns, rsLoRA) merged as the weights load
+    (`max_gpt2.model.checkpoints.lora`) gives the logits of PEFT's `PeftModel` over Hugging Face's model."""
+    peft = pytest.importorskip("peft", reason="peer check needs peft (pip install peft)")
+    from max_gpt2.model.checkpoints.checkpoint import open_checkpoint
+    from max_gpt2.model.checkpoints.lora import LoRA, with_adapters
+    from tests.test_lora import write_adapter
+
+    compiled_lm(LM)
+    hf = hugging_face_lm(tmp_path / "base", "tied")
+    adapter = write_adapter(tmp_path / "adapter", LM, use_rslora=True)
+    ids = PADDED[1:]
+    with torch.no_grad():
+        own = hf(torch.from_numpy(ids)).logits.numpy()
+        adapted = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()  # in place: hf is adapted too
+        theirs = adapted(torch.from_numpy(ids)).logits.numpy().astype(np.float64)
+    assert np.abs(theirs - own).max() > 0.1
+    checkpoint = with_adapters(open_checkpoint(tmp_path / "base"), [LoRA(adapter)])
+    ours = load_lm(checkpoint, device="cpu", cache_dir=tmp_path / "cache").logits(ids)
+    comparison = compare(ours, theirs, "float32")
+    assert comparison.passed, comparison
+
+
 PADDED = np.array(
     [[0, 0, 0, 11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26, 27, 28], [0, 0, 0, 0, 0, 0, 31, 32]]
 )

@@ -17,6 +17,7 @@ import math
 import re
 from pathlib import Path
 
+import gguf
 import httpx
 import numpy as np
 import pytest
@@ -24,8 +25,10 @@ from safetensors.numpy import load_file, save_file
 
 from max_gpt2 import CheckpointError, GPT2Config, load_lm, reference
 from max_gpt2.bench.server import ServerProcess, free_port
+from max_gpt2.cli.console import adapters
 from max_gpt2.cli.serve_options import add_arguments
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_name
 from max_gpt2.model.checkpoints.lora import LoRA, with_adapters
 from max_gpt2.model.parameters import model_parameter_shapes
 from max_gpt2.serving.api.adapters import scales
@@ -161,7 +164,7 @@ def test_an_adapter_that_cannot_merge_is_refused_naming_what(lm_checkpoint, tmp_
 def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_does(
     lm_checkpoint, compiled_lm, tmp_path
 ):
-    """`max-gpt2 serve --lora-scaled DIR 0.5`: greedy tokens of the weights merged by hand; llama-server's
+    """`max-gpt2 serve --lora-scaled DIR:0.5`: greedy tokens of the weights merged by hand; llama-server's
     `/lora-adapters`, its scales fixed; the settings carry the adapters to the worker."""
     from tests.test_serve import client
 
@@ -169,8 +172,8 @@ def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_doe
     adapter = write_adapter(tmp_path / "adapter", LM)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--lora-scaled", str(adapter), "0.5"])
-    assert args.lora_scaled == [[str(adapter), "0.5"]]
+    args = parser.parse_args(["--lora-scaled", f"{adapter}:0.5"])
+    assert adapters(args) == [LoRA(adapter, 0.5)]
     settings = ServingSettings(lora=((str(adapter), 0.5),))
     assert ServingSettings.from_json(settings.to_json()).adapters() == [LoRA(adapter, 0.5)]
     assert scales(b'[{"id": 0, "scale": 0.5}]', 1) == [0.5] and scales(b"[]", 1) == [0.0]
@@ -204,4 +207,69 @@ def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_doe
 
 
 def args_of(adapter: Path) -> tuple[str, ...]:
-    return ("--lora-scaled", str(adapter), "0.5")
+    return ("--lora-scaled", f"{adapter}:0.5")
+
+
+def write_gguf_adapter(path: Path, peft_directory: Path, alpha: float) -> Path:
+    """`peft_directory`'s pairs as a GGUF adapter llama.cpp loads (`gguf`'s writer, llama.cpp's own
+    Python package): `blk.0.attn_qkv.weight.lora_a` `[r, in]`, `.lora_b` `[out, r]`, one alpha."""
+    pairs = load_file(str(peft_directory / "adapter_model.safetensors"))
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    for module in RANKS:
+        key, name = (
+            f"base_model.model.transformer.h.0.{module}",
+            gguf_name(f"transformer.h.0.{module}.weight"),
+        )
+        writer.add_tensor(f"{name}.lora_a", pairs[f"{key}.lora_A.weight"])
+        writer.add_tensor(f"{name}.lora_b", pairs[f"{key}.lora_B.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_adapter_merges_as_the_same_pairs_from_peft(lm_checkpoint, tmp_path):
+    """llama.cpp's GGUF adapter (alpha over each pair's rank, times the scale) adds the very updates of
+    the PEFT adapter it holds the pairs of; one that is not a GPT-2 LoRA is refused."""
+    base = open_checkpoint(lm_checkpoint(LM))
+    peft = write_adapter(tmp_path / "peft", LM, alpha_pattern={})
+    file = write_gguf_adapter(tmp_path / "adapter.gguf", peft, ALPHA)
+    from_peft = with_adapters(base, [LoRA(peft, 0.5)])
+    from_gguf = with_adapters(base, [LoRA(file, 0.5)])
+    assert from_gguf.files[-1] == file
+    for module in RANKS:
+        name = f"transformer.h.0.{module}.weight"
+        np.testing.assert_array_equal(from_gguf.tensor(name).data, from_peft.tensor(name).data)
+    no_alpha = write_gguf_adapter(tmp_path / "no-alpha.gguf", peft, 0.0)  # llama.cpp: B @ A, scaled alone
+    delta = with_adapters(base, [LoRA(no_alpha, 0.5)]).deltas[0]["transformer.h.0.mlp.c_fc.weight"]
+    assert delta.factor == 0.5
+    model = gguf.GGUFWriter(str(tmp_path / "model.gguf"), "gpt2")  # a file with no general.type
+    model.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    model.write_header_to_file(), model.write_kv_data_to_file(), model.write_tensors_to_file(), model.close()
+    with pytest.raises(CheckpointError, match=r"general\.type is None; a GPT-2 LoRA has 'adapter'"):
+        with_adapters(base, [LoRA(tmp_path / "model.gguf")])
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_a_gguf_adapter_gives_llama_servers_greedy_tokens(lm_checkpoint, compiled_lm, tmp_path, scale):
+    """llama-server (`LLAMA_CPP`) with `--lora-scaled FILE:S` on the same weights as a GGUF file: the
+    same greedy tokens as ours with the adapter merged."""
+    from max_gpt2.bench.server import stop_group
+    from tests.llama_cpp import llama_server_on
+
+    base = lm_checkpoint(LM)
+    file = write_gguf_adapter(tmp_path / "adapter.gguf", write_adapter(tmp_path / "peft", LM), ALPHA)
+    process, url = llama_server_on(base, tmp_path, "--lora-scaled", f"{file}:{scale}", "--no-warmup")
+    try:
+        prompt = [5, 17, 42, 8]
+        body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        theirs = httpx.post(f"{url}/completion", json=body, timeout=60).json()["tokens"]
+    finally:
+        stop_group(process.pid, process.wait)
+    merged = with_adapters(open_checkpoint(base), [LoRA(file, scale)])
+    lm = compiled_lm(LM).with_weights({name: merged.tensor(name).data for name in model_parameter_shapes(LM)})
+    assert theirs == lm.generate(np.array([prompt]), 8)[0, len(prompt) :].tolist()

@@ -113,34 +113,34 @@ def add_listen_arguments(parser: argparse.ArgumentParser, port: int) -> None:
 
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--lora` and `--lora-scaled` (llama-server's names): PEFT adapters merged as the weights load."""
+    """`--lora` and `--lora-scaled`, as llama-server takes them: adapters merged as the weights load."""
     parser.add_argument(
         "--lora",
         action="append",
-        type=Path,
         default=[],
-        metavar="DIR",
-        help="a PEFT LoRA adapter directory merged into the projections (repeatable)",
+        metavar="PATH[,PATH...]",
+        help="LoRA adapters merged into the projections: PEFT directories or GGUF adapter files",
     )
     parser.add_argument(
         "--lora-scaled",
         action="append",
-        nargs=2,
         default=[],
-        metavar=("DIR", "SCALE"),
-        help="an adapter merged at SCALE times its own update (repeatable)",
+        metavar="PATH:SCALE[,...]",
+        help="adapters merged at SCALE times their own update",
     )
 
 
 def adapters(args: argparse.Namespace) -> list[LoRA]:
     """The adapters `add_lora_arguments` parsed: `--lora`'s at scale 1, then `--lora-scaled`'s."""
-    scaled = []
-    for path, scale in args.lora_scaled:
-        try:
-            scaled.append(LoRA(Path(path), float(scale)))
-        except ValueError:
-            raise ValueError(f"--lora-scaled {path} {scale}: the scale must be a finite number") from None
-    return [LoRA(path) for path in args.lora] + scaled
+    found = [LoRA(Path(path)) for given in args.lora for path in given.split(",") if path]
+    for given in args.lora_scaled:
+        for item in given.split(","):
+            path, _, scale = item.rpartition(":")
+            try:
+                found.append(LoRA(Path(path), float(scale)))
+            except ValueError:
+                raise ValueError(f"--lora-scaled {item}: PATH:SCALE, the scale a finite number") from None
+    return found
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:

@@ -43,7 +43,7 @@ async def set_adapters(request: Request) -> Response:
                 "lora",
                 f"lora: the adapters are merged into the weights at scales "
                 f"{[scale for _, scale in served.settings.lora]}, and these ask for {asked}; start the "
-                "server with --lora-scaled DIR SCALE for others",
+                "server with --lora-scaled PATH:SCALE for others",
             )
         )
     return JSONResponse({"success": True})

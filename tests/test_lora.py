@@ -31,7 +31,8 @@ from max_gpt2.model.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_name
 from max_gpt2.model.checkpoints.lora import LoRA, with_adapters
 from max_gpt2.model.parameters import model_parameter_shapes
-from max_gpt2.serving.api.adapters import scales
+from max_gpt2.serving.api.llama_fields import check_lora
+from max_gpt2.serving.api.protocol import Refusal
 from max_gpt2.serving.settings import ServingSettings
 from tests.gguf_files import write_gguf_file
 from tests.support import LM, LM_ONE_LAYER, prompts
@@ -176,7 +177,10 @@ def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_doe
     assert adapters(args) == [LoRA(adapter, 0.5)]
     settings = ServingSettings(lora=((str(adapter), 0.5),))
     assert ServingSettings.from_json(settings.to_json()).adapters() == [LoRA(adapter, 0.5)]
-    assert scales(b'[{"id": 0, "scale": 0.5}]', 1) == [0.5] and scales(b"[]", 1) == [0.0]
+    check_lora([{"id": 0, "scale": 0.5}], (0.5,))
+    for wrong in ([], [{"id": 1, "scale": 0.5}], [{"id": 0}], {"id": 0, "scale": 0.5}):  # [] is scale 0
+        with pytest.raises(Refusal, match="lora"):
+            check_lora(wrong, (0.5,))
     server = ServerProcess(base, tmp_path / "server.log", free_port(), "--device", "cpu", *args_of(adapter))
     try:
         server.wait_until_ready(timeout=900)
@@ -202,6 +206,15 @@ def test_the_server_serves_the_merged_weights_and_lists_them_as_llama_server_doe
         other = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 1.0}])
         assert other.status_code == 400 and other.json()["error"]["param"] == "lora"
         assert "--lora-scaled" in other.json()["error"]["message"]
+        # A request's `lora` (llama-server's, on every route) may ask for the scales merged, not others.
+        body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        same = httpx.post(f"{server.url}/completion", json=body | {"lora": [{"id": 0, "scale": 0.5}]})
+        assert same.status_code == 200 and same.json()["tokens"] == expected[:2]
+        openai = {"model": "gpt2", "prompt": prompt, "max_tokens": 2}
+        for route, asked in (("/completion", body), ("/v1/completions", openai)):
+            other = httpx.post(f"{server.url}{route}", json=asked | {"lora": [{"id": 0, "scale": 2}]})
+            assert other.status_code == 400 and other.json()["error"]["param"] == "lora"
+            assert "merged into the weights at scales [0.5]" in other.json()["error"]["message"]
     finally:
         server.stop()
 

@@ -40,7 +40,7 @@ REFUSED = [
     (
         {"lora": [{"id": 0, "scale": 1}]},
         "lora",
-        "this server has no such sampler or setting; leave it out or []",
+        "with an id of the adapters (none: no adapter is merged)",
     ),
     (
         {"adaptive_target": 0.5, "adaptive_decay": 1.5, "samplers": ["adaptive_p"]},

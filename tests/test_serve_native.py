@@ -102,7 +102,7 @@ def test_n_probs_are_the_models_log_probabilities(served_lm, served_model, serve
     ("change", "field", "says"),
     [
         ({"mirostat": 3}, "mirostat", "mirostat: 0 (off), 1 or 2 (Mirostat 2.0); got 3"),
-        ({"lora": [{"id": 0, "scale": 1}]}, "lora", "no such sampler or setting; leave it out or []"),
+        ({"lora": [{"id": 0, "scale": 1}]}, "lora", "an id of the adapters (none: no adapter is merged)"),
         ({"n_indent": -1}, "n_indent", "n_indent: 0 or more; got -1"),
         ({"t_max_predict_ms": -2}, "t_max_predict_ms", "t_max_predict_ms: -1 (none) or more; got -2"),
         ({"adaptive_decay": 1.5}, "adaptive_decay", "adaptive_decay: 0 to 0.99; got 1.5"),

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, StoredTensors
-from max_gpt2.model.checkpoints.gguf_checkpoint import gguf_name
+from max_gpt2.model.checkpoints.gguf_checkpoint import ARCHITECTURE, gguf_name
 from max_gpt2.model.checkpoints.gguf_file import GGUFFile
 from max_gpt2.model.checkpoints.stored_weights import SourceTensor, to_float32
 from max_gpt2.model.checkpoints.weight_adapters import CheckpointError
@@ -150,7 +150,7 @@ def gguf_pairs(lora: LoRA, shapes: dict[str, tuple[int, ...]]) -> tuple[Pairs, F
     for key, wanted in (
         ("general.type", "adapter"),
         ("adapter.type", "lora"),
-        ("general.architecture", "gpt2"),
+        ("general.architecture", ARCHITECTURE),
     ):
         if file.metadata.get(key) != wanted:
             raise CheckpointError(
@@ -190,7 +190,7 @@ class MergedCheckpoint:
             stored = ", ".join(sorted(kind.name for kind in base.source_formats))
             raise CheckpointError(
                 f"{base.path} is {stored}: a LoRA merges into float weights (quantized ones would be "
-                "quantized a second time); give the float checkpoint and --weight-format"
+                "quantized a second time); give the float checkpoint, and the format to store it in"
             )
         self.base, self.adapters = base, adapters
         self.path, self.config, self.tied = base.path, base.config, base.tied

@@ -83,7 +83,7 @@ async def respond(
     try:
         body = parse(kind, await request.body())
         model = served.model_name(body.model)
-        asked = check(body, served.vocab_size, served.context_length)
+        asked = check(body, served.vocab_size, served.context_length, served.lora_scales)
         # A grammar's first compile and a chat template's rendering take a while: off the event loop.
         if asked.constraint is not None:
             await asyncio.to_thread(served.check_constraint, asked)

@@ -76,7 +76,7 @@ async def start_chat(
     served name, what the request asks, the choice; a `Refusal` naming `prompt_field` for a prompt
     past the context."""
     model = served.model_name(chat.model)
-    asked = check(chat, served.vocab_size, served.context_length)
+    asked = check(chat, served.vocab_size, served.context_length, served.lora_scales)
     if asked.constraint is not None:  # a grammar's first compile takes a while: off the event loop
         await asyncio.to_thread(served.check_constraint, asked)
     prompt = await asyncio.to_thread(prompt_ids, served, chat)

@@ -12,11 +12,38 @@ from max_gpt2.serving.api.llama_samplers import first_acting
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal
 
 
-def refuse_acting(body: Any) -> None:
-    """A `Refusal` for the first sampler or setting this server lacks that `body` sets (`llama_samplers`)."""
+def refuse_acting(body: Any, merged: tuple[float, ...] = ()) -> None:
+    """A `Refusal` for the first sampler or setting this server lacks that `body` sets (`llama_samplers`);
+    its `lora` checked against the scales the served adapters were merged at (`merged`, `check_lora`)."""
+    if body.lora:
+        check_lora(body.lora, merged)
+        body = body.model_copy(update={"lora": None})
     if found := first_acting(body):
         field, off = found
         raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")
+
+
+def check_lora(entries: Any, merged: tuple[float, ...]) -> None:
+    """A `Refusal` naming `lora` unless llama-server's `lora` (`[{"id", "scale"}, ...]`, an adapter left
+    out at scale 0) asks for the scales the served adapters were merged at: they are fixed at start."""
+    if not isinstance(entries, list):
+        raise Refusal("lora", 'lora: a list of {"id": N, "scale": S}')
+    asked = [0.0] * len(merged)
+    for index, entry in enumerate(entries):
+        ident = entry.get("id") if isinstance(entry, dict) else None
+        scale = entry.get("scale", 0.0) if isinstance(entry, dict) else None
+        if not (isinstance(ident, int) and 0 <= ident < len(merged) and isinstance(scale, (int, float))):
+            ids = f"0 to {len(merged) - 1}" if merged else "none: no adapter is merged"
+            raise Refusal(
+                "lora", f'lora[{index}]: {{"id", "scale"}} with an id of the adapters ({ids}); got {entry!r}'
+            )
+        asked[ident] = float(scale)
+    if asked != list(merged):
+        raise Refusal(
+            "lora",
+            f"lora: the adapters were merged into the weights at scales {list(merged)} when the server "
+            f"started (--lora-scaled PATH:SCALE), and this asks for {asked}",
+        )
 
 
 def llama_penalties(body: CompletionRequest | ChatRequest, context_length: int) -> int | None:

@@ -52,10 +52,12 @@ async def create_native_completion(request: Request) -> Response:
     served = Served.of(request)
     try:
         native = parse(NativeCompletion, await request.body())
-        body = as_completion(native)
+        body = as_completion(native, served.lora_scales)
         settings = generation_settings(native, body, served.context_length)
         model = served.model_name(body.model)
-        asked = named_natively(lambda: check(body, served.vocab_size, served.context_length))
+        asked = named_natively(
+            lambda: check(body, served.vocab_size, served.context_length, served.lora_scales)
+        )
         asked = in_llama_order(text_limits(asked, native), native, served.context_length)
         asked = eos_banned(asked, native, served.tokenizer.eos_token_ids)
         if asked.constraint is not None:

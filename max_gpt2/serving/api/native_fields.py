@@ -102,10 +102,10 @@ def defaults() -> dict[str, Any]:
     return shown | NativeCompletion(prompt="").model_dump(exclude=unset, exclude_none=True)
 
 
-def as_completion(native: NativeCompletion) -> CompletionRequest:
+def as_completion(native: NativeCompletion, lora: tuple[float, ...] = ()) -> CompletionRequest:
     """The `/v1/completions` request that asks what `native` asks; a `Refusal` naming the native field
-    for what this server cannot honour."""
-    refuse_acting(native)
+    for what this server cannot honour (`lora`: the scales the served adapters were merged at)."""
+    refuse_acting(native, lora)
     if native.echo:
         raise Refusal(
             "echo", "echo: /v1/completions echoes the prompt (with its log-probabilities); not here"

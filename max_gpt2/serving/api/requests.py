@@ -140,15 +140,18 @@ class Asked:
         )
 
 
-def check(body: CompletionRequest | ChatRequest, vocab_size: int, context_length: int) -> Asked:
-    """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring)."""
+def check(
+    body: CompletionRequest | ChatRequest, vocab_size: int, context_length: int, lora: tuple[float, ...] = ()
+) -> Asked:
+    """`body`'s fields in range and honoured, or a `Refusal` for the first that is not (module docstring);
+    `lora`: the scales the served adapters were merged at."""
     for field, why in REFUSED.items():
         value = getattr(body, field)
         if not (unset(value) or value in HARMLESS.get(field, ())):
             raise Refusal(field, f"{field}: {why}; leave it out")
     if body.stream_options is not None and not body.stream:
         raise Refusal("stream_options", "stream_options: only with stream: true, as OpenAI's API says")
-    refuse_acting(body)
+    refuse_acting(body, lora)
     body = body.model_copy(update=left_out(body.samplers))  # llama-server's: what it leaves out is off
     penalty_last_n = llama_penalties(body, context_length)
     if body.repeat_penalty is not None:

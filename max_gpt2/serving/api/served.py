@@ -41,6 +41,11 @@ class Served:
         return tokenizer
 
     @property
+    def lora_scales(self) -> tuple[float, ...]:
+        """The scales the served LoRA adapters were merged at, in their order (none: no adapter)."""
+        return tuple(scale for _, scale in self.settings.lora)
+
+    @property
     def vocab_size(self) -> int:
         """Token ids the model has: 0 to this, less one."""
         return self.tokenizer.model_vocab_size

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors
 
 from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, StoredTensors
 from max_gpt2.model.checkpoints.gguf_checkpoint import ARCHITECTURE, gguf_name
@@ -69,19 +70,29 @@ class LoRA:
 
 
 @dataclass(frozen=True)
+class Matrix:
+    """One of a pair as the adapter stores it: its shape, checked on opening, and its float32 values,
+    read when a merge first needs them (a load whose merged weights are cached reads none)."""
+
+    shape: tuple[int, ...]
+    read: Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
 class Delta:
     """One projection's low-rank update: `A` `[r, in]`, `B` `[out, r]`, and the factor on `B @ A`."""
 
-    a: np.ndarray
-    b: np.ndarray
+    a: Matrix
+    b: Matrix
     factor: float
 
     def dense(self) -> np.ndarray:
         """The update `[out, in]` in float32 (the product in float64)."""
-        return (self.factor * (self.b.astype(np.float64) @ self.a.astype(np.float64))).astype(np.float32)
+        product = self.b.read().astype(np.float64) @ self.a.read().astype(np.float64)
+        return (self.factor * product).astype(np.float32)
 
 
-Pairs = dict[str, dict[str, np.ndarray]]  # our parameter name -> {"A": [r, in], "B": [out, r]}
+Pairs = dict[str, dict[str, Matrix]]  # our parameter name -> {"A": [r, in], "B": [out, r]}
 Factor = Callable[[str, int], float]  # a projection's factor on B @ A, from its name and rank
 
 
@@ -97,7 +108,7 @@ def read_adapter(lora: LoRA, shapes: dict[str, tuple[int, ...]]) -> dict[str, De
         if set(pair) != {"A", "B"}:
             raise CheckpointError(f"{lora.path}: {name} has lora_{''.join(pair)} but not its partner")
         a, b, (out, width) = pair["A"], pair["B"], shapes[name]
-        if a.ndim != 2 or b.ndim != 2 or b.shape != (out, a.shape[0]) or a.shape[1] != width:
+        if len(a.shape) != 2 or len(b.shape) != 2 or b.shape != (out, a.shape[0]) or a.shape[1] != width:
             raise CheckpointError(
                 f"{lora.path}: {name}'s lora_A is {list(a.shape)} and lora_B {list(b.shape)}; the "
                 f"projection is {out} x {width}, so they must be [r, {width}] and [{out}, r]"
@@ -126,14 +137,17 @@ def peft_pairs(lora: LoRA) -> tuple[Pairs, Factor]:
     if config.get("modules_to_save"):
         raise CheckpointError(f"{config_file}: modules_to_save {config['modules_to_save']} (whole modules)")
     patterns = config.get("alpha_pattern") or {}
-    tensors = StoredTensors([weights_file])
+    tensors = StoredTensors([weights_file])  # checked now, read as a merge needs them
+    with safetensors.safe_open(str(weights_file), framework="numpy") as handle:
+        stored = {key: tuple(handle.get_slice(key).get_shape()) for key in tensors}
     pairs: Pairs = {}
-    for key in tensors:
+    for key, shape in stored.items():
         if not (match := _KEY.fullmatch(key)) or not match[1].endswith(PROJECTIONS):
             raise CheckpointError(
                 f"{weights_file}: {key} is no LoRA pair of a projection ({', '.join(PROJECTIONS)}) of GPT-2"
             )
-        pairs.setdefault(f"transformer.{match[1]}.weight", {})[match[2]] = tensors[key]
+        matrix = Matrix(shape, lambda key=key: tensors[key])
+        pairs.setdefault(f"transformer.{match[1]}.weight", {})[match[2]] = matrix
 
     def factor(name: str, rank: int) -> float:
         module = name.removesuffix(".weight")
@@ -174,7 +188,7 @@ def gguf_pairs(lora: LoRA, shapes: dict[str, tuple[int, ...]]) -> tuple[Pairs, F
         tensor = SourceTensor(
             BY_GGML_TYPE[info.type], file.data(stored), info.shape, f"{lora.path}: {stored}"
         )
-        pairs.setdefault(ours[base], {})[side.upper()] = to_float32(tensor)
+        pairs.setdefault(ours[base], {})[side.upper()] = Matrix(info.shape, lambda t=tensor: to_float32(t))
     return pairs, lambda name, rank: alpha / rank if alpha else 1.0
 
 

@@ -40,7 +40,7 @@ class ServingSettings:
     settings as its JSON (`max_gpt2.explorer.loading.ExplorerSettings`), or None;
     `metrics_socket`: the Unix socket MAX's metrics process serves Prometheus text on, or None;
     `pooling`: how a server of embeddings pools each text (`max_gpt2.inference.embeddings.Pooling`),
-    None for one that generates; `lora`: the LoRA adapters merged into the weights, each its directory
+    None for one that generates; `lora`: the LoRA adapters merged into the weights, each its path
     and scale (`max_gpt2.model.checkpoints.lora`).
     """
 

@@ -2,7 +2,8 @@
 
 A page's ```python blocks run in order in one namespace, as a reader would type them, with
 `"path/to/gpt2"` replaced by the `LM` checkpoint (the suite's small model, with a tokenizer, whose
-graphs the suite compiles anyway) and `"path/to/text.txt"` by a file of the text we ship. A block
+graphs the suite compiles anyway), `"path/to/text.txt"` by a file of the text we ship and
+`"path/to/adapter"` by a LoRA adapter of LM's (`tests.test_lora.write_adapter`). A block
 right after a line `<!-- doctest: skip, REASON -->` (it needs a server, a GPU or a peer) is
 reported skipped with that reason. Each block is a test of its own; a test first runs the page's
 earlier blocks that have not run yet, so `-k` can pick any one.
@@ -21,6 +22,7 @@ import pytest
 
 from max_gpt2.testing import CORPUS
 from tests.support import GPT2_SMALL, LM, run_python
+from tests.test_lora import write_adapter
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -144,7 +146,12 @@ def doc_pages(tmp_path_factory, lm_checkpoint) -> dict[str, Any]:
     """Each page's state, and the placeholders' replacements."""
     text = tmp_path_factory.mktemp("text") / "text.txt"
     text.write_text(CORPUS.read_text(encoding="utf-8")[:2000], encoding="utf-8")
-    replacements = {'"path/to/gpt2"': repr(str(lm_checkpoint(LM))), '"path/to/text.txt"': repr(str(text))}
+    adapter = write_adapter(tmp_path_factory.mktemp("adapter") / "adapter", LM)
+    replacements = {
+        '"path/to/gpt2"': repr(str(lm_checkpoint(LM))),
+        '"path/to/text.txt"': repr(str(text)),
+        '"path/to/adapter"': repr(str(adapter)),
+    }
     pages = {name: Page(tmp_path_factory.mktemp("page")) for name in {block.page for block in BLOCKS}}
     return {"pages": pages, "replacements": replacements}
 

@@ -245,6 +245,10 @@ def test_an_unknown_model_and_a_missing_key_are_anthropics_errors(server, served
 
 
 def test_the_peers_routes_not_served_say_why(server):
-    for route, why in (("/infill", "fill-in-the-middle"), ("/v1/embeddings", "started with --embeddings")):
+    for route, why in (
+        ("/infill", "fill-in-the-middle"),
+        ("/v1/embeddings", "started with --embeddings"),
+        ("/v1/load_lora_adapter", "merged into the weights at start"),  # vLLM's, at run time
+    ):
         answer = post(server, route, {"input": "x"})
         assert answer.status_code == 404 and why in answer.json()["error"]["message"]

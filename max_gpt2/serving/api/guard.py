@@ -48,6 +48,11 @@ NOT_SERVED = {
     "/v1/embeddings, OpenAI's, and llama-server's /embedding",
     **dict.fromkeys(("/reranking", "/v1/reranking"), RERANKS),
     "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
+    **dict.fromkeys(
+        ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"),
+        "LoRA adapters are merged into the weights at start (max-gpt2 serve --lora PATH); GET "
+        "/lora-adapters lists them",
+    ),
     "/v1/audio/transcriptions": "GPT-2 reads text only",
 }
 

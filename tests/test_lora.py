@@ -12,6 +12,8 @@ and lists them in llama-server's `/lora-adapters`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import re
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from max_gpt2 import CheckpointError, GPT2Config, load_lm, reference
+from max_gpt2 import CheckpointError, GPT2Config, cli, load_lm, reference
 from max_gpt2.bench.server import ServerProcess, free_port
 from max_gpt2.cli.console import adapters
 from max_gpt2.cli.serve_options import add_arguments
@@ -286,3 +288,26 @@ def test_a_gguf_adapter_gives_llama_servers_greedy_tokens(lm_checkpoint, compile
     merged = with_adapters(open_checkpoint(base), [LoRA(file, scale)])
     lm = compiled_lm(LM).with_weights({name: merged.tensor(name).data for name in model_parameter_shapes(LM)})
     assert theirs == lm.generate(np.array([prompt]), 8)[0, len(prompt) :].tolist()
+
+
+def test_convert_writes_the_merged_weights_and_reads_llama_servers_syntax(lm_checkpoint, tmp_path):
+    """`max-gpt2 convert --lora-scaled DIR:0.5` writes the merged weights as a GGUF file; `--lora` takes
+    comma-separated paths and `--lora-scaled` PATH:SCALE pairs, as llama-server does."""
+    base, out = lm_checkpoint(LM), tmp_path / "merged.gguf"
+    adapter, other = write_adapter(tmp_path / "a", LM), write_adapter(tmp_path / "b", LM, seed=2)
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
+        assert (
+            cli.main(
+                ["convert", "--checkpoint", str(base), "--lora-scaled", f"{adapter}:0.5", "--out", str(out)]
+            )
+            == 0
+        )
+    merged, written = with_adapters(open_checkpoint(base), [LoRA(adapter, 0.5)]), open_checkpoint(out)
+    for name in model_parameter_shapes(LM):
+        np.testing.assert_array_equal(written.tensor(name).data, merged.tensor(name).data)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--lora", f"{adapter},{other}", "--lora-scaled", f"{other}:-1,{adapter}:2"])
+    assert adapters(args) == [LoRA(adapter), LoRA(other), LoRA(other, -1.0), LoRA(adapter, 2.0)]
+    with pytest.raises(ValueError, match=re.escape(f"--lora-scaled {adapter}: PATH:SCALE")):
+        adapters(parser.parse_args(["--lora-scaled", str(adapter)]))

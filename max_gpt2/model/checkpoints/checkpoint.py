@@ -93,24 +93,28 @@ def checkpoint_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _keys_of(file: Path) -> list[str]:
-    """The tensor names in `file`, after the safetensors library has validated it."""
+def _shapes_of(file: Path) -> dict[str, tuple[int, ...]]:
+    """The tensors' names in `file` and their shapes, after the safetensors library has validated it."""
     try:
         with safetensors.safe_open(str(file), framework="numpy") as handle:
-            return list(handle.keys())
+            names = handle.keys()  # a list: the handle itself is not iterable
+            return {key: tuple(handle.get_slice(key).get_shape()) for key in names}
     except (safetensors.SafetensorError, OSError) as error:
         size = file.stat().st_size
         raise CheckpointError(f"{file} ({size} bytes) is not a valid safetensors file: {error}") from None
 
 
 class StoredTensors(Mapping[str, np.ndarray]):
-    """A checkpoint's tensors by their stored names, each read as float32 when looked up."""
+    """A checkpoint's tensors by their stored names, each read as float32 when looked up; their shapes
+    (`shape_of`) from the files' headers."""
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files
         self.file_of: dict[str, Path] = {}
+        self.shape_of: dict[str, tuple[int, ...]] = {}
         for file in files:
-            for key in _keys_of(file):
+            for key, shape in _shapes_of(file).items():
+                self.shape_of[key] = shape
                 if (first := self.file_of.setdefault(key, file)) != file:
                     raise CheckpointError(f"tensor {key} is stored twice, in {first} and in {file}")
         self._reader: Any = None  # MAX's reader, made when a tensor is first read

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import safetensors
 
 from max_gpt2.model.checkpoints.checkpoint import OpenedCheckpoint, StoredTensors
 from max_gpt2.model.checkpoints.gguf_checkpoint import ARCHITECTURE, gguf_name
@@ -138,10 +137,8 @@ def peft_pairs(lora: LoRA) -> tuple[Pairs, Factor]:
         raise CheckpointError(f"{config_file}: modules_to_save {config['modules_to_save']} (whole modules)")
     patterns = config.get("alpha_pattern") or {}
     tensors = StoredTensors([weights_file])  # checked now, read as a merge needs them
-    with safetensors.safe_open(str(weights_file), framework="numpy") as handle:
-        stored = {key: tuple(handle.get_slice(key).get_shape()) for key in tensors}
     pairs: Pairs = {}
-    for key, shape in stored.items():
+    for key, shape in tensors.shape_of.items():
         if not (match := _KEY.fullmatch(key)) or not match[1].endswith(PROJECTIONS):
             raise CheckpointError(
                 f"{weights_file}: {key} is no LoRA pair of a projection ({', '.join(PROJECTIONS)}) of GPT-2"

@@ -17,7 +17,6 @@ def refuse_acting(body: Any, merged: tuple[float, ...] = ()) -> None:
     its `lora` checked against the scales the served adapters were merged at (`merged`, `check_lora`)."""
     if body.lora:
         check_lora(body.lora, merged)
-        body = body.model_copy(update={"lora": None})
     if found := first_acting(body):
         field, off = found
         raise Refusal(field, f"{field}: this server has no such sampler or setting; leave it out or {off}")

@@ -1,8 +1,9 @@
 """llama-server's sampler and setting fields, which its clients send on every route: which this server
 has, which it has not, and what leaves each off.
 
-- `OFF`: what llama-server reads and this server has not (LoRA, lazy grammars, ...): taken while set
-  to what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`).
+- `OFF`: what llama-server reads and this server has not (lazy grammars, ...): taken while set to
+  what leaves it off, refused by the routes, naming the field, otherwise (`first_acting`). `lora` is
+  declared beside them and checked against the adapters merged at start (`llama_fields.check_lora`).
 - `CHAIN_ONLY`: DRY, typical-p, top-n-sigma, XTC, the dynamic temperature, Mirostat, adaptive-p and the
   cuts' `min_keep`, which only llama-server's chain has: where one acts, that chain runs on the host, on
   every route (`max_gpt2.serving.api.llama_chain`); `TEXT_LIMITS`: what ends a text by its lines'
@@ -32,7 +33,6 @@ from max_gpt2.inference.sampler_chain import STEPS
 
 # Each field, whether a value leaves it off, and what leaves it off.
 OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "lora": (lambda value: not value, "[]"),
     "grammar_lazy": (lambda value: not value, "false"),
     "grammar_triggers": (lambda value: not value, "[]"),
     "preserved_tokens": (lambda value: not value, "[]"),
@@ -105,6 +105,7 @@ LlamaServerFields: Any = create_model(
     min_keep=(int | None, None),
     n_indent=(int | None, None),
     t_max_predict_ms=(int | None, None),
+    lora=(Any, None),
     **dict.fromkeys((*OFF, *INERT), (Any, None)),
 )
 

@@ -107,6 +107,11 @@ REFUSED = [
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
     ({"use_beam_search": True, "n": 11}, "n", "n: 1 to 10 beams with use_beam_search"),
     ({"length_penalty": 1.5}, "length_penalty", "ranks the beams of use_beam_search"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "0 to 20 alternatives a token; got 21"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs", "got -1"),  # vLLM's whole vocabulary: past its bound too
+    ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "not streamed"),
+    ({"prompt_logprobs": 1, "post_sampling_probs": True}, "prompt_logprobs", "were not drawn"),
+    ({"prompt_logprobs": 1, "use_beam_search": True}, "prompt_logprobs", "leave it out"),
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -266,6 +271,13 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     defaults = SamplingParamsGenerationConfigDefaults()
     made = checked({"repeat_penalty": 1.2, "repeat_last_n": 7}).request("r", "gpt2", "x", 0, defaults, 0, "/")
     assert made.penalty_last_n == 7 and made.sampling_params.repetition_penalty == 1.2
+    # vLLM's `prompt_logprobs`: the prompt's log-probabilities, ranked, the most alternatives either asks
+    ranked = checked({"prompt_logprobs": 3, "logprobs": 1}).request("r", "gpt2", "x", 0, defaults, 0, "/")
+    assert (ranked.logprobs, ranked.echo, ranked.prompt_ranks) == (3, True, True)
+    bare = checked({"prompt_logprobs": 0}, chat=True).request("r", "gpt2", "x", 0, defaults, 0, "/")
+    assert (bare.logprobs, bare.echo, bare.prompt_ranks) == (1, True, True)  # MAX reads 0 as none
+    assert (made.logprobs, made.echo, made.prompt_ranks) == (0, False, False)
+    assert checked({"prompt_logprobs": 0, "stream": True}).prompt_logprobs is None  # vLLM's: nothing shown
 
 
 def test_what_is_honoured_goes_on_to_max_meaning_the_same():

@@ -37,8 +37,9 @@ class GPT2Request(TextGenerationRequest):
     `picker`: what picks each token after the chain (`max_gpt2.inference.token_pickers`: Mirostat,
     adaptive-p), or None, `dry_breakers`: the sequence breakers of the chain's DRY step, where it
     has one, and `post_sampling`: whether its log-probabilities are of the distribution its token was
-    drawn from (after the chain and picker), not of the model's logits, and `bad_words`: vLLM's, the
-    words its text may not come to hold (the tokenizer gives the context their ids)."""
+    drawn from (after the chain and picker), not of the model's logits, `bad_words`: vLLM's, the
+    words its text may not come to hold (the tokenizer gives the context their ids), and `prompt_ranks`:
+    whether its prompt's log-probabilities carry each token's rank (vLLM's `prompt_logprobs`)."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
@@ -50,13 +51,15 @@ class GPT2Request(TextGenerationRequest):
     allowed_ids: tuple[int, ...] | None = None
     post_sampling: bool = False
     bad_words: tuple[str, ...] | None = None
+    prompt_ranks: bool = False
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
     """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`,
-    `dry_breakers`, `allowed_ids` and `post_sampling`, the ids of its `bad_words` (each word's tokens),
-    and the picker's state before each token, by its count of tokens generated (the worker's)."""
+    `dry_breakers`, `allowed_ids`, `post_sampling` and `prompt_ranks`, the ids of its `bad_words` (each
+    word's tokens), and the picker's state before each token, by its count of tokens generated (the
+    worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
@@ -68,6 +71,7 @@ class GPT2Context(TextContext):
     post_sampling: bool = field(default=False)
     bad_word_ids: tuple[tuple[int, ...], ...] | None = field(default=None)
     picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
+    prompt_ranks: bool = field(default=False)
 
     @classmethod
     def of(cls, context: TextContext, request: TextGenerationRequest) -> GPT2Context:
@@ -84,6 +88,7 @@ class GPT2Context(TextContext):
             "dry_breakers",
             "allowed_ids",
             "post_sampling",
+            "prompt_ranks",
         )
         return cls(**values, **{name: getattr(request, name) for name in ours})
 

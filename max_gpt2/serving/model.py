@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from max import tree
-from max.driver import Buffer
+from max.driver import CPU, Buffer
 from max.engine import InferenceSession, Model
 from max.experimental import functional as F
 from max.experimental.compilation import CompiledCallable
@@ -73,6 +73,7 @@ from max_gpt2.serving.drafts import CheckedDrafts
 from max_gpt2.serving.drawn_from import DrawnOutputs, drawn_log_probabilities
 from max_gpt2.serving.model_config import GPT2ServingConfig, opened_served
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
+from max_gpt2.serving.prompt_ranks import RankedInputs, ranks, with_ranks
 from max_gpt2.serving.settings import ServingSettings
 
 
@@ -190,7 +191,10 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         contexts = [context for batch in replica_batches for context in batch]
         if self.return_logits == ReturnLogits.ALL and any(context.log_probabilities for context in contexts):
             return_n_logits = max(context.tokens.active_length for context in contexts)
-        return super().prepare_initial_token_inputs(replica_batches, kv_cache_inputs, return_n_logits)
+        inputs = super().prepare_initial_token_inputs(replica_batches, kv_cache_inputs, return_n_logits)
+        assert isinstance(inputs, Llama3Inputs)  # MAX's batch processor's
+        ranked = tuple(row for row, each in enumerate(contexts) if getattr(each, "prompt_ranks", False))
+        return RankedInputs.of(inputs, ranked)  # vLLM's `prompt_logprobs` (`max_gpt2.serving.prompt_ranks`)
 
     def execute(self, model_inputs: ModelInputs) -> ModelOutputs:
         """One step through the decoding graph when each request brings one token; else through the
@@ -245,8 +249,9 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         batch_echo: list[bool],
     ) -> list[LogProbabilities | None]:
         """Each request's log-probabilities (MAX's ragged graph, as `LogProbabilitiesMixin` computes them),
-        with the first prompt token's (there is none: NaN) put in front; a request's that reports what its
-        token was drawn from, of that (`max_gpt2.serving.drawn_from`).
+        with the first prompt token's (there is none: NaN) put in front, and each prompt token's rank where
+        the request asks (`max_gpt2.serving.prompt_ranks`); a request's that reports what its token was
+        drawn from, of that (`max_gpt2.serving.drawn_from`).
 
         OpenAI's `echo` lists every prompt token, the first with no log-probability
         (null), and clients such as lm-evaluation-harness index the list by prompt
@@ -273,12 +278,17 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
             return results
         (cache,) = tree.leaves(model_inputs.kv_cache_inputs, leaf=KVCacheInputsPerDevice)
         cached = cache.cache_lengths.to_numpy()  # [R]: tokens of each request before this step
-        first_tokens = model_inputs.tokens.to_numpy()[model_inputs.input_row_offsets.to_numpy()[:-1]]
+        tokens, offsets = model_inputs.tokens.to_numpy(), model_inputs.input_row_offsets.to_numpy()
+        ranked = model_inputs.ranked if isinstance(model_inputs, RankedInputs) else ()
+        logits = model_outputs.logits.to(CPU()).to_numpy() if ranked else None  # [T, V]
         for row, result in enumerate(results):
             if batch_echo[row] and result is not None and cached[row] == 0:  # this step holds the prompt
                 results[row] = LogProbabilities(
                     token_log_probabilities=[math.nan, *result.token_log_probabilities],
                     top_log_probabilities=[{}, *result.top_log_probabilities],
-                    sampled_token_ids=[int(first_tokens[row]), *result.sampled_token_ids],
+                    sampled_token_ids=[int(tokens[offsets[row]]), *result.sampled_token_ids],
                 )
+                if logits is not None and row in ranked:
+                    start, end = offsets[row], offsets[row + 1]
+                    results[row] = with_ranks(results[row], ranks(logits[start:end], tokens[start:end]))
         return results

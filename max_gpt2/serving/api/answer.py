@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from max.pipelines.context.exceptions import InputError
@@ -24,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from max_gpt2.max_internals import client_left, error_body
 from max_gpt2.serving.api.beams import beam_choices
-from max_gpt2.serving.api.choices import Choice, Chunk, Finish, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames, gather
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
@@ -33,15 +32,6 @@ from max_gpt2.serving.tokenizer import ContextExceeded
 
 logger = logging.getLogger("max.serve")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """One choice, whole: its text, the tokens kept, why it ended."""
-
-    text: str
-    tokens: list[Token]
-    finish: Finish
 
 
 class Shape:
@@ -66,6 +56,10 @@ class Shape:
     def opening(self, index: int) -> dict[str, Any] | None:
         """A streamed choice's event before any of its chunks, if the route sends one."""
         return None
+
+    def whole(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        """What a whole response carries besides its choices and `usage`, if anything."""
+        return {}
 
 
 Body = TypeVar("Body", CompletionRequest, ChatRequest)
@@ -117,6 +111,7 @@ async def answer(
             shape.choice(i, choice, whole)
             for i, (choice, whole) in enumerate(zip(choices, gathered, strict=True))
         ],
+        **shape.whole(choices),
         "usage": usage(choices, asked),
     }
     return JSONResponse(body)
@@ -154,16 +149,6 @@ async def withdraw(choices: Sequence[Choice]) -> None:
     """Stops choices no one will read (the worker is told)."""
     for choice in choices:
         await choice.close()
-
-
-async def gather(choice: Choice) -> Gathered:
-    text, tokens, finish = [], [], None
-    async for chunk in choice.chunks():
-        text.append(chunk.text)
-        tokens.extend(chunk.tokens)
-        finish = chunk.finish or finish
-    assert finish is not None, "a choice ends with a finish"
-    return Gathered("".join(text), tokens, finish)
 
 
 async def events(

@@ -19,9 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.serving.api.answer import (
-    Gathered,
     Shape,
-    gather,
     respond,
     start,
     streamed,
@@ -29,11 +27,12 @@ from max_gpt2.serving.api.answer import (
     unless_client_leaves,
 )
 from max_gpt2.serving.api.chat_prompt import prompt_ids, rendered
-from max_gpt2.serving.api.choices import Choice, Chunk, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames, gather
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.tools import ToolStream
+from max_gpt2.serving.api.vllm_fields import prompt_report
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -134,6 +133,10 @@ class ChatShape(Shape):
             "stop_reason": gathered.finish.stop_reason,
             **token_ids(self.asked, choice, gathered.tokens, True),
         }
+
+    def whole(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        """vLLM's `prompt_logprobs` of the prompt the choices share, where asked."""
+        return prompt_report(choices[0].prompt, self.asked.prompt_logprobs, self.names)
 
     def opening(self, index: int) -> dict[str, Any]:
         """The role alone, before any text, as OpenAI and vLLM send it."""

@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.tokenizer import TextStream, token_bytes
 from max_gpt2.serving.api.stops import StopCut
+from max_gpt2.serving.prompt_ranks import take_rank
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,14 @@ class Rules:
 @dataclass(frozen=True)
 class Token:
     """One token of a choice: its id, the text it adds (possibly "", part of a character), and where
-    asked for, its log-probability and the likeliest alternatives by id, likeliest first."""
+    asked for, its log-probability and the likeliest alternatives by id, likeliest first, and a prompt
+    token's rank (vLLM's `prompt_logprobs`: `max_gpt2.serving.prompt_ranks`)."""
 
     id: int
     text: str
     logprob: float | None = None
     top: dict[int, float] = field(default_factory=dict)
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,15 @@ class Chunk:
     text: str
     tokens: tuple[Token, ...]
     finish: Finish | None = None
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """One choice, whole (`gather`): its text, the tokens kept, why it ended."""
+
+    text: str
+    tokens: list[Token]
+    finish: Finish
 
 
 class Choice:
@@ -137,7 +149,7 @@ class Choice:
         the last with the finish where the output ends the choice (and a chunk of no token where it ends
         with none)."""
         ids = list(output.token_ids or ())
-        values, tops = log_probabilities(output)
+        values, tops, _ = log_probabilities(output)
         values, tops = values[len(values) - len(ids) :], tops[len(tops) - len(ids) :]  # past echo's prompt
         done = output.status.is_done
         for index, token in enumerate(ids):
@@ -177,15 +189,27 @@ class Choice:
         return Finish("stop", stopped)
 
     def _prompt_tokens(self, prompt: list[int], output: TokenGeneratorOutput) -> tuple[Token, ...]:
-        """The prompt's tokens with their text and, where `echo` asked, their log-probabilities."""
+        """The prompt's tokens with their text and, where `echo` asked, their log-probabilities (and
+        ranks, where asked)."""
         pieces = texts_of(tokenizer_of(self.engine), prompt, self.rules.skip_special)
-        values, tops = log_probabilities(output) if self.request.echo else ([], [])
+        values, tops, ranks = log_probabilities(output) if self.request.echo else ([], [], [])
         if len(values) < len(prompt):
             return tuple(Token(token, piece) for token, piece in zip(prompt, pieces, strict=True))
         return tuple(
-            Token(token, piece, None if index == 0 else values[index], {} if index == 0 else tops[index])
+            Token(token, piece, values[index], tops[index], ranks[index]) if index else Token(token, piece)
             for index, (token, piece) in enumerate(zip(prompt, pieces, strict=True))
         )
+
+
+async def gather(choice: Choice) -> Gathered:
+    """`choice` read to its end."""
+    text, tokens, finish = [], [], None
+    async for chunk in choice.chunks():
+        text.append(chunk.text)
+        tokens.extend(chunk.tokens)
+        finish = chunk.finish or finish
+    assert finish is not None, "a choice ends with a finish"
+    return Gathered("".join(text), tokens, finish)
 
 
 def texts_of(tokenizer: Tokenizer, ids: Sequence[int], skip_special: bool) -> list[str]:
@@ -198,15 +222,20 @@ def texts_of(tokenizer: Tokenizer, ids: Sequence[int], skip_special: bool) -> li
     return pieces
 
 
-def log_probabilities(output: TokenGeneratorOutput) -> tuple[list[float], list[dict[int, float]]]:
-    """An output's log-probabilities, one a position, and its alternatives by id, likeliest first (empty
-    lists where none were asked for)."""
+def log_probabilities(
+    output: TokenGeneratorOutput,
+) -> tuple[list[float], list[dict[int, float]], list[int | None]]:
+    """An output's log-probabilities, one a position, its alternatives by id, likeliest first, and the
+    rank the worker found where it was asked to (empty lists where none were asked for)."""
     values = list(output.token_log_probabilities or ())
-    tops = [
-        dict(sorted(((token, value) for token, (_, value) in top.items()), key=lambda item: -item[1]))
-        for top in output.top_log_probabilities or ()
-    ]
-    return values, tops
+    tops, ranks = [], []
+    for given in output.top_log_probabilities or ():
+        top, rank = take_rank(given)
+        tops.append(
+            dict(sorted(((token, value) for token, (_, value) in top.items()), key=lambda item: -item[1]))
+        )
+        ranks.append(rank)
+    return values, tops, ranks
 
 
 def tokenizer_of(engine: TokenGeneratorPipeline) -> Tokenizer:
@@ -229,6 +258,10 @@ class TokenNames:
             name = f"token_id:{token}" if self.as_ids else None
             self.names[token] = name or self.tokenizer.decode([token], skip_special_tokens=False)
         return self.names[token]
+
+    def text(self, token: int) -> str:
+        """The token's own text, special tokens spelled out, whether or not it is named by id."""
+        return self.tokenizer.decode([token], skip_special_tokens=False) if self.as_ids else self(token)
 
     def bytes(self, token: int) -> list[int]:
         if token not in self.spelled:

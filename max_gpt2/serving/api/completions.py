@@ -16,10 +16,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from max_gpt2.serving.api.answer import Gathered, Shape, respond, token_ids
-from max_gpt2.serving.api.choices import Choice, Chunk, Token, TokenNames
+from max_gpt2.serving.api.answer import Shape, respond, token_ids
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames
 from max_gpt2.serving.api.protocol import CompletionRequest
 from max_gpt2.serving.api.requests import Asked, prompts
+from max_gpt2.serving.api.vllm_fields import prompt_report
 
 
 async def create_completion(request: Request) -> Response:
@@ -47,6 +48,7 @@ class CompletionShape(Shape):
             "finish_reason": gathered.finish.reason,
             "stop_reason": gathered.finish.stop_reason,
             **token_ids(self.asked, choice, made, True),
+            **prompt_report(choice.prompt, self.asked.prompt_logprobs, self.names),
         }
 
     def delta(self, index: int, choice: Choice, chunk: Chunk, first: bool) -> dict[str, Any]:

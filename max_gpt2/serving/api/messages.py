@@ -23,10 +23,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import Gathered, compact, record_end
+from max_gpt2.serving.api.answer import compact, record_end
 from max_gpt2.serving.api.anthropic_fields import CountRequest, MessagesRequest, as_chat
 from max_gpt2.serving.api.chat import answer_one, prompt_size, start_chat
-from max_gpt2.serving.api.choices import Choice, Finish
+from max_gpt2.serving.api.choices import Choice, Finish, Gathered
 from max_gpt2.serving.api.protocol import Refusal, parse
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served

@@ -66,8 +66,7 @@ HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask f
 
 
 class StreamOptions(BaseModel):
-    """OpenAI's `include_usage` (a last chunk with `usage`) and vLLM's `continuous_usage_stats` (the
-    usage so far on every chunk too, which vLLM reads only with `include_usage`)."""
+    """OpenAI's `include_usage` (a last chunk with `usage`) and vLLM's `continuous_usage_stats` (on each)."""
 
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
@@ -171,13 +170,14 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     return_token_ids: bool | None = False
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX)
     cache_prompt: bool = True
-    skip_special_tokens: bool = True  # vLLM's, with the four below (`vllm_fields`)
+    skip_special_tokens: bool = True  # vLLM's, with the rest below (`vllm_fields`)
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     use_beam_search: bool = False  # vLLM's, with `n` beams (`max_gpt2.serving.api.beams`)
     length_penalty: float = 1.0
     return_tokens_as_token_ids: bool | None = None
+    prompt_logprobs: int | None = None
     priority: int = 0
     request_id: str | None = None
 

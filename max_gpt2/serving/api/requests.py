@@ -41,12 +41,11 @@ from max_gpt2.serving.api.protocol import (
 )
 from max_gpt2.serving.api.token_fields import logit_bias, token_id
 from max_gpt2.serving.api.tools import ToolCalls, tool_calls_of
-from max_gpt2.serving.api.vllm_fields import vllm_asks
+from max_gpt2.serving.api.vllm_fields import MAX_LOGPROBS, vllm_asks
 from max_gpt2.serving.context import GPT2Request
 from max_gpt2.serving.drawn_from import in_max_order
 
 MAX_N = 16  # most choices one request may ask for: as many as a CPU step decodes together
-MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.model`'s graph gives up to 31)
 FIXED_SEED_ZERO = 0x5EED  # what `seed: 0` runs with: MAX takes 0 as "no seed" and picks a random one
 RANDOM_SEED = -1  # llama-server's "a random seed", which its clients send by default
 SEED_RANGE = (-(2**63), 2**64 - 1)  # MAX keys its sampler with the seed as 64 bits
@@ -93,6 +92,7 @@ class Asked:
     dry_breakers: tuple[str, ...] | None = None  # llama-server's DRY, where its chain has it: the breakers
     post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
     bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
+    prompt_logprobs: int | None = None  # vLLM's: alternatives each prompt token reports (None: no report)
     beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
     echo_text: str | None = None  # vLLM's chat `echo`: the text put before each choice's
 
@@ -123,8 +123,8 @@ class Asked:
             prompt=prompt,
             timestamp_ns=timestamp_ns,
             request_path=path,
-            logprobs=0 if self.logprobs is None else max(1, self.logprobs),  # MAX reads 0 as none
-            echo=self.echo,
+            logprobs=self._top_n(),
+            echo=self.echo or self.prompt_logprobs is not None,
             sampling_params=sampling,
             logit_bias=self.logit_bias or None,
             constraint=None if self.constraint is None else (self.constraint.kind, self.constraint.source),
@@ -137,7 +137,14 @@ class Asked:
             allowed_ids=self.allowed_ids,
             post_sampling=self.post_sampling,
             bad_words=self.bad_words,
+            prompt_ranks=self.prompt_logprobs is not None,
         )
+
+    def _top_n(self) -> int:
+        """The alternatives MAX finds a token: as many as the prompt's or the text's report asks for, at
+        least 1 where either asks (MAX reads 0 as no log-probabilities)."""
+        asked = [count for count in (self.logprobs, self.prompt_logprobs) if count is not None]
+        return max(1, *asked) if asked else 0
 
 
 def check(

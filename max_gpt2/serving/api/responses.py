@@ -23,9 +23,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from max_gpt2.serving.api.answer import Gathered, compact, record_end
+from max_gpt2.serving.api.answer import compact, record_end
 from max_gpt2.serving.api.chat import ChatShape, answer_one, input_tokens, prompt_size, start_chat
-from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Finish, Gathered, Token, TokenNames
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.responses_fields import ResponsesRequest, as_chat

@@ -14,7 +14,10 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
 - `priority`: 0 alone: requests run first come, first served (vLLM refuses the rest too unless
   started with priority scheduling);
 - `request_id`: the answer's `id` is the route's prefix and it (MAX's own id still names the request
-  inside, so two clients giving the same one cannot collide).
+  inside, so two clients giving the same one cannot collide);
+- `prompt_logprobs`: each prompt token after the first with its log-probability, its rank and the k
+  likeliest alternatives (`prompt_report`), on a completion's choices and beside a chat's; not streamed,
+  as vLLM's (0 streamed asks for nothing shown, and is taken).
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from max_gpt2.serving.api.choices import Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal
 from max_gpt2.serving.api.token_fields import token_id
 
 if TYPE_CHECKING:  # the served model's route state, which imports this module's importer
     from max_gpt2.serving.api.served import Served
+
+MAX_LOGPROBS = 20  # alternatives a token, as vLLM allows (`max_gpt2.serving.model`'s graph gives up to 31)
+LOWEST_LOGPROB = -9999.0  # what vLLM writes for a log-probability of -inf, which JSON cannot carry
 
 
 def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_length: int) -> dict[str, Any]:
@@ -48,7 +55,50 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         "ids_as_names": bool(body.return_tokens_as_token_ids),
         "answer_id": body.request_id,
         "bad_words": tuple(body.bad_words) if body.bad_words else None,
+        "prompt_logprobs": prompt_logprobs_asked(body),
     }
+
+
+def prompt_logprobs_asked(body: CompletionRequest | ChatRequest) -> int | None:
+    """The alternatives each prompt token reports (`prompt_logprobs`), None for no report; a `Refusal`
+    past vLLM's bound (-1, the whole vocabulary, is past it too), streamed, or beside llama-server's
+    `post_sampling_probs` (a prompt's tokens were not drawn)."""
+    count = body.prompt_logprobs
+    if count is None or (body.stream and count == 0):  # vLLM takes 0 streamed, and shows nothing
+        return None
+    if not 0 <= count <= MAX_LOGPROBS:
+        raise Refusal(
+            "prompt_logprobs", f"prompt_logprobs: 0 to {MAX_LOGPROBS} alternatives a token; got {count}"
+        )
+    if body.stream:
+        raise Refusal("prompt_logprobs", "prompt_logprobs: not streamed (as vLLM's); leave out stream")
+    if body.post_sampling_probs:
+        raise Refusal(
+            "prompt_logprobs",
+            "prompt_logprobs: a prompt's tokens were not drawn; leave out post_sampling_probs",
+        )
+    return count
+
+
+def prompt_report(prompt: Sequence[Token], count: int | None, names: TokenNames) -> dict[str, Any]:
+    """vLLM's `prompt_logprobs` of `prompt` where asked (`count` alternatives; None: not asked, nothing):
+    None for the first token, then each token's entry (`logprob`, `rank`, `decoded_token`) by id, and its
+    `count` likeliest alternatives' (ranks 1 to `count`), where the token is among them its entry theirs,
+    in its own place first."""
+    if count is None:
+        return {}
+
+    def entry(token: int, logprob: float, rank: int | None) -> dict[str, Any]:
+        return {"logprob": max(logprob, LOWEST_LOGPROB), "rank": rank, "decoded_token": names.text(token)}
+
+    entries: list[dict[int, Any] | None] = [None]
+    for token in prompt[1:]:
+        assert token.logprob is not None, "a prompt reported: each token after the first has its own"
+        ranked = {token.id: entry(token.id, token.logprob, token.rank)}
+        for place, (other, logprob) in enumerate(list(token.top.items())[:count], start=1):
+            ranked[other] = entry(other, logprob, place)
+        entries.append(ranked)
+    return {"prompt_logprobs": entries}
 
 
 def prompt_cut(keep: int | None, context_length: int) -> int | None:

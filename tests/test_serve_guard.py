@@ -112,6 +112,16 @@ REFUSED = [
     ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "not streamed"),
     ({"prompt_logprobs": 1, "post_sampling_probs": True}, "prompt_logprobs", "were not drawn"),
     ({"prompt_logprobs": 1, "use_beam_search": True}, "prompt_logprobs", "leave it out"),
+    ({"logprob_token_ids": [], "logprobs": 1}, "logprob_token_ids", "empty"),
+    (
+        {"logprob_token_ids": [1, VOCAB], "logprobs": 1},
+        "logprob_token_ids",
+        f"[1]: {VOCAB} is not a token id",
+    ),
+    ({"logprob_token_ids": [1]}, "logprob_token_ids", "needs logprobs set"),
+    ({"logprob_token_ids": [1], "logprobs": 1, "echo": True, "max_tokens": 0}, "logprob_token_ids", "no new"),
+    ({"logprob_token_ids": [1], "logprobs": 1, "post_sampling_probs": True}, "logprob_token_ids", "drawn"),
+    ({"logprob_token_ids": [1], "logprobs": 1, "use_beam_search": True}, "logprob_token_ids", "leave it out"),
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -178,6 +188,7 @@ CHAT_REFUSED = [
     ({"functions": [{"name": "f"}]}, "functions", "give tools and a tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+    ({"logprob_token_ids": [1], "logprobs": False}, "logprob_token_ids", "needs logprobs set"),
     ({"max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
     ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens", "more than max_completion_tokens (4)"),
     ({"store": True}, "store", "not stored"),
@@ -278,6 +289,10 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     assert (bare.logprobs, bare.echo, bare.prompt_ranks) == (1, True, True)  # MAX reads 0 as none
     assert (made.logprobs, made.echo, made.prompt_ranks) == (0, False, False)
     assert checked({"prompt_logprobs": 0, "stream": True}).prompt_logprobs is None  # vLLM's: nothing shown
+    listing = checked({"logprob_token_ids": [3, 3, 1], "logprobs": 0}).request(
+        "r", "gpt2", "x", 0, defaults, 0, "/"
+    )
+    assert (listing.logprob_ids, listing.logprobs, made.logprob_ids) == ((3, 1), 1, None)
 
 
 def test_what_is_honoured_goes_on_to_max_meaning_the_same():

@@ -38,8 +38,9 @@ class GPT2Request(TextGenerationRequest):
     adaptive-p), or None, `dry_breakers`: the sequence breakers of the chain's DRY step, where it
     has one, and `post_sampling`: whether its log-probabilities are of the distribution its token was
     drawn from (after the chain and picker), not of the model's logits, `bad_words`: vLLM's, the
-    words its text may not come to hold (the tokenizer gives the context their ids), and `prompt_ranks`:
-    whether its prompt's log-probabilities carry each token's rank (vLLM's `prompt_logprobs`)."""
+    words its text may not come to hold (the tokenizer gives the context their ids), `prompt_ranks`:
+    whether its prompt's log-probabilities carry each token's rank (vLLM's `prompt_logprobs`), and
+    `logprob_ids`: the ids each new token reports in place of the likeliest (vLLM's `logprob_token_ids`)."""
 
     logit_bias: dict[int, float] | None = None
     constraint: tuple[str, str] | None = None
@@ -52,14 +53,15 @@ class GPT2Request(TextGenerationRequest):
     post_sampling: bool = False
     bad_words: tuple[str, ...] | None = None
     prompt_ranks: bool = False
+    logprob_ids: tuple[int, ...] | None = None
 
 
 @dataclass(kw_only=True)
 class GPT2Context(TextContext):
     """MAX's context, with the request's `logit_bias`, `constraint`, `chain`, `penalty_last_n`, `picker`,
-    `dry_breakers`, `allowed_ids`, `post_sampling` and `prompt_ranks`, the ids of its `bad_words` (each
-    word's tokens), and the picker's state before each token, by its count of tokens generated (the
-    worker's)."""
+    `dry_breakers`, `allowed_ids`, `post_sampling`, `prompt_ranks` and `logprob_ids`, the ids of its
+    `bad_words` (each word's tokens), and the picker's state before each token, by its count of tokens
+    generated (the worker's)."""
 
     logit_bias: dict[int, float] | None = field(default=None)
     constraint: tuple[str, str] | None = field(default=None)
@@ -72,6 +74,7 @@ class GPT2Context(TextContext):
     bad_word_ids: tuple[tuple[int, ...], ...] | None = field(default=None)
     picker_states: dict[int, tuple[float, ...]] | None = field(default=None)
     prompt_ranks: bool = field(default=False)
+    logprob_ids: tuple[int, ...] | None = field(default=None)
 
     @classmethod
     def of(cls, context: TextContext, request: TextGenerationRequest) -> GPT2Context:
@@ -89,6 +92,7 @@ class GPT2Context(TextContext):
             "allowed_ids",
             "post_sampling",
             "prompt_ranks",
+            "logprob_ids",
         )
         return cls(**values, **{name: getattr(request, name) for name in ours})
 

@@ -73,8 +73,8 @@ from max_gpt2.serving.drafts import CheckedDrafts
 from max_gpt2.serving.drawn_from import DrawnOutputs, drawn_log_probabilities
 from max_gpt2.serving.model_config import GPT2ServingConfig, opened_served
 from max_gpt2.serving.paged_gpt2 import PagedGPT2LMHeadModel
-from max_gpt2.serving.prompt_ranks import RankedInputs, ranks, with_ranks
 from max_gpt2.serving.settings import ServingSettings
+from max_gpt2.serving.vllm_logprobs import AskedInputs, asks, listed, ranks, with_ranks
 
 
 @dataclass(frozen=True)
@@ -193,8 +193,7 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
             return_n_logits = max(context.tokens.active_length for context in contexts)
         inputs = super().prepare_initial_token_inputs(replica_batches, kv_cache_inputs, return_n_logits)
         assert isinstance(inputs, Llama3Inputs)  # MAX's batch processor's
-        ranked = tuple(row for row, each in enumerate(contexts) if getattr(each, "prompt_ranks", False))
-        return RankedInputs.of(inputs, ranked)  # vLLM's `prompt_logprobs` (`max_gpt2.serving.prompt_ranks`)
+        return AskedInputs.of(inputs, contexts)  # what vLLM's fields ask (`max_gpt2.serving.vllm_logprobs`)
 
     def execute(self, model_inputs: ModelInputs) -> ModelOutputs:
         """One step through the decoding graph when each request brings one token; else through the
@@ -249,9 +248,9 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
         batch_echo: list[bool],
     ) -> list[LogProbabilities | None]:
         """Each request's log-probabilities (MAX's ragged graph, as `LogProbabilitiesMixin` computes them),
-        with the first prompt token's (there is none: NaN) put in front, and each prompt token's rank where
-        the request asks (`max_gpt2.serving.prompt_ranks`); a request's that reports what its token was
-        drawn from, of that (`max_gpt2.serving.drawn_from`).
+        with the first prompt token's (there is none: NaN) put in front, and where a request asks, each
+        prompt token's rank and the ids it lists (`max_gpt2.serving.vllm_logprobs`); a request's that
+        reports what its token was drawn from, of that (`max_gpt2.serving.drawn_from`).
 
         OpenAI's `echo` lists every prompt token, the first with no log-probability
         (null), and clients such as lm-evaluation-harness index the list by prompt
@@ -274,21 +273,24 @@ class GPT2PipelineModel(ModuleV3PipelineModelWithKVCache[TextContext]):
             sampled = next_tokens.to_numpy()
             for row, among in model_outputs.drawn.items():
                 results[row] = drawn_log_probabilities(among, int(sampled[row]), batch_top_n[row])
-        if not any(batch_echo):
-            return results
-        (cache,) = tree.leaves(model_inputs.kv_cache_inputs, leaf=KVCacheInputsPerDevice)
-        cached = cache.cache_lengths.to_numpy()  # [R]: tokens of each request before this step
         tokens, offsets = model_inputs.tokens.to_numpy(), model_inputs.input_row_offsets.to_numpy()
-        ranked = model_inputs.ranked if isinstance(model_inputs, RankedInputs) else ()
-        logits = model_outputs.logits.to(CPU()).to_numpy() if ranked else None  # [T, V]
-        for row, result in enumerate(results):
-            if batch_echo[row] and result is not None and cached[row] == 0:  # this step holds the prompt
-                results[row] = LogProbabilities(
-                    token_log_probabilities=[math.nan, *result.token_log_probabilities],
-                    top_log_probabilities=[{}, *result.top_log_probabilities],
-                    sampled_token_ids=[int(tokens[offsets[row]]), *result.sampled_token_ids],
-                )
-                if logits is not None and row in ranked:
-                    start, end = offsets[row], offsets[row + 1]
-                    results[row] = with_ranks(results[row], ranks(logits[start:end], tokens[start:end]))
+        ranked, lists = asks(model_inputs)
+        read = model_outputs.logits if every_token else model_outputs.next_token_logits  # as MAX's graph
+        logits = read.to(CPU()).to_numpy() if ranked or lists else None  # [T or R, V]
+        if any(batch_echo):
+            (cache,) = tree.leaves(model_inputs.kv_cache_inputs, leaf=KVCacheInputsPerDevice)
+            cached = cache.cache_lengths.to_numpy()  # [R]: tokens of each request before this step
+            for row, result in enumerate(results):
+                if batch_echo[row] and result is not None and cached[row] == 0:  # this step holds the prompt
+                    results[row] = LogProbabilities(
+                        token_log_probabilities=[math.nan, *result.token_log_probabilities],
+                        top_log_probabilities=[{}, *result.top_log_probabilities],
+                        sampled_token_ids=[int(tokens[offsets[row]]), *result.sampled_token_ids],
+                    )
+                    if logits is not None and row in ranked:
+                        start, end = offsets[row], offsets[row + 1]
+                        results[row] = with_ranks(results[row], ranks(logits[start:end], tokens[start:end]))
+        for row, ids in lists.items():
+            if (result := results[row]) is not None and logits is not None:
+                results[row] = listed(result, logits[offsets[row + 1] - 1 if every_token else row], ids)
         return results

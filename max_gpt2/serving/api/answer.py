@@ -45,6 +45,11 @@ class Shape:
     def __init__(self, asked: Asked, names: TokenNames) -> None:
         self.asked, self.names = asked, names
 
+    @property
+    def shown(self) -> int | None:
+        """How many of a new token's alternatives show: `logprobs`, or all where the ids are listed."""
+        return None if self.asked.logprob_ids else self.asked.logprobs
+
     def choice(self, index: int, choice: Choice, gathered: Gathered) -> dict[str, Any]:
         """A whole choice of a response."""
         raise NotImplementedError

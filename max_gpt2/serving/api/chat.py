@@ -182,6 +182,6 @@ class ChatShape(Shape):
             "bytes": self.names.bytes(token),
         }
         if of is not None:
-            ranked = list(of.top.items())[: self.asked.logprobs]
+            ranked = list(of.top.items())[: self.shown]
             entry["top_logprobs"] = [self._entry(alternative, logprob) for alternative, logprob in ranked]
         return entry

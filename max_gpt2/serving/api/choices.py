@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.tokenizer import TextStream, token_bytes
 from max_gpt2.serving.api.stops import StopCut
-from max_gpt2.serving.prompt_ranks import take_rank
+from max_gpt2.serving.vllm_logprobs import take_rank
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Rules:
 class Token:
     """One token of a choice: its id, the text it adds (possibly "", part of a character), and where
     asked for, its log-probability and the likeliest alternatives by id, likeliest first, and a prompt
-    token's rank (vLLM's `prompt_logprobs`: `max_gpt2.serving.prompt_ranks`)."""
+    token's rank (vLLM's `prompt_logprobs`: `max_gpt2.serving.vllm_logprobs`)."""
 
     id: int
     text: str

@@ -44,7 +44,7 @@ class CompletionShape(Shape):
         return {
             "index": index,
             "text": text,
-            "logprobs": self._logprobs([*prompt, *made], 0, len(text)),
+            "logprobs": self._logprobs(prompt, made, 0, len(text)),
             "finish_reason": gathered.finish.reason,
             "stop_reason": gathered.finish.stop_reason,
             **token_ids(self.asked, choice, made, True),
@@ -59,7 +59,7 @@ class CompletionShape(Shape):
         return {
             "index": index,
             "text": text,
-            "logprobs": self._logprobs([*prompt, *made], start, start + len(text)),
+            "logprobs": self._logprobs(prompt, made, start, start + len(text)),
             "finish_reason": chunk.finish.reason if chunk.finish else None,
             "stop_reason": chunk.finish.stop_reason if chunk.finish else None,
             **token_ids(self.asked, choice, made, first),
@@ -71,11 +71,15 @@ class CompletionShape(Shape):
     def _made(self, tokens: Sequence[Token]) -> Sequence[Token]:
         return () if self.asked.echo_only else tokens
 
-    def _logprobs(self, tokens: Sequence[Token], start: int, end: int) -> dict[str, Any] | None:
-        """OpenAI's legacy logprobs of `tokens`, whose text runs from `start` to `end` of the choice's
-        text (a token past a stop string's cut starts at its end); None where none were asked for."""
+    def _logprobs(
+        self, prompt: Sequence[Token], made: Sequence[Token], start: int, end: int
+    ) -> dict[str, Any] | None:
+        """OpenAI's legacy logprobs of the `prompt` and `made` tokens, whose text runs from `start` to `end`
+        of the choice's text (a token past a stop string's cut starts at its end); None where none were
+        asked for."""
         if self.asked.logprobs is None:
             return None
+        tokens = [*prompt, *made]
         if self.asked.post_sampling:  # llama-server's entries, of what each token was drawn from
             return {"content": self.names.llama_entries(tokens, self.asked.logprobs, True)}
         offsets, at = [], start
@@ -85,17 +89,18 @@ class CompletionShape(Shape):
         return {
             "tokens": [self.names(token.id) for token in tokens],
             "token_logprobs": [finite(token.logprob) for token in tokens],
-            "top_logprobs": [self._top(token) for token in tokens],
+            "top_logprobs": [self._top(token, self.asked.logprobs) for token in prompt]
+            + [self._top(token, self.shown) for token in made],
             "text_offset": offsets,
         }
 
-    def _top(self, token: Token) -> dict[str, float] | None:
-        """The alternatives asked for, likeliest first, and the chosen token where it is not among them,
-        keyed by text (ids that decode alike share a key, the later one's value kept, as OpenAI's
-        layout must)."""
+    def _top(self, token: Token, shown: int | None) -> dict[str, float] | None:
+        """The `shown` alternatives (None: all), likeliest first, and the chosen token where it is not
+        among them, keyed by text (ids that decode alike share a key, the later one's value kept, as
+        OpenAI's layout must)."""
         if token.logprob is None:
             return None  # the prompt's first token: nothing came before it
-        by_id = dict(list(token.top.items())[: self.asked.logprobs])
+        by_id = dict(list(token.top.items())[:shown])
         by_id[token.id] = token.logprob
         return {self.names(alternative): value for alternative, value in by_id.items()}
 

@@ -35,10 +35,7 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "metadata": (dict[str, Any], "tags OpenAI keeps with stored completions; nothing is stored here"),
     "service_tier": (str, "there is one tier here"),
     "safety_identifier": (str, "`user`'s successor at OpenAI, for abuse monitoring; nothing here reads it"),
-    "prompt_cache_key": (
-        str,
-        "OpenAI routes prompt caching by it; here a prompt's pages are reused by tokens",
-    ),
+    "prompt_cache_key": (str, "OpenAI routes prompt caching by it; here prompts' pages are reused by tokens"),
     "spaces_between_special_tokens": (bool, "GPT-2's fast tokenizer writes none either way, as vLLM's"),
     "add_special_tokens": (bool, "GPT-2's tokenizer has no special token (no BOS) to add"),
 }
@@ -178,6 +175,7 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     length_penalty: float = 1.0
     return_tokens_as_token_ids: bool | None = None
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
     priority: int = 0
     request_id: str | None = None
 

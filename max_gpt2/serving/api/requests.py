@@ -93,6 +93,7 @@ class Asked:
     post_sampling: bool = False  # llama-server's `post_sampling_probs`: of what each token is drawn from
     bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
     prompt_logprobs: int | None = None  # vLLM's: alternatives each prompt token reports (None: no report)
+    logprob_ids: tuple[int, ...] | None = None  # vLLM's `logprob_token_ids`: what each new token reports
     beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
     echo_text: str | None = None  # vLLM's chat `echo`: the text put before each choice's
 
@@ -138,6 +139,7 @@ class Asked:
             post_sampling=self.post_sampling,
             bad_words=self.bad_words,
             prompt_ranks=self.prompt_logprobs is not None,
+            logprob_ids=self.logprob_ids,
         )
 
     def _top_n(self) -> int:

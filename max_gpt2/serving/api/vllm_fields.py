@@ -17,7 +17,9 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
   inside, so two clients giving the same one cannot collide);
 - `prompt_logprobs`: each prompt token after the first with its log-probability, its rank and the k
   likeliest alternatives (`prompt_report`), on a completion's choices and beside a chat's; not streamed,
-  as vLLM's (0 streamed asks for nothing shown, and is taken).
+  as vLLM's (0 streamed asks for nothing shown, and is taken);
+- `logprob_token_ids`: each new token's alternatives are the ids listed, whatever their likelihood, with
+  `logprobs` set, as vLLM's (the worker's part: `max_gpt2.serving.vllm_logprobs`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,33 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         "answer_id": body.request_id,
         "bad_words": tuple(body.bad_words) if body.bad_words else None,
         "prompt_logprobs": prompt_logprobs_asked(body),
+        "logprob_ids": listed_ids(body, vocab_size),
     }
+
+
+def listed_ids(body: CompletionRequest | ChatRequest, vocab_size: int) -> tuple[int, ...] | None:
+    """The ids whose log-probabilities each new token reports (`logprob_token_ids`), each once, or None;
+    a `Refusal` for an empty list, an id outside the vocabulary, or where vLLM refuses them: without
+    `logprobs`, or with `echo` and `max_tokens: 0` (no new token)."""
+    ids = body.logprob_token_ids
+    if ids is None:
+        return None
+    if not ids:
+        raise Refusal(
+            "logprob_token_ids", "logprob_token_ids: empty; list the ids to report, or leave it out"
+        )
+    for index, token in enumerate(ids):
+        token_id("logprob_token_ids", f"logprob_token_ids[{index}]", token, vocab_size)
+    if body.logprobs is None or body.logprobs is False:
+        raise Refusal("logprob_token_ids", "logprob_token_ids: needs logprobs set, as vLLM's")
+    if isinstance(body, CompletionRequest) and body.echo and body.max_tokens == 0:
+        raise Refusal("logprob_token_ids", "logprob_token_ids: echo with max_tokens 0 makes no new token")
+    if body.post_sampling_probs:
+        raise Refusal(
+            "logprob_token_ids",
+            "logprob_token_ids: of the model's logits, not of what each token is drawn from",
+        )
+    return tuple(dict.fromkeys(ids))
 
 
 def prompt_logprobs_asked(body: CompletionRequest | ChatRequest) -> int | None:

@@ -1,7 +1,8 @@
-"""vLLM's `prompt_logprobs` through the real server and the `openai` client: each prompt token after the
-first with its log-probability, its rank (how many tokens are at least as likely there, itself counted)
-and the likeliest alternatives, against the float64 reference's log-softmax of the prompt. The field's
-refusals need no model: test_serve_guard.py."""
+"""vLLM's log-probability fields through the real server and the `openai` client, against the float64
+reference's log-softmax: `prompt_logprobs` (each prompt token after the first with its log-probability,
+its rank, how many tokens are at least as likely there, itself counted, and the likeliest alternatives)
+and `logprob_token_ids` (each new token's alternatives the ids listed). Their refusals need no model:
+test_serve_guard.py."""
 
 from __future__ import annotations
 
@@ -85,3 +86,52 @@ def test_a_chats_prompt_logprobs_come_beside_its_choices(served_lm, expected):
     )  # fmt: skip
     ids = answer.choices[0].model_extra["prompt_token_ids"]
     assert_reported(answer.model_extra["prompt_logprobs"], ids, expected(ids), 2, tokenizer)
+
+
+LISTED = [5, 17, 200, 5]  # one listed twice: reported once
+
+
+def assert_listed(
+    tops: list[dict[str, float]], ids: list[int], start: int, expected: np.ndarray, names
+) -> None:
+    """Each new token's alternatives (`tops`, by text) are the listed ids and the token, with the
+    reference's log-probabilities: the tokens of `ids` from `start` on, each after those before it."""
+    assert len(tops) == len(ids) - start
+    for top, position in zip(tops, range(start, len(ids)), strict=True):
+        wanted = {names(token): expected[position - 1, token] for token in [*LISTED, ids[position]]}
+        assert top.keys() == wanted.keys()
+        assert [top[key] for key in wanted] == pytest.approx(list(wanted.values()), abs=1e-4)
+
+
+def test_logprob_token_ids_make_the_listed_ids_each_new_tokens_alternatives(served_lm, expected):
+    """On completions (with `echo`, the prompt's tokens keep their likeliest), streamed too, and chat."""
+    tokenizer = load_tokenizer(served_lm.checkpoint)
+    names = lambda token: tokenizer.decode([token], skip_special_tokens=False)  # noqa: E731
+    ids = tokenizer.encode(PROMPTS[1]).ids
+    body = {"logprob_token_ids": LISTED, "ignore_eos": True, "return_token_ids": True}
+    answer = client(served_lm).completions.create(
+        model="gpt2", prompt=ids, max_tokens=4, temperature=0, logprobs=1, echo=True, extra_body=body
+    )
+    choice = answer.choices[0]
+    whole = ids + choice.model_extra["token_ids"]
+    tops = choice.logprobs.top_logprobs
+    assert tops[0] is None and all(len(top) <= 2 for top in tops[1 : len(ids)])  # the prompt's: 1 likeliest
+    assert_listed(tops[len(ids) :], whole, len(ids), expected(whole), names)
+    chunks = client(served_lm).completions.create(
+        model="gpt2", prompt=ids, max_tokens=4, temperature=0, logprobs=0, stream=True, extra_body=body
+    )
+    streamed = [
+        top for chunk in chunks for top in (chunk.choices[0].logprobs.top_logprobs if chunk.choices else [])
+    ]
+    assert_listed(streamed, whole, len(ids), expected(whole), names)
+    chat = client(served_lm).chat.completions.create(
+        model="gpt2", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=1, extra_body=body,
+    )  # fmt: skip
+    made = chat.choices[0].model_extra["token_ids"]
+    prompt = chat.choices[0].model_extra["prompt_token_ids"]
+    entries = chat.choices[0].logprobs.content
+    tops = [
+        {alternative.token: alternative.logprob for alternative in entry.top_logprobs} for entry in entries
+    ]
+    assert_listed(tops, prompt + made, len(prompt), expected(prompt + made), names)

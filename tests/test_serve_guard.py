@@ -414,6 +414,19 @@ def guarded_client(
     return TestClient(app)
 
 
+def test_a_slots_action_is_answered_as_llama_server_without_a_save_path_answers_it():
+    """A 501, llama-server's `not_supported_error`: MAX's prefix cache has no slot's prompt to save."""
+    for action in ("save", "restore", "erase"):
+        answer = guarded_client(None).post(f"/slots/0?action={action}", json={"filename": "a.bin"})
+        assert answer.status_code == 501, answer.json()
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("not_supported_error", 501) and "prefix cache" in error[
+            "message"
+        ]
+    on_embeddings = guarded_client(None, pooling=Pooling.LAST).get("/slots")
+    assert on_embeddings.status_code == 404 and "--embeddings" in on_embeddings.json()["error"]["message"]
+
+
 def test_an_api_key_is_asked_of_every_request_but_health():
     client = guarded_client("s3cret")
     refused = client.post("/v1/completions", json=GOOD)

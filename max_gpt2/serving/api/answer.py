@@ -138,7 +138,7 @@ async def start(
                 made = asked.request(
                     f"{ident}-{p * asked.n + i}", model, prompt, i, defaults, timestamp, path
                 )
-                choices.append(await Choice.start(served.engine, made, asked.rules))
+                choices.append(await served.start(made, asked.rules))
     except InputError as error:
         await withdraw(choices)
         where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{len(choices) // asked.n}]"

@@ -105,6 +105,7 @@ class Choice:
         self.prompt: tuple[Token, ...] = ()  # with the prompt's log-probabilities where `echo` asked
         self.made = 0  # tokens kept, for `usage`
         self.cached = 0  # prompt tokens MAX's prefix cache held (`usage.prompt_tokens_details`)
+        self.new_line = False  # whether a token made so far holds a newline (llama-server's `/slots`)
         self._ended = False  # the engine said the request is done (else the worker is told to stop)
 
     @classmethod
@@ -114,6 +115,11 @@ class Choice:
         """Tokenizes and submits `request`: a bad prompt raises here (MAX's `InputError`), before a
         response has begun."""
         return cls(engine, request, rules, await engine.next_token_chunk(request, parse_reasoning=False))
+
+    @property
+    def done(self) -> bool:
+        """Whether the request has ended: the engine said so, or the worker was told to stop it."""
+        return self._ended
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """The choice's chunks, one a token as llama-server and vLLM stream them (the worker may send
@@ -160,6 +166,7 @@ class Choice:
             else:  # the last token brings whatever still waits for a whole character
                 piece = decoder(token) + (decoder.flush() if last else "")
             made = Token(token, piece, values[index] if values else None, tops[index] if tops else {})
+            self.new_line = self.new_line or "\n" in piece
             shown = self.cut.add(piece)
             self.made += 1
             self.first_at = self.first_at or time.perf_counter()

@@ -47,7 +47,6 @@ NOT_SERVED = {
     "/pooling": "vLLM's pooling route is not served; a server started with --embeddings answers POST "
     "/v1/embeddings, OpenAI's, and llama-server's /embedding",
     **dict.fromkeys(("/reranking", "/v1/reranking"), RERANKS),
-    "/slots": "MAX's scheduler holds the requests, not slots: GET /metrics counts them",
     **dict.fromkeys(
         ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"),
         "LoRA adapters are merged into the weights at start (max-gpt2 serve --lora PATH); GET "

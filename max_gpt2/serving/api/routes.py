@@ -15,6 +15,7 @@
 | `GET /metrics` | `metrics` |
 | `GET /health` (and `/v1/health`), `GET /version`, `GET /props` (llama-server's) | here |
 | `GET /lora-adapters`, `POST /lora-adapters` (llama-server's) | `adapters` |
+| `GET /slots`, `POST /slots/{id}` (llama-server's) | `slots` |
 
 MAX builds the app (its middleware, its engine in `app.state`); `mount` puts the routes served
 before MAX's own, so MAX's routes of the same paths are never reached and its others are
@@ -47,8 +48,8 @@ from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.responses import count_input_tokens, create_response
 from max_gpt2.serving.api.scores import create_rerank, create_score
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.slots import Slots, act_on_slot, list_slots
 from max_gpt2.serving.api.tokens import detokenize, tokenize
-from max_gpt2.serving.memory_planner import planned_batch_size
 from max_gpt2.serving.settings import ServingSettings
 
 
@@ -92,7 +93,7 @@ async def props(request: Request) -> Response:
     return JSONResponse(
         {
             "default_generation_settings": {"n_ctx": served.context_length, "params": defaults()},
-            "total_slots": planned_batch_size(served.config),
+            "total_slots": served.total_slots,
             "model_alias": served.settings.served_names[0],
             "model_path": str(served.config.model.model_path),
             "chat_template": tokenizer.chat_template or "",
@@ -124,6 +125,8 @@ GENERATING = [
     Route("/responses/input_tokens", count_input_tokens, methods=["POST"]),
     Route("/v1/messages", create_message, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/slots", list_slots, methods=["GET"]),  # llama-server's
+    Route("/slots/{id_slot}", act_on_slot, methods=["POST"]),
 ]
 EMBEDDING = [
     Route("/v1/embeddings", create_embedding, methods=["POST"]),
@@ -162,7 +165,7 @@ def served_routes(settings: ServingSettings) -> tuple[list[Route], dict[str, str
 
 def mount(app: Any, settings: ServingSettings, api_key: str | None, explorer: Explorer | None) -> None:
     """Our routes, CORS and the guard on MAX's app (a FastAPI app, not yet serving)."""
-    app.state.serving = settings
+    app.state.serving, app.state.slots = settings, Slots()
     routes, not_served = served_routes(settings)
     app.router.routes[:0] = routes
     if settings.allowed_origins:

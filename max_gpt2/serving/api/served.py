@@ -1,24 +1,30 @@
-"""What the routes read of the running server: MAX's engine and its config, our settings.
+"""What the routes read of the running server: MAX's engine and its config, our settings and slots.
 
 MAX builds its engine (`TokenGeneratorPipeline`: our tokenizer, and a proxy to the model
 worker) and keeps it, with the pipeline's config, in the HTTP app's state; `mount`
-(`max_gpt2.serving.api.routes`) adds our `ServingSettings` beside them. `Served.of(request)`
-gathers the three for a route.
+(`max_gpt2.serving.api.routes`) adds our `ServingSettings` and the requests' `Slots` beside them.
+`Served.of(request)` gathers the four for a route.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from max.pipelines.lib import PipelineConfig
+from max.pipelines.modeling.types import TextGenerationRequest
 from max.serve.pipelines.llm import TokenGeneratorPipeline
 from starlette.requests import Request
 
+from max_gpt2.serving.api.choices import Choice, Rules
 from max_gpt2.serving.api.protocol import Refusal
 from max_gpt2.serving.api.requests import Asked
+from max_gpt2.serving.memory_planner import planned_batch_size
 from max_gpt2.serving.settings import ServingSettings
 from max_gpt2.serving.tokenizer import GPT2TextTokenizer
+
+if TYPE_CHECKING:  # the slots' module reads the served model
+    from max_gpt2.serving.api.slots import Slots
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,24 @@ class Served:
     engine: TokenGeneratorPipeline
     config: PipelineConfig
     settings: ServingSettings
+    slots: Slots
 
     @classmethod
     def of(cls, request: Request) -> Served:
         state: Any = request.app.state
-        return cls(state.pipeline, state.pipeline_config, state.serving)
+        return cls(state.pipeline, state.pipeline_config, state.serving, state.slots)
+
+    @property
+    def total_slots(self) -> int | None:
+        """Requests decoded together, as llama-server's slots (None where MAX plans its batch itself)."""
+        return planned_batch_size(self.config)
+
+    async def start(self, request: TextGenerationRequest, rules: Rules) -> Choice:
+        """`request` submitted to MAX's engine as a choice (MAX's `InputError` for a bad prompt), seated in
+        a slot (`max_gpt2.serving.api.slots`)."""
+        choice = await Choice.start(self.engine, request, rules)
+        self.slots.enter(choice, self.total_slots)
+        return choice
 
     @property
     def tokenizer(self) -> GPT2TextTokenizer:

@@ -1,0 +1,147 @@
+"""llama-server's slots, as its clients read them: `GET /slots` and `POST /slots/{id}`.
+
+llama-server decodes up to `--parallel` requests together, each in a slot of its own, and defers the
+rest; MAX's scheduler decodes up to its batch (`/props`' `total_slots`: `--max-batch-size`, 16 on a
+CPU) and queues the rest, first come, first served. `Slots` seats each request so: in the order they
+come, in the lowest free slot, a request that finds none waiting for the next to free (where MAX plans
+its batch itself, on a GPU, every request finds one). A slot shows the request it holds, or the last
+it held, as llama-server shows it: its task's number, the tokens its cache holds, what it samples with
+in llama-server's names, and while it runs, its prompt's tokens (those MAX's prefix cache gave too) and
+the tokens made and left. `GET /slots?fail_on_no_slot=1` is a 503
+where no slot is free, as llama-server answers it.
+
+`POST /slots/{id}?action=save|restore|erase` (a slot's prompt cache to a file and back) is answered as
+a llama-server started without `--slot-save-path` answers it, 501: MAX's prefix cache keeps pages by
+their tokens for every request, not a slot's, and has no file form.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from max_gpt2.serving.api.choices import Choice
+from max_gpt2.serving.api.protocol import Refusal, refusal_response
+from max_gpt2.serving.api.served import Served
+
+CHAIN_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
+CHAIN_NAMES |= {"typ_p": "typical_p"}  # llama-server's chain steps, by the name its params give them
+
+
+class Slots:
+    """Each slot's request (running, or the last it ran) and its task's number, and the requests waiting
+    for a slot, in the order they came. A request leaves its slot when it ends (`Choice.done`)."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[int, Choice]] = []  # each slot's task number and request
+        self.waiting: deque[Choice] = deque()
+        self.tasks = itertools.count()
+
+    def enter(self, choice: Choice, total: int | None) -> None:
+        """Seats `choice` once a slot of `total` (None: as many as are asked for) is free."""
+        self.waiting.append(choice)
+        self.seat(total)
+
+    def seat(self, total: int | None) -> None:
+        """Seats the requests waiting, first come first, while a slot is free."""
+        while self.waiting:
+            free = next((slot for slot, (_, held) in enumerate(self.held) if held.done), None)
+            if free is None and total is not None and len(self.held) >= total:
+                return
+            choice = self.waiting.popleft()  # seated even if it has ended since: its slot's last request
+            if free is None:
+                self.held.append((next(self.tasks), choice))
+            else:
+                self.held[free] = (next(self.tasks), choice)
+
+    def states(self, total: int | None, context_length: int, speculative: bool) -> list[dict[str, Any]]:
+        """Each slot's state in llama-server's shape (`GET /slots`), its requests seated first."""
+        self.seat(total)
+        count = max(total or 0, len(self.held), 1)
+        shown = [{"id": slot, "n_ctx": context_length, "speculative": speculative} for slot in range(count)]
+        for state, (task, choice) in zip(shown, self.held, strict=False):
+            state["is_processing"] = not choice.done
+            state |= task_state(task, choice)
+        for state in shown[len(self.held) :]:
+            state["is_processing"] = False
+        return shown
+
+
+def task_state(task: int, choice: Choice) -> dict[str, Any]:
+    """What a slot shows of the request it holds or held, as llama-server's: the tokens its cache holds
+    (the prompt and those made, but the last), and while it runs, the prompt's tokens computed and read
+    from the prefix cache, and its progress; once it ends, those as llama-server leaves a slot it frees."""
+    prompt, running, limit = (
+        len(choice.prompt),
+        not choice.done,
+        choice.request.sampling_params.max_new_tokens,
+    )
+    return {
+        "id_task": task,
+        "n_prompt_tokens": prompt + max(choice.made - 1, 0),
+        "n_prompt_tokens_processed": prompt - choice.cached if running else 0,
+        "n_prompt_tokens_cache": choice.cached if running else 0,
+        "params": sampled_with(choice),
+        "next_token": [
+            {
+                "has_next_token": running,
+                "has_new_line": running and choice.new_line,
+                "n_remain": limit - choice.made if running and limit is not None else -1,
+                "n_decoded": choice.made if running else 0,
+            }
+        ],
+    }
+
+
+def sampled_with(choice: Choice) -> dict[str, Any]:
+    """What `choice` samples with, in llama-server's names: MAX's sampler's values, or where llama-server's
+    chain runs on the host in its place, the chain's (the `GPT2Request`'s)."""
+    params, request = choice.request.sampling_params, choice.request
+    limit = -1 if params.max_new_tokens is None else params.max_new_tokens
+    values: dict[str, Any] = {
+        "seed": params.seed,
+        "temperature": params.temperature,
+        "top_k": max(params.top_k, 0),  # llama-server's 0: no cut
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "typical_p": 1.0,
+        "repeat_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "max_tokens": limit,
+        "n_predict": limit,
+        "ignore_eos": params.ignore_eos,
+        "n_probs": request.logprobs,
+    }
+    for step in getattr(request, "chain", None) or ():
+        if (name := CHAIN_NAMES.get(str(step[0]))) is not None:
+            values[name] = int(step[1]) if name == "top_k" else float(step[1])
+    return values
+
+
+async def list_slots(request: Request) -> Response:
+    """llama-server's `GET /slots`; with `fail_on_no_slot`, a 503 where every slot is busy."""
+    served = Served.of(request)
+    states = served.slots.states(served.total_slots, served.context_length, served.settings.prompt_lookup > 0)
+    if request.query_params.get("fail_on_no_slot") and all(state["is_processing"] for state in states):
+        refusal = Refusal(None, "no slot available", 503, extra={"type": "unavailable_error", "code": 503})
+        return refusal_response(refusal)
+    return JSONResponse(states)
+
+
+async def act_on_slot(request: Request) -> Response:
+    """llama-server's `POST /slots/{id}?action=...`, as a llama-server without `--slot-save-path` answers."""
+    return refusal_response(
+        Refusal(
+            None,
+            "slots' actions are not served: MAX's prefix cache keeps prompts' pages by their tokens for "
+            "every request, not a slot's prompt to save, restore or erase (llama-server answers so where "
+            "started without --slot-save-path)",
+            501,
+            extra={"type": "not_supported_error", "code": 501},
+        )
+    )

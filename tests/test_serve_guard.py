@@ -107,6 +107,7 @@ REFUSED = [
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
     ({"use_beam_search": True, "n": 11}, "n", "n: 1 to 10 beams with use_beam_search"),
     ({"length_penalty": 1.5}, "length_penalty", "ranks the beams of use_beam_search"),
+    ({"session_id": 7}, "session_id", "valid string"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "0 to 20 alternatives a token; got 21"),
     ({"prompt_logprobs": -1}, "prompt_logprobs", "got -1"),  # vLLM's whole vocabulary: past its bound too
     ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "not streamed"),
@@ -267,6 +268,7 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     assert (cut.sampling.top_k, cut.sampling.top_p, cut.sampling.min_p) == (5, 1.0, 0.0)  # "p", "m" out
     assert cut.constraint is None
     vllm = checked({"allowed_token_ids": [5, 3, 5], "spaces_between_special_tokens": False, "priority": 0})
+    assert checked({"session_id": "chat-7"}, chat=True).n == 1  # vLLM's routers read it; nothing here
     assert vllm.allowed_ids == (3, 5) and vllm.rules.skip_special and vllm.prompt_cut is None
     assert checked({"truncate_prompt_tokens": -1, "skip_special_tokens": False}).prompt_cut == CONTEXT
     spelled = checked({"samplers": ["TOP-K", "temp", "nucleus"], "top_k": 5, "top_p": 0.5, "min_p": 0.2})

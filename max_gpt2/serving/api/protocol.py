@@ -38,6 +38,7 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "prompt_cache_key": (str, "OpenAI routes prompt caching by it; here prompts' pages are reused by tokens"),
     "spaces_between_special_tokens": (bool, "GPT-2's fast tokenizer writes none either way, as vLLM's"),
     "add_special_tokens": (bool, "GPT-2's tokenizer has no special token (no BOS) to add"),
+    "session_id": (str, "vLLM's routers keep a session's requests together by it; this is one server"),
 }
 CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
 # Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.

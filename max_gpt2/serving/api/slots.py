@@ -98,12 +98,13 @@ def task_state(task: int, choice: Choice) -> dict[str, Any]:
 
 
 def sampled_with(choice: Choice) -> dict[str, Any]:
-    """What `choice` samples with, in llama-server's names: MAX's sampler's values, or where llama-server's
-    chain runs on the host in its place, the chain's (the `GPT2Request`'s)."""
+    """What `choice` samples with, in llama-server's names: MAX's sampler's values (at temperature 0,
+    `top_k` 1: the likeliest alone), or where llama-server's chain runs on the host in its place, the
+    chain's (the `GPT2Request`'s)."""
     params, request = choice.request.sampling_params, choice.request
     limit = -1 if params.max_new_tokens is None else params.max_new_tokens
     values: dict[str, Any] = {
-        "seed": params.seed,
+        "seed": params.seed,  # where none was asked for, the one MAX drew (llama-server shows 2**32 - 1)
         "temperature": params.temperature,
         "top_k": max(params.top_k, 0),  # llama-server's 0: no cut
         "top_p": params.top_p,

@@ -23,6 +23,8 @@ import numpy as np
 from max.pipelines.architectures.llama3_modulev3.inputs import Llama3Inputs
 from max.pipelines.context import LogProbabilities, TextContext
 
+from max_gpt2.inference.beam_search import log_softmax
+
 RANK_KEY = 2**32 - 1  # the largest 32-bit id: past any GPT-2 vocabulary
 
 
@@ -75,8 +77,7 @@ def with_ranks(result: LogProbabilities, found: np.ndarray) -> LogProbabilities:
 def listed(result: LogProbabilities, row: np.ndarray, ids: tuple[int, ...]) -> LogProbabilities:
     """`result` with its last position's alternatives (its new token's) the `ids` listed, their
     log-probabilities in `row` [V] (the logits that token was drawn after), and the token's own."""
-    shifted = row.astype(np.float64) - row.max()
-    logs = shifted - np.log(np.exp(shifted).sum())
+    logs = log_softmax(row)
     top = {token: float(logs[token]) for token in ids}
     top[result.sampled_token_ids[-1]] = result.token_log_probabilities[-1]
     return LogProbabilities(

@@ -262,13 +262,15 @@ class TokenNames:
 
     def __call__(self, token: int) -> str:
         if token not in self.names:
-            name = f"token_id:{token}" if self.as_ids else None
-            self.names[token] = name or self.tokenizer.decode([token], skip_special_tokens=False)
+            self.names[token] = f"token_id:{token}" if self.as_ids else self._spelled(token)
         return self.names[token]
 
     def text(self, token: int) -> str:
         """The token's own text, special tokens spelled out, whether or not it is named by id."""
-        return self.tokenizer.decode([token], skip_special_tokens=False) if self.as_ids else self(token)
+        return self._spelled(token) if self.as_ids else self(token)
+
+    def _spelled(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def bytes(self, token: int) -> list[int]:
         if token not in self.spelled:

@@ -28,8 +28,14 @@ from max_gpt2.serving.api.choices import Choice
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.served import Served
 
-CHAIN_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
-CHAIN_NAMES |= {"typ_p": "typical_p"}  # llama-server's chain steps, by the name its params give them
+# llama-server's chain steps, by the names its params give them
+CHAIN_NAMES = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typ_p": "typical_p",
+}
 
 
 class Slots:

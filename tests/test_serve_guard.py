@@ -108,6 +108,7 @@ REFUSED = [
     ({"use_beam_search": True, "n": 11}, "n", "n: 1 to 10 beams with use_beam_search"),
     ({"length_penalty": 1.5}, "length_penalty", "ranks the beams of use_beam_search"),
     ({"session_id": 7}, "session_id", "valid string"),
+    ({"stream_interval": 0, "stream": True}, "stream_interval", "1 or more tokens an event; got 0"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "0 to 20 alternatives a token; got 21"),
     ({"prompt_logprobs": -1}, "prompt_logprobs", "got -1"),  # vLLM's whole vocabulary: past its bound too
     ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "not streamed"),

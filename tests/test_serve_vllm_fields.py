@@ -10,7 +10,7 @@ import numpy as np
 
 from max_gpt2.inference.tokenizer import END_OF_TEXT
 from tests.support import LM, requires_serving
-from tests.test_serve import PROMPTS
+from tests.test_serve import PROMPTS, client
 from tests.test_serve_native import greedy, post
 
 pytestmark = requires_serving()
@@ -155,3 +155,30 @@ def test_chat_echo_puts_the_last_message_before_the_answer_where_their_roles_mat
             "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
             == echoed["content"]
         )
+
+
+def test_stream_interval_sends_its_tokens_n_an_event_the_first_and_last_alone(served_lm):
+    """vLLM's `stream_interval: 4`: 11 tokens come as 1, 4, 4 and the last 2 with the finish, the text and
+    ids those of the same request unstreamed; taken unstreamed, and below 1 refused (test_serve_guard)."""
+    extra = {**GREEDY, "stream_interval": 4}
+    whole = (
+        client(served_lm)
+        .completions.create(model="gpt2", prompt=PROMPTS[2], max_tokens=11, extra_body=extra)
+        .choices[0]
+    )
+    stream = client(served_lm).completions.create(
+        model="gpt2", prompt=PROMPTS[2], max_tokens=11, stream=True, extra_body=extra
+    )
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    assert [len(chunk.model_extra["token_ids"]) for chunk in chunks] == [1, 4, 4, 2]
+    assert chunks[-1].finish_reason == "length" and all(chunk.finish_reason is None for chunk in chunks[:-1])
+    assert [token for chunk in chunks for token in chunk.model_extra["token_ids"]] == whole.model_extra[
+        "token_ids"
+    ]
+    assert "".join(chunk.text for chunk in chunks) == whole.text
+    chat = client(served_lm).chat.completions.create(
+        model="gpt2", messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=6, stream=True,
+        extra_body={**GREEDY, "stream_interval": 5},
+    )  # fmt: skip
+    sizes = [len(chunk.choices[0].model_extra.get("token_ids") or []) for chunk in chat if chunk.choices]
+    assert sizes == [0, 1, 5]  # the role alone first, as OpenAI sends it

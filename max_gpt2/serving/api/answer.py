@@ -27,7 +27,7 @@ from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNa
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
-from max_gpt2.serving.api.vllm_fields import cut
+from max_gpt2.serving.api.vllm_fields import cut, in_groups
 from max_gpt2.serving.tokenizer import ContextExceeded
 
 logger = logging.getLogger("max.serve")
@@ -172,7 +172,8 @@ async def events(
         for index in range(len(choices)):
             if (opening := shape.opening(index)) is not None:
                 yield event(opening)
-        async for index, chunk in side_by_side([choice.chunks() for choice in choices]):
+        streams = [in_groups(choice.chunks(), asked.stream_interval) for choice in choices]
+        async for index, chunk in side_by_side(streams):
             if not (chunk.text or chunk.tokens or chunk.finish or index in first):
                 continue
             yield event(shape.delta(index, choices[index], chunk, index in first))

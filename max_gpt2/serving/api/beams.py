@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +108,7 @@ class BeamChoice(Choice):
         self.search, self.rank, self.rules = search, rank, rules
         self.prompt, self.made, self.cached = (), 0, 0
 
-    async def chunks(self) -> AsyncIterator[Chunk]:
+    async def chunks(self) -> AsyncGenerator[Chunk, None]:
         self.prompt, beams = await self.search
         beam = beams[self.rank]
         self.made = len(beam.tokens)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +121,7 @@ class Choice:
         """Whether the request has ended: the engine said so, or the worker was told to stop it."""
         return self._ended
 
-    async def chunks(self) -> AsyncIterator[Chunk]:
+    async def chunks(self) -> AsyncGenerator[Chunk, None]:
         """The choice's chunks, one a token as llama-server and vLLM stream them (the worker may send
         several at once); the worker is told to stop at a stop string, or if the reader leaves."""
         decoder: TextStream | None = None

@@ -177,6 +177,7 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     return_tokens_as_token_ids: bool | None = None
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
+    stream_interval: int | None = None
     priority: int = 0
     request_id: str | None = None
 

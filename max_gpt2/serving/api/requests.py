@@ -94,6 +94,7 @@ class Asked:
     bad_words: tuple[str, ...] | None = None  # vLLM's: words the text may not come to hold
     prompt_logprobs: int | None = None  # vLLM's: alternatives each prompt token reports (None: no report)
     logprob_ids: tuple[int, ...] | None = None  # vLLM's `logprob_token_ids`: what each new token reports
+    stream_interval: int = 1  # vLLM's: tokens a streamed event brings at most (the first and last alone)
     beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
     echo_text: str | None = None  # vLLM's chat `echo`: the text put before each choice's
 

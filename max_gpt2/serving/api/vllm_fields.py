@@ -19,15 +19,18 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
   likeliest alternatives (`prompt_report`), on a completion's choices and beside a chat's; not streamed,
   as vLLM's (0 streamed asks for nothing shown, and is taken);
 - `logprob_token_ids`: each new token's alternatives are the ids listed, whatever their likelihood, with
-  `logprobs` set, as vLLM's (the worker's part: `max_gpt2.serving.vllm_logprobs`).
+  `logprobs` set, as vLLM's (the worker's part: `max_gpt2.serving.vllm_logprobs`);
+- `stream_interval`: a streamed choice's tokens come N an event, its first and last events sent at once,
+  as vLLM batches them (`in_groups`; this server's own interval is 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from max_gpt2.serving.api.choices import Token, TokenNames
+from max_gpt2.serving.api.choices import Chunk, Token, TokenNames
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal
 from max_gpt2.serving.api.token_fields import token_id
 
@@ -59,7 +62,32 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         "bad_words": tuple(body.bad_words) if body.bad_words else None,
         "prompt_logprobs": prompt_logprobs_asked(body),
         "logprob_ids": listed_ids(body, vocab_size),
+        "stream_interval": stream_interval(body.stream_interval),
     }
+
+
+def stream_interval(asked: int | None) -> int:
+    """Tokens a streamed event brings at most (`stream_interval`, 1 unset); a `Refusal` below 1."""
+    if asked is not None and asked < 1:
+        raise Refusal("stream_interval", f"stream_interval: 1 or more tokens an event; got {asked}")
+    return asked or 1
+
+
+async def in_groups(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
+    """`chunks` (a choice's, one a token) joined `size` at a time, the first and the last sent alone as
+    they come, as vLLM's `stream_interval` sends them."""
+    waiting: list[Chunk] = []
+    first = True
+    async with aclosing(chunks):  # closed with this: a choice left unread tells the worker to stop
+        async for chunk in chunks:
+            waiting.append(chunk)
+            if first or chunk.finish is not None or len(waiting) == size:
+                yield Chunk(
+                    "".join(each.text for each in waiting),
+                    tuple(token for each in waiting for token in each.tokens),
+                    chunk.finish,
+                )
+                waiting, first = [], False
 
 
 def listed_ids(body: CompletionRequest | ChatRequest, vocab_size: int) -> tuple[int, ...] | None:

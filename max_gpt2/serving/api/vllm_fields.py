@@ -73,9 +73,13 @@ def stream_interval(asked: int | None) -> int:
     return asked or 1
 
 
-async def in_groups(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
+def in_groups(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
     """`chunks` (a choice's, one a token) joined `size` at a time, the first and the last sent alone as
-    they come, as vLLM's `stream_interval` sends them."""
+    they come, as vLLM's `stream_interval` sends them; as they are for 1 (no step more a token)."""
+    return chunks if size == 1 else grouped(chunks, size)
+
+
+async def grouped(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
     waiting: list[Chunk] = []
     first = True
     async with aclosing(chunks):  # closed with this: a choice left unread tells the worker to stop

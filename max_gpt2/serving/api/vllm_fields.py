@@ -74,12 +74,14 @@ def stream_interval(asked: int | None) -> int:
 
 
 def in_groups(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
-    """`chunks` (a choice's, one a token) joined `size` at a time, the first and the last sent alone as
-    they come, as vLLM's `stream_interval` sends them; as they are for 1 (no step more a token)."""
+    """`chunks` (a choice's, one a token) joined up to `size` at a time, as vLLM's `stream_interval` sends
+    them (`grouped`); for 1, `chunks` themselves, with no step added to a token's way."""
     return chunks if size == 1 else grouped(chunks, size)
 
 
 async def grouped(chunks: AsyncGenerator[Chunk, None], size: int) -> AsyncIterator[Chunk]:
+    """`chunks` joined `size` at a time: the first sent as it comes, the last (the finish) with whatever
+    waited before it."""
     waiting: list[Chunk] = []
     first = True
     async with aclosing(chunks):  # closed with this: a choice left unread tells the worker to stop

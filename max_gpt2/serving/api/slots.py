@@ -68,12 +68,12 @@ class Slots:
         """Each slot's state in llama-server's shape (`GET /slots`), its requests seated first."""
         self.seat(total)
         count = max(total or 0, len(self.held), 1)
-        shown = [{"id": slot, "n_ctx": context_length, "speculative": speculative} for slot in range(count)]
+        shown = [
+            {"id": slot, "n_ctx": context_length, "speculative": speculative, "is_processing": False}
+            for slot in range(count)
+        ]
         for state, (task, choice) in zip(shown, self.held, strict=False):
-            state["is_processing"] = not choice.done
-            state |= task_state(task, choice)
-        for state in shown[len(self.held) :]:
-            state["is_processing"] = False
+            state |= {"is_processing": not choice.done, **task_state(task, choice)}
         return shown
 
 

@@ -124,6 +124,25 @@ REFUSED = [
     ({"logprob_token_ids": [1], "logprobs": 1, "echo": True, "max_tokens": 0}, "logprob_token_ids", "no new"),
     ({"logprob_token_ids": [1], "logprobs": 1, "post_sampling_probs": True}, "logprob_token_ids", "drawn"),
     ({"logprob_token_ids": [1], "logprobs": 1, "use_beam_search": True}, "logprob_token_ids", "leave it out"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 1}}, "repetition_detection", "got 1"),
+    (
+        {"repetition_detection": {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}},
+        "repetition_detection",
+        "got 3 and 2",
+    ),
+    ({"repetition_detection": {"max_pattern_size": -1}}, "repetition_detection", "got 0 and -1"),
+    ({"repetition_detection": {"size": 2}}, "repetition_detection.size", "not a field this route takes"),
+    (
+        {"repetition_detection": {"max_pattern_size": 2, "min_count": 2}, "use_beam_search": True},
+        "repetition_detection",
+        "leave it out",
+    ),
+    ({"truncation_side": "middle"}, "truncation_side", "'left' or 'right'"),
+    ({"thinking_token_budget": 0}, "thinking_token_budget", "does not reason"),
+    ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params", "disaggregated"),
+    ({"vllm_xargs": {"a": 1}}, "vllm_xargs", "no extension"),
+    ({"logits_processors": ["a.b"]}, "logits_processors", "--logits-processor-pattern"),
+    ({"return_prompt_text": True}, "return_prompt_text", "not a field this route takes"),  # chat's alone
 ]
 # The same for chat completions' own fields.
 CHAT = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}]}
@@ -136,7 +155,31 @@ def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_and_llama_server_j
     assert content(parts, "messages[0]") == "How\nare you?" and content("hi", "messages[0]") == "hi"
 
 
+def test_documents_reach_the_chat_template_as_vllm_passes_them():
+    """vLLM's chat `documents`, for a template that shows them (GPT-2's own shows none)."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from max_gpt2.serving.api.chat_prompt import rendered
+    from max_gpt2.serving.api.protocol import ChatRequest
+
+    template = (
+        "{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}] {% endfor %}{{ messages[0].content }}"
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=template)
+    served = SimpleNamespace(tokenizer=SimpleNamespace(delegate=tokenizer))
+    chat = {"messages": [{"role": "user", "content": "Which?"}]}
+    documents = [{"title": "A", "text": "one"}, {"title": "B", "text": "two"}]
+    assert rendered(served, ChatRequest(**chat, documents=documents)) == "[A: one] [B: two] Which?"
+    assert rendered(served, ChatRequest(**chat)) == "Which?"
+
+
 CHAT_REFUSED = [
+    ({"chat_template": "{{ messages }}"}, "chat_template", "--trust-request-chat-template"),
+    ({"mm_processor_kwargs": {"size": 4}}, "mm_processor_kwargs", "text alone"),
+    ({"documents": ["a text"]}, "documents.0", "should be an object"),
     ({"messages": []}, "messages", "messages: empty"),
     ({"messages": [{"content": "hi"}]}, "messages", "messages[0].role: required"),
     (
@@ -212,7 +255,8 @@ def checked(change: dict[str, Any], chat: bool = False) -> Any:
     """A request body with `change`, through the route's checks (`parse`, then `check`)."""
     from max_gpt2.serving.api.chat_prompt import checked_messages
     from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, parse
-    from max_gpt2.serving.api.requests import check, prompts
+    from max_gpt2.serving.api.requests import check
+    from max_gpt2.serving.api.token_fields import prompts
 
     body = parse(
         ChatRequest if chat else CompletionRequest,
@@ -251,6 +295,21 @@ def test_what_clients_send_as_defaults_and_empty_fields_is_taken():
     checked({"messages": [dumped, {"role": "user", "content": "b"}]}, chat=True)
 
 
+def test_vllms_newer_fields_are_taken_where_they_ask_for_what_is_done():
+    """vLLM's fields a client of a newer vLLM sends: no thinking budget (-1), `include_reasoning` and
+    `return_token_offsets` (which vLLM reads on no generating route), an empty media setting; and
+    `repetition_detection`, off at sizes 0 (as vLLM's default) and read into the choice's rule."""
+    from max_gpt2.serving.api.repetition import Repetition
+
+    taken = {"thinking_token_budget": -1, "include_reasoning": False, "return_token_offsets": True}
+    assert checked({**taken, "mm_processor_kwargs": {}}, chat=True).rules.repetition is None
+    zero = {"max_pattern_size": 0, "min_pattern_size": 0, "min_count": 0}
+    assert checked({"repetition_detection": zero}).rules.repetition is None
+    rule = checked({"repetition_detection": {"max_pattern_size": 3, "min_count": 2}}).rules.repetition
+    assert rule == Repetition(min_size=1, max_size=3, count=2)
+    assert checked({"return_prompt_text": True}, chat=True).prompt_text
+
+
 def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     """What llama-server's clients send on the OpenAI routes: its samplers left off (and their
     parameters), `samplers` turning off what it leaves out, the penalties over the last `repeat_last_n`
@@ -271,7 +330,10 @@ def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():
     vllm = checked({"allowed_token_ids": [5, 3, 5], "spaces_between_special_tokens": False, "priority": 0})
     assert checked({"session_id": "chat-7"}, chat=True).n == 1  # vLLM's routers read it; nothing here
     assert vllm.allowed_ids == (3, 5) and vllm.rules.skip_special and vllm.prompt_cut is None
-    assert checked({"truncate_prompt_tokens": -1, "skip_special_tokens": False}).prompt_cut == CONTEXT
+    assert checked({"truncate_prompt_tokens": -1, "skip_special_tokens": False}).prompt_cut == slice(
+        -CONTEXT, None
+    )
+    assert checked({"truncate_prompt_tokens": 20, "truncation_side": "right"}).prompt_cut == slice(20)
     spelled = checked({"samplers": ["TOP-K", "temp", "nucleus"], "top_k": 5, "top_p": 0.5, "min_p": 0.2})
     assert (spelled.sampling.top_k, spelled.sampling.top_p, spelled.sampling.min_p) == (5, 0.5, 0.0)
     assert checked({"adaptive_target": 0.5}).picker is None  # not in the default chain: it does nothing

@@ -105,6 +105,78 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(served_lm, served_
         assert answer["choices"][0]["prompt_token_ids"] == last and answer["usage"]["prompt_tokens"] == 20
     status, refused = post(served_lm, "/v1/completions", {"prompt": long, "max_tokens": 6})
     assert status == 400 and refused["error"]["param"] == "prompt"
+    first, _ = greedy(served_model, served_tokenizer, long[:20], 6)  # vLLM's `truncation_side: "right"`
+    body = {
+        "prompt": long,
+        "max_tokens": 6,
+        **GREEDY,
+        "truncate_prompt_tokens": 20,
+        "truncation_side": "right",
+    }
+    choice = post(served_lm, "/v1/completions", body)[1]["choices"][0]
+    assert (choice["prompt_token_ids"], choice["token_ids"]) == (long[:20], first)
+
+
+def test_repetition_detection_ends_a_choice_where_its_tokens_repeat(
+    served_lm, served_model, served_tokenizer
+):
+    """vLLM's `repetition_detection`: with one token allowed, a choice ends ("repetition") once it came
+    `min_count` times, or `min_tokens`; the model's greedy choice between two tokens ends where the
+    reference (tests/test_repetition.py) first finds a pattern of 2 to 3 tokens twice at its end, or at
+    its length where it finds none; streamed and in a chat alike."""
+    from tests.test_repetition import repeats
+
+    once = {
+        **GREEDY,
+        "allowed_token_ids": [7],
+        "repetition_detection": {"max_pattern_size": 1, "min_count": 3},
+    }
+    for extra, made in (({}, 3), ({"min_tokens": 5}, 5)):
+        body = {"prompt": PROMPTS[0], "max_tokens": 12, **once, **extra}
+        choice = post(served_lm, "/v1/completions", body)[1]["choices"][0]
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("repetition", "repetition_detected")
+        assert choice["token_ids"] == [7] * made
+    chat = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 12, **once}
+    choice = post(served_lm, "/v1/chat/completions", chat)[1]["choices"][0]
+    assert (choice["finish_reason"], choice["token_ids"]) == ("repetition", [7, 7, 7])
+    prompt, allowed = served_tokenizer.encode(PROMPTS[1]).ids, [7, 42]
+    ids = list(prompt)
+    for _ in range(16):
+        ids.append(allowed[int(np.argmax(served_model.logits(np.array([ids]))[0, -1][allowed]))])
+    made = ids[len(prompt) :]
+    end = next((k for k in range(1, 17) if repeats(made[:k], 2, 3, 2)), None)
+    rule = {"max_pattern_size": 3, "min_pattern_size": 2, "min_count": 2}
+    extra = {**GREEDY, "allowed_token_ids": allowed, "repetition_detection": rule}
+    stream = client(served_lm).completions.create(
+        model="gpt2", prompt=prompt, max_tokens=16, stream=True, extra_body=extra
+    )
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    assert [token for chunk in chunks for token in chunk.model_extra["token_ids"]] == made[:end]
+    assert chunks[-1].finish_reason == ("length" if end is None else "repetition")
+
+
+def test_chat_return_prompt_text_is_the_rendered_messages(served_lm, served_tokenizer):
+    """vLLM's `return_prompt_text`: the chat template's text (Jinja's, here) beside the answer, whose prompt
+    ids are its tokens; streamed, on the first event alone."""
+    from tests.test_serve_api import render
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPTS[2]}]
+    body = {"messages": messages, "max_tokens": 3, **GREEDY, "return_prompt_text": True}
+    answer = post(served_lm, "/v1/chat/completions", body)[1]
+    assert answer["prompt_text"] == render(messages)
+    assert served_tokenizer.encode(answer["prompt_text"]).ids == answer["choices"][0]["prompt_token_ids"]
+    assert (
+        "prompt_text" not in post(served_lm, "/v1/chat/completions", {**body, "return_prompt_text": False})[1]
+    )
+    stream = client(served_lm).chat.completions.create(
+        model="gpt2",
+        messages=messages,
+        max_tokens=3,
+        stream=True,
+        extra_body={**GREEDY, "return_prompt_text": True},
+    )
+    texts = [chunk.model_extra.get("prompt_text") for chunk in stream]
+    assert texts[0] == render(messages) and not any(texts[1:])
 
 
 def test_tokens_as_token_ids_and_the_answers_id(served_lm):

@@ -23,10 +23,11 @@ from starlette.responses import JSONResponse, Response
 
 from max_gpt2.max_internals import client_left, error_body
 from max_gpt2.serving.api.beams import beam_choices
-from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames, gather
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, gather
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.vllm_fields import cut, in_groups
 from max_gpt2.serving.tokenizer import ContextExceeded
 
@@ -66,6 +67,10 @@ class Shape:
         """What a whole response carries besides its choices and `usage`, if anything."""
         return {}
 
+    def heading(self, prompts: Sequence[Any]) -> dict[str, Any]:
+        """What a response carries of its `prompts` (ids), whole or in a stream's first event, if anything."""
+        return {}
+
 
 Body = TypeVar("Body", CompletionRequest, ChatRequest)
 
@@ -101,8 +106,9 @@ async def answer(
     ident, created = f"{shape.id_prefix}-{asked.answer_id or request.state.request_id}", int(time.time())
     head = {"id": ident, "created": created, "model": model}
     record_request_start()  # MAX's running-requests gauge, and its request counts at the end
+    top = shape.heading(prompts)
     if asked.stream:
-        return streamed(events(choices, shape, asked, head, request.url.path), asked)
+        return streamed(events(choices, shape, asked, head, request.url.path, top), asked)
     started = time.perf_counter()
     try:
         gathered = await unless_client_leaves(request, asyncio.gather(*map(gather, choices)))
@@ -117,6 +123,7 @@ async def answer(
             for i, (choice, whole) in enumerate(zip(choices, gathered, strict=True))
         ],
         **shape.whole(choices),
+        **top,
         "usage": usage(choices, asked),
     }
     return JSONResponse(body)
@@ -157,16 +164,19 @@ async def withdraw(choices: Sequence[Choice]) -> None:
 
 
 async def events(
-    choices: list[Choice], shape: Shape, asked: Asked, head: dict[str, Any], path: str
+    choices: list[Choice], shape: Shape, asked: Asked, head: dict[str, Any], path: str, top: dict[str, Any]
 ) -> AsyncIterator[str]:
-    """The server-sent events of a streamed answer: each choice's chunks as they come, then `usage`
-    where asked, then `[DONE]`; a choice that fails ends the stream with OpenAI's error object."""
+    """The server-sent events of a streamed answer: each choice's chunks as they come (the first event
+    with `top`), then `usage` where asked, then `[DONE]`; a choice that fails ends the stream with
+    OpenAI's error object."""
     started, first = time.perf_counter(), set(range(len(choices)))
     usage_none = {"usage": None} if asked.include_usage else {}  # OpenAI's: null on every other chunk
+    once = [top]
 
     def event(delta: dict[str, Any]) -> str:
         so_far = {"usage": usage(choices, asked)} if asked.usage_every_chunk else usage_none
-        return compact({**head, "object": shape.chunk_object, "choices": [delta], **so_far})
+        extra = once.pop() if once else {}
+        return compact({**head, "object": shape.chunk_object, "choices": [delta], **so_far, **extra})
 
     try:
         for index in range(len(choices)):

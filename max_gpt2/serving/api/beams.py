@@ -38,7 +38,7 @@ LENGTH = Finish("length")  # how a beam that did not take end-of-text ends
 UNUSED = (  # fields a beam search takes nothing from: each refused where set otherwise than by default
     "stop", "stop_token_ids", "min_tokens", "logit_bias", "frequency_penalty", "presence_penalty",
     "repetition_penalty", "top_k", "top_p", "min_p", "allowed_token_ids", "bad_words", "repeat_penalty",
-    "prompt_logprobs", "logprob_token_ids",
+    "prompt_logprobs", "logprob_token_ids", "repetition_detection",
 )  # fmt: skip
 DEFAULTS = {field: CompletionRequest.model_fields[field].default for field in UNUSED}
 

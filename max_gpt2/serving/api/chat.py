@@ -27,10 +27,11 @@ from max_gpt2.serving.api.answer import (
     unless_client_leaves,
 )
 from max_gpt2.serving.api.chat_prompt import prompt_ids, rendered
-from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames, gather
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, gather
 from max_gpt2.serving.api.protocol import ChatRequest, Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.tools import ToolStream
 from max_gpt2.serving.api.vllm_fields import prompt_report
 
@@ -137,6 +138,12 @@ class ChatShape(Shape):
     def whole(self, choices: Sequence[Choice]) -> dict[str, Any]:
         """vLLM's `prompt_logprobs` of the prompt the choices share, where asked."""
         return prompt_report(choices[0].prompt, self.asked.prompt_logprobs, self.names)
+
+    def heading(self, prompts: Sequence[Any]) -> dict[str, Any]:
+        """vLLM's `prompt_text`: the prompt's ids as text (the rendered messages), where asked."""
+        if not self.asked.prompt_text:
+            return {}
+        return {"prompt_text": self.names.tokenizer.decode(prompts[0], skip_special_tokens=False)}
 
     def opening(self, index: int) -> dict[str, Any]:
         """The role alone, before any text, as OpenAI and vLLM send it."""

@@ -41,10 +41,11 @@ class Conversation(Protocol):
 
 def rendered(served: Served, body: Conversation) -> str:
     """A request's messages, checked and rendered by the chat template with its flags and variables (and
-    a chat completion's tools), as text."""
+    a chat completion's tools and documents), as text."""
     messages = checked_messages(body.messages)
     flags = body.add_generation_prompt, body.continue_final_message
-    return render(served, messages, *flags, body.chat_template_kwargs, getattr(body, "tools", None))
+    tools, documents = getattr(body, "tools", None), getattr(body, "documents", None)  # a chat's alone
+    return render(served, messages, *flags, body.chat_template_kwargs, tools, documents)
 
 
 def prompt_ids(served: Served, body: Conversation, special: bool = False) -> list[int]:
@@ -165,10 +166,12 @@ def render(
     continue_final_message: bool,
     options: dict[str, Any] | None,
     tools: list[Any] | None = None,
+    documents: list[dict[str, str]] | None = None,
 ) -> str:
     """`messages` rendered by the served chat template: the prompt's text. `options` are the template's
     variables (`chat_template_kwargs`), where `add_generation_prompt` and `continue_final_message` given
-    override the request's own, as vLLM lets them; `tools` the request's, for a template that shows them."""
+    override the request's own, as vLLM lets them; `tools` and `documents` (vLLM's) the request's, for a
+    template that shows them."""
     tokenizer = served.tokenizer.delegate  # Hugging Face's, holding the template
     if tokenizer.chat_template is None:
         raise Refusal(
@@ -200,6 +203,8 @@ def render(
             "continue_final_message", "continue_final_message: the last message is not the assistant's"
         )
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **flags, **variables)
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, documents=documents, tokenize=False, **flags, **variables
+        )
     except (TemplateError, TypeError, ValueError) as error:  # the template's raise_exception
         raise Refusal("messages", f"messages: the chat template could not render them: {error}") from None

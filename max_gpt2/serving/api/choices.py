@@ -20,7 +20,6 @@ several), as llama-server and vLLM stream; the last one carries the `Finish`.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from max.pipelines.modeling.types import TextGenerationRequest
 from max.serve.pipelines.llm import TokenGeneratorOutput, TokenGeneratorPipeline
 from tokenizers import Tokenizer
 
-from max_gpt2.inference.tokenizer import TextStream, token_bytes
+from max_gpt2.inference.tokenizer import TextStream
+from max_gpt2.serving.api.repetition import Repetition
 from max_gpt2.serving.api.stops import StopCut
 from max_gpt2.serving.vllm_logprobs import take_rank
 
@@ -42,7 +42,7 @@ class Rules:
     text), stop token ids, and `min_tokens` (no stop string counts before that many tokens); whether its
     text leaves special tokens out (`skip_special`, vLLM's `skip_special_tokens`); and llama-server's
     limits, which end it as its length would: lines indented less than `indent` (`StopCut`), and a
-    newline past `predict_s` seconds from the first token."""
+    newline past `predict_s` seconds from the first token; and vLLM's `repetition_detection`."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
@@ -51,6 +51,7 @@ class Rules:
     skip_special: bool = True
     indent: int = 0
     predict_s: float | None = None
+    repetition: Repetition | None = None
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ class Token:
 
 @dataclass(frozen=True)
 class Finish:
-    """Why a choice ended: OpenAI's `finish_reason` ("stop" or "length") and vLLM's `stop_reason`, the
-    stop string or stop token id matched (None for end-of-text and for length)."""
+    """Why a choice ended: OpenAI's `finish_reason` ("stop" or "length"; vLLM's "repetition") and vLLM's
+    `stop_reason`, the stop string or stop token id matched (None for end-of-text and for length)."""
 
     reason: str
     stop_reason: str | int | None = None
@@ -104,6 +105,7 @@ class Choice:
         self.first_at: float | None = None  # when the first token came (`Rules.predict_s`)
         self.prompt: tuple[Token, ...] = ()  # with the prompt's log-probabilities where `echo` asked
         self.made = 0  # tokens kept, for `usage`
+        self.ids: list[int] = []  # theirs, where `Rules.repetition` reads them
         self.cached = 0  # prompt tokens MAX's prefix cache held (`usage.prompt_tokens_details`)
         self.new_line = False  # whether a token made so far holds a newline (llama-server's `/slots`)
         self._ended = False  # the engine said the request is done (else the worker is told to stop)
@@ -179,9 +181,21 @@ class Choice:
             if last:
                 yield Chunk(shown + self.cut.flush(), (made,), self._finish(output, ids))
                 return
+            if self._repeats(token):
+                yield Chunk(shown + self.cut.flush(), (made,), Finish("repetition", "repetition_detected"))
+                return
             yield Chunk(shown, (made,))
         if done and not ids:
             yield Chunk(self.cut.flush(), (), self._finish(output, ids))
+
+    def _repeats(self, token: int) -> bool:
+        """Whether the tokens kept, `token` the last and `min_tokens` of them at least, end as
+        `Rules.repetition` looks for."""
+        rule = self.rules.repetition
+        if rule is None:
+            return False
+        self.ids.append(token)
+        return self.made >= self.rules.min_tokens and rule.found(self.ids)
 
     def _late(self, piece: str) -> bool:
         """Whether `piece` brings a newline past `Rules.predict_s` from the first token."""
@@ -248,50 +262,3 @@ def log_probabilities(
 def tokenizer_of(engine: TokenGeneratorPipeline) -> Tokenizer:
     """The `tokenizers` tokenizer behind MAX's (a Hugging Face fast tokenizer)."""
     return engine.tokenizer.delegate.backend_tokenizer
-
-
-class TokenNames:
-    """Each token id's own text, special tokens spelled out (`<|endoftext|>`), as a log-probability entry
-    names it, and its bytes (a byte-level token may hold part of a character); each found once. With
-    `as_ids` (vLLM's `return_tokens_as_token_ids`) the name is `token_id:N`, and the bytes its own."""
-
-    def __init__(self, engine: TokenGeneratorPipeline, as_ids: bool = False) -> None:
-        self.tokenizer, self.as_ids = tokenizer_of(engine), as_ids
-        self.names: dict[int, str] = {}
-        self.spelled: dict[int, list[int]] = {}
-
-    def __call__(self, token: int) -> str:
-        if token not in self.names:
-            self.names[token] = f"token_id:{token}" if self.as_ids else self._spelled(token)
-        return self.names[token]
-
-    def text(self, token: int) -> str:
-        """The token's own text, special tokens spelled out, whether or not it is named by id."""
-        return self._spelled(token) if self.as_ids else self(token)
-
-    def _spelled(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False)
-
-    def bytes(self, token: int) -> list[int]:
-        if token not in self.spelled:
-            spelled = self(token).encode("utf-8") if self.as_ids else token_bytes(self.tokenizer, token)
-            self.spelled[token] = list(spelled)
-        return self.spelled[token]
-
-    def llama_entries(self, tokens: Sequence[Token], alternatives: int, drawn: bool) -> list[dict[str, Any]]:
-        """llama-server's entries for `tokens`: each one's id, name, bytes and log-probability, and its
-        `alternatives` likeliest in `top_logprobs`; with `drawn` (its `post_sampling_probs`), `prob` and
-        `top_probs`: probabilities in what each token was drawn from."""
-        value, top = ("prob", "top_probs") if drawn else ("logprob", "top_logprobs")
-
-        def entry(token: int, logprob: float | None) -> dict[str, Any]:
-            shown = math.exp(logprob) if drawn and logprob is not None else logprob
-            return {"id": token, "token": self(token), "bytes": self.bytes(token), value: shown}
-
-        return [
-            {
-                **entry(token.id, token.logprob),
-                top: [entry(*each) for each in list(token.top.items())[:alternatives]],
-            }
-            for token in tokens
-        ]

@@ -17,9 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from max_gpt2.serving.api.answer import Shape, respond, token_ids
-from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token
 from max_gpt2.serving.api.protocol import CompletionRequest
-from max_gpt2.serving.api.requests import Asked, prompts
+from max_gpt2.serving.api.requests import Asked
+from max_gpt2.serving.api.token_fields import prompts
+from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.vllm_fields import prompt_report
 
 

@@ -43,8 +43,8 @@ from max_gpt2.inference.embeddings import normalized
 from max_gpt2.serving.api.chat_prompt import prompt_ids
 from max_gpt2.serving.api.embedding_bytes import EMBED_DTYPES, raw
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
-from max_gpt2.serving.api.requests import prompts
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.token_fields import prompts
 from max_gpt2.serving.api.vllm_fields import prompt_cut
 from max_gpt2.serving.tokenizer import ContextExceeded
 

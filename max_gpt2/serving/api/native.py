@@ -32,7 +32,7 @@ from max_gpt2.serving.api.answer import (
     unless_client_leaves,
     withdraw,
 )
-from max_gpt2.serving.api.choices import Choice, Finish, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Finish, Token
 from max_gpt2.serving.api.llama_chain import in_llama_order, text_limits
 from max_gpt2.serving.api.native_fields import (
     RENAMED,
@@ -42,8 +42,10 @@ from max_gpt2.serving.api.native_fields import (
     generation_settings,
 )
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
-from max_gpt2.serving.api.requests import Asked, check, prompts
+from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.token_fields import prompts
+from max_gpt2.serving.api.token_names import TokenNames
 
 logger = logging.getLogger("max.serve")
 

@@ -25,7 +25,9 @@ from pydantic_core import PydanticCustomError
 from starlette.responses import JSONResponse
 
 from max_gpt2.max_internals import error_body
+from max_gpt2.serving.api import vllm_request
 from max_gpt2.serving.api.llama_samplers import LlamaServerFields
+from max_gpt2.serving.api.vllm_request import VllmChatFields, VllmFields
 
 # Fields that change nothing for GPT-2 on this server, accepted as OpenAI, vLLM and MAX accept them:
 # the JSON type each takes, and why it changes nothing.
@@ -36,11 +38,8 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "service_tier": (str, "there is one tier here"),
     "safety_identifier": (str, "`user`'s successor at OpenAI, for abuse monitoring; nothing here reads it"),
     "prompt_cache_key": (str, "OpenAI routes prompt caching by it; here prompts' pages are reused by tokens"),
-    "spaces_between_special_tokens": (bool, "GPT-2's fast tokenizer writes none either way, as vLLM's"),
-    "add_special_tokens": (bool, "GPT-2's tokenizer has no special token (no BOS) to add"),
-    "session_id": (str, "vLLM's routers keep a session's requests together by it; this is one server"),
+    **vllm_request.NO_EFFECT,
 }
-CACHE_SALT_MAX = 512  # characters of a `cache_salt`, as MAX's and vLLM's schemas allow
 # Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.
 REFUSED = {
     "suffix": "GPT-2 writes left to right and cannot insert text before a suffix",
@@ -57,10 +56,10 @@ REFUSED = {
     "store": "completions are not stored here",
     "web_search_options": "this server searches nothing",
     "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
-    "guided_whitespace_pattern": "xgrammar, which holds a text to its constraint here, takes no pattern",
-    "early_stopping": "vLLM's older beam search took it; its beam search here runs to max_tokens, as vLLM's",
+    **vllm_request.REFUSED,
 }
-HARMLESS = {"modalities": (["text"],)}  # values of a `REFUSED` field that ask for what is done anyway
+# Values of a `REFUSED` field that ask for what is done anyway.
+HARMLESS: dict[str, tuple[Any, ...]] = {"modalities": (["text"],), **vllm_request.HARMLESS}
 
 
 class StreamOptions(BaseModel):
@@ -141,13 +140,12 @@ class Constrained(BaseModel):
     guided_decoding_backend: str | None = None
 
 
-class Sampling(Ignored, Constrained, LlamaServerFields):
+class Sampling(Ignored, Constrained, LlamaServerFields, VllmFields):
     """The fields completions and chat completions share: how tokens are picked, how a choice ends,
     how many there are, how they come back and what they must be."""
 
     model: str | None = None
     max_tokens: int | None = None
-    min_tokens: int = 0
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -160,26 +158,9 @@ class Sampling(Ignored, Constrained, LlamaServerFields):
     n: int | None = None
     best_of: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    return_token_ids: bool | None = False
-    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX)
     cache_prompt: bool = True
-    skip_special_tokens: bool = True  # vLLM's, with the rest below (`vllm_fields`)
-    truncate_prompt_tokens: int | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    use_beam_search: bool = False  # vLLM's, with `n` beams (`max_gpt2.serving.api.beams`)
-    length_penalty: float = 1.0
-    return_tokens_as_token_ids: bool | None = None
-    prompt_logprobs: int | None = None
-    logprob_token_ids: list[int] | None = None
-    stream_interval: int | None = None
-    priority: int = 0
-    request_id: str | None = None
 
 
 class CompletionRequest(Sampling):
@@ -190,17 +171,13 @@ class CompletionRequest(Sampling):
     logprobs: int | None = None
 
 
-class ChatRequest(Sampling):
+class ChatRequest(Sampling, VllmChatFields):
     """`POST /v1/chat/completions`: `messages` are checked one by one (`max_gpt2.serving.api.chat`)."""
 
     messages: list[Any]
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    echo: bool = False  # vLLM's: the last message's content before the answer's, where their roles match
     tools: list[Any] | None = None  # called only as `tool_choice` asks (`max_gpt2.serving.api.tools`)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from max.pipelines.context.sampling_params import (
     SamplingParams,
@@ -39,6 +38,7 @@ from max_gpt2.serving.api.protocol import (
     Sampling,
     unset,
 )
+from max_gpt2.serving.api.repetition import repetition_of
 from max_gpt2.serving.api.token_fields import logit_bias, token_id
 from max_gpt2.serving.api.tools import ToolCalls, tool_calls_of
 from max_gpt2.serving.api.vllm_fields import MAX_LOGPROBS, vllm_asks
@@ -85,7 +85,7 @@ class Asked:
     chain: tuple[Step, ...] | None = None  # llama-server's sampler chain, run on the host
     penalty_last_n: int | None = None  # llama-server's: the penalties count the context's last n tokens
     picker: Picker | None = None  # llama-server's Mirostat or adaptive-p, picking each token on the host
-    prompt_cut: int | None = None  # vLLM's `truncate_prompt_tokens`, with the three below (`vllm_fields`)
+    prompt_cut: slice | None = None  # vLLM's `truncate_prompt_tokens`, with the three below (`vllm_fields`)
     allowed_ids: tuple[int, ...] | None = None
     ids_as_names: bool = False
     answer_id: str | None = None
@@ -97,6 +97,7 @@ class Asked:
     stream_interval: int = 1  # vLLM's: tokens a streamed event brings at most (the first and last alone)
     beam_penalty: float | None = None  # vLLM's beam search: its length penalty (None: no beam search)
     echo_text: str | None = None  # vLLM's chat `echo`: the text put before each choice's
+    prompt_text: bool = False  # vLLM's chat `return_prompt_text`: the rendered prompt's text beside it
 
     def request(
         self,
@@ -209,7 +210,8 @@ def check(
         stop_token_ids=body.stop_token_ids,
     )
     stop_ids, special = frozenset(body.stop_token_ids or ()), body.skip_special_tokens
-    rules = Rules(tuple(stops), stop_ids, body.include_stop_str_in_output, body.min_tokens, special)
+    keep, repetition = body.include_stop_str_in_output, repetition_of(body.repetition_detection)
+    rules = Rules(tuple(stops), stop_ids, keep, body.min_tokens, special, repetition=repetition)
     asked = Asked(
         n=n,
         sampling=sampling,
@@ -234,21 +236,6 @@ def check(
         **vllm_asks(body, vocab_size, context_length),
     )
     return searched(on_openai_route(asked, body, context_length), body)  # llama-server's chain, a beam search
-
-
-def prompts(given: str | list[Any], field: str = "prompt") -> list[str | list[int]]:
-    """A request's texts or token-id lists (`field`: a completion's `prompt`, an embedding's `input`,
-    either one of them or a list of them); none, or an empty one, refused. Ids and lengths are the
-    tokenizer's to check (`GPT2TextTokenizer.check_ids`)."""
-    single = isinstance(given, str) or (given and all(isinstance(token, int) for token in given))
-    if not (single or given):
-        raise Refusal(field, f"{field}: the list holds nothing; give a text, token ids, or a list of them")
-    each = [given] if single else list(given)
-    for index, one in enumerate(each):
-        if one in ("", []):
-            where = field if single else f"{field}[{index}]"
-            raise Refusal(field, f"{where}: empty; GPT-2 needs at least one token")
-    return each
 
 
 def _check_ranges(body: Sampling) -> None:

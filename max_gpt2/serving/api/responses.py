@@ -25,11 +25,12 @@ from starlette.responses import Response
 
 from max_gpt2.serving.api.answer import compact, record_end
 from max_gpt2.serving.api.chat import ChatShape, answer_one, input_tokens, prompt_size, start_chat
-from max_gpt2.serving.api.choices import Choice, Finish, Gathered, Token, TokenNames
+from max_gpt2.serving.api.choices import Choice, Finish, Gathered, Token
 from max_gpt2.serving.api.protocol import Refusal, parse, refusal_response
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.responses_fields import ResponsesRequest, as_chat
 from max_gpt2.serving.api.served import Served
+from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.tools import ToolStream
 
 logger = logging.getLogger("max.serve")

@@ -4,7 +4,7 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
 - `skip_special_tokens` (true): false writes special tokens' text (`<|endoftext|>`, past an
   `ignore_eos`) into the choice's text, as Hugging Face's `decode` does (`choices.Rules`);
 - `truncate_prompt_tokens`: each prompt cut to its last N tokens before it runs (-1: the context's
-  length), as vLLM cuts it (`cut`);
+  length), or its first N with `truncation_side: "right"`, as vLLM cuts it (`kept`, `cut`);
 - `allowed_token_ids`: only those ids may come, every other banned before any other control
   (`max_gpt2.serving.logit_edits.controlled`);
 - `bad_words`: a word's last token is banned where the text so far ends with the rest of it, as
@@ -21,7 +21,10 @@ reads them (its `CompletionRequest` and `ChatCompletionRequest`):
 - `logprob_token_ids`: each new token's alternatives are the ids listed, whatever their likelihood, with
   `logprobs` set, as vLLM's (the worker's part: `max_gpt2.serving.vllm_logprobs`);
 - `stream_interval`: a streamed choice's tokens come N an event, its first and last events sent at once,
-  as vLLM batches them (`in_groups`; this server's own interval is 1).
+  as vLLM batches them (`in_groups`; this server's own interval is 1);
+- `repetition_detection`: a choice ends once its tokens repeat a pattern (`max_gpt2.serving.api.repetition`);
+- `return_prompt_text` (chat): the rendered prompt's text beside the answer (`max_gpt2.serving.api.chat`);
+- `documents` (chat): passed to the chat template, as vLLM passes them.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from max_gpt2.serving.api.choices import Chunk, Token, TokenNames
+from max_gpt2.serving.api.choices import Chunk, Token
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal
 from max_gpt2.serving.api.token_fields import token_id
+from max_gpt2.serving.api.token_names import TokenNames
 
 if TYPE_CHECKING:  # the served model's route state, which imports this module's importer
     from max_gpt2.serving.api.served import Served
@@ -55,7 +59,7 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
     if blank := [index for index, word in enumerate(body.bad_words or ()) if not word.strip()]:
         raise Refusal("bad_words", f"bad_words[{blank[0]}]: no word (empty, or spaces alone)")
     return {
-        "prompt_cut": prompt_cut(body.truncate_prompt_tokens, context_length),
+        "prompt_cut": kept(body, context_length),
         "allowed_ids": None if allowed is None else tuple(sorted(set(allowed))),
         "ids_as_names": bool(body.return_tokens_as_token_ids),
         "answer_id": body.request_id,
@@ -63,6 +67,7 @@ def vllm_asks(body: CompletionRequest | ChatRequest, vocab_size: int, context_le
         "prompt_logprobs": prompt_logprobs_asked(body),
         "logprob_ids": listed_ids(body, vocab_size),
         "stream_interval": stream_interval(body.stream_interval),
+        "prompt_text": bool(getattr(body, "return_prompt_text", False)),
     }
 
 
@@ -175,10 +180,19 @@ def prompt_cut(keep: int | None, context_length: int) -> int | None:
     return context_length if keep == -1 else keep
 
 
-def cut(prompts: Sequence[Any], keep: int | None, served: Served) -> list[Any]:
-    """Each of `prompts` (a text or ids) cut to its last `keep` tokens, as ids; as given where `keep` is
+def kept(body: CompletionRequest | ChatRequest, context_length: int) -> slice | None:
+    """What of each prompt `truncate_prompt_tokens` keeps: its last N tokens, or its first N where
+    `truncation_side` is "right"; None where nothing is cut."""
+    keep = prompt_cut(body.truncate_prompt_tokens, context_length)
+    if keep is None:
+        return None
+    return slice(keep) if body.truncation_side == "right" else slice(-keep, None)
+
+
+def cut(prompts: Sequence[Any], keep: slice | None, served: Served) -> list[Any]:
+    """Each of `prompts` (a text or ids) cut to the tokens `keep` keeps, as ids; as given where `keep` is
     None."""
     if keep is None:
         return list(prompts)
     encode = served.tokenizer.delegate.encode
-    return [list((encode(prompt) if isinstance(prompt, str) else prompt)[-keep:]) for prompt in prompts]
+    return [list((encode(prompt) if isinstance(prompt, str) else prompt)[keep]) for prompt in prompts]

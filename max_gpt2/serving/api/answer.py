@@ -145,7 +145,7 @@ async def start(
                 made = asked.request(
                     f"{ident}-{p * asked.n + i}", model, prompt, i, defaults, timestamp, path
                 )
-                choices.append(await served.start(made, asked.rules))
+                choices.append(await served.start(made, asked))
     except InputError as error:
         await withdraw(choices)
         where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{len(choices) // asked.n}]"

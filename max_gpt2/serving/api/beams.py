@@ -214,7 +214,7 @@ async def next_token(
     step's alternatives."""
     defaults, timer = served.config.model.sampling_params_defaults, request.state.request_timer
     made = one.request(ident, model, ids, 0, defaults, timer.start_ns, request.url.path)
-    choice = await served.start(made, one.rules)
+    choice = await served.start(made, one)
     tokens = [token async for chunk in choice.chunks() for token in chunk.tokens]
     return choice.prompt, tokens[0]
 

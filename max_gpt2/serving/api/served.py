@@ -16,7 +16,7 @@ from max.pipelines.modeling.types import TextGenerationRequest
 from max.serve.pipelines.llm import TokenGeneratorPipeline
 from starlette.requests import Request
 
-from max_gpt2.serving.api.choices import Choice, Rules
+from max_gpt2.serving.api.choices import Choice
 from max_gpt2.serving.api.protocol import Refusal
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.memory_planner import planned_batch_size
@@ -46,11 +46,11 @@ class Served:
         """Requests decoded together, as llama-server's slots (None where MAX plans its batch itself)."""
         return planned_batch_size(self.config)
 
-    async def start(self, request: TextGenerationRequest, rules: Rules) -> Choice:
-        """`request` submitted to MAX's engine as a choice (MAX's `InputError` for a bad prompt), seated in
-        a slot (`max_gpt2.serving.api.slots`)."""
-        choice = await Choice.start(self.engine, request, rules)
-        self.slots.enter(choice, self.total_slots)
+    async def start(self, request: TextGenerationRequest, asked: Asked) -> Choice:
+        """`request` (one choice of `asked`) submitted to MAX's engine (MAX's `InputError` for a bad prompt),
+        seated in a slot (`max_gpt2.serving.api.slots`)."""
+        choice = await Choice.start(self.engine, request, asked.rules)
+        self.slots.enter(choice, asked.sampling, self.total_slots)
         return choice
 
     @property

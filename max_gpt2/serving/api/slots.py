@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+from max.pipelines.context.sampling_params import SamplingParamsInput
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -28,6 +30,7 @@ from max_gpt2.serving.api.choices import Choice
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
 from max_gpt2.serving.api.served import Served
 
+UNSEEDED = 2**32 - 1  # the seed llama-server shows for a request that asked for none (drawn at random)
 # llama-server's chain steps, by the names its params give them
 CHAIN_NAMES = {
     "temperature": "temperature",
@@ -38,31 +41,41 @@ CHAIN_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class Seated:
+    """A slot's request: its task's number, its choice, and the sampling values it asked for."""
+
+    task: int
+    choice: Choice
+    asked: SamplingParamsInput
+
+
 class Slots:
-    """Each slot's request (running, or the last it ran) and its task's number, and the requests waiting
-    for a slot, in the order they came. A request leaves its slot when it ends (`Choice.done`)."""
+    """Each slot's request (running, or the last it ran), and the requests waiting for a slot, in the
+    order they came. A request leaves its slot when it ends (`Choice.done`)."""
 
     def __init__(self) -> None:
-        self.held: list[tuple[int, Choice]] = []  # each slot's task number and request
-        self.waiting: deque[Choice] = deque()
+        self.held: list[Seated] = []
+        self.waiting: deque[tuple[Choice, SamplingParamsInput]] = deque()
         self.tasks = itertools.count()
 
-    def enter(self, choice: Choice, total: int | None) -> None:
-        """Seats `choice` once a slot of `total` (None: as many as are asked for) is free."""
-        self.waiting.append(choice)
+    def enter(self, choice: Choice, asked: SamplingParamsInput, total: int | None) -> None:
+        """Seats `choice` (`asked`: what it asked to sample with) once a slot of `total` (None: as many as
+        are asked for) is free."""
+        self.waiting.append((choice, asked))
         self.seat(total)
 
     def seat(self, total: int | None) -> None:
         """Seats the requests waiting, first come first, while a slot is free."""
         while self.waiting:
-            free = next((slot for slot, (_, held) in enumerate(self.held) if held.done), None)
+            free = next((slot for slot, held in enumerate(self.held) if held.choice.done), None)
             if free is None and total is not None and len(self.held) >= total:
                 return
-            choice = self.waiting.popleft()  # seated even if it has ended since: its slot's last request
+            seated = Seated(next(self.tasks), *self.waiting.popleft())  # even if it has ended since
             if free is None:
-                self.held.append((next(self.tasks), choice))
+                self.held.append(seated)
             else:
-                self.held[free] = (next(self.tasks), choice)
+                self.held[free] = seated
 
     def states(self, total: int | None, context_length: int, speculative: bool) -> list[dict[str, Any]]:
         """Each slot's state in llama-server's shape (`GET /slots`), its requests seated first."""
@@ -72,26 +85,27 @@ class Slots:
             {"id": slot, "n_ctx": context_length, "speculative": speculative, "is_processing": False}
             for slot in range(count)
         ]
-        for state, (task, choice) in zip(shown, self.held, strict=False):
-            state |= {"is_processing": not choice.done, **task_state(task, choice)}
+        for state, seated in zip(shown, self.held, strict=False):
+            state |= {"is_processing": not seated.choice.done, **task_state(seated)}
         return shown
 
 
-def task_state(task: int, choice: Choice) -> dict[str, Any]:
+def task_state(seated: Seated) -> dict[str, Any]:
     """What a slot shows of the request it holds or held, as llama-server's: the tokens its cache holds
     (the prompt and those made, but the last), and while it runs, the prompt's tokens computed and read
     from the prefix cache, and its progress; once it ends, those as llama-server leaves a slot it frees."""
+    choice = seated.choice
     prompt, running, limit = (
         len(choice.prompt),
         not choice.done,
         choice.request.sampling_params.max_new_tokens,
     )
     return {
-        "id_task": task,
+        "id_task": seated.task,
         "n_prompt_tokens": prompt + max(choice.made - 1, 0),
         "n_prompt_tokens_processed": prompt - choice.cached if running else 0,
         "n_prompt_tokens_cache": choice.cached if running else 0,
-        "params": sampled_with(choice),
+        "params": sampled_with(choice, seated.asked),
         "next_token": [
             {
                 "has_next_token": running,
@@ -103,18 +117,23 @@ def task_state(task: int, choice: Choice) -> dict[str, Any]:
     }
 
 
-def sampled_with(choice: Choice) -> dict[str, Any]:
-    """What `choice` samples with, in llama-server's names: MAX's sampler's values (at temperature 0,
-    `top_k` 1: the likeliest alone), or where llama-server's chain runs on the host in its place, the
-    chain's (the `GPT2Request`'s)."""
+def sampled_with(choice: Choice, asked: SamplingParamsInput) -> dict[str, Any]:
+    """What `choice` samples with, in llama-server's names: the cuts it `asked` for, else MAX's sampler's
+    (at temperature 0 and none asked, `top_k` 1: the likeliest alone), its seed (`UNSEEDED` where it
+    asked for none, as llama-server shows it), or where llama-server's chain runs on the host in MAX's
+    sampler's place, the chain's values (the `GPT2Request`'s)."""
     params, request = choice.request.sampling_params, choice.request
     limit = -1 if params.max_new_tokens is None else params.max_new_tokens
+    top_k, top_p, min_p = (
+        given if (given := getattr(asked, name)) is not None else getattr(params, name)
+        for name in ("top_k", "top_p", "min_p")
+    )
     values: dict[str, Any] = {
-        "seed": params.seed,  # where none was asked for, the one MAX drew (llama-server shows 2**32 - 1)
+        "seed": UNSEEDED if asked.seed is None else params.seed,  # choice i: the seed asked + i
         "temperature": params.temperature,
-        "top_k": max(params.top_k, 0),  # llama-server's 0: no cut
-        "top_p": params.top_p,
-        "min_p": params.min_p,
+        "top_k": max(top_k, 0),  # llama-server's 0: no cut
+        "top_p": top_p,
+        "min_p": min_p,
         "typical_p": 1.0,
         "repeat_penalty": params.repetition_penalty,
         "presence_penalty": params.presence_penalty,

@@ -70,7 +70,8 @@ class Token:
 @dataclass(frozen=True)
 class Finish:
     """Why a choice ended: OpenAI's `finish_reason` ("stop" or "length"; vLLM's "repetition") and vLLM's
-    `stop_reason`, the stop string or stop token id matched (None for end-of-text and for length)."""
+    `stop_reason`: the stop string or stop token id matched, "repetition_detected" for a repetition (None
+    for end-of-text and for length)."""
 
     reason: str
     stop_reason: str | int | None = None

@@ -243,3 +243,52 @@ def test_the_utf8_states_agree_with_pythons_decoder(data):
         state = "broken"
     got = utf8.after(0, data)
     assert {"boundary": got == 0, "inside": got > 0, "broken": got == -1}[state], (data, got)
+
+
+DIGIT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["n"],
+}
+TAG = {"type": "tag", "begin": "<f>", "content": {"type": "json_schema", "json_schema": DIGIT}, "end": "</f>"}
+
+
+@pytest.mark.parametrize("triggered", [False, True], ids=["tag", "triggered"])
+def test_a_structural_tag_holds_each_tag_to_its_form(lm_and_tokenizer, triggered):
+    """A tag: `<f>`, JSON valid against its schema, `</f>`. Triggered tags (the text ended after the first,
+    `<` and `f` made likelier): free text with no trigger, then the tag whole at the text's end, or free
+    text alone. Checked by a regular expression and `jsonschema`."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema checks the outputs")
+    lm, tokenizer = lm_and_tokenizer
+    ids = np.array([tokenizer.encode("A").ids] * 3)
+    form = {"type": "triggered_tags", "triggers": ["<f"], "tags": [TAG], "stop_after_first": True}
+    constraint = Constraint.structural_tag({"type": "structural_tag", "format": form if triggered else TAG})
+    bias = {tokenizer.token_to_id(c): 6.0 for c in "<f"} if triggered else {}
+    sampler = Sampler(do_sample=True, seed=4, logit_bias=bias)
+    new = LM.n_positions - ids.shape[1]
+    out = lm.generate(ids, new, sampler=sampler, constraint=constraint, eos_token_id=EOS, tokenizer=tokenizer)
+    made = texts(tokenizer, out, ids.shape[1])
+    for text, ended in made:
+        found = re.fullmatch(r"(.*?)<f>(.*)</f>", text, re.S)
+        assert ended and (found or (triggered and "<f" not in text)), text
+        if found:
+            assert "<f" not in found[1] and (triggered or not found[1])
+            jsonschema.validate(json.loads(found[2]), DIGIT)
+    assert not triggered or any(re.match(r"(.+?)<f>", text, re.S) for text, _ in made)  # free text first
+
+
+def test_vllms_older_structural_tag_reads_as_its_triggered_tags():
+    older = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": DIGIT, "end": "</f>"}],
+        "triggers": ["<f"],
+    }
+    triggered = {"type": "triggered_tags", "triggers": ["<f"], "tags": [TAG]}
+    assert json.loads(Constraint.structural_tag(older).source) == {
+        "type": "structural_tag",
+        "format": triggered,
+    }
+    with pytest.raises(ValueError, match="structures\\[0\\]: an object of"):
+        Constraint.structural_tag({**older, "structures": [{"begin": "<f>"}]})
+    with pytest.raises(ValueError, match='has a "format", or "structures" and "triggers"'):
+        Constraint.structural_tag({"type": "structural_tag"})

@@ -55,7 +55,7 @@ def is_object(text: str) -> bool:
 
 
 # Any JSON object has no bound on its length (a string may run on): where it ends, it parses.
-UNBOUNDED = {"openai json_object"}
+UNBOUNDED = {"openai json_object", "vllm older structural_tag"}  # the older: free text around its tags
 
 
 def letters(text: str) -> bool:
@@ -70,7 +70,27 @@ def chosen(text: str) -> bool:
     return text in CHOICES
 
 
+DIGIT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["n"],
+}
+
+
+def tags_valid(text: str) -> bool:
+    """Each `<f>...</f>` of `text` holds JSON valid against DIGIT, and the text between them no trigger."""
+    free = re.sub(r"<f>(.*?)</f>", lambda tag: "" if valid_json(tag[1], DIGIT) else "<f>", text, flags=re.S)
+    return "<f" not in free
+
+
+def tagged(text: str) -> bool:
+    return text.startswith("<f>") and text.endswith("</f>") and tags_valid(text)
+
+
 FORM = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
+CONTENT = {"type": "json_schema", "json_schema": DIGIT, "any_whitespace": False}
+TAG = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "content": CONTENT, "end": "</f>"}}
+OLDER_TAG = {"structures": [{"begin": "<f>", "schema": DIGIT, "end": "</f>"}], "triggers": ["<f"]}
 # Each way a client asks (the fields of a completion's body) and what its text must pass.
 ASKED: list[tuple[str, dict[str, Any], Any]] = [
     ("openai json_schema", {"response_format": FORM}, valid_json),
@@ -85,6 +105,9 @@ ASKED: list[tuple[str, dict[str, Any], Any]] = [
     ("vllm guided_grammar", {"guided_grammar": GRAMMAR}, sums),
     ("llama-server json_schema", {"json_schema": SCHEMA}, valid_json),
     ("llama-server grammar", {"grammar": GRAMMAR}, sums),
+    ("structural_tag", {"response_format": TAG}, tagged),
+    ("vllm structural_tag", {"structured_outputs": {"structural_tag": json.dumps(TAG)}}, tagged),
+    ("vllm older structural_tag", {"response_format": {"type": "structural_tag", **OLDER_TAG}}, tags_valid),
 ]
 
 
@@ -198,6 +221,23 @@ REFUSED = [
     ({"guided_json": SCHEMA, "structured_outputs": {"regex": "a"}}, "guided_json", "structured_outputs sets"),
     ({"json_schema": SCHEMA, "grammar": GRAMMAR}, "grammar", "one constraint a request; json_schema sets"),
     ({"json_schema": SCHEMA, "min_tokens": 2}, "min_tokens", "a constrained text ends once complete"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format", 'has a "format", or "structures"'),
+    (
+        {"structured_outputs": {"structural_tag": {**TAG, "format": {**TAG["format"], "end": 7}}}},
+        "structured_outputs",
+        "structured_outputs: structural_tag: ",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "structural_tag",
+                **OLDER_TAG,
+                "structures": [{"begin": "<f>", "schema": FIVES, "end": "</f>"}],
+            }
+        },
+        "response_format",
+        "structural_tag: #/properties/n/multipleOf: the grammar engine",
+    ),
 ]
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 

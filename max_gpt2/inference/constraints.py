@@ -1,5 +1,6 @@
 """Constrained decoding: each row's new text held to a JSON schema, any JSON, a regular expression,
-one of a list of choices or a GBNF grammar, on MAX's bundled grammar engine (xgrammar).
+one of a list of choices, a GBNF grammar or a structural tag (free text and tags, each held to its own
+form: `max_gpt2.inference.structural_tags`), on MAX's bundled grammar engine (xgrammar).
 
     out = lm.generate(ids, 40, constraint=Constraint.json_schema(schema))        # every row
     out = lm.generate(ids, 40, constraint=[Constraint.regex(r"[0-9]+"), None])    # one a prompt; None: free
@@ -30,6 +31,7 @@ from tokenizers import Tokenizer
 
 from max_gpt2.inference.logit_controls import LOWEST
 from max_gpt2.inference.schema_keywords import unheld
+from max_gpt2.inference.structural_tags import schemas, tag_json
 from max_gpt2.inference.tokenizer import piece_bytes
 from max_gpt2.inference.utf8 import Utf8Tokens
 from max_gpt2.max_internals import bitmask_words, grammar_compiler, grammar_matcher
@@ -48,14 +50,15 @@ COMPILE: dict[str, Callable[[Any, str], Any]] = {
     "json_object": _schema,
     "regex": lambda compiler, text: compiler.compile_regex(text),
     "grammar": lambda compiler, text: compiler.compile_grammar(text, "root"),
+    "structural_tag": lambda compiler, text: compiler.compile_structural_tag(text),
 }
 
 
 @dataclass(frozen=True)
 class Constraint:
     """What a row's new text must be, as plain data (the server carries it to its model worker): made
-    by `json_schema`, `json_object`, `regex`, `choice` or `grammar`. `kind` is one of `COMPILE`'s,
-    `source` the schema as JSON text, the pattern or the grammar (GBNF)."""
+    by `json_schema`, `json_object`, `regex`, `choice`, `grammar` or `structural_tag`. `kind` is one of
+    `COMPILE`'s, `source` the schema or the tag as JSON text, the pattern or the grammar (GBNF)."""
 
     kind: str
     source: str
@@ -93,6 +96,19 @@ class Constraint:
         """Text that `gbnf`'s rule `root` derives (GBNF: `root ::= "yes" | "no"`)."""
         return cls("grammar", gbnf)
 
+    @classmethod
+    def structural_tag(cls, tag: Mapping[str, Any] | str) -> Constraint:
+        """Text as the structural tag `tag` (a dict, or its JSON text) lays it out: its `format`, or vLLM's
+        older `structures` and `triggers` (`max_gpt2.inference.structural_tags`)."""
+        return cls("structural_tag", tag_json(tag))
+
+
+def _schemas(constraint: Constraint) -> list[str]:
+    """The JSON schemas (as JSON text) `constraint` holds a text to, where it holds it to any."""
+    if constraint.kind == "structural_tag":
+        return [json.dumps(schema) for schema in schemas(constraint.source)]
+    return [constraint.source] if constraint.kind == "json_schema" else []
+
 
 class GrammarEngine:
     """The grammar engine for one tokenizer and vocabulary: it compiles constraints and makes their
@@ -119,8 +135,9 @@ class GrammarEngine:
     def compiled(self, constraint: Constraint) -> Any:
         """`constraint` compiled; a ValueError names its kind and gives the engine's message, or where a
         schema asks for what the engine would not hold a text to (`schema_keywords`)."""
-        if constraint.kind == "json_schema" and (problem := unheld(constraint.source)) is not None:
-            raise ValueError(f"json_schema: {problem}")
+        for schema in _schemas(constraint):
+            if (problem := unheld(schema)) is not None:
+                raise ValueError(f"{constraint.kind}: {problem}")
         try:
             return COMPILE[constraint.kind](self.compiler, constraint.source)
         except RuntimeError as error:

@@ -1,14 +1,17 @@
 """What a request's text must be: the one constraint its fields set, and the field that set it.
 
-OpenAI's `response_format`, vLLM's `structured_outputs` (or its older `guided_json`, `guided_regex`,
-`guided_choice` and `guided_grammar`, which vLLM's clients still send), llama-server's `json_schema`
-and `grammar`, and a chat's tools called by name or as required (`max_gpt2.serving.api.tools`) each
-make a `Constraint`; a request may set one. vLLM's `guided_decoding_backend` names how vLLM would hold
-the text to it: any of vLLM's is taken, the text held to the same constraint by xgrammar here. Whether
-the engine compiles it is the route's to check (`Served.check_constraint`).
+OpenAI's `response_format` (vLLM's and MAX's `structural_tag` too), vLLM's `structured_outputs` (or
+its older `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`, which vLLM's clients
+still send), llama-server's `json_schema` and `grammar`, and a chat's tools called by name or as
+required (`max_gpt2.serving.api.tools`) each make a `Constraint`; a request may set one. vLLM's
+`guided_decoding_backend` names how vLLM would hold the text to it: any of vLLM's is taken, the text
+held to the same constraint by xgrammar here. Whether the engine compiles it is the route's to check
+(`Served.check_constraint`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from max_gpt2.inference.constraints import Constraint
 from max_gpt2.serving.api.protocol import Refusal, Sampling
@@ -27,6 +30,8 @@ def constraint_of(
     if (form := body.response_format) is not None and form.type != "text":
         if form.type == "json_object":
             given.append(("response_format", Constraint.json_object()))
+        elif form.type == "structural_tag":
+            given.append(("response_format", _tag(form.model_dump(exclude_none=True), "response_format")))
         elif form.json_schema is None or form.json_schema.json_schema is None:
             raise Refusal("response_format", "response_format.json_schema.schema: required for json_schema")
         else:
@@ -38,6 +43,9 @@ def constraint_of(
             Constraint.regex(outputs.regex) if outputs.regex is not None else None,
             _choice(outputs.choice) if outputs.choice is not None else None,
             Constraint.grammar(outputs.grammar) if outputs.grammar is not None else None,
+            _tag(outputs.structural_tag, "structured_outputs")
+            if outputs.structural_tag is not None
+            else None,
         ]
         given += [("structured_outputs", each) for each in asked if each is not None]
     given += [(field, each) for field, each in _guided(body) if each is not None]
@@ -67,6 +75,14 @@ def _guided(body: Sampling) -> list[tuple[str, Constraint | None]]:
         ),
         ("guided_grammar", None if body.guided_grammar is None else Constraint.grammar(body.guided_grammar)),
     ]
+
+
+def _tag(tag: dict[str, Any] | str, field: str) -> Constraint:
+    """A structural tag's constraint; a `Refusal` naming `field` where it is in neither of its forms."""
+    try:
+        return Constraint.structural_tag(tag)
+    except ValueError as error:
+        raise Refusal(field, f"{field}: {error}") from None
 
 
 def _choice(choices: list[str], field: str = "structured_outputs") -> Constraint:

@@ -98,11 +98,15 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI's `response_format`: `text` (free), `json_object` (any object) or `json_schema`."""
+    """OpenAI's `response_format`: `text` (free), `json_object` (any object) or `json_schema`; vLLM's and
+    MAX's `structural_tag` too, its `format` or vLLM's older `structures` and `triggers`."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None
+    structures: list[Any] | None = None
+    triggers: list[str] | None = None
 
 
 class StructuredOutputs(BaseModel):
@@ -114,6 +118,7 @@ class StructuredOutputs(BaseModel):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
 
 # Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`); and every

@@ -178,6 +178,10 @@ def test_documents_reach_the_chat_template_as_vllm_passes_them():
 
 CHAT_REFUSED = [
     ({"chat_template": "{{ messages }}"}, "chat_template", "--trust-request-chat-template"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl", "'30m'"),
+    ({"prompt_cache_options": {"mode": "auto"}}, "prompt_cache_options.mode", "'implicit' or 'explicit'"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, "moderation", "no moderation model"),
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention", "'in_memory' or '24h'"),
     ({"mm_processor_kwargs": {"size": 4}}, "mm_processor_kwargs", "text alone"),
     ({"documents": ["a text"]}, "documents.0", "should be an object"),
     ({"messages": []}, "messages", "messages: empty"),
@@ -308,6 +312,7 @@ def test_vllms_newer_fields_are_taken_where_they_ask_for_what_is_done():
     rule = checked({"repetition_detection": {"max_pattern_size": 3, "min_count": 2}}).rules.repetition
     assert rule == Repetition(min_size=1, max_size=3, count=2)
     assert checked({"return_prompt_text": True}, chat=True).prompt_text
+    assert checked({"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit"}}, chat=True)
 
 
 def test_llama_servers_own_fields_are_read_as_llama_server_reads_them():

@@ -161,3 +161,28 @@ def test_a_run_longer_than_the_cache_evicts_the_oldest_pages_and_answers_alike(s
     latest = ask(server, prompts[-1])
     assert latest.cached == PREFIX // PAGE * PAGE
     assert_alike(latest, answers[-1])
+
+
+def test_openais_explicit_prompt_cache_with_no_breakpoint_reads_no_kept_page(server):
+    """OpenAI's `prompt_cache_options`: implicit (its default), and explicit with a part marked by a
+    `prompt_cache_breakpoint`, read the pages an earlier chat left, as `usage` says; explicit with none
+    marked reads none, as OpenAI's caches nothing then."""
+    text = "The cat sat on the mat. " * 14
+
+    def cached(options: dict[str, Any] | None, mark: bool = False) -> int:
+        part = {"type": "text", "text": text} | (
+            {"prompt_cache_breakpoint": {"mode": "explicit"}} if mark else {}
+        )
+        answer = client(server).chat.completions.create(
+            model="gpt2",
+            messages=[{"role": "user", "content": [part]}],
+            max_tokens=2,
+            temperature=0,
+            extra_body={"prompt_cache_options": options} if options else {},
+        )
+        return answer.usage.prompt_tokens_details.cached_tokens
+
+    cached(None)
+    assert cached(None) >= PAGE and cached({"mode": "implicit", "ttl": "30m"}) >= PAGE
+    assert cached({"mode": "explicit"}, mark=True) >= PAGE
+    assert cached({"mode": "explicit"}) == 0

@@ -136,6 +136,20 @@ def echoed(body: ChatRequest) -> str | None:
     return content(last.get("content") or "", f"messages[{len(body.messages) - 1}]")
 
 
+def reads_kept_pages(body: ChatRequest) -> bool:
+    """Whether OpenAI's `prompt_cache_options` let the prompt read pages kept for earlier ones: all but
+    `explicit` with no message part marked with a `prompt_cache_breakpoint` (OpenAI's caches none then)."""
+    if body.prompt_cache_options is None or body.prompt_cache_options.mode == "implicit":
+        return True
+    parts = (
+        part
+        for message in body.messages
+        if isinstance(message, dict)
+        for part in message.get("content") or ()
+    )
+    return any(isinstance(part, dict) and part.get("prompt_cache_breakpoint") is not None for part in parts)
+
+
 def content(value: Any, where: str) -> str:
     """A message's content as one string: a string, or OpenAI's text parts joined."""
     if isinstance(value, str):

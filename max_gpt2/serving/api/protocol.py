@@ -38,6 +38,10 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "service_tier": (str, "there is one tier here"),
     "safety_identifier": (str, "`user`'s successor at OpenAI, for abuse monitoring; nothing here reads it"),
     "prompt_cache_key": (str, "OpenAI routes prompt caching by it; here prompts' pages are reused by tokens"),
+    "prompt_cache_retention": (
+        Literal["in_memory", "24h"],
+        "a longest retention: prompts' pages stay in memory while there is room for them, within either",
+    ),
     **vllm_request.NO_EFFECT,
 }
 # Fields refused unless left unset (null, false, or the empty value given) or `HARMLESS`: why, per field.
@@ -53,6 +57,7 @@ REFUSED = {
     "audio": "GPT-2 reads and writes text only",
     "modalities": "GPT-2 reads and writes text only",
     "prediction": "predicted outputs are not used here",
+    "moderation": "no moderation model runs here",
     "store": "completions are not stored here",
     "web_search_options": "this server searches nothing",
     "verbosity": "GPT-2 has no verbosity to set; max_tokens bounds a text's length",
@@ -107,6 +112,16 @@ class ResponseFormat(BaseModel):
     format: dict[str, Any] | None = None
     structures: list[Any] | None = None
     triggers: list[str] | None = None
+
+
+class PromptCacheOptions(BaseModel):
+    """OpenAI's `prompt_cache_options`: `implicit` (the default) reuses kept pages as MAX's prefix cache
+    finds them; `explicit` where no message part has a `prompt_cache_breakpoint` reads none, as OpenAI's
+    then caches nothing (`chat_prompt.reads_kept_pages`); `ttl` only OpenAI's one value."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["implicit", "explicit"] = "implicit"
+    ttl: Literal["30m"] = "30m"
 
 
 class StructuredOutputs(BaseModel):
@@ -183,6 +198,7 @@ class ChatRequest(Sampling, VllmChatFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     tools: list[Any] | None = None  # called only as `tool_choice` asks (`max_gpt2.serving.api.tools`)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

@@ -23,7 +23,7 @@ from max_gpt2.inference.constraints import Constraint
 from max_gpt2.inference.sampler_chain import Step
 from max_gpt2.inference.token_pickers import Picker
 from max_gpt2.serving.api.beams import searched
-from max_gpt2.serving.api.chat_prompt import echoed
+from max_gpt2.serving.api.chat_prompt import echoed, reads_kept_pages
 from max_gpt2.serving.api.choices import Rules
 from max_gpt2.serving.api.constraint_fields import constraint_of
 from max_gpt2.serving.api.llama_chain import on_openai_route
@@ -168,13 +168,13 @@ def check(
     if body.repeat_penalty is not None:
         body = body.model_copy(update={"repetition_penalty": body.repeat_penalty})
     _check_ranges(body)
-    length_field, called, echo_only, echo_text = "max_tokens", None, False, None
+    length_field, called, echo_only, echo_text, reads_kept = "max_tokens", None, False, None, True
     if isinstance(body, ChatRequest):
         if body.max_completion_tokens is not None:
             length_field = "max_completion_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs, echo, echo_text = _chat_logprobs(body), False, echoed(body)
-        called = tool_calls_of(body)
+        called, reads_kept = tool_calls_of(body), reads_kept_pages(body)
     else:
         max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
         if echo and max_tokens == 0:  # the prompt alone (its log-probabilities), as OpenAI's and vLLM's
@@ -228,7 +228,7 @@ def check(
         constraint_field=constraint_field,
         tools=called[0] if called else None,
         cache_salt=body.cache_salt,
-        cache_prompt=body.cache_prompt,
+        cache_prompt=body.cache_prompt and reads_kept,
         ping_s=body.sse_ping_interval if body.sse_ping_interval and body.sse_ping_interval > 0 else None,
         penalty_last_n=penalty_last_n,
         post_sampling=post_sampling(body, logprobs, echo),

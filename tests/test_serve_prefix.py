@@ -186,3 +186,15 @@ def test_openais_explicit_prompt_cache_with_no_breakpoint_reads_no_kept_page(ser
     assert cached(None) >= PAGE and cached({"mode": "implicit", "ttl": "30m"}) >= PAGE
     assert cached({"mode": "explicit"}, mark=True) >= PAGE
     assert cached({"mode": "explicit"}) == 0
+    for mark, pages in ((True, PAGE), (False, 0)):  # the same through the Responses API
+        part = {"type": "input_text", "text": text} | (
+            {"prompt_cache_breakpoint": {"mode": "explicit"}} if mark else {}
+        )
+        answer = client(server).responses.create(
+            model="gpt2",
+            input=[{"role": "user", "content": [part]}],
+            max_output_tokens=2,
+            temperature=0,
+            prompt_cache_options={"mode": "explicit"},
+        )
+        assert (answer.usage.input_tokens_details.cached_tokens >= PAGE) == bool(pages)

@@ -53,6 +53,19 @@ def test_a_response_is_the_chat_completion_of_its_messages(server, length):
         assert answer.output[0].role == "assistant" and answer.object == "response"
 
 
+def test_openais_caching_and_stream_options_are_taken(server):
+    """`prompt_cache_retention`, `prompt_cache_options` implicit and `stream_options` without obfuscation
+    change nothing of the text, whole or streamed."""
+    asked = {"model": "gpt2", "input": "The cat", "max_output_tokens": 4, "temperature": 0}
+    plain = client(server).responses.create(**asked).output_text
+    cached = {"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}}
+    assert client(server).responses.create(**asked, **cached).output_text == plain
+    events = client(server).responses.create(
+        **asked, stream=True, stream_options={"include_obfuscation": False}
+    )
+    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == plain
+
+
 def test_a_streamed_response_comes_as_openais_events_in_order(server):
     expected = chat(server, max_completion_tokens=8).choices[0].message.content
     events = list(
@@ -208,6 +221,15 @@ def test_a_conversations_function_calls_and_outputs_count_as_the_chats_tool_call
         ({"include": ["reasoning.encrypted_content"]}, "include", "include[0]: only"),
         ({"top_logprobs": 2}, "top_logprobs", "needs include"),
         ({"include": LOGPROBS, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation", "no moderation model"),
+        ({"context_management": [{"type": "compaction"}]}, "context_management", "not managed here"),
+        (
+            {"stream": True, "stream_options": {"include_obfuscation": True}},
+            "stream_options",
+            "no event is padded",
+        ),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options", "only with stream: true"),
+        ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl", "'30m'"),
     ],
 )
 def test_what_a_response_cannot_honour_is_refused_naming_the_field(server, change, field, says):

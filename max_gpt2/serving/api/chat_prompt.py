@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import TemplateError
 
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
+from max_gpt2.serving.api.protocol import ChatRequest, PromptCacheOptions, Refusal, unset
 
 if TYPE_CHECKING:  # the served model, whose module imports the checks that import this one
     from max_gpt2.serving.api.served import Served
@@ -136,16 +136,14 @@ def echoed(body: ChatRequest) -> str | None:
     return content(last.get("content") or "", f"messages[{len(body.messages) - 1}]")
 
 
-def reads_kept_pages(body: ChatRequest) -> bool:
-    """Whether OpenAI's `prompt_cache_options` let the prompt read pages kept for earlier ones: all but
-    `explicit` with no message part marked with a `prompt_cache_breakpoint` (OpenAI's caches none then)."""
-    if body.prompt_cache_options is None or body.prompt_cache_options.mode == "implicit":
+def reads_kept_pages(options: PromptCacheOptions | None, messages: Sequence[Any]) -> bool:
+    """Whether OpenAI's `prompt_cache_options` let a prompt of `messages` (a chat's, or a Responses
+    request's items) read pages kept for earlier ones: all but `explicit` with no message part marked
+    with a `prompt_cache_breakpoint` (OpenAI's caches none then)."""
+    if options is None or options.mode == "implicit":
         return True
     parts = (
-        part
-        for message in body.messages
-        if isinstance(message, dict)
-        for part in message.get("content") or ()
+        part for message in messages if isinstance(message, dict) for part in message.get("content") or ()
     )
     return any(isinstance(part, dict) and part.get("prompt_cache_breakpoint") is not None for part in parts)
 

@@ -174,7 +174,7 @@ def check(
             length_field = "max_completion_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs, echo, echo_text = _chat_logprobs(body), False, echoed(body)
-        called, reads_kept = tool_calls_of(body), reads_kept_pages(body)
+        called, reads_kept = tool_calls_of(body), reads_kept_pages(body.prompt_cache_options, body.messages)
     else:
         max_tokens, logprobs, echo = body.max_tokens, body.logprobs, bool(body.echo)
         if echo and max_tokens == 0:  # the prompt alone (its log-probabilities), as OpenAI's and vLLM's

@@ -6,18 +6,18 @@ as the chat's tools (`max_gpt2.serving.api.tools`).
 `output_text` parts), and a conversation's `function_call` and `function_call_output` items (the
 chat's tool calls and results). Function tools (`name`, `parameters`) are called as `tool_choice`
 asks: `{"type": "function", "name"}` by name, `required` as required, `none` in text; `auto` is
-refused, as the chat refuses it. Storage, hosted tools, reasoning and the rest GPT-2 cannot do are
-refused by name.
+refused, as the chat refuses it. OpenAI's prompt-caching fields are the chat's. Storage, hosted tools,
+reasoning and the rest GPT-2 cannot do are refused by name.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from max_gpt2.serving.api.chat_prompt import checked_messages
-from max_gpt2.serving.api.protocol import ChatRequest, Refusal, unset
+from max_gpt2.serving.api.chat_prompt import checked_messages, reads_kept_pages
+from max_gpt2.serving.api.protocol import ChatRequest, PromptCacheOptions, Refusal, unset
 
 # Fields taken only unset (or as given here): what each would ask that this server does not do.
 REFUSED = {
@@ -28,6 +28,11 @@ REFUSED = {
     "reasoning": "GPT-2 does not reason",
     "prompt": "stored prompts are not kept here",
     "max_tool_calls": "calls are not counted here: give parallel_tool_calls: false for one",
+    "background_options": "responses run while the client waits here",
+    "context_management": "the context is not managed here: send what the model should read",
+    "moderation": "no moderation model runs here",
+    "image": "GPT-2 reads and writes text only",
+    "access_programs": "no access program runs here",
 }
 LOGPROBS = "message.output_text.logprobs"  # what `include` may ask: each token's log-probability
 TAKEN = {"truncation": ("disabled",)}
@@ -55,6 +60,9 @@ class ResponsesRequest(_Checked):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # pages stay while there is room
+    prompt_cache_options: PromptCacheOptions | None = None  # the chat's (`chat_prompt.reads_kept_pages`)
+    stream_options: dict[str, Any] | None = None  # `include_obfuscation` alone, the chat's to check
     service_tier: str | None = None
     include: list[str] | None = None  # LOGPROBS alone
     tools: list[Any] | None = None
@@ -85,6 +93,7 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     if unknown := sorted((body.text or {}).keys() - {"format"}):
         raise Refusal("text", f"text.{unknown[0]}: GPT-2 has no such setting; give text.format alone")
     form = (body.text or {}).get("format")
+    items, explicit = body.input if isinstance(body.input, list) else [], {"mode": "explicit"}
     if isinstance(form, dict) and form.get("type") == "json_schema":  # the chat's response_format's shape
         form = {"type": "json_schema", "json_schema": {k: v for k, v in form.items() if k != "type"}}
     fields = {
@@ -98,6 +107,8 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         "top_p": body.top_p,
         "top_k": body.top_k,
         "stream": body.stream,
+        "stream_options": _obfuscation(body.stream_options),
+        "prompt_cache_options": None if reads_kept_pages(body.prompt_cache_options, items) else explicit,
         "response_format": form,
         "logprobs": logprobs,
         "top_logprobs": body.top_logprobs,
@@ -110,6 +121,17 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         raise Refusal(
             "text", f"text.format: {first['msg']} at {'.'.join(map(str, first['loc'][1:]))}"
         ) from None
+
+
+def _obfuscation(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A streamed response's `stream_options` as the chat's: `include_obfuscation` alone, and false."""
+    if unknown := sorted((options or {}).keys() - {"include_obfuscation"}):
+        raise Refusal("stream_options", f"stream_options.{unknown[0]}: not a Responses stream option")
+    if (options or {}).get("include_obfuscation"):
+        raise Refusal(
+            "stream_options", "stream_options.include_obfuscation: no event is padded here; give false"
+        )
+    return options
 
 
 def input_messages(given: str | list[Any]) -> list[dict[str, str]]:

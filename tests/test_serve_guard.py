@@ -312,6 +312,8 @@ def test_vllms_newer_fields_are_taken_where_they_ask_for_what_is_done():
     rule = checked({"repetition_detection": {"max_pattern_size": 3, "min_count": 2}}).rules.repetition
     assert rule == Repetition(min_size=1, max_size=3, count=2)
     assert checked({"return_prompt_text": True}, chat=True).prompt_text
+    written = {"disable_any_whitespace": True, "disable_additional_properties": False}  # what is written
+    assert checked({"structured_outputs": {"json": {"type": "object"}, **written}}).constraint is not None
     assert checked({"prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit"}}, chat=True)
 
 

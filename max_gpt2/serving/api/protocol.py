@@ -2,7 +2,8 @@
 
 Each route validates its body here first (`parse`): a field of the wrong type, or one no model here
 knows, is a `Refusal` naming it, as OpenAI answers (vLLM and llama-server log it and go on, which a
-misspelt field would pass unseen). llama-server's own sampler fields are known (`llama_samplers`).
+misspelt field would pass unseen). llama-server's own sampler fields are known (`llama_samplers`), and
+vLLM's (`vllm_request`) and the fields of a constrained text (`constraint_request`) are declared apart.
 What the values may be, and what each means, is decided after (`max_gpt2.serving.api.requests`).
 Some fields are accepted with no effect (`NO_EFFECT`), some refused whenever set (`REFUSED`):
 each with why, which the refusal and docs/serving.md repeat.
@@ -15,7 +16,6 @@ from typing import Any, Literal, TypeVar
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 
 from max_gpt2.max_internals import error_body
 from max_gpt2.serving.api import vllm_request
+from max_gpt2.serving.api.constraint_request import Constrained
 from max_gpt2.serving.api.llama_samplers import LlamaServerFields
 from max_gpt2.serving.api.vllm_request import VllmChatFields, VllmFields
 
@@ -92,28 +93,6 @@ class StreamOptions(BaseModel):
         return every
 
 
-class JsonSchemaFormat(BaseModel):
-    """OpenAI's `response_format.json_schema`: the schema is enforced whether `strict` or not, as vLLM's."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    name: str | None = None
-    description: str | None = None
-    json_schema: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's `response_format`: `text` (free), `json_object` (any object) or `json_schema`; vLLM's and
-    MAX's `structural_tag` too, its `format` or vLLM's older `structures` and `triggers`."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema", "structural_tag"]
-    json_schema: JsonSchemaFormat | None = None
-    format: dict[str, Any] | None = None
-    structures: list[Any] | None = None
-    triggers: list[str] | None = None
-
-
 class PromptCacheOptions(BaseModel):
     """OpenAI's `prompt_cache_options`: `implicit` (the default) reuses kept pages as MAX's prefix cache
     finds them; `explicit` where no message part has a `prompt_cache_breakpoint` reads none, as OpenAI's
@@ -124,18 +103,6 @@ class PromptCacheOptions(BaseModel):
     ttl: Literal["30m"] = "30m"
 
 
-class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs`: one of a JSON schema, any JSON object, a regex, choices, a grammar."""
-
-    model_config = ConfigDict(extra="forbid")
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
-    json_object: bool | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    structural_tag: dict[str, Any] | str | None = None
-
-
 # Every field of `REFUSED`, of any JSON type: set, it is refused by name (`requests.check`); and every
 # field of `NO_EFFECT`, of its type, read by nothing.
 Refused = create_model(
@@ -144,20 +111,6 @@ Refused = create_model(
 Ignored = create_model(
     "Ignored", __base__=Refused, **{field: (kind | None, None) for field, (kind, _) in NO_EFFECT.items()}
 )
-
-
-class Constrained(BaseModel):
-    """What the output must be (`max_gpt2.serving.api.requests`): OpenAI's, vLLM's and llama-server's."""
-
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    json_schema: dict[str, Any] | None = None
-    grammar: str | None = None
-    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for `structured_outputs`' own
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    guided_decoding_backend: str | None = None
 
 
 class Sampling(Ignored, Constrained, LlamaServerFields, VllmFields):

@@ -254,3 +254,41 @@ def test_stream_interval_sends_its_tokens_n_an_event_the_first_and_last_alone(se
     )  # fmt: skip
     sizes = [len(chunk.choices[0].model_extra.get("token_ids") or []) for chunk in chat if chunk.choices]
     assert sizes == [0, 1, 5]  # the role alone first, as OpenAI sends it
+
+
+def test_the_render_routes_give_the_ids_a_request_would_run_and_how_it_would_sample(
+    served_lm, served_tokenizer
+):
+    """vLLM's `/v1/completions/render` (one a prompt) and `/v1/chat/completions/render`: the ids the
+    tokenizer and Jinja give here, the ones the completion then runs; vLLM's sampling names and defaults,
+    `max_tokens` within the room the context leaves; refused as the routes refuse, a beam search too."""
+    from tests.test_serve_api import render
+
+    ids = served_tokenizer.encode(PROMPTS[0]).ids
+    body = {"prompt": [PROMPTS[0], PROMPTS[1]], "max_tokens": 6, "temperature": 0.5, "seed": 3, "stop": ["x"]}
+    status, rendered = post(served_lm, "/v1/completions/render", body)
+    second = served_tokenizer.encode(PROMPTS[1]).ids
+    assert status == 200 and [each["token_ids"] for each in rendered] == [ids, second], rendered
+    params = rendered[0]["sampling_params"]
+    assert (params["temperature"], params["top_p"], params["top_k"], params["seed"]) == (0.5, 1.0, 0, 3)
+    assert (params["max_tokens"], params["stop"], params["n"]) == (6, ["x"], 1)
+    ran = post(
+        served_lm, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 1, "return_token_ids": True}
+    )
+    assert ran[1]["choices"][0]["prompt_token_ids"] == ids
+    unbounded = post(served_lm, "/v1/completions/render", {"prompt": ids})[1][0]["sampling_params"]
+    assert unbounded["max_tokens"] == LM.n_positions - len(ids)
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    status, chat = post(
+        served_lm, "/v1/chat/completions/render", {"messages": messages, "truncate_prompt_tokens": 5}
+    )
+    assert status == 200 and chat["token_ids"] == served_tokenizer.encode(render(messages)).ids[-5:], chat
+    assert chat["request_id"].startswith("chatcmpl-") and chat["features"] is None
+    long = served_tokenizer.encode(" ".join(PROMPTS) * 12).ids
+    for path, refused, param in (
+        ("/v1/completions/render", {"prompt": long}, "prompt"),
+        ("/v1/completions/render", {"prompt": "a", "use_beam_search": True, "n": 2}, "use_beam_search"),
+        ("/v1/chat/completions/render", {"messages": messages, "temperature": 3}, "temperature"),
+    ):
+        status, answer = post(served_lm, path, refused)
+        assert status == 400 and answer["error"]["param"] == param, answer

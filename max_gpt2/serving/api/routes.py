@@ -45,6 +45,7 @@ from max_gpt2.serving.api.metrics import metrics
 from max_gpt2.serving.api.native import create_native_completion
 from max_gpt2.serving.api.native_fields import defaults
 from max_gpt2.serving.api.protocol import Refusal, refusal_response
+from max_gpt2.serving.api.render import render_chat, render_completion
 from max_gpt2.serving.api.responses import count_input_tokens, create_response
 from max_gpt2.serving.api.scores import create_rerank, create_score
 from max_gpt2.serving.api.served import Served
@@ -117,6 +118,8 @@ GENERATING = [
     Route("/completion", create_native_completion, methods=["POST"]),
     Route("/completions", create_native_completion, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/v1/completions/render", render_completion, methods=["POST"]),  # vLLM's: the ids, not run
+    Route("/v1/chat/completions/render", render_chat, methods=["POST"]),
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/responses", create_response, methods=["POST"]),
     Route("/v1/chat/completions/input_tokens", count_chat_tokens, methods=["POST"]),

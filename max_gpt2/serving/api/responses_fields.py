@@ -93,7 +93,8 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     if unknown := sorted((body.text or {}).keys() - {"format"}):
         raise Refusal("text", f"text.{unknown[0]}: GPT-2 has no such setting; give text.format alone")
     form = (body.text or {}).get("format")
-    items, explicit = body.input if isinstance(body.input, list) else [], {"mode": "explicit"}
+    items = body.input if isinstance(body.input, list) else []  # where a part may mark a breakpoint
+    caching = None if reads_kept_pages(body.prompt_cache_options, items) else body.prompt_cache_options
     if isinstance(form, dict) and form.get("type") == "json_schema":  # the chat's response_format's shape
         form = {"type": "json_schema", "json_schema": {k: v for k, v in form.items() if k != "type"}}
     fields = {
@@ -108,7 +109,7 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
         "top_k": body.top_k,
         "stream": body.stream,
         "stream_options": _obfuscation(body.stream_options),
-        "prompt_cache_options": None if reads_kept_pages(body.prompt_cache_options, items) else explicit,
+        "prompt_cache_options": caching,  # explicit, none marked: the chat (no breakpoints kept) reads none
         "response_format": form,
         "logprobs": logprobs,
         "top_logprobs": body.top_logprobs,

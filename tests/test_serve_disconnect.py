@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from max.serve.request import register_request
 
-from max_gpt2.serving.api.answer import unless_client_leaves
+from max_gpt2.serving.api.waiting import unless_client_leaves
 
 
 def app_and_work(seconds: float) -> tuple[FastAPI, list[asyncio.Task[Any]]]:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from max.pipelines.context.exceptions import InputError
@@ -21,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.max_internals import client_left, error_body
+from max_gpt2.max_internals import error_body
 from max_gpt2.serving.api.beams import beam_choices
 from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, gather
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
@@ -29,10 +29,10 @@ from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.vllm_fields import cut, in_groups
+from max_gpt2.serving.api.waiting import side_by_side, unless_client_leaves
 from max_gpt2.serving.tokenizer import ContextExceeded
 
 logger = logging.getLogger("max.serve")
-T = TypeVar("T")
 
 
 class Shape:
@@ -85,17 +85,26 @@ async def respond(
     `shape`; a refusal's error body where anything is refused."""
     served = Served.of(request)
     try:
-        body = parse(kind, await request.body())
-        model = served.model_name(body.model)
-        asked = check(body, served.vocab_size, served.context_length, served.lora_scales)
-        # A grammar's first compile and a chat template's rendering take a while: off the event loop.
-        if asked.constraint is not None:
-            await asyncio.to_thread(served.check_constraint, asked)
-        prompts = await asyncio.to_thread(lambda: cut(prompts_of(served, body), asked.prompt_cut, served))
+        _, model, asked, prompts = await checked(request, served, kind, prompts_of)
         shaped = shape(asked, TokenNames(served.engine, asked.ids_as_names))
         return await answer(request, served, shaped, asked, model, prompts)
     except Refusal as refusal:
         return refusal_response(refusal)
+
+
+async def checked(
+    request: Request, served: Served, kind: type[Body], prompts_of: Callable[[Served, Body], Sequence[Any]]
+) -> tuple[Body, str, Asked, list[Any]]:
+    """The request's body parsed as `kind` and checked, the served model's name it asks for, what it
+    asks, and its prompts (`prompts_of`) cut as it asks; a `Refusal` for the first thing refused."""
+    body = parse(kind, await request.body())
+    model = served.model_name(body.model)
+    asked = check(body, served.vocab_size, served.context_length, served.lora_scales)
+    # A grammar's first compile and a chat template's rendering take a while: off the event loop.
+    if asked.constraint is not None:
+        await asyncio.to_thread(served.check_constraint, asked)
+    prompts = await asyncio.to_thread(lambda: cut(prompts_of(served, body), asked.prompt_cut, served))
+    return body, model, asked, prompts
 
 
 async def answer(
@@ -207,65 +216,6 @@ def streamed(stream: AsyncIterator[Any], asked: Asked) -> EventSourceResponse:
 def record_end(path: str, started: float, choices: Sequence[Choice], asked: Asked) -> None:
     """MAX's metrics of a request's end (`started` by `time.perf_counter`), as its own routes record them."""
     record_request_end(path, (time.perf_counter() - started) * 1000, *counts(choices, asked))
-
-
-async def side_by_side(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """Items of several async iterators as each comes, with the index of its source; all of them
-    stopped if the reader stops."""
-    if len(sources) == 1:
-        async for item in sources[0]:
-            yield 0, item
-        return
-    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, source: AsyncIterator[T]) -> None:
-        try:
-            async for item in source:
-                await queue.put((index, item, None))
-            await queue.put((index, done, None))
-        except Exception as error:
-            await queue.put((index, done, error))
-
-    tasks = [asyncio.create_task(pump(index, source)) for index, source in enumerate(sources)]
-    try:
-        running = len(tasks)
-        while running:
-            index, item, error = await queue.get()
-            if error is not None:
-                raise error
-            if item is done:
-                running -= 1
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client hangs up first, `work` is cancelled (which stops its choices) and
-    MAX's middleware answers 499 (`client_left`). Reads the request's messages: only once its body has
-    been read."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for each in (task, watch):
-            if not each.done():
-                each.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-    if task not in done:  # not `task.cancelled()`: a cancelled `gather` holds a CancelledError instead
-        raise client_left()
-    return task.result()
-
-
-async def disconnected(request: Request) -> None:
-    """Returns once the client has hung up."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def compact(event: dict[str, Any]) -> str:

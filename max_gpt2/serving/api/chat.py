@@ -24,7 +24,6 @@ from max_gpt2.serving.api.answer import (
     start,
     streamed,
     token_ids,
-    unless_client_leaves,
 )
 from max_gpt2.serving.api.chat_prompt import prompt_ids, rendered
 from max_gpt2.serving.api.choices import Choice, Chunk, Gathered, Token, gather
@@ -34,6 +33,7 @@ from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.token_names import TokenNames
 from max_gpt2.serving.api.tools import ToolStream
 from max_gpt2.serving.api.vllm_fields import prompt_report
+from max_gpt2.serving.api.waiting import unless_client_leaves
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -26,10 +26,8 @@ from max_gpt2.max_internals import error_body
 from max_gpt2.serving.api.answer import (
     compact,
     record_end,
-    side_by_side,
     start,
     streamed,
-    unless_client_leaves,
     withdraw,
 )
 from max_gpt2.serving.api.choices import Choice, Finish, Token
@@ -46,6 +44,7 @@ from max_gpt2.serving.api.requests import Asked, check
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.token_fields import prompts
 from max_gpt2.serving.api.token_names import TokenNames
+from max_gpt2.serving.api.waiting import side_by_side, unless_client_leaves
 
 logger = logging.getLogger("max.serve")
 

@@ -12,21 +12,20 @@ a chat one object. A beam search is refused, as vLLM's render refuses it.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from max.pipelines.context.exceptions import InputError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from max_gpt2.serving.api.answer import Body, checked
 from max_gpt2.serving.api.chat_prompt import prompt_ids
-from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, parse, refusal_response
-from max_gpt2.serving.api.requests import Asked, check
+from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, refusal_response
+from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.token_fields import prompts
-from max_gpt2.serving.api.vllm_fields import cut
 
 # vLLM's `SamplingParams` defaults, for what a request leaves unset.
 UNSET = {
@@ -38,7 +37,6 @@ UNSET = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
-Body = TypeVar("Body", CompletionRequest, ChatRequest)
 
 
 async def render_completion(request: Request) -> Response:
@@ -56,12 +54,9 @@ async def rendered(
     error body where anything is refused."""
     served = Served.of(request)
     try:
-        body = parse(kind, await request.body())
-        served.model_name(body.model)
-        asked = check(body, served.vocab_size, served.context_length, served.lora_scales)
+        body, _, asked, given = await checked(request, served, kind, prompts_of)
         if asked.beam_penalty is not None:
             raise Refusal("use_beam_search", "use_beam_search: a beam search is not rendered, as vLLM's")
-        given = await asyncio.to_thread(lambda: cut(prompts_of(served, body), asked.prompt_cut, served))
         made = [generate_request(served, asked, body, ids, prefix) for ids in token_ids(served, given, kind)]
     except Refusal as refusal:
         return refusal_response(refusal)

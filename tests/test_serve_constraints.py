@@ -19,6 +19,7 @@ from max_gpt2.inference.tokenizer import load_tokenizer
 from max_gpt2.model.checkpoints.checkpoint import Checkpoint
 from max_gpt2.testing import END_OF_TEXT
 from tests.support import LM, requires_serving
+from tests.test_constraints import DIGIT
 from tests.test_serve import client, served
 from tests.test_serve_api import post
 
@@ -68,13 +69,6 @@ def sums(text: str) -> bool:
 
 def chosen(text: str) -> bool:
     return text in CHOICES
-
-
-DIGIT = {
-    "type": "object",
-    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["n"],
-}
 
 
 def tags_valid(text: str) -> bool:

@@ -169,6 +169,8 @@ def test_props_health_and_the_routes_llama_server_also_answers(served_lm):
     for path in ("/health", "/v1/health"):
         with urllib.request.urlopen(f"{served_lm.url}{path}") as response:
             assert json.loads(response.read()) == {"status": "ok"}
+    status, refused = post(served_lm, "/props", {"n_ctx": 8})  # llama-server's answer without --props
+    assert status == 501 and refused["error"]["type"] == "not_supported_error", refused
     with urllib.request.urlopen(f"{served_lm.url}/models") as response:
         assert [model["id"] for model in json.loads(response.read())["data"]] == ["gpt2"]
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
@@ -258,6 +260,8 @@ def test_completion_and_props_answer_as_llama_server_itself_answers(served_lm, l
         "build_info",
     }
     assert read <= ours.keys() & theirs.keys()
+    changed = [post(side, "/props", {}) for side in (served_lm, llama_server)]  # neither started with --props
+    assert [(status, body["error"]["type"]) for status, body in changed] == [(501, "not_supported_error")] * 2
     assert ours["default_generation_settings"]["n_ctx"] == theirs["default_generation_settings"]["n_ctx"]
     honoured = (
         *("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability"),

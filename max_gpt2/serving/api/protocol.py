@@ -211,6 +211,12 @@ def refusal_response(refusal: Refusal) -> JSONResponse:
     return JSONResponse(body, refusal.status, refusal.headers)
 
 
+def not_supported(message: str) -> JSONResponse:
+    """llama-server's 501 `not_supported_error`, which it answers for what a flag it was not started with
+    would allow."""
+    return refusal_response(Refusal(None, message, 501, extra={"type": "not_supported_error", "code": 501}))
+
+
 Model = TypeVar("Model", bound=BaseModel)
 
 

@@ -44,7 +44,7 @@ from max_gpt2.serving.api.messages import count_tokens, create_message
 from max_gpt2.serving.api.metrics import metrics
 from max_gpt2.serving.api.native import create_native_completion
 from max_gpt2.serving.api.native_fields import defaults
-from max_gpt2.serving.api.protocol import Refusal, refusal_response
+from max_gpt2.serving.api.protocol import Refusal, not_supported, refusal_response
 from max_gpt2.serving.api.render import render_chat, render_completion
 from max_gpt2.serving.api.responses import count_input_tokens, create_response
 from max_gpt2.serving.api.scores import create_rerank, create_score
@@ -106,6 +106,14 @@ async def props(request: Request) -> Response:
     )
 
 
+async def change_props(request: Request) -> Response:
+    """llama-server's `POST /props`, as a llama-server started without `--props` answers it."""
+    return not_supported(
+        "the server's properties are not changed here: they are fixed when it starts (max-gpt2 serve's "
+        "options; llama-server answers so where started without --props)"
+    )
+
+
 async def version(request: Request) -> Response:
     return JSONResponse({"version": installed("max"), "max_gpt2": installed("max-gpt2")})
 
@@ -149,6 +157,7 @@ COMMON = [
     Route("/v1/health", health, methods=["GET"]),
     Route("/version", version, methods=["GET"]),
     Route("/props", props, methods=["GET"]),
+    Route("/props", change_props, methods=["POST"]),
     Route("/lora-adapters", list_adapters, methods=["GET"]),  # llama-server's: those merged at start
     Route("/lora-adapters", set_adapters, methods=["POST"]),
 ]

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from max_gpt2.serving.api.choices import Choice
-from max_gpt2.serving.api.protocol import Refusal, refusal_response
+from max_gpt2.serving.api.protocol import Refusal, not_supported, refusal_response
 from max_gpt2.serving.api.served import Served
 
 UNSEEDED = 2**32 - 1  # the seed llama-server shows for a request that asked for none (drawn at random)
@@ -161,13 +161,8 @@ async def list_slots(request: Request) -> Response:
 
 async def act_on_slot(request: Request) -> Response:
     """llama-server's `POST /slots/{id}?action=...`, as a llama-server without `--slot-save-path` answers."""
-    return refusal_response(
-        Refusal(
-            None,
-            "slots' actions are not served: MAX's prefix cache keeps prompts' pages by their tokens for "
-            "every request, not a slot's prompt to save, restore or erase (llama-server answers so where "
-            "started without --slot-save-path)",
-            501,
-            extra={"type": "not_supported_error", "code": 501},
-        )
+    return not_supported(
+        "slots' actions are not served: MAX's prefix cache keeps prompts' pages by their tokens for every "
+        "request, not a slot's prompt to save, restore or erase (llama-server answers so where started "
+        "without --slot-save-path)"
     )

@@ -157,13 +157,19 @@ async def start(
                 choices.append(await served.start(made, asked))
     except InputError as error:
         await withdraw(choices)
-        where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{len(choices) // asked.n}]"
-        extra = error.fields if isinstance(error, ContextExceeded) else None
-        raise Refusal(prompt_field, str(error).replace("prompt:", f"{where}:", 1), extra=extra) from None
+        raise refused_prompt(error, prompt_field, len(choices) // asked.n, len(prompts)) from None
     except BaseException:
         await withdraw(choices)
         raise
     return choices
+
+
+def refused_prompt(error: InputError, field: str, index: int, count: int) -> Refusal:
+    """The 400 for prompt `index` of `count` that the tokenizer refused (`error`), naming `field`, with the
+    prompt's place where there are several."""
+    where = field if count == 1 else f"{field}[{index}]"
+    extra = error.fields if isinstance(error, ContextExceeded) else None
+    return Refusal(field, str(error).replace("prompt:", f"{where}:", 1), extra=extra)
 
 
 async def withdraw(choices: Sequence[Choice]) -> None:

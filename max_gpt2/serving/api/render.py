@@ -20,12 +20,13 @@ from max.pipelines.context.exceptions import InputError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from max_gpt2.serving.api.answer import Body, checked
+from max_gpt2.serving.api.answer import Body, checked, refused_prompt
 from max_gpt2.serving.api.chat_prompt import prompt_ids
 from max_gpt2.serving.api.protocol import ChatRequest, CompletionRequest, Refusal, refusal_response
 from max_gpt2.serving.api.requests import Asked
 from max_gpt2.serving.api.served import Served
 from max_gpt2.serving.api.token_fields import prompts
+from max_gpt2.serving.api.vllm_fields import as_ids
 
 # vLLM's `SamplingParams` defaults, for what a request leaves unset.
 UNSET = {
@@ -66,14 +67,12 @@ async def rendered(
 def token_ids(served: Served, given: Sequence[Any], kind: type) -> list[list[int]]:
     """Each prompt (a text or ids) as ids, checked as the tokenizer checks a prompt it runs."""
     field = "prompt" if kind is CompletionRequest else "messages"
-    encode = served.tokenizer.delegate.encode
-    each = [encode(prompt) if isinstance(prompt, str) else list(prompt) for prompt in given]
+    each = [as_ids(prompt, served) for prompt in given]
     for index, ids in enumerate(each):
-        where = field if len(each) == 1 else f"{field}[{index}]"
         try:
-            served.tokenizer.check_ids(ids, where)
+            served.tokenizer.check_ids(ids)
         except InputError as error:
-            raise Refusal(field, str(error), extra=getattr(error, "fields", None)) from None
+            raise refused_prompt(error, field, index, len(each)) from None
     return each
 
 

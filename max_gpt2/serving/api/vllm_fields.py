@@ -194,5 +194,9 @@ def cut(prompts: Sequence[Any], keep: slice | None, served: Served) -> list[Any]
     None."""
     if keep is None:
         return list(prompts)
-    encode = served.tokenizer.delegate.encode
-    return [list((encode(prompt) if isinstance(prompt, str) else prompt)[keep]) for prompt in prompts]
+    return [as_ids(prompt, served)[keep] for prompt in prompts]
+
+
+def as_ids(prompt: str | Sequence[int], served: Served) -> list[int]:
+    """A prompt's token ids: a text's as the served tokenizer encodes it, ids as they are."""
+    return served.tokenizer.delegate.encode(prompt) if isinstance(prompt, str) else list(prompt)

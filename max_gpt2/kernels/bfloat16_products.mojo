@@ -19,7 +19,7 @@ from std.memory import UnsafePointer, alloc, bitcast
 from std.sys.info import CompilationTarget
 from std.sys.intrinsics import llvm_intrinsic
 
-from .packed_layout import CHUNK, F32, LANES
+from .packed_layout import CHUNK, F32, GROUP, LANES, row_start
 
 comptime BF16_PAIRS = CompilationTarget._has_feature["avx512bf16"]() and LANES == 16
 
@@ -97,3 +97,18 @@ def multiply_add[
         return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, LANES]](acc, w, x)
     else:
         return rebind[SIMD[F32, LANES]](w).fma(rebind[SIMD[F32, LANES]](x), acc)
+
+
+def widened_rows[WT: DType](w: UnsafePointer[Scalar[WT], ImmutAnyOrigin], panel: UnsafePointer[Float32, MutUntrackedOrigin], K: Int, start: Int, end: Int):
+    """Rows start..end-1 of bfloat16 W (interleaved groups) widened into `panel` as float32 rows,
+    `x_stride(K)` values apart (padded with zeros as W's rows are)."""
+    var stride = x_stride[WT](K)
+    for n in range(start, end):
+        var row = w + row_start[WT](n, K)
+        var widened = panel + (n - start) * stride
+        var k = 0
+        while k < stride:  # a chunk of the row, then past the group's other rows to its next
+            comptime for lane in range(0, CHUNK, LANES):
+                widened.store(k + lane, rebind[SIMD[F32, LANES]](load_operand[WT, False, LANES](row + lane)))
+            k += CHUNK
+            row += GROUP * CHUNK

@@ -12,14 +12,16 @@
 # is stored in interleaved groups of 8 rows (packed_layout.mojo), so that the rows a block reads
 # together are one stream. Where the CPU has no bfloat16 multiply-adds, bfloat16 W against many
 # rows of x is widened to float32 a pass at a time and multiplied as float32 W is (`_passes`).
+# Against many rows of x (`MANY_ROWS`) a pass is read from cache more than from memory: x's first
+# group alone requests it, and bfloat16 pairs, bound by the multiply-adds, share it whole.
 from std.collections import Array
 from std.memory import UnsafePointer, alloc
 from std.sys.info import CompilationTarget, size_of
 from std.sys.intrinsics import prefetch
 
-from .bfloat16_products import BF16_PAIRS, load_operand, multiply_add, operand_dtype, rounded_rows, x_dtype, x_stride
-from .epilogue import finish
-from .packed_layout import CHUNK, F32, GROUP, LANES, requests_ahead
+from .bfloat16_products import BF16_PAIRS, load_operand, multiply_add, operand_dtype, rounded_rows, widened_rows, x_dtype, x_stride
+from .epilogue import GELU, STORE, finish, gelu_columns
+from .packed_layout import CHUNK, F32, GROUP, LANES, requests_ahead, row_start
 
 # Bytes of W requested ahead of the loads (`requests_ahead`): less left the products slower, more
 # gained nothing (docs/performance.md).
@@ -32,8 +34,8 @@ comptime PASS_ROWS = 24  # rows of W dotted with every row of x in one pass, whi
 # two blocks (of 3 rows at X_ROWS), so that a block of W is still in L1, not L2, when the next group
 # reads it (3 and 12 rows gained less: docs/performance.md).
 comptime SHARED_PASS_ROWS = 6
-# Rows of x from which bfloat16 W multiplied lane by lane is widened a pass at a time (docs/performance.md).
-comptime WIDEN_FROM = 32
+# Rows of x from which a pass of W is read from cache more than from memory (docs/performance.md).
+comptime MANY_ROWS = 32
 
 
 def w_rows[WT: DType, MB: Int]() -> Int:
@@ -48,15 +50,6 @@ def w_rows[WT: DType, MB: Int]() -> Int:
     comptime if CompilationTarget.has_avx512f():
         return 3 if MB > 4 else (4 if MB > 2 else 8)
     return 3 if MB > 2 else (4 if MB == 2 else 8)
-
-
-@always_inline
-def _start[WT: DType](n: Int, K: Int) -> Int:
-    """Where row n of W starts: row-major float32, or bfloat16 in groups of 8 rows."""
-    comptime if WT == F32:
-        return n * K
-    else:
-        return (n // GROUP) * GROUP * ((K + CHUNK - 1) // CHUNK * CHUNK) + (n % GROUP) * CHUNK
 
 
 @always_inline
@@ -88,7 +81,7 @@ def _block[
     var acc = Array[SIMD[F32, LANES], MB * RB](fill=SIMD[F32, LANES](0))
     var starts = Array[Int, RB](uninitialized=True)
     comptime for r in range(RB):
-        starts[r] = _start[WT](n + r * apart, K)
+        starts[r] = row_start[WT](n + r * apart, K)
     var vector_end = K // STEP * STEP if WT == F32 else stride  # bfloat16: padded with zeros
     var k = 0
     var at = 0  # where value k of a row is, from the row's start (kept up as k moves)
@@ -175,7 +168,7 @@ def _runs[
 
 @always_inline
 def _pass[
-    WT: DType, EPILOGUE: Int, SHARED_ROWS: Int = SHARED_PASS_ROWS, REQUESTS: Bool = True
+    WT: DType, EPILOGUE: Int, SHARED_ROWS: Int = SHARED_PASS_ROWS, REQUESTS: Bool = True, LATER_REQUESTS: Bool = REQUESTS
 ](
     x: UnsafePointer[Scalar[x_dtype[WT]()], ImmutAnyOrigin],
     w: UnsafePointer[Scalar[WT], ImmutAnyOrigin],
@@ -191,38 +184,29 @@ def _pass[
 ):
     """Rows start..end-1 of W (a pass) against every row of x: whole groups of X_ROWS rows of x,
     when there are two groups or more, SHARED_ROWS rows of W at a time, and the rest of x the whole
-    pass; W requested ahead where REQUESTS (W in memory, not a widened pass in cache)."""
+    pass; W requested ahead where REQUESTS (W in memory, not a widened pass in cache), by groups
+    after the first where LATER_REQUESTS. GELU comes last, over the pass's columns, a vector at a
+    time."""
+    comptime WRITES = STORE if EPILOGUE == GELU else EPILOGUE
     var stride = x_stride[WT](K)
     var shared = 0 if M <= X_ROWS else M // X_ROWS * X_ROWS
     comptime RB = w_rows[WT, X_ROWS]()
     var part = start
     while part < end and shared > 0:
         var part_end = min(part + SHARED_ROWS, end)
-        for m in range(0, shared, X_ROWS):
-            _rows[WT, X_ROWS, RB, EPILOGUE, REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
+        _rows[WT, X_ROWS, RB, WRITES, REQUESTS](x, w, bias, has_bias, y, K, N, part, part_end, chunk_end)
+        for m in range(X_ROWS, shared, X_ROWS):
+            _rows[WT, X_ROWS, RB, WRITES, LATER_REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, part, part_end, chunk_end)
         part = part_end
     var m = shared
     while m < M:  # groups of up to X_ROWS rows of x; fewer rows leave registers for more rows of W
         var left = min(M - m, X_ROWS)
         comptime for MB in range(1, X_ROWS + 1):
             if left == MB:
-                _rows[WT, MB, w_rows[WT, MB](), EPILOGUE, REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
+                _rows[WT, MB, w_rows[WT, MB](), WRITES, REQUESTS](x + m * stride, w, bias, has_bias, y + m * N, K, N, start, end, chunk_end)
         m += left
-
-
-def _widen[WT: DType](w: UnsafePointer[Scalar[WT], ImmutAnyOrigin], panel: UnsafePointer[Float32, MutUntrackedOrigin], K: Int, start: Int, end: Int):
-    """Rows start..end-1 of bfloat16 W (interleaved groups) widened into `panel` as float32 rows,
-    `x_stride(K)` values apart (padded with zeros as W's rows are)."""
-    var stride = x_stride[WT](K)
-    for n in range(start, end):
-        var row = w + _start[WT](n, K)
-        var widened = panel + (n - start) * stride
-        var k = 0
-        while k < stride:  # a chunk of the row, then past the group's other rows to its next
-            comptime for lane in range(0, CHUNK, LANES):
-                widened.store(k + lane, rebind[SIMD[F32, LANES]](load_operand[WT, False, LANES](row + lane)))
-            k += CHUNK
-            row += GROUP * CHUNK
+    comptime if EPILOGUE == GELU:  # 8 wide: a pass's 24 columns take no tanh a value at a time
+        gelu_columns[8](y, M, N, start, end)
 
 
 def _passes[
@@ -241,27 +225,31 @@ def _passes[
 ):
     """`dense_rows` on x as the multiply-adds take it (`x_dtype`, rows `x_stride` apart), a pass of
     `PASS_ROWS` rows of W at a time. bfloat16 W that is multiplied lane by lane (no `BF16_PAIRS`)
-    against `WIDEN_FROM` rows of x or more is widened to float32 a pass at a time, once, and the
+    against `MANY_ROWS` rows of x or more is widened to float32 a pass at a time, once, and the
     pass runs as float32's: the same products and sums in the same order, so the same outputs."""
     comptime WIDENS = WT != F32 and not BF16_PAIRS
     var start = first
     comptime if WIDENS:
-        if M >= WIDEN_FROM:
+        if M >= MANY_ROWS:
             var stride = x_stride[WT](K)
             var panel = alloc[Float32](PASS_ROWS * stride)
             var reads = UnsafePointer[Float32, ImmutAnyOrigin](unsafe_from_address=Int(panel))
             var xs = rebind[UnsafePointer[Scalar[x_dtype[F32]()], ImmutAnyOrigin]](x)
             while start < last:
                 var end = min(start + PASS_ROWS, last)
-                _widen[WT](w, panel, K, start, end)
+                widened_rows[WT](w, panel, K, start, end)
                 _pass[F32, EPILOGUE, PASS_ROWS, False](xs, reads, bias + start, has_bias, y + start, M, stride, N, 0, end - start, (end - start) * stride)
                 start = end
             panel.free()
             return
-    var chunk_end = _start[WT](last, K)
+    var chunk_end = row_start[WT](last, K)
+    comptime SHARED_MANY = PASS_ROWS if WT != F32 and BF16_PAIRS else SHARED_PASS_ROWS
     while start < last:
         var end = min(start + PASS_ROWS, last)
-        _pass[WT, EPILOGUE](x, w, bias, has_bias, y, M, K, N, start, end, chunk_end)
+        if M >= MANY_ROWS:
+            _pass[WT, EPILOGUE, SHARED_MANY, True, False](x, w, bias, has_bias, y, M, K, N, start, end, chunk_end)
+        else:
+            _pass[WT, EPILOGUE](x, w, bias, has_bias, y, M, K, N, start, end, chunk_end)
         start = end
 
 

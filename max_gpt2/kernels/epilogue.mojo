@@ -29,6 +29,19 @@ def finish[EPILOGUE: Int, width: Int](y: UnsafePointer[Float32, MutAnyOrigin], v
         y.store(value)
 
 
+def gelu_columns[W: Int](y: UnsafePointer[Float32, MutAnyOrigin], M: Int, N: Int, start: Int, end: Int):
+    """GELU of y[m, start:end] for m < M, in place, W values at a time: GELU after the products that
+    wrote those columns, instead of a value at a time as each is written."""
+    for m in range(M):
+        var row = y + m * N
+        var n = start
+        while n + W <= end:
+            (row + n).store(gelu_tanh[W]((row + n).load[width=W]()))
+            n += W
+        for rest in range(n, end):
+            row[rest] = gelu_tanh[1](row[rest])
+
+
 @always_inline
 def finish_rows[
     EPILOGUE: Int, L: Int, MB: Int

@@ -116,6 +116,16 @@ def row_chunks() -> Int:
 
 
 @always_inline
+def row_start[WT: DType](n: Int, K: Int) -> Int:
+    """Where row n of W starts: row-major float32, or bfloat16 in groups of 8 rows (`GROUP`) of
+    `CHUNK`s, its rows padded with zeros to whole chunks."""
+    comptime if WT == F32:
+        return n * K
+    else:
+        return (n // GROUP) * GROUP * ((K + CHUNK - 1) // CHUNK * CHUNK) + (n % GROUP) * CHUNK
+
+
+@always_inline
 def block_bytes[FORMAT: Int]() -> Int:
     """Bytes of one block (a super-block for the K-quants) of a group of 8 interleaved rows."""
     comptime if FORMAT == Q8_0:

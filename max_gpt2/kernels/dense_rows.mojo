@@ -243,6 +243,7 @@ def _passes[
             panel.free()
             return
     var chunk_end = row_start[WT](last, K)
+    # Pairs, bound by the multiply-adds rather than W's stream, share the whole pass (docs/performance.md).
     comptime SHARED_MANY = PASS_ROWS if WT != F32 and BF16_PAIRS else SHARED_PASS_ROWS
     while start < last:
         var end = min(start + PASS_ROWS, last)

@@ -1,6 +1,7 @@
 # How a product's kernels write y: as it is, added to what y holds (a residual connection), or
 # through GPT-2's GELU (its tanh approximation, Hugging Face's "gelu_new"). The products that stand
-# alone store; gpt2_decode_layer adds and applies GELU as it writes, instead of an op each.
+# alone store; gpt2_decode_layer adds and applies GELU as it writes, instead of an op each (GELU,
+# after float32 and bfloat16 passes, over the pass's columns once written: `gelu_columns`).
 from std.collections import Array
 from std.math import tanh
 from std.memory import UnsafePointer

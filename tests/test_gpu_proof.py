@@ -77,8 +77,13 @@ def test_the_summary_lists_every_result(dry_run):
 
 
 def test_a_run_past_its_budget_marks_what_did_not_finish(tmp_path):
-    done = run_python(PROOF, "--dry-run", "--out", tmp_path, "--budget", "1")
+    # Three stages at a time: `serve`, fourth, never starts within the second; of those running
+    # then, a fast machine with warm caches may finish `lm` in it, not both attention stages and
+    # the speed stage as well.
+    done = run_python(PROOF, "--dry-run", "--out", tmp_path, "--budget", "1", "--jobs", "3")
     assert done.returncode == 1
-    stopped = {e["stage"] for e in results(tmp_path) if e["status"] == "stopped"}
-    assert {"attention-float32", "lm", "serve", "speed"} <= stopped
+    stopped = {e["stage"]: e["reason"] for e in results(tmp_path) if e["status"] == "stopped"}
+    assert stopped["serve"] == "not started within the 1 s limit"
+    still_running = {stage for stage, reason in stopped.items() if reason.startswith("still running")}
+    assert still_running & {"attention-float32", "attention-bfloat16", "speed"}
     assert "failed or unfinished" in (tmp_path / "summary.md").read_text()
